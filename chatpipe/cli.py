@@ -1,0 +1,30 @@
+"""Entry point of the ``chatpipe`` console script.
+
+Each command group lives in ``chatpipe/commands/<group>.py`` and imports its heavy
+dependencies (torch, pyspark, ...) inside the command, so ``chatpipe --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from chatpipe.commands import engine, jobs, stack, topics
+
+app = typer.Typer(
+    name="chatpipe",
+    help="Streaming, event-driven data and inference pipeline for chat LLMs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+for group in (stack, topics, engine, jobs):
+    group.register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

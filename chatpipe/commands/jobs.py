@@ -1,0 +1,7 @@
+"""Placeholder until this command group is built; registers nothing."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    return None

@@ -1,0 +1,17 @@
+"""The contracts: Avro schemas, typed records, the single-object codec and the topic catalog.
+
+Depends on nothing else of chatpipe's and does no network I/O.
+"""
+
+from schemas.codec import AvroCodec, default_codec
+from schemas.errors import ChatpipeError, DecodeError, EncodeError, SchemaError, UnknownSchemaError
+from schemas.records import *  # noqa: F401,F403 - the record types are this package's API
+from schemas.records import RECORD_TYPES
+from schemas.topics import CATALOG, TopicSpec
+
+__all__ = [
+    "AvroCodec", "default_codec", "ChatpipeError", "DecodeError", "EncodeError", "SchemaError",
+    "UnknownSchemaError", "RECORD_TYPES", "CATALOG", "TopicSpec",
+    *RECORD_TYPES, "ChatMessage", "SamplingParams", "Header", "Priority", "FinishReason",
+    "FeedbackKind", "DeletionScope", "WorkerState", "new_id", "now_ms",
+]

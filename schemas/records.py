@@ -1,0 +1,257 @@
+"""Typed Python records, one per Avro schema in ``avro/`` (latest version of each).
+
+These dataclasses are what the rest of chatpipe passes around; the codec turns them into
+Avro single-object-encoded bytes and back. Field names and order mirror the latest ``.avsc``
+file of the same name (``tests/unit/test_records_match_schemas.py`` keeps the two in step).
+
+Timestamps are ``int`` milliseconds since the Unix epoch (Avro ``timestamp-millis``); the
+codec keeps them as integers so a record decodes to exactly what was encoded.
+
+This module does no I/O and knows nothing about Kafka.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+def new_id() -> str:
+    """A fresh request/event id (UUID4, hex)."""
+    return uuid.uuid4().hex
+
+
+def now_ms() -> int:
+    """Wall-clock time in epoch milliseconds, the unit of every timestamp field."""
+    return time.time_ns() // 1_000_000
+
+
+class Priority(StrEnum):
+    INTERACTIVE = "INTERACTIVE"
+    BATCH = "BATCH"
+
+
+class FinishReason(StrEnum):
+    STOP = "STOP"
+    LENGTH = "LENGTH"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    ERROR = "ERROR"
+    OVERLOADED = "OVERLOADED"
+
+
+class FeedbackKind(StrEnum):
+    THUMBS_UP = "THUMBS_UP"
+    THUMBS_DOWN = "THUMBS_DOWN"
+    REGENERATE = "REGENERATE"
+    EDIT = "EDIT"
+
+
+class DeletionScope(StrEnum):
+    USER = "USER"
+    CONVERSATION = "CONVERSATION"
+
+
+class WorkerState(StrEnum):
+    STARTING = "STARTING"
+    SERVING = "SERVING"
+    DRAINING = "DRAINING"
+    STOPPED = "STOPPED"
+
+
+@dataclass(slots=True)
+class ChatMessage:
+    role: str  # system | user | assistant
+    content: str
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.7  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Header:
+    key: str
+    value: bytes | None
+
+
+@dataclass(slots=True, kw_only=True)
+class PromptRequest:
+    request_id: str = field(default_factory=new_id)
+    conversation_id: str
+    user_id: str
+    tenant: str
+    created_at: int = field(default_factory=now_ms)
+    model: str
+    messages: list[ChatMessage]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stream: bool = True
+    reply_to: str | None = None
+    reply_partition: int | None = None
+    priority: Priority = Priority.INTERACTIVE
+    schema_version: int = 2
+
+
+@dataclass(slots=True, kw_only=True)
+class InferenceRequest:
+    request_id: str
+    conversation_id: str
+    user_id: str
+    tenant: str
+    created_at: int
+    enqueued_at: int = field(default_factory=now_ms)
+    model: str
+    messages: list[ChatMessage]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    priority: Priority = Priority.INTERACTIVE
+    reply_to: str | None = None
+    reply_partition: int | None = None
+    context_tokens: int = 0
+    recalled_turn_ids: list[str] = field(default_factory=list)
+    schema_version: int = 1
+
+
+@dataclass(slots=True, kw_only=True)
+class TokenChunk:
+    request_id: str
+    conversation_id: str
+    index: int
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    is_final: bool = False
+    worker_id: str
+    created_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
+@dataclass(slots=True, kw_only=True)
+class Response:
+    request_id: str
+    conversation_id: str
+    user_id: str
+    tenant: str
+    text: str
+    model: str
+    worker_id: str
+    tokens_in: int
+    tokens_out: int
+    queue_ms: float
+    ttft_ms: float
+    total_ms: float
+    finish_reason: FinishReason
+    error: str | None = None
+    created_at: int
+    completed_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
+@dataclass(slots=True, kw_only=True)
+class Cancel:
+    request_id: str
+    conversation_id: str
+    reason: str = "client_disconnected"
+    created_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
+@dataclass(slots=True, kw_only=True)
+class ConversationTurn:
+    event_id: str = field(default_factory=new_id)
+    conversation_id: str
+    user_id: str
+    tenant: str
+    request_id: str
+    turn_index: int
+    system_prompt: str | None = None
+    prompt: str
+    answer: str
+    model: str
+    worker_id: str
+    tokens_in: int
+    tokens_out: int
+    queue_ms: float
+    ttft_ms: float = 0.0
+    total_ms: float
+    finish_reason: FinishReason
+    created_at: int
+    completed_at: int
+    schema_version: int = 2
+
+
+@dataclass(slots=True, kw_only=True)
+class Feedback:
+    event_id: str = field(default_factory=new_id)
+    conversation_id: str
+    user_id: str
+    tenant: str
+    request_id: str
+    kind: FeedbackKind
+    edited_text: str | None = None
+    comment: str | None = None
+    created_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
+@dataclass(slots=True, kw_only=True)
+class Deletion:
+    event_id: str = field(default_factory=new_id)
+    scope: DeletionScope
+    user_id: str
+    tenant: str
+    conversation_id: str | None = None
+    reason: str = "user_request"
+    created_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
+@dataclass(slots=True, kw_only=True)
+class WorkerStatus:
+    worker_id: str
+    model: str
+    state: WorkerState
+    running: int
+    waiting: int
+    kv_cache_used_tokens: int
+    kv_cache_total_tokens: int
+    tokens_per_s: float
+    created_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
+@dataclass(slots=True, kw_only=True)
+class DeadLetter:
+    event_id: str = field(default_factory=new_id)
+    source_topic: str | None = None
+    source_partition: int | None = None
+    source_offset: int | None = None
+    key: bytes | None = None
+    value: bytes | None = None
+    headers: list[Header] = field(default_factory=list)
+    error_type: str
+    error_message: str
+    component: str
+    created_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
+Record = (
+    PromptRequest | InferenceRequest | TokenChunk | Response | Cancel | ConversationTurn
+    | Feedback | Deletion | WorkerStatus | DeadLetter
+)
+
+#: Every top-level record type, by its Avro record name.
+RECORD_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        PromptRequest, InferenceRequest, TokenChunk, Response, Cancel, ConversationTurn,
+        Feedback, Deletion, WorkerStatus, DeadLetter,
+    )
+}

@@ -1,0 +1,66 @@
+"""The topic catalog: every Kafka topic chatpipe uses, as code.
+
+``chatpipe topics apply`` creates missing topics and aligns the config of existing ones with
+this table, idempotently. Names get the deployment's topic prefix (``Settings.topic_prefix``)
+in front, so several pipelines can share one cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    key: str  # what the Kafka key holds; "conversation_id" keeps a conversation in order
+    value: str  # record type of the value (Avro schema name)
+    cleanup_policy: str = "delete"  # "delete" | "compact" | "compact,delete"
+    retention_ms: int = 7 * DAY_MS  # -1 = keep forever
+    doc: str = ""
+    extra_config: dict[str, str] = field(default_factory=dict)
+
+    def config(self) -> dict[str, str]:
+        """Topic-level Kafka config this spec manages."""
+        return {
+            "cleanup.policy": self.cleanup_policy,
+            "retention.ms": str(self.retention_ms),
+            **self.extra_config,
+        }
+
+
+CATALOG: tuple[TopicSpec, ...] = (
+    TopicSpec("chat.prompts", 6, "conversation_id", "PromptRequest", retention_ms=1 * DAY_MS,
+              doc="Prompts from applications and the gateway."),
+    TopicSpec("chat.inference.requests", 6, "conversation_id", "InferenceRequest", retention_ms=1 * DAY_MS,
+              doc="Prompts with assembled context, consumed by inference workers."),
+    TopicSpec("chat.replies", 6, "request_id", "TokenChunk", retention_ms=60 * 60 * 1000,
+              doc="Token chunks; each gateway instance owns one partition (its reply address)."),
+    TopicSpec("chat.responses", 6, "conversation_id", "Response", retention_ms=7 * DAY_MS,
+              doc="Final answers, one per request."),
+    TopicSpec("chat.turns", 6, "conversation_id", "ConversationTurn", retention_ms=30 * DAY_MS,
+              doc="Completed turns for archive, Spark jobs and analytics."),
+    TopicSpec("chat.feedback", 6, "conversation_id", "Feedback", retention_ms=30 * DAY_MS,
+              doc="Thumbs, regenerations and edits."),
+    TopicSpec("chat.deletions", 3, "user_id", "Deletion", cleanup_policy="compact", retention_ms=-1,
+              doc="Forget a user or a conversation; compacted so it is never lost."),
+    TopicSpec("chat.cancels", 6, "conversation_id", "Cancel", retention_ms=60 * 60 * 1000,
+              doc="Stop a generation (client went away)."),
+    TopicSpec("chat.workers.status", 1, "worker_id", "WorkerStatus", cleanup_policy="compact,delete",
+              retention_ms=1 * DAY_MS, doc="Latest load report per inference worker."),
+    TopicSpec("chat.dlq", 3, "source topic", "DeadLetter", retention_ms=30 * DAY_MS,
+              doc="Everything that could not be decoded or served, with the reason."),
+)
+
+BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in CATALOG}
+DLQ = "chat.dlq"
+
+
+def spec(name: str) -> TopicSpec:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not in the topic catalog; known: {sorted(BY_NAME)}") from None
