@@ -9,6 +9,8 @@ from __future__ import annotations
 import typer
 
 from chatpipe.commands import engine, jobs, stack, topics
+from chatpipe.commands.common import err_console
+from schemas.errors import ChatpipeError
 
 app = typer.Typer(
     name="chatpipe",
@@ -23,7 +25,12 @@ for group in (stack, topics, engine, jobs):
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except ChatpipeError as exc:
+        # A named error carries a message meant for the user: no traceback.
+        err_console.print(f"[bold red]error:[/] {exc}")
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

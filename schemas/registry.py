@@ -33,7 +33,9 @@ class SchemaVersion:
 def crc64_fingerprint(schema: dict | str) -> bytes:
     """The 8-byte little-endian CRC-64-AVRO fingerprint of a schema's canonical form."""
     canonical = to_parsing_canonical_form(schema)
-    return int(fingerprint(canonical, "CRC-64-AVRO"), 16).to_bytes(8, "little")
+    # fastavro's hex string is already the little-endian byte order of the 64-bit value
+    # (checked against the spec's vector for "null" in tests/unit/test_codec.py).
+    return bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
 
 
 class SchemaRegistry:

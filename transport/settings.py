@@ -22,6 +22,7 @@ class KafkaSettings(BaseSettings):
     producer_batch_bytes: int = Field(1_000_000, gt=0, description="Largest producer batch in bytes")
     consumer_batch_size: int = Field(500, gt=0, description="Most messages one consumer poll returns")
     consumer_poll_timeout_s: float = Field(1.0, gt=0, description="How long one poll waits for messages")
+    replication_factor: int = Field(1, ge=1, description="Replication factor of topics created by `topics apply`")
     delivery_timeout_s: float = Field(30.0, gt=0, description="flush() gives up after this and raises")
 
     def topic(self, name: str) -> str:

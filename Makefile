@@ -1,0 +1,51 @@
+# chatpipe: `make run` sets up and runs the pipeline on the embedded defaults; `make test` sets up
+# and runs the whole test suite. Both build the environment in .venv/ at the repo root.
+# Heavy downloads are cached outside the clone: pip (~/.cache/pip), Maven (~/.m2), the Kafka
+# classpath and the converted model (~/.cache/chatpipe).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+CHATPIPE := $(VENV)/bin/chatpipe
+PYTEST_ARGS ?=
+
+.PHONY: setup prerequisites run test test-unit bench-quick down clean
+
+prerequisites:
+	@command -v java >/dev/null && command -v mvn >/dev/null || { \
+	  echo "Java 17 and Maven are needed (the Kafka broker runs on the JVM, its jars come from Maven Central)."; \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && apt-get install -y -q openjdk-17-jdk-headless maven; \
+	  else echo "install them (e.g. apt-get install openjdk-17-jdk-headless maven) and rerun"; exit 1; fi; }
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[all,test]"
+	touch $@
+
+setup: prerequisites $(VENV)/.installed
+	$(CHATPIPE) model pull
+
+# Start the local Kafka broker (+ topic catalog), then stream an answer from the default model.
+run: setup
+	$(CHATPIPE) up
+	$(CHATPIPE) generate "Explain in two sentences why chat services put a queue in front of their GPUs."
+	$(CHATPIPE) status
+
+test: setup
+	$(PY) -m pytest -q --timeout=900 $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest -q -m "not integration and not model and not spark" $(PYTEST_ARGS)
+
+bench-quick: setup
+	$(PY) bench/kafka_io.py --quick
+	$(PY) bench/engine.py --quick
+	$(PY) bench/finetune.py --quick
+
+down:
+	-$(CHATPIPE) down
+
+clean: down
+	rm -rf $(VENV) .chatpipe

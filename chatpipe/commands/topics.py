@@ -1,0 +1,52 @@
+"""``chatpipe topics apply | list``: the topic catalog (schemas/topics.py) on the broker."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from chatpipe.commands.common import build_settings, console
+
+topics_app = typer.Typer(help="Create and inspect the catalog's topics.", no_args_is_help=True)
+
+Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap-servers", "-b", help="Kafka host:port [env CHATPIPE_BOOTSTRAP_SERVERS; default 127.0.0.1:9092]")]
+Prefix = Annotated[Optional[str], typer.Option("--topic-prefix", help="Prefix for every topic name [env CHATPIPE_TOPIC_PREFIX]")]
+
+
+def _admin(bootstrap_servers, topic_prefix):
+    from transport.admin import TopicAdmin
+    from transport.settings import KafkaSettings
+
+    return TopicAdmin(build_settings(KafkaSettings, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix))
+
+
+@topics_app.command("apply")
+def apply(
+    bootstrap_servers: Bootstrap = None,
+    topic_prefix: Prefix = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would change")] = False,
+) -> None:
+    """Create missing topics and align partitions and configs with the catalog (idempotent)."""
+    admin = _admin(bootstrap_servers, topic_prefix)
+    changes = admin.plan() if dry_run else admin.apply()
+    if not changes:
+        console.print("topics match the catalog: nothing to change")
+    for change in changes:
+        console.print(f"{'would ' if dry_run else ''}{change.action:15} {change.topic}  {change.detail}")
+
+
+@topics_app.command("list")
+def list_topics(bootstrap_servers: Bootstrap = None, topic_prefix: Prefix = None) -> None:
+    """Each topic with its partitions and end offsets."""
+    table = Table()
+    for col in ("topic", "partitions", "end offsets", "messages"):
+        table.add_column(col)
+    for info in _admin(bootstrap_servers, topic_prefix).describe():
+        table.add_row(info.name, str(info.partitions), " ".join(map(str, info.end_offsets)), str(info.messages))
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(topics_app, name="topics")

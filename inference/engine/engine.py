@@ -1,0 +1,204 @@
+"""The engine: continuous batching of token-id requests over one model, one step at a time.
+
+Each ``step()`` asks the scheduler what to compute, runs one ragged forward (``model_runner``),
+samples the next token of every request whose prompt is fully in the cache, and reports
+``TokenEvent``s. Requests join and leave the running batch at every step.
+
+The engine knows token ids only: no tokenizer, no chat template, no stop strings, no threads
+or asyncio (``streaming.py`` runs it in a thread; ``text.py`` holds the text edge).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from inference.engine.block_allocator import BlockAllocator
+from inference.engine.kv_cache import PagedKVCache
+from inference.engine.model_runner import ModelRunner, check_supported
+from inference.engine.request import Admission, FinishReason, Priority, Request, RequestTimings, SamplingParams
+from inference.engine.sampling import Sampler
+from inference.engine.scheduler import Scheduler, SchedulerConfig
+from inference.engine.settings import EngineSettings
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    request_id: str
+    token_id: int | None  # None when the request ended without a new token (cancelled)
+    finished: bool
+    finish_reason: FinishReason | None = None
+    timings: RequestTimings | None = None  # set on the finishing event
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    kv_used_tokens: int  # reserved, in whole blocks
+    kv_capacity_tokens: int
+    steps: int
+    prompt_tokens: int  # computed since start
+    generated_tokens: int  # sampled since start
+    tokens_per_s: float  # generated tokens per second over the last few seconds
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_tokens / self.kv_capacity_tokens
+
+
+def eos_token_ids(model: Any) -> frozenset[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+class Engine:
+    def __init__(self, model: Any, settings: EngineSettings) -> None:
+        cfg = model.config
+        check_supported(cfg, settings.max_seq_len)
+        if settings.num_threads:
+            torch.set_num_threads(settings.num_threads)
+        self.model = model
+        self.settings = settings
+        self.vocab_size = cfg.vocab_size
+        self.eos_token_ids = eos_token_ids(model)
+        param = next(model.parameters())
+        num_blocks = max(1, settings.kv_cache_tokens // settings.kv_block_size)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.allocator = BlockAllocator(num_blocks, settings.kv_block_size)
+        self.cache = PagedKVCache(
+            cfg.num_hidden_layers, num_blocks, settings.kv_block_size, cfg.num_key_value_heads, head_dim,
+            dtype=param.dtype, device=param.device,
+        )  # fmt: skip
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_batch=settings.max_batch,
+                max_seq_len=min(settings.max_seq_len, getattr(cfg, "max_position_embeddings", settings.max_seq_len)),
+                max_step_tokens=settings.max_step_tokens,
+                max_waiting=settings.max_waiting,
+                queue_policy=settings.queue_policy,
+            ),
+            self.allocator,
+        )
+        self.runner = ModelRunner(model, self.cache, compile=settings.compile)
+        self.sampler = Sampler(param.device)
+        self._ids = itertools.count()
+        self._steps = 0
+        self._prompt_tokens = 0
+        self._generated = 0
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens) per step
+
+    # -- callers ---------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams = SamplingParams(),
+        priority: Priority = Priority.INTERACTIVE,
+        request_id: str | None = None,
+    ) -> tuple[Admission, Request]:
+        """Queue a request. Refusals (OVERLOADED, TOO_LARGE) come back as the Admission result."""
+        ids = [int(t) for t in prompt_token_ids]
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if not params.ignore_eos:
+            params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids | self.eos_token_ids)
+        req = Request(
+            request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
+            prompt_token_ids=ids,
+            params=params,
+            priority=priority,
+        )
+        return self.scheduler.add_request(req), req
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request; its KV cache is freed at the next step."""
+        return self.scheduler.abort(request_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- the step --------------------------------------------------------------------------------
+
+    def step(self) -> list[TokenEvent]:
+        out = self.scheduler.schedule()
+        events = [self._finished_event(r, None) for r in out.finished]
+        for r in out.finished:
+            self.sampler.remove(r.request_id)
+        for r in out.admitted:
+            self.sampler.add(r.request_id, r.params)
+        if not out.chunks:
+            return events
+        tables = {c.request.request_id: self.allocator.block_table(c.request.request_id) for c in out.chunks}
+        batch = self.runner.prepare(out.chunks, tables)
+        logits = self.runner.forward(batch)  # [S, V]
+        by_id = {c.request.request_id: c.request for c in out.chunks}
+        params = [by_id[rid].params for rid in batch.sample_request_ids]
+        tokens = self.sampler.sample(logits, batch.sample_request_ids, params)
+        sampled = dict(zip(batch.sample_request_ids, tokens))
+        self.scheduler.update_from_output(out, sampled)
+        self._count(out.num_tokens - len(sampled), len(sampled))
+        for rid, tok in sampled.items():
+            req = by_id[rid]
+            if req.is_finished:
+                self.sampler.remove(rid)
+                events.append(self._finished_event(req, tok))
+            else:
+                events.append(TokenEvent(rid, tok, finished=False))
+        return events
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams()) -> list[list[int]]:
+        """Offline helper: run ``prompts`` to completion, return each one's output token ids."""
+        reqs = []
+        for p in prompts:
+            admission, req = self.add_request(p, params)
+            if admission is not Admission.ACCEPTED:
+                raise ValueError(f"request refused: {admission.value}")
+            reqs.append(req)
+        while self.has_work():
+            self.step()
+        return [list(r.output_token_ids) for r in reqs]
+
+    def stats(self) -> EngineStats:
+        now = time.monotonic()
+        while self._recent and now - self._recent[0][0] > 5.0:
+            self._recent.popleft()
+        span = now - self._recent[0][0] if len(self._recent) > 1 else 0.0
+        recent = sum(n for _, n in list(self._recent)[1:])
+        return EngineStats(
+            running=self.scheduler.num_running,
+            waiting=self.scheduler.num_waiting,
+            kv_used_tokens=self.allocator.used_tokens,
+            kv_capacity_tokens=self.allocator.capacity_tokens,
+            steps=self._steps,
+            prompt_tokens=self._prompt_tokens,
+            generated_tokens=self._generated,
+            tokens_per_s=recent / span if span > 0 else 0.0,
+        )
+
+    def _count(self, prompt_tokens: int, generated: int) -> None:
+        self._steps += 1
+        self._prompt_tokens += prompt_tokens
+        self._generated += generated
+        self._recent.append((time.monotonic(), generated))
+
+    @staticmethod
+    def _finished_event(req: Request, token: int | None) -> TokenEvent:
+        return TokenEvent(
+            req.request_id, token, finished=True, finish_reason=req.finish_reason,
+            timings=dataclasses.replace(req.timings),
+            num_prompt_tokens=len(req.prompt_token_ids), num_output_tokens=len(req.output_token_ids),
+        )  # fmt: skip

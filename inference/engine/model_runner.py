@@ -1,0 +1,186 @@
+"""One ragged forward pass of a Llama-family model over the paged KV cache.
+
+All tokens computed in a step (running requests' next tokens and new requests' prompt chunks) go
+through the dense layers together as one ``[T, hidden]`` matrix, which is where batching pays.
+Attention is the only per-request part: the single-token rows ("decodes") attend in one padded
+SDPA call, each multi-token prompt chunk in its own SDPA call with a causal mask over its cached
+prefix. A step thus mixes prefill into running decode without padding decodes to prompt length.
+
+The runner reuses the Hugging Face model's own modules (embeddings, norms, projections, rotary
+embedding, MLP, LM head) and replaces only the attention/cache plumbing, so the math is the
+model's. Supported: ``llama`` (SmolLM, Llama 2/3), ``mistral`` and ``qwen2`` without sliding
+windows. Other architectures are refused with ``UnsupportedModelError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from inference.engine.errors import UnsupportedModelError
+from inference.engine.kv_cache import PagedKVCache, context_slots, slots_for_positions
+from inference.engine.scheduler import ScheduledChunk
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass
+class PrefillSpan:
+    rows: slice  # rows of the step's [T] tokens that belong to this chunk
+    ctx_slots: torch.Tensor  # [K] cache slots of positions 0..K-1 (K = chunk end position)
+    mask: torch.Tensor  # [n, K] bool, True = may attend (causal over prefix + chunk)
+
+
+@dataclass
+class StepBatch:
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long, position of each token inside its own request
+    write_slots: torch.Tensor  # [T] long, cache slot each token's K/V is written to
+    num_decodes: int  # rows [0, num_decodes) are single-token chunks
+    decode_ctx_slots: torch.Tensor | None  # [Bd, Kd] long
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Kd] bool
+    prefills: list[PrefillSpan]
+    sample_rows: torch.Tensor  # [S] long, rows whose logits pick a next token
+    sample_request_ids: list[str]
+
+
+def check_supported(config: Any, max_seq_len: int) -> None:
+    model_type = getattr(config, "model_type", "?")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"model type {model_type!r} is not supported by the engine's forward pass; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (Llama-family decoder-only models)"
+        )
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    if window is not None and window < max_seq_len:
+        raise UnsupportedModelError(
+            f"sliding-window attention (window {window}) is not implemented; set max_seq_len <= {window}"
+        )
+
+
+class ModelRunner:
+    def __init__(self, model: Any, cache: PagedKVCache, compile: bool = False) -> None:
+        self.model = model
+        self.cache = cache
+        self.device = next(model.parameters()).device
+        cfg = model.config
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.groups = self.num_heads // self.num_kv_heads  # query heads per KV head (GQA)
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        self._rope = apply_rotary_pos_emb
+        if compile:
+            for layer in model.model.layers:
+                layer.mlp.compile(dynamic=True)
+
+    # -- building a step -------------------------------------------------------------------------
+
+    def prepare(self, chunks: list[ScheduledChunk], block_tables: dict[str, list[int]]) -> StepBatch:
+        """Chunks must list single-token chunks first (the scheduler does)."""
+        bs = self.cache.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        sample_ids: list[str] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[tuple[int, int, ScheduledChunk]] = []
+        for chunk in chunks:
+            req, start, n = chunk.request, chunk.start, chunk.num_new_tokens
+            row0 = len(ids)
+            positions = range(start, start + n)
+            ids.extend(req.token_at(p) for p in positions)
+            pos.extend(positions)
+            table = block_tables[req.request_id]
+            slots.extend(slots_for_positions(table, positions, bs))
+            if n == 1:
+                decode_tables.append(table)
+                decode_lens.append(start + 1)
+            else:
+                prefills.append((row0, row0 + n, chunk))
+            if chunk.sample:
+                sample_rows.append(row0 + n - 1)
+                sample_ids.append(req.request_id)
+        dev = self.device
+        decode_ctx = decode_mask = None
+        if decode_tables:
+            kd = max(decode_lens)
+            decode_ctx = context_slots(decode_tables, kd, bs, dev)
+            lens = torch.tensor(decode_lens, device=dev)
+            decode_mask = (torch.arange(kd, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+        spans = []
+        for row0, row1, chunk in prefills:
+            end = chunk.start + chunk.num_new_tokens
+            ctx = context_slots([block_tables[chunk.request.request_id]], end, bs, dev)[0]
+            q_pos = torch.arange(chunk.start, end, device=dev)
+            mask = torch.arange(end, device=dev)[None, :] <= q_pos[:, None]  # [n, K]
+            spans.append(PrefillSpan(slice(row0, row1), ctx, mask))
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
+        return StepBatch(
+            input_ids=as_long(ids),
+            positions=as_long(pos),
+            write_slots=as_long(slots),
+            num_decodes=len(decode_tables),
+            decode_ctx_slots=decode_ctx,
+            decode_mask=decode_mask,
+            prefills=spans,
+            sample_rows=as_long(sample_rows),
+            sample_request_ids=sample_ids,
+        )
+
+    # -- the forward -----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        """Run the step; returns logits [S, vocab] (float32) of the sample rows."""
+        core = self.model.model
+        h = core.embed_tokens(batch.input_ids)  # [T, hidden]
+        cos, sin = core.rotary_emb(h, batch.positions[None, :])  # [1, T, D] each
+        cos, sin = cos[0], sin[0]
+        for i, layer in enumerate(core.layers):
+            residual = h
+            x = layer.input_layernorm(h)
+            h = residual + self._attention(i, layer.self_attn, x, cos, sin, batch)
+            residual = h
+            h = residual + layer.mlp(layer.post_attention_layernorm(h))
+        if batch.sample_rows.numel() == 0:
+            return torch.empty(0, self.model.config.vocab_size, device=self.device)
+        last = core.norm(h[batch.sample_rows])  # [S, hidden]
+        return self.model.lm_head(last).float()  # [S, vocab]
+
+    def _attention(
+        self, layer_idx: int, attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: StepBatch
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        hq, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.groups
+        q = attn.q_proj(x).view(t, hq, d)
+        k = attn.k_proj(x).view(t, hkv, d)
+        v = attn.v_proj(x).view(t, hkv, d)
+        q, k = self._rope(q, k, cos, sin, unsqueeze_dim=1)  # cos/sin [T, D] -> [T, 1, D]
+        self.cache.write(layer_idx, batch.write_slots, k, v)
+        out = torch.empty_like(q)  # [T, Hq, D]
+        scale = attn.scaling
+        nd = batch.num_decodes
+        if nd:
+            kc, vc = self.cache.read(layer_idx, batch.decode_ctx_slots)  # [Bd, Kd, Hkv, D]
+            # GQA without repeating K/V: the G query heads sharing a KV head become G query rows.
+            qd = q[:nd].view(nd, hkv, g, d)
+            o = F.scaled_dot_product_attention(
+                qd, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=batch.decode_mask, scale=scale
+            )  # [Bd, Hkv, G, D]
+            out[:nd] = o.reshape(nd, hq, d)
+        for span in batch.prefills:
+            n = span.rows.stop - span.rows.start
+            kc, vc = self.cache.read(layer_idx, span.ctx_slots)  # [K, Hkv, D]
+            qp = q[span.rows].view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
+            o = F.scaled_dot_product_attention(
+                qp, kc.transpose(0, 1), vc.transpose(0, 1), attn_mask=span.mask.repeat(g, 1), scale=scale
+            )  # [Hkv, G*n, D]
+            out[span.rows] = o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
+        return attn.o_proj(out.view(t, hq * d))

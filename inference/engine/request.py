@@ -1,0 +1,129 @@
+"""A generation request and the plain values around it: sampling parameters, priority, status,
+finish reason, admission result, timings.
+
+Pure Python (no torch), shared by the scheduler, the sampler and the engine. It holds token ids
+only; text, stop strings and chat templates live at the edge (``text.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Priority(enum.IntEnum):
+    """Queue class; lower runs first. Running requests are never preempted by priority."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+
+class Admission(enum.Enum):
+    """What ``add_request`` answers. Refusals are results, not exceptions: the caller turns them
+    into a 429 / a dead letter with this reason."""
+
+    ACCEPTED = "accepted"
+    OVERLOADED = "overloaded"  # the waiting queue is full; retry later
+    TOO_LARGE = "too_large"  # prompt + max_new_tokens can never fit (max_seq_len or the whole KV budget)
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # a stop token id was sampled (or a stop string matched, at the text edge)
+    LENGTH = "length"  # max_new_tokens or max_seq_len reached
+    ABORTED = "aborted"  # cancelled by the caller
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. ``temperature == 0`` means greedy (argmax), and then top-p/top-k/seed
+    are ignored. ``seed`` makes sampling reproducible: same seed, same logits -> same tokens."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    seed: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False  # True: the model's end-of-sequence ids do not stop this request (benchmarks)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class RequestTimings:
+    """Monotonic clock readings in seconds; None until the event happened."""
+
+    arrival: float
+    admitted: float | None = None  # left the waiting queue, got its KV reservation
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.admitted is None else self.admitted - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token, from arrival (queue time included)."""
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    def tpot(self, num_output_tokens: int) -> float | None:
+        """Mean time per output token after the first one."""
+        if self.first_token is None or self.finished is None or num_output_tokens < 2:
+            return None
+        return (self.finished - self.first_token) / (num_output_tokens - 1)
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation: the prompt, what is computed so far, and what is wanted.
+
+    vLLM-v1 style, there are no prefill/decode phases: the request *wants* ``num_tokens`` tokens in
+    the KV cache and *has* ``num_computed_tokens``; a step computes some of the difference.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: Priority = Priority.INTERACTIVE
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    timings: RequestTimings = field(default_factory=lambda: RequestTimings(arrival=0.0))
+    arrival_seq: int = 0  # set by the scheduler; breaks ties inside a priority class (FCFS)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        """Worst-case KV footprint in tokens, reserved at admission."""
+        return len(self.prompt_token_ids) + self.params.max_new_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def token_at(self, position: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]

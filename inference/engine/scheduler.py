@@ -1,0 +1,295 @@
+"""Continuous-batching scheduler: at every step, which requests run and how many tokens each computes.
+
+Pure Python (no torch, no I/O), unit-tested without a model. vLLM-v1 style: there are no prefill
+or decode phases, only "tokens computed vs tokens wanted" per request, so new requests' prompt
+chunks and running requests' next tokens share one step. One step computes at most
+``max_step_tokens`` tokens (this bounds step latency, i.e. what a long prompt costs everyone else).
+
+Policy, in order, each ``schedule()``:
+  1. cancellations requested since the last step are applied: their KV blocks are freed;
+  2. running requests get their missing tokens (1 when decoding, a prompt chunk when prefilling);
+  3. waiting requests are admitted in queue-policy order (interactive before batch, FCFS inside a
+     class) while there is a free batch slot, KV room for their worst case, and step budget.
+     The head of the queue is never skipped for a smaller request behind it (no starvation).
+
+Not done here: preemption (reservations are worst-case, see ``block_allocator.py``), prefix caching.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from inference.engine.block_allocator import BlockAllocator
+from inference.engine.request import Admission, FinishReason, Priority, Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch: int = 16  # most requests running at once
+    max_seq_len: int = 2048  # most tokens (prompt + output) one request may hold
+    max_step_tokens: int = 512  # most tokens computed in one step (prompt chunks + decodes)
+    max_waiting: int = 256  # waiting-queue bound; beyond it add_request answers OVERLOADED
+    queue_policy: str = "priority"  # "priority" or "fcfs"
+
+
+class QueuePolicy(abc.ABC):
+    """Order of the waiting queue."""
+
+    @abc.abstractmethod
+    def push(self, request: Request) -> None: ...
+
+    @abc.abstractmethod
+    def peek(self) -> Request | None: ...
+
+    @abc.abstractmethod
+    def pop(self) -> Request: ...
+
+    @abc.abstractmethod
+    def remove(self, request: Request) -> bool: ...
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @abc.abstractmethod
+    def __iter__(self) -> Iterator[Request]: ...
+
+
+class FcfsQueue(QueuePolicy):
+    """Arrival order, priority ignored."""
+
+    def __init__(self) -> None:
+        self._q: collections.deque[Request] = collections.deque()
+
+    def push(self, request: Request) -> None:
+        self._q.append(request)
+
+    def peek(self) -> Request | None:
+        return self._q[0] if self._q else None
+
+    def pop(self) -> Request:
+        return self._q.popleft()
+
+    def remove(self, request: Request) -> bool:
+        try:
+            self._q.remove(request)
+        except ValueError:
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._q)
+
+
+class PriorityQueue(QueuePolicy):
+    """Interactive before batch; arrival order inside a class."""
+
+    def __init__(self) -> None:
+        self._qs: dict[Priority, collections.deque[Request]] = {p: collections.deque() for p in sorted(Priority)}
+
+    def push(self, request: Request) -> None:
+        self._qs[request.priority].append(request)
+
+    def peek(self) -> Request | None:
+        return next((q[0] for q in self._qs.values() if q), None)
+
+    def pop(self) -> Request:
+        for q in self._qs.values():
+            if q:
+                return q.popleft()
+        raise IndexError("pop from an empty queue")
+
+    def remove(self, request: Request) -> bool:
+        try:
+            self._qs[request.priority].remove(request)
+        except ValueError:
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._qs.values())
+
+    def __iter__(self) -> Iterator[Request]:
+        for q in self._qs.values():
+            yield from q
+
+
+def make_queue_policy(name: str) -> QueuePolicy:
+    policies: dict[str, Callable[[], QueuePolicy]] = {"priority": PriorityQueue, "fcfs": FcfsQueue}
+    if name not in policies:
+        raise ValueError(f"unknown queue policy {name!r}; choose one of {sorted(policies)}")
+    return policies[name]()
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    request: Request
+    start: int  # first position computed this step (== request.num_computed_tokens)
+    num_new_tokens: int  # positions [start, start + num_new_tokens) are computed this step
+    sample: bool  # the chunk reaches the last known token, so its logits give the next token
+
+
+@dataclass
+class SchedulerOutput:
+    # What the model computes this step; decodes (1 token) first, then prompt chunks.
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    # Requests moved from waiting to running by this call (their KV blocks are now reserved).
+    admitted: list[Request] = field(default_factory=list)
+    # Requests retired by this call (cancellations); their KV blocks are already freed.
+    finished: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.chunks)
+
+
+class Scheduler:
+    """Owns the waiting queue, the running set and the KV reservations. Thread-safe: the engine's
+    step thread calls ``schedule``/``update_from_output``, callers may ``add_request``/``abort``
+    from elsewhere."""
+
+    def __init__(
+        self, config: SchedulerConfig, allocator: BlockAllocator, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.config = config
+        self.allocator = allocator
+        self.clock = clock
+        self.waiting = make_queue_policy(config.queue_policy)
+        self.running: list[Request] = []  # admission order
+        self._by_id: dict[str, Request] = {}
+        self._pending_aborts: list[str] = []
+        self._arrivals = 0
+        self._lock = threading.RLock()
+
+    # -- callers ---------------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> Admission:
+        with self._lock:
+            if request.request_id in self._by_id:
+                raise ValueError(f"request id {request.request_id!r} is already in the engine")
+            if not request.prompt_token_ids:
+                raise ValueError("the prompt has no tokens")
+            if request.max_tokens > self.config.max_seq_len or not self.allocator.can_ever_fit(request.max_tokens):
+                return Admission.TOO_LARGE
+            if len(self.waiting) >= self.config.max_waiting:
+                return Admission.OVERLOADED
+            request.timings.arrival = self.clock()
+            request.arrival_seq = self._arrivals
+            self._arrivals += 1
+            request.status = RequestStatus.WAITING
+            self.waiting.push(request)
+            self._by_id[request.request_id] = request
+            return Admission.ACCEPTED
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel; the request's cache is freed at the next ``schedule()``. False if unknown/finished."""
+        with self._lock:
+            if request_id not in self._by_id:
+                return False
+            self._pending_aborts.append(request_id)
+            return True
+
+    # -- the step loop ---------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        with self._lock:
+            out = SchedulerOutput()
+            self._apply_aborts(out)
+            budget = self.config.max_step_tokens
+            decodes: list[ScheduledChunk] = []
+            prefills: list[ScheduledChunk] = []
+            # Decodes first so that a long prompt never stalls running generations.
+            for req in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens):
+                missing = req.num_tokens - req.num_computed_tokens
+                n = min(missing, budget)
+                if n <= 0:
+                    continue
+                budget -= n
+                chunk = ScheduledChunk(req, req.num_computed_tokens, n, sample=n == missing)
+                (decodes if n == 1 else prefills).append(chunk)
+            while budget > 0 and len(self.running) < self.config.max_batch:
+                req = self.waiting.peek()
+                if req is None or not self.allocator.can_allocate(req.max_tokens):
+                    break
+                self.waiting.pop()
+                self.allocator.allocate(req.request_id, req.max_tokens)
+                req.status = RequestStatus.RUNNING
+                req.timings.admitted = self.clock()
+                self.running.append(req)
+                out.admitted.append(req)
+                n = min(req.num_tokens, budget)
+                budget -= n
+                chunk = ScheduledChunk(req, 0, n, sample=n == req.num_tokens)
+                (decodes if n == 1 else prefills).append(chunk)
+            out.chunks = decodes + prefills
+            return out
+
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Record a step's result: advance computed tokens, append sampled tokens, retire finished
+        requests (freeing their KV blocks). Returns the requests that finished."""
+        with self._lock:
+            finished: list[Request] = []
+            now = self.clock()
+            for chunk in out.chunks:
+                req = chunk.request
+                if req.is_finished:  # aborted while the step ran
+                    continue
+                req.num_computed_tokens += chunk.num_new_tokens
+                if not chunk.sample:
+                    continue
+                token = sampled[req.request_id]
+                req.output_token_ids.append(token)
+                if req.timings.first_token is None:
+                    req.timings.first_token = now
+                if token in req.params.stop_token_ids:
+                    self._finish(req, FinishReason.STOP)
+                elif len(req.output_token_ids) >= req.params.max_new_tokens or req.num_tokens >= self.config.max_seq_len:
+                    self._finish(req, FinishReason.LENGTH)
+                else:
+                    continue
+                finished.append(req)
+            return finished
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self.running or len(self.waiting) or self._pending_aborts)
+
+    def get(self, request_id: str) -> Request | None:
+        return self._by_id.get(request_id)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def _apply_aborts(self, out: SchedulerOutput) -> None:
+        pending, self._pending_aborts = self._pending_aborts, []
+        for rid in pending:
+            req = self._by_id.get(rid)
+            if req is None or req.is_finished:
+                continue
+            if req.status is RequestStatus.WAITING:
+                self.waiting.remove(req)
+            self._finish(req, FinishReason.ABORTED)
+            out.finished.append(req)
+
+    def _finish(self, req: Request, reason: FinishReason) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        self.allocator.free(req.request_id)
+        self._by_id.pop(req.request_id, None)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.timings.finished = self.clock()

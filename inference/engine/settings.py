@@ -1,0 +1,55 @@
+"""The engine's one settings object: which model, where it runs, how big the batch and KV cache are.
+
+Built once by the CLI from flags and ``CHATPIPE_*`` environment variables (pydantic-settings does
+the reading; no engine module touches ``os.environ``), then passed explicitly. Frozen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+
+
+class EngineSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CHATPIPE_", frozen=True, extra="forbid")
+
+    model_path: Path | None = Field(
+        None, description="HF model folder or .gguf file; empty = the default model in model_cache"
+    )
+    model_cache: Path = Field(
+        Path.home() / ".cache" / "chatpipe" / "models",
+        description="Where `chatpipe model pull` puts converted models (CHATPIPE_MODEL_CACHE)",
+    )
+    device: str = Field("auto", description="'cpu', 'cuda', 'cuda:1', or 'auto' (cuda when available)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights and KV cache dtype; auto = bfloat16 on CUDA, float32 on CPU"
+    )
+    max_batch: int = Field(16, ge=1, description="Most requests running at once")
+    max_seq_len: int = Field(2048, ge=2, description="Most tokens (prompt + output) per request")
+    kv_cache_tokens: int = Field(32768, ge=16, description="KV cache budget in tokens, all requests together")
+    kv_block_size: int = Field(16, ge=1, description="Tokens per KV cache block")
+    max_step_tokens: int = Field(512, ge=1, description="Most tokens computed per step (prompt chunks + decodes)")
+    max_waiting: int = Field(256, ge=0, description="Waiting-queue bound; beyond it requests are refused")
+    queue_policy: Literal["priority", "fcfs"] = Field("priority", description="Waiting-queue order")
+    num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch's default")
+    compile: bool = Field(False, description="torch.compile the per-layer dense math (CUDA; unverified)")
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.resolved_device().startswith("cuda") else "float32"
+
+    def default_model_dir(self) -> Path:
+        return self.model_cache.expanduser() / DEFAULT_MODEL_NAME

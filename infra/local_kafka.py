@@ -1,0 +1,263 @@
+"""The real Apache Kafka broker on one machine: KRaft, combined broker + controller, one node.
+
+Its jars come from Maven Central: ``mvn dependency:copy-dependencies`` on ``infra/kafka/pom.xml``
+runs once into a cache folder outside the project (``~/.cache/chatpipe/kafka-<version>/lib``),
+then the broker starts as ``java -cp 'lib/*' kafka.Kafka server.properties``. Data, logs and
+the pid file live under the state folder (``.chatpipe/kafka`` by default).
+
+Not here: topics (``transport.admin``) and anything the broker does once it runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.settings import StackSettings
+from schemas.errors import ChatpipeError
+
+KAFKA_POM = Path(__file__).parent / "kafka" / "pom.xml"
+LOG4J_CONFIG = Path(__file__).parent / "kafka" / "log4j2.properties"
+
+
+class StackError(ChatpipeError):
+    """The local stack cannot do what was asked; the message says why and what to do."""
+
+
+class PortInUseError(StackError):
+    pass
+
+
+class BrokerStartError(StackError):
+    pass
+
+
+def kafka_version() -> str:
+    match = re.search(r"<kafka.version>([^<]+)</kafka.version>", KAFKA_POM.read_text())
+    if not match:
+        raise StackError(f"{KAFKA_POM}: no <kafka.version> property")
+    return match[1]
+
+
+def ensure_jars(settings: StackSettings) -> Path:
+    """The broker's classpath folder, assembled by Maven on first use (atomically)."""
+    lib = settings.cache_dir / f"kafka-{kafka_version()}" / "lib"
+    if (lib / ".complete").exists():
+        return lib
+    if shutil.which(settings.mvn) is None:
+        raise StackError(f"Maven ({settings.mvn!r}) not found: it fetches the Kafka jars from Maven Central. "
+                         "Install Maven or set CHATPIPE_MVN.")
+    tmp = lib.with_name(f"lib.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    cmd = [settings.mvn, "-q", "-B", "-f", str(KAFKA_POM), "dependency:copy-dependencies",
+           f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
+        raise StackError(f"mvn could not fetch the Kafka {kafka_version()} jars:\n{tail}")
+    (tmp / ".complete").write_text(kafka_version())
+    shutil.rmtree(lib, ignore_errors=True)
+    tmp.rename(lib)
+    return lib
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """True if something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    if not path.exists():
+        return f"(no {path.name})"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerStatus:
+    running: bool
+    pid: int | None
+    bootstrap_servers: str
+    controller_port: int
+    state_dir: Path
+    version: str
+
+
+class LocalKafka:
+    """Start, stop and inspect the single-node broker of one state folder."""
+
+    def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
+        self.dir = settings.kafka_dir
+        self.pid_file = self.dir / "broker.pid"
+        self.logs_dir = self.dir / "logs"
+        self.data_dir = self.dir / "data"
+        self.stdout_file = self.logs_dir / "broker.out"
+
+    # --- inspection ------------------------------------------------------------------------
+    def pid(self) -> int | None:
+        """Pid of this state folder's broker if it is alive (and really is our broker)."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return None
+        # A recycled pid belongs to some other program: only trust our own command line.
+        if "kafka.Kafka" in cmdline and str(self.dir) in cmdline:
+            return pid
+        return None
+
+    def status(self) -> BrokerStatus:
+        pid = self.pid()
+        return BrokerStatus(pid is not None and port_open(self.settings.host, self.settings.kafka_port),
+                            pid, self.settings.bootstrap_servers, self.settings.controller_port,
+                            self.dir, kafka_version())
+
+    # --- start -----------------------------------------------------------------------------
+    def up(self) -> bool:
+        """Start the broker and wait until it answers. Returns False if it was already running."""
+        if self.pid() is not None:
+            self._wait_ready(self.pid())
+            return False
+        for port in (self.settings.kafka_port, self.settings.controller_port):
+            if port_open(self.settings.host, port):
+                raise PortInUseError(
+                    f"port {port} on {self.settings.host} is already in use by another program; "
+                    "stop it or choose other ports with --kafka-port/--controller-port "
+                    "(CHATPIPE_KAFKA_PORT/CHATPIPE_CONTROLLER_PORT)")
+        lib = ensure_jars(self.settings)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        props = self._write_config()
+        if not (self.data_dir / "meta.properties").exists():
+            self._format_storage(lib, props)
+        with open(self.stdout_file, "ab") as out:
+            proc = subprocess.Popen(
+                [self.settings.java, f"-Xmx{self.settings.kafka_heap}", "-Xms128m", "-XX:+UseG1GC",
+                 "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.logs_dir}",
+                 f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+                 "-cp", f"{lib}/*", "kafka.Kafka", str(props)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.dir, start_new_session=True,  # survives the CLI; `down` stops it
+            )
+        self.pid_file.write_text(str(proc.pid))
+        self._wait_ready(proc.pid, proc)
+        return True
+
+    def _write_config(self) -> Path:
+        s = self.settings
+        props = self.dir / "server.properties"
+        props.write_text("\n".join([
+            "# Written by `chatpipe up` on every start; edit StackSettings, not this file.",
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@{s.host}:{s.controller_port}",
+            f"listeners=PLAINTEXT://{s.host}:{s.kafka_port},CONTROLLER://{s.host}:{s.controller_port}",
+            f"advertised.listeners=PLAINTEXT://{s.host}:{s.kafka_port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"log.dirs={self.data_dir}",
+            # One node: every internal topic has one replica. Few internal partitions keep the
+            # first consumer group and the first transaction quick on a 2-core machine.
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=4",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "transaction.state.log.num.partitions=4",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "num.partitions=1",
+            # Topics come from the catalog (`chatpipe topics apply`); a typo should fail, not create.
+            "auto.create.topics.enable=false",
+            "",
+        ]))
+        return props
+
+    def _format_storage(self, lib: Path, props: Path) -> None:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        proc = subprocess.run(
+            [self.settings.java, "-cp", f"{lib}/*", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+             f"-Dkafka.logs.dir={self.logs_dir}", "kafka.tools.StorageTool", "format",
+             "-t", cluster_id, "-c", str(props)],
+            capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            raise BrokerStartError(f"formatting {self.data_dir} failed:\n{proc.stdout}{proc.stderr}")
+
+    def _wait_ready(self, pid: int, proc: subprocess.Popen | None = None) -> None:
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                self.pid_file.unlink(missing_ok=True)
+                raise BrokerStartError(
+                    f"the Kafka broker exited with code {proc.returncode} while starting. "
+                    f"Last lines of {self.logs_dir}:\n{_tail(self.stdout_file)}\n{_tail(self.logs_dir / 'server.log')}")
+            if port_open(self.settings.host, self.settings.kafka_port) and self._answers():
+                return
+            time.sleep(0.3)
+        raise BrokerStartError(
+            f"the Kafka broker (pid {pid}) did not answer on {self.settings.bootstrap_servers} within "
+            f"{self.settings.start_timeout_s:.0f}s. Last lines of its log:\n{_tail(self.logs_dir / 'server.log')}")
+
+    def _answers(self) -> bool:
+        from confluent_kafka.admin import AdminClient  # the stack itself needs no client otherwise
+
+        admin = AdminClient({"bootstrap.servers": self.settings.bootstrap_servers, "log_level": 0})
+        try:
+            metadata = admin.list_topics(timeout=2)
+        except Exception:  # KafkaException while the broker is still registering
+            return False
+        return bool(metadata.brokers)
+
+    # --- stop ------------------------------------------------------------------------------
+    def down(self) -> bool:
+        """Stop the broker (SIGTERM, then SIGKILL after the timeout). False if it was not running."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        os.kill(pid, signal.SIGTERM)  # the broker's shutdown hook flushes and closes its logs
+        deadline = time.monotonic() + self.settings.stop_timeout_s
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.2)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (our own child, not yet reaped) has exited for our purposes.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    if state == "Z":
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        return False
+    return True

@@ -1,0 +1,72 @@
+"""Conversation history and OpenAI chat messages for SFT examples and preference pairs.
+
+An example's messages are: its system prompt (or ``default_system_prompt``, or none), then
+earlier turns of its conversation as user/assistant pairs, newest kept first while the whole
+example fits ``max_context_tokens``, then its own prompt and answer. Earlier turns come from
+the *history pool*: turns that passed redaction, quality and decontamination and were not
+rated down, one per turn index (the latest, so a regeneration replaces what it regenerated).
+Dropped turns never reach an output as history.
+
+Tokens are estimated as ceil(chars / 4) + 4 per message (no tokenizer dependency; about
+right for English BPE vocabularies). The current turn is always kept, even when alone over
+the budget (``too_long`` bounds it).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+MESSAGE_OVERHEAD = 4
+
+
+def est_tokens(col: Column) -> Column:
+    return F.when(col.isNull(), F.lit(0)).otherwise(F.ceil(F.length(col) / 4) + MESSAGE_OVERHEAD)
+
+
+def history_pool(turns: DataFrame) -> DataFrame:
+    w = Window.partitionBy("conversation_id", "turn_index").orderBy(F.desc("created_at"), F.desc("event_id"))
+    return (
+        turns.where(F.col("rating").isNull() | (F.col("rating") != "down"))
+        .withColumn("_n", F.row_number().over(w)).where("_n = 1")
+        .select("conversation_id", F.col("turn_index").alias("h_index"), F.col("prompt").alias("h_prompt"),
+                F.col("answer").alias("h_answer"),
+                (est_tokens(F.col("prompt")) + est_tokens(F.col("answer"))).alias("h_tokens"))
+    )
+
+
+def with_history(examples: DataFrame, pool: DataFrame, id_col: str, own_tokens: Column,
+                 budget: int) -> DataFrame:
+    """``examples`` plus ``history``: array<struct<h_index, h_prompt, h_answer>> in turn order."""
+    ex = examples.withColumn("_own", own_tokens)
+    cands = ex.select(id_col, "conversation_id", "turn_index", "_own").join(pool, "conversation_id").where(
+        F.col("h_index") < F.col("turn_index"))
+    newest_first = Window.partitionBy(id_col).orderBy(F.desc("h_index")).rowsBetween(
+        Window.unboundedPreceding, Window.currentRow)
+    fitting = (
+        cands.withColumn("_cum", F.sum("h_tokens").over(newest_first))
+        .where(F.col("_cum") + F.col("_own") <= budget)
+        .groupBy(id_col)
+        .agg(F.sort_array(F.collect_list(F.struct("h_index", "h_prompt", "h_answer"))).alias("history"))
+    )
+    return ex.join(fitting, id_col, "left").withColumn(
+        "history", F.coalesce(F.col("history"), F.array().cast("array<struct<h_index:int,h_prompt:string,h_answer:string>>"))
+    ).drop("_own")
+
+
+def _msg(role: str, content: Column) -> Column:
+    return F.struct(F.lit(role).alias("role"), content.alias("content"))
+
+
+def prompt_messages(default_system_prompt: str | None) -> Column:
+    """system? + history + user prompt, as array<struct<role, content>>."""
+    system = F.coalesce(F.col("system_prompt"), F.lit(default_system_prompt))
+    sys_part = F.when(system.isNotNull(), F.array(_msg("system", system))).otherwise(
+        F.array().cast("array<struct<role:string,content:string>>"))
+    hist = F.flatten(F.transform(F.col("history"), lambda h: F.array(
+        _msg("user", h["h_prompt"]), _msg("assistant", h["h_answer"]))))
+    return F.concat(sys_part, hist, F.array(_msg("user", F.col("prompt"))))
+
+
+def sft_messages(default_system_prompt: str | None) -> Column:
+    return F.concat(prompt_messages(default_system_prompt), F.array(_msg("assistant", F.col("answer"))))

@@ -1,0 +1,83 @@
+"""Quality filters over redacted turns: each turn is kept or dropped with the first reason that holds.
+
+Reasons, checked in this order (step ``quality``):
+
+- ``error_response``: finish reason ERROR, TIMEOUT or OVERLOADED, or an answer that opens
+  like an error message ("Error:", "Traceback (most recent call last)", "Internal server error").
+- ``incomplete``: finish reason CANCELLED (the client went away mid-answer). LENGTH answers
+  are kept: truncated, but real.
+- ``empty``: prompt or answer is only whitespace.
+- ``too_short``: answer under ``min_answer_chars`` or prompt under ``min_prompt_chars``
+  characters, whitespace stripped.
+- ``too_long``: system prompt + prompt + answer over ``max_chars`` characters.
+- ``mostly_non_text``: under ``min_text_ratio`` of the answer's characters are letters or
+  whitespace (base64 blobs, hex dumps, symbol soup).
+- ``repeated_lines``: over ``max_dup_line_ratio`` of the answer's non-empty lines repeat an
+  earlier line (degenerate loops).
+
+Both a Spark Column (:func:`quality_reason`) and a plain-Python function
+(:func:`quality_reason_py`) implement the same rules; the latter serves the single-process
+baseline and unit tests. Not here: duplicates across turns (``dedup``), eval leaks
+(``decontam``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from spark_jobs.settings import FinetuneSettings
+
+ERROR_FINISH = ("ERROR", "TIMEOUT", "OVERLOADED")
+ERROR_TEXT = (
+    r"(?i)^[ \t\n\r]*(error:|error [0-9]{3}|exception:|traceback \(most recent call last\)"
+    r"|internal server error|an error occurred|sorry, something went wrong)"
+)
+_WS = " \t\n\r"
+_ERROR_TEXT_RE = re.compile(ERROR_TEXT)
+
+
+def quality_reason_py(turn: dict, s: FinetuneSettings) -> str | None:
+    prompt, answer = turn["prompt"] or "", turn["answer"] or ""
+    if turn["finish_reason"] in ERROR_FINISH or _ERROR_TEXT_RE.search(answer):
+        return "error_response"
+    if turn["finish_reason"] == "CANCELLED":
+        return "incomplete"
+    p, a = prompt.strip(_WS), answer.strip(_WS)
+    if not p or not a:
+        return "empty"
+    if len(a) < s.min_answer_chars or len(p) < s.min_prompt_chars:
+        return "too_short"
+    if len(turn.get("system_prompt") or "") + len(prompt) + len(answer) > s.max_chars:
+        return "too_long"
+    text_chars = sum(1 for c in answer if c.isalpha() or c in _WS)
+    if text_chars / len(answer) < s.min_text_ratio:
+        return "mostly_non_text"
+    lines = [line.strip(" \t\r") for line in answer.split("\n")]
+    lines = [line for line in lines if line]
+    if len(lines) >= 2 and 1 - len(set(lines)) / len(lines) > s.max_dup_line_ratio:
+        return "repeated_lines"
+    return None
+
+
+def quality_reason(s: FinetuneSettings):
+    """A Column: the quality drop reason of a turn row, or null."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.steps import first_reason
+
+    prompt, answer = F.coalesce(F.col("prompt"), F.lit("")), F.coalesce(F.col("answer"), F.lit(""))
+    p_len = F.length(F.trim(prompt, _WS))
+    a_len = F.length(F.trim(answer, _WS))
+    total = F.length(F.coalesce(F.col("system_prompt"), F.lit(""))) + F.length(prompt) + F.length(answer)
+    non_text = F.length(F.regexp_replace(answer, r"[\p{L} \t\n\r]", ""))
+    lines = F.filter(F.transform(F.split(answer, "\n"), lambda x: F.trim(x, " \t\r")), lambda x: x != "")
+    dup_ratio = 1 - F.size(F.array_distinct(lines)) / F.size(lines)
+    return first_reason(
+        (F.col("finish_reason").isin(*ERROR_FINISH) | answer.rlike(ERROR_TEXT), "error_response"),
+        (F.col("finish_reason") == "CANCELLED", "incomplete"),
+        ((p_len == 0) | (a_len == 0), "empty"),
+        ((a_len < s.min_answer_chars) | (p_len < s.min_prompt_chars), "too_short"),
+        (total > s.max_chars, "too_long"),
+        ((F.length(answer) - non_text) / F.length(answer) < s.min_text_ratio, "mostly_non_text"),
+        ((F.size(lines) >= 2) & (dup_ratio > s.max_dup_line_ratio), "repeated_lines"),
+    )

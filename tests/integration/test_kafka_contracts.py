@@ -1,0 +1,149 @@
+"""Records through the real broker: round trips, schema evolution, dead letters, trace headers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from schemas import records
+from schemas.codec import AvroCodec, to_avro_dict
+from schemas.errors import DecodeError, UnknownSchemaError
+from schemas.registry import SCHEMA_DIR
+from schemas.topics import DLQ
+from tests.samples import sample_records
+from transport import tracing
+from transport.consumer import BatchConsumer
+from transport.dead_letters import DeadLetterWriter
+from transport.producer import RecordProducer
+
+pytestmark = pytest.mark.integration
+
+
+def _drain(consumer, want: int, expected=None, rounds: int = 40):
+    got = []
+    for _ in range(rounds):
+        got += consumer.poll_records(expected, timeout_s=0.5)
+        if len(got) >= want:
+            break
+    return got
+
+
+def _strict_consumer(settings, group_id, topic):
+    """A consumer that fails the test on any decode error (no dead-lettering expected)."""
+    def fail(exc, message):
+        raise AssertionError(f"unexpected decode error: {exc}")
+    return BatchConsumer(settings, group_id=group_id, topics=[topic], on_decode_error=fail)
+
+
+def test_every_record_type_round_trips_through_a_topic(kafka_settings, topic_factory, group_id):
+    """Each record type must come back from Kafka equal to what was sent, key and traceparent intact."""
+    topic = topic_factory(partitions=3)
+    sent = sample_records()
+    with RecordProducer(kafka_settings) as producer:
+        for i, record in enumerate(sent):
+            producer.send(topic, record, key=f"k{i}", parent_trace="00-" + "ab" * 16 + "-" + "cd" * 8 + "-01")
+    with _strict_consumer(kafka_settings, group_id, topic) as consumer:
+        got = _drain(consumer, len(sent))
+    assert len(got) == len(sent)
+    by_key = {m.message.key.decode(): m for m in got}
+    for i, record in enumerate(sent):
+        received = by_key[f"k{i}"]
+        assert received.record == record
+        assert tracing.trace_id(received.message.traceparent) == "ab" * 16  # same trace, child span
+
+
+def test_old_schema_version_is_read_by_newer_reader(kafka_settings, topic_factory, group_id):
+    """A producer still on ConversationTurn v1 must be readable by today's consumers (defaults filled)."""
+    topic = topic_factory(partitions=1)
+    turn = next(r for r in sample_records() if isinstance(r, records.ConversationTurn))
+    v1_fields = {f["name"] for f in json.loads((SCHEMA_DIR / "ConversationTurn.v1.avsc").read_text())["fields"]}
+    old = {k: v for k, v in to_avro_dict(turn).items() if k in v1_fields} | {"schema_version": 1}
+    with RecordProducer(kafka_settings) as producer:
+        producer.send_bytes(topic, AvroCodec().encode_dict("ConversationTurn", old, version=1), key=turn.conversation_id)
+    with _strict_consumer(kafka_settings, group_id, topic) as consumer:
+        (got,) = _drain(consumer, 1, expected=records.ConversationTurn)
+    assert got.record.schema_version == 1
+    assert got.record.system_prompt is None and got.record.ttft_ms == 0.0
+    assert got.record.answer == turn.answer and got.record.event_id == turn.event_id
+
+
+def test_bad_messages_are_dead_lettered_and_consumer_goes_on(kafka_settings, topic_factory, group_id, catalog_topics):
+    """Corrupt, truncated and unknown-schema bytes: each raises the named error, lands in chat.dlq with
+    its original bytes and reason, and the good messages around them are still delivered."""
+    topic = topic_factory(partitions=1)
+    codec = AvroCodec()
+    good = sample_records()
+    encoded = codec.encode(good[4])
+    bad = {
+        "corrupt": encoded[:10] + b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01" + encoded[20:],
+        "truncated": encoded[:6],
+        "unknown": b"\xc3\x01" + b"\x11" * 8 + encoded[10:],
+    }
+    expected_errors = {"corrupt": DecodeError, "truncated": DecodeError, "unknown": UnknownSchemaError}
+    for name, data in bad.items():
+        with pytest.raises(expected_errors[name]):
+            codec.decode(data)
+
+    with RecordProducer(kafka_settings) as producer:
+        producer.send(topic, good[0], key="g0")
+        for name, data in bad.items():
+            producer.send_bytes(topic, data, key=name, headers=[("origin", name.encode())])
+        producer.send(topic, good[1], key="g1")
+
+    with RecordProducer(kafka_settings) as dlq_producer:
+        letters = DeadLetterWriter(dlq_producer, component="test")
+        with BatchConsumer(kafka_settings, group_id=group_id, topics=[topic], dead_letters=letters) as consumer:
+            got = _drain(consumer, 2)
+            consumer.commit()  # flushes the dead letters first
+    assert [m.message.key for m in got] == [b"g0", b"g1"]
+    assert letters.count == 3
+
+    dlq_topic = kafka_settings.topic(DLQ)
+    with _strict_consumer(kafka_settings, group_id + "-dlq", dlq_topic) as dlq_consumer:
+        dead = [m.record for m in _drain(dlq_consumer, 100, expected=records.DeadLetter, rounds=8)
+                if m.record.source_topic == topic]
+    assert sorted(d.key.decode() for d in dead) == sorted(bad)
+    for letter in dead:
+        name = letter.key.decode()
+        assert letter.value == bad[name], "the original bytes must be kept unchanged"
+        assert letter.error_type == expected_errors[name].__name__
+        assert letter.source_partition == 0 and letter.source_offset is not None
+        assert ("origin", name.encode()) in [(h.key, h.value) for h in letter.headers]
+        assert str(letter.source_offset) in letter.error_message  # the error names the position
+
+
+def test_topics_apply_twice_changes_nothing_the_second_time(topic_admin, catalog_topics):
+    """`topics apply` must be idempotent: a second run on an unchanged catalog makes no change."""
+    from schemas.topics import CATALOG
+
+    assert topic_admin.apply() == []
+    assert topic_admin.plan() == []
+    described = {t.name: t.partitions for t in topic_admin.describe()}
+    for spec in CATALOG:
+        assert described[topic_admin.settings.topic(spec.name)] == spec.partitions
+
+
+def test_topics_apply_repairs_drift(topic_admin, kafka_settings):
+    """A topic with fewer partitions or another retention than the catalog is brought back in line."""
+    from schemas.topics import TopicSpec
+
+    name = "drift.check"
+    real = kafka_settings.topic(name)
+    topic_admin.create_topic(real, 1, {"retention.ms": "1000"})
+    spec = TopicSpec(name, 2, "conversation_id", "ConversationTurn", retention_ms=5000)
+    actions = sorted(c.action for c in topic_admin.apply((spec,)))
+    assert actions == ["add-partitions", "set-config"]
+    assert topic_admin.apply((spec,)) == []
+    (info,) = topic_admin.describe([real])
+    assert info.partitions == 2
+
+
+def test_producer_reports_undeliverable_messages(kafka_settings):
+    """Writing to a topic that does not exist (auto-create is off) must raise, not pass silently."""
+    from transport.errors import DeliveryError
+
+    producer = RecordProducer(kafka_settings, extra_config={"message.timeout.ms": 3000})
+    producer.send(kafka_settings.topic("no.such.topic"), sample_records()[4], key="x")
+    with pytest.raises(DeliveryError):
+        producer.flush(timeout_s=10)

@@ -1,0 +1,94 @@
+"""Hypothesis strategies and sample records, derived from the Avro schemas themselves.
+
+Strategies come from the schema (not the dataclasses) so they cover exactly what the wire
+format allows: Avro ``int`` is 32-bit, ``float`` is 32-bit, timestamps are epoch ms.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import strategies as st
+
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+# fastavro reads timestamp-millis as datetime, which stops at year 9999.
+TIMESTAMP_MS = (0, 253_402_300_799_000)
+
+
+def _float32(value: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def strategy_for(schema, named: dict | None = None):
+    """A strategy of fastavro-writable values for a (raw JSON) Avro schema."""
+    named = {} if named is None else named
+    if isinstance(schema, str):
+        if schema in named:
+            return named[schema]
+        short = schema.rsplit(".", 1)[-1]
+        for name, strat in named.items():
+            if name.rsplit(".", 1)[-1] == short:
+                return strat
+        return {
+            "null": st.none(),
+            "boolean": st.booleans(),
+            "int": st.integers(*INT32),
+            "long": st.integers(*INT64),
+            "float": st.floats(width=32, allow_nan=False).map(_float32),
+            "double": st.floats(allow_nan=False),
+            "bytes": st.binary(max_size=64),
+            "string": st.text(max_size=40),
+        }[schema]
+    if isinstance(schema, list):
+        return st.one_of(*[strategy_for(s, named) for s in schema])
+    kind = schema["type"]
+    if kind == "record":
+        fields = {f["name"]: strategy_for(f["type"], named) for f in schema["fields"]}
+        strat = st.fixed_dictionaries(fields)
+        named[schema.get("namespace", "") + "." + schema["name"]] = strat
+        return strat
+    if kind == "enum":
+        strat = st.sampled_from(schema["symbols"])
+        named[schema.get("namespace", "") + "." + schema["name"]] = strat
+        return strat
+    if kind == "array":
+        return st.lists(strategy_for(schema["items"], named), max_size=4)
+    if schema.get("logicalType") == "timestamp-millis":
+        return st.integers(*TIMESTAMP_MS)
+    return strategy_for(kind, named)
+
+
+def sample_records() -> list:
+    """One realistic instance of every record type, nested fields and optionals filled in."""
+    from schemas import records as r
+
+    conv = "conv-1"
+    common = dict(conversation_id=conv, user_id="u-1", tenant="acme")
+    return [
+        r.PromptRequest(**common, model="smollm2", messages=[r.ChatMessage("user", "Hi there ✓")],
+                        sampling=r.SamplingParams(max_tokens=32, temperature=0.0, seed=7, stop=["\n\n"]),
+                        reply_to="chat.replies", reply_partition=2, priority=r.Priority.BATCH),
+        r.InferenceRequest(**common, request_id="req-1", created_at=1_700_000_000_000, model="smollm2",
+                           messages=[r.ChatMessage("system", "Be brief."), r.ChatMessage("user", "Hi")],
+                           context_tokens=12, recalled_turn_ids=["t-0"]),
+        r.TokenChunk(request_id="req-1", conversation_id=conv, index=3, text="lo", token_ids=[42, 7],
+                     worker_id="w-1"),
+        r.Response(**common, request_id="req-1", text="Hello!", model="smollm2", worker_id="w-1",
+                   tokens_in=12, tokens_out=3, queue_ms=1.5, ttft_ms=20.25, total_ms=80.0,
+                   finish_reason=r.FinishReason.STOP, created_at=1_700_000_000_000),
+        r.Cancel(request_id="req-2", conversation_id=conv),
+        r.ConversationTurn(**common, request_id="req-1", turn_index=0, system_prompt="Be brief.",
+                           prompt="Hi", answer="Hello!", model="smollm2", worker_id="w-1", tokens_in=12,
+                           tokens_out=3, queue_ms=1.5, ttft_ms=20.25, total_ms=80.0,
+                           finish_reason=r.FinishReason.LENGTH, created_at=1_700_000_000_000,
+                           completed_at=1_700_000_000_080),
+        r.Feedback(**common, request_id="req-1", kind=r.FeedbackKind.EDIT, edited_text="Hello.",
+                   comment="shorter"),
+        r.Deletion(scope=r.DeletionScope.CONVERSATION, user_id="u-1", tenant="acme", conversation_id=conv),
+        r.WorkerStatus(worker_id="w-1", model="smollm2", state=r.WorkerState.SERVING, running=3, waiting=1,
+                       kv_cache_used_tokens=900, kv_cache_total_tokens=4096, tokens_per_s=55.5),
+        r.DeadLetter(source_topic="chat.prompts", source_partition=1, source_offset=99, key=b"k",
+                     value=b"\x00\x01", headers=[r.Header("traceparent", b"00-..."), r.Header("x", None)],
+                     error_type="DecodeError", error_message="bad marker", component="intake"),
+    ]

@@ -1,0 +1,122 @@
+"""Batch consumer: poll many messages at once, decode them, dead-letter what does not decode.
+
+Offsets are committed only when the caller says its batch is done (``commit()``), never
+automatically, so a crash re-delivers rather than loses work (at-least-once; consumers dedupe
+by ``request_id``/``event_id`` where it matters).
+
+The error policy is an injected callback ``on_decode_error(exc, message)``: by default the
+message goes to the dead-letter topic and the consumer moves on to the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from schemas.codec import AvroCodec, default_codec
+from schemas.errors import DecodeError
+from transport.dead_letters import DeadLetterWriter
+from transport.errors import TransportError
+from transport.message import ConsumedMessage, DecodedMessage
+from transport.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+DecodeErrorPolicy = Callable[[DecodeError, ConsumedMessage], None]
+
+
+class BatchConsumer:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        group_id: str,
+        topics: Iterable[str],
+        codec: AvroCodec | None = None,
+        dead_letters: DeadLetterWriter | None = None,
+        on_decode_error: DecodeErrorPolicy | None = None,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.codec = codec or default_codec()
+        self._dead_letters = dead_letters
+        if on_decode_error is None:
+            if dead_letters is None:
+                raise ValueError("give dead_letters or on_decode_error: undecodable messages need a place to go")
+            on_decode_error = lambda exc, msg: dead_letters.send(msg, exc)  # noqa: E731
+        self.on_decode_error = on_decode_error
+        self._consumer = Consumer({
+            **settings.client_config(),
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            **(extra_config or {}),
+        })
+        self.topics = list(topics)
+        self._consumer.subscribe(self.topics)
+
+    def poll_messages(self, max_messages: int | None = None, timeout_s: float | None = None) -> list[ConsumedMessage]:
+        """Up to ``max_messages`` raw messages, waiting at most ``timeout_s`` for the first."""
+        raw = self._consumer.consume(
+            max_messages or self.settings.consumer_batch_size,
+            self.settings.consumer_poll_timeout_s if timeout_s is None else timeout_s,
+        )
+        out = []
+        for msg in raw:
+            err = msg.error()
+            if err is None:
+                out.append(ConsumedMessage(msg))
+                continue
+            if err.code() == KafkaError._PARTITION_EOF:
+                continue
+            if err.fatal() or not err.retriable():
+                raise TransportError(f"consumer error on {msg.topic()}: {err.str()}")
+            log.warning("retriable consumer error: %s", err.str())
+        return out
+
+    def poll_records(
+        self, expected: type | None = None, max_messages: int | None = None, timeout_s: float | None = None,
+    ) -> list[DecodedMessage]:
+        """Decoded records of the next batch; messages that don't decode go to the error policy."""
+        decoded = []
+        for message in self.poll_messages(max_messages, timeout_s):
+            try:
+                if message.value is None:
+                    raise DecodeError("empty value (tombstone) where a record was expected",
+                                      topic=message.topic, partition=message.partition, offset=message.offset)
+                record = self.codec.decode(message.value, expected, topic=message.topic,
+                                           partition=message.partition, offset=message.offset)
+            except DecodeError as exc:
+                self.on_decode_error(exc, message)
+                continue
+            decoded.append(DecodedMessage(record, message))
+        return decoded
+
+    def commit(self) -> None:
+        """Commit the positions after everything polled so far (synchronously).
+
+        Dead letters of the batch are flushed first: a message is only passed over once its
+        dead-letter copy is durable.
+        """
+        if self._dead_letters is not None:
+            self._dead_letters.producer.flush()
+        try:
+            self._consumer.commit(asynchronous=False)
+        except Exception as exc:  # KafkaException: e.g. no offset stored yet
+            if "NO_OFFSET" in str(exc):
+                return
+            raise TransportError(f"commit failed: {exc}") from exc
+
+    def committed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return self._consumer.committed(partitions)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> "BatchConsumer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
