@@ -4,7 +4,7 @@ Produces N messages of 1 KB with (a) a raw ``confluent_kafka.Producer`` loop usi
 producer config (idempotence, linger, lz4) and (b) ``RecordProducer.send_bytes`` (which adds a
 traceparent header and delivery checks); then consumes them with (a) a raw ``consume()`` loop
 and (b) ``BatchConsumer.poll_messages``. Each side runs ``--repeats`` times, alternating, and
-the best run counts. Also reports the Avro record path (encode + produce, consume + decode).
+the median run counts (robust to one lucky run on a busy machine). Also reports the Avro record path (encode + produce, consume + decode).
 
 Starts its own broker (the project's local Kafka, in a temporary folder) unless
 ``--bootstrap-servers`` is given. Last line: the headline ratio (min of produce and consume).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import os
 import socket
 import tempfile
@@ -108,7 +109,7 @@ def measure(bootstrap: str, n: int, repeats: int) -> str:
     """Runs every side; returns the headline line (printed last by main)."""
     settings = KafkaSettings(bootstrap_servers=bootstrap)
     admin = TopicAdmin(settings)
-    results: dict[str, float] = {}
+    runs: dict[str, list[float]] = {}
 
     def topic() -> str:
         name = f"bench.kafka_io.{uuid.uuid4().hex[:8]}"
@@ -121,20 +122,21 @@ def measure(bootstrap: str, n: int, repeats: int) -> str:
             t = topic()
             rate = fn(settings, t, n)
             produced.setdefault(side, []).append(t)
-            results[f"produce/{side}"] = max(results.get(f"produce/{side}", 0.0), rate)
+            runs.setdefault(f"produce/{side}", []).append(rate)
             print(f"run {r + 1}: produce {side:8} {rate:10,.0f} msg/s")
     for r in range(repeats):
         for side, fn in (("raw", raw_consume), ("adapter", adapter_consume)):
             rate = fn(settings, produced[side][r], n)
-            results[f"consume/{side}"] = max(results.get(f"consume/{side}", 0.0), rate)
+            runs.setdefault(f"consume/{side}", []).append(rate)
             print(f"run {r + 1}: consume {side:8} {rate:10,.0f} msg/s")
+    results = {name: statistics.median(rates) for name, rates in runs.items()}
     rec_topic = topic()
     results["produce/records"] = record_produce(settings, rec_topic, n)
     results["consume/records"] = adapter_consume(settings, rec_topic, n, decode=True)
 
     produce_ratio = results["produce/adapter"] / results["produce/raw"]
     consume_ratio = results["consume/adapter"] / results["consume/raw"]
-    print(f"\n{n:,} messages of 1 KB, best of {repeats}, broker {bootstrap}")
+    print(f"\n{n:,} messages of 1 KB, median of {repeats}, broker {bootstrap}")
     print(f"produce: raw {results['produce/raw']:,.0f} msg/s, adapter {results['produce/adapter']:,.0f} msg/s, "
           f"ratio {produce_ratio:.2f}")
     print(f"consume: raw {results['consume/raw']:,.0f} msg/s, adapter {results['consume/adapter']:,.0f} msg/s, "
@@ -149,12 +151,12 @@ def measure(bootstrap: str, n: int, repeats: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="about a minute on 2 cores")
-    parser.add_argument("--messages", type=int, default=None, help="messages per run (default 200k, quick 30k)")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per side (default 3, quick 2)")
+    parser.add_argument("--messages", type=int, default=None, help="messages per run (default 200k, quick 20k)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per side (default 5, quick 3)")
     parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
     args = parser.parse_args()
-    n = args.messages or (30_000 if args.quick else 200_000)
-    repeats = args.repeats or (2 if args.quick else 3)
+    n = args.messages or (20_000 if args.quick else 200_000)
+    repeats = args.repeats or (3 if args.quick else 5)
 
     kafka = None
     bootstrap = args.bootstrap_servers

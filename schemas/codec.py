@@ -53,21 +53,26 @@ def _to_epoch_ms(value: Any) -> Any:
     return value
 
 
-def _from_avro_converter(tp: Any) -> Converter:
-    """How to turn fastavro's value for a field of type ``tp`` into the typed record value."""
+def _converter(tp: Any, leaf: Callable[[Any], Converter]) -> Converter:
+    """Lift ``leaf`` (a converter for a plain field type) through ``list[...]`` and ``X | None``."""
     origin = typing.get_origin(tp)
     if origin is list:
         (item,) = typing.get_args(tp)
-        conv = _from_avro_converter(item)
+        conv = _converter(item, leaf)
         if conv is _identity:
             return _identity
         return lambda values: [conv(v) for v in values]
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        conv = _from_avro_converter(inner[0]) if len(inner) == 1 else _identity
+        conv = _converter(inner[0], leaf) if len(inner) == 1 else _identity
         if conv is _identity:
             return _identity
         return lambda value: None if value is None else conv(value)
+    return leaf(tp)
+
+
+def _from_avro_leaf(tp: Any) -> Converter:
+    """fastavro's value -> typed record value, for one non-container field type."""
     if isinstance(tp, type) and issubclass(tp, Enum):
         return tp
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
@@ -77,6 +82,12 @@ def _from_avro_converter(tp: Any) -> Converter:
     return _identity
 
 
+def _to_avro_leaf(tp: Any) -> Converter:
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return to_avro_dict
+    return _identity  # StrEnum members are str, which fastavro writes as enum symbols
+
+
 @cache
 def _field_plan(cls: type) -> tuple[tuple[str, Converter, Converter], ...]:
     """Per field: (name, from-avro converter, to-avro converter), computed once per class."""
@@ -84,7 +95,7 @@ def _field_plan(cls: type) -> tuple[tuple[str, Converter, Converter], ...]:
     plan = []
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
-        plan.append((f.name, _from_avro_converter(tp), _to_avro_converter(tp)))
+        plan.append((f.name, _converter(tp, _from_avro_leaf), _converter(tp, _to_avro_leaf)))
     return tuple(plan)
 
 
@@ -92,25 +103,6 @@ def _record_builder(cls: type) -> Converter:
     def build(data: dict) -> Any:
         return cls(**{name: conv(data[name]) for name, conv, _ in _field_plan(cls) if name in data})
     return build
-
-
-def _to_avro_converter(tp: Any) -> Converter:
-    origin = typing.get_origin(tp)
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        conv = _to_avro_converter(item)
-        if conv is _identity:
-            return _identity
-        return lambda values: [conv(v) for v in values]
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        conv = _to_avro_converter(inner[0]) if len(inner) == 1 else _identity
-        if conv is _identity:
-            return _identity
-        return lambda value: None if value is None else conv(value)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return to_avro_dict
-    return _identity  # StrEnum members are str, which fastavro writes as enum symbols
 
 
 def to_avro_dict(record: Any) -> dict:

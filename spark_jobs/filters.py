@@ -66,11 +66,11 @@ def quality_reason(s: FinetuneSettings):
     from spark_jobs.steps import first_reason
 
     prompt, answer = F.coalesce(F.col("prompt"), F.lit("")), F.coalesce(F.col("answer"), F.lit(""))
-    p_len = F.length(F.trim(prompt, _WS))
-    a_len = F.length(F.trim(answer, _WS))
+    p_len = F.length(F.trim(prompt, F.lit(_WS)))
+    a_len = F.length(F.trim(answer, F.lit(_WS)))
     total = F.length(F.coalesce(F.col("system_prompt"), F.lit(""))) + F.length(prompt) + F.length(answer)
     non_text = F.length(F.regexp_replace(answer, r"[\p{L} \t\n\r]", ""))
-    lines = F.filter(F.transform(F.split(answer, "\n"), lambda x: F.trim(x, " \t\r")), lambda x: x != "")
+    lines = F.filter(F.transform(F.split(answer, "\n"), lambda x: F.trim(x, F.lit(" \t\r"))), lambda x: x != "")
     dup_ratio = 1 - F.size(F.array_distinct(lines)) / F.size(lines)
     return first_reason(
         (F.col("finish_reason").isin(*ERROR_FINISH) | answer.rlike(ERROR_TEXT), "error_response"),

@@ -32,6 +32,7 @@ DROPPED_FIELDS = (
     ("source_topic", StringType()),
     ("source_partition", IntegerType()),
     ("source_offset", LongType()),
+    ("source_timestamp", LongType()),  # Kafka record timestamp, epoch ms
 )
 
 
@@ -48,6 +49,8 @@ def as_dropped(df: DataFrame, step: str, record: str) -> DataFrame:
             col = F.col("_reason")
         elif name == "detail":
             col = F.col("_detail") if "_detail" in present else F.lit(None)
+        elif name == "source_timestamp" and "kafka_ts" in present:
+            col = F.col("kafka_ts")
         elif name in present:
             col = F.col(name)
         else:

@@ -93,6 +93,7 @@ def generate(
     model: Optional[Path] = typer.Option(None, "--model", help="HF model folder or .gguf (default: pulled model)"),
     device: Optional[str] = typer.Option(None, help="cpu, cuda, auto (env CHATPIPE_DEVICE)"),
     dtype: Optional[str] = typer.Option(None, help="auto, float32, bfloat16, float16 (env CHATPIPE_DTYPE)"),
+    kv_cache_tokens: int = typer.Option(4096, help="KV cache size in tokens (one request here)"),
     stats: bool = typer.Option(True, help="Print timings to stderr at the end"),
 ) -> None:
     """Stream an answer from the chat model to the terminal."""
@@ -107,7 +108,7 @@ def generate(
     from inference.engine.text import encode_prompt
 
     _quiet_transformers()
-    settings = _settings(model_path=model, device=device, dtype=dtype, max_batch=1)
+    settings = _settings(model_path=model, device=device, dtype=dtype, max_batch=1, kv_cache_tokens=kv_cache_tokens)
     try:
         params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         lm, tokenizer = load_model(settings)

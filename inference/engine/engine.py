@@ -46,7 +46,7 @@ class EngineStats:
     kv_used_tokens: int  # reserved, in whole blocks
     kv_capacity_tokens: int
     steps: int
-    prompt_tokens: int  # computed since start
+    prompt_tokens: int  # prompt tokens computed (prefilled) since start
     generated_tokens: int  # sampled since start
     tokens_per_s: float  # generated tokens per second over the last few seconds
 
@@ -150,7 +150,10 @@ class Engine:
         tokens = self.sampler.sample(logits, batch.sample_request_ids, params)
         sampled = dict(zip(batch.sample_request_ids, tokens))
         self.scheduler.update_from_output(out, sampled)
-        self._count(out.num_tokens - len(sampled), len(sampled))
+        prompt_computed = sum(
+            max(0, min(c.start + c.num_new_tokens, len(c.request.prompt_token_ids)) - c.start) for c in out.chunks
+        )
+        self._count(prompt_computed, len(sampled))
         for rid, tok in sampled.items():
             req = by_id[rid]
             if req.is_finished:

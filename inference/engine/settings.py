@@ -31,7 +31,7 @@ class EngineSettings(BaseSettings):
     )
     max_batch: int = Field(16, ge=1, description="Most requests running at once")
     max_seq_len: int = Field(2048, ge=2, description="Most tokens (prompt + output) per request")
-    kv_cache_tokens: int = Field(32768, ge=16, description="KV cache budget in tokens, all requests together")
+    kv_cache_tokens: int = Field(16384, ge=16, description="KV cache budget in tokens, all requests together")
     kv_block_size: int = Field(16, ge=1, description="Tokens per KV cache block")
     max_step_tokens: int = Field(512, ge=1, description="Most tokens computed per step (prompt chunks + decodes)")
     max_waiting: int = Field(256, ge=0, description="Waiting-queue bound; beyond it requests are refused")

@@ -1,0 +1,210 @@
+"""Engine vs Hugging Face ``generate``: offline throughput and latency on a ShareGPT-like workload.
+
+N requests arrive at once; prompt and output lengths are drawn from seeded log-normal
+distributions (ShareGPT-like: long-tailed, clipped to the context), prompts are random token ids.
+Both sides produce exactly each request's target output length (EOS ignored), greedy:
+
+  * engine: continuous batching, ``max_batch`` = the batch size;
+  * baseline: ``model.generate`` in static batches of the same size, left-padded, with
+    ``max_new_tokens`` = the longest target in the batch (how static batching wastes work).
+
+Only useful tokens (each request's target) count for both. Prints tokens/s, TTFT and TPOT
+percentiles, and, as the last line, the ratio. ``--model-config llama-1b|llama-8b`` builds a
+randomly initialised Llama of that shape (no weights can be fetched on the GPU machine).
+
+    python bench/engine.py --quick            # about a minute on 2 CPU cores
+    python bench/engine.py                    # the README figures
+    python bench/engine.py --device cuda --model-config llama-8b
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+# Llama shapes of random-init models; attention heads 32, KV heads 8, vocab 128256, RoPE theta 5e5.
+MODEL_CONFIGS = {
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, tie_word_embeddings=True),  # 3.2 1B
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, tie_word_embeddings=False),  # 3.1 8B
+}
+
+
+@dataclass
+class Workload:
+    prompts: list[list[int]]
+    outputs: list[int]  # target output length per request
+
+
+@dataclass
+class Result:
+    seconds: float
+    useful_tokens: int
+    ttft: list[float]
+    tpot: list[float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.useful_tokens / self.seconds
+
+
+def make_workload(n: int, vocab: int, seed: int, prompt_median: int, output_median: int, max_prompt: int, max_output: int) -> Workload:
+    rng = random.Random(seed)
+    draw = lambda median, hi: max(4, min(hi, int(rng.lognormvariate(math.log(median), 0.9))))  # noqa: E731
+    prompts, outputs = [], []
+    for _ in range(n):
+        prompts.append([rng.randrange(10, vocab) for _ in range(draw(prompt_median, max_prompt))])
+        outputs.append(draw(output_median, max_output))
+    return Workload(prompts, outputs)
+
+
+def load(args: argparse.Namespace):
+    dtype = {"auto": torch.bfloat16 if args.device.startswith("cuda") else torch.float32}.get(args.dtype) or getattr(torch, args.dtype)
+    if args.model_config:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                          rope_theta=500000.0, **MODEL_CONFIGS[args.model_config])  # fmt: skip
+        torch.manual_seed(0)
+        with torch.device(args.device):
+            model = LlamaForCausalLM._from_config(cfg, dtype=dtype)
+        return model.eval(), f"random-init {args.model_config}"
+    from inference.engine.model_store import load_model
+    from inference.engine.settings import EngineSettings
+
+    model, _ = load_model(EngineSettings(device=args.device, dtype=args.dtype if args.dtype != "auto" else "auto"))
+    return model.to(dtype), "SmolLM2-135M-Instruct"
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_engine(model, wl: Workload, args: argparse.Namespace) -> Result:
+    from inference.engine.engine import Engine
+    from inference.engine.request import SamplingParams
+    from inference.engine.settings import EngineSettings
+
+    max_len = max(len(p) for p in wl.prompts) + max(wl.outputs)
+    settings = EngineSettings(
+        device=args.device, max_batch=args.batch_size, max_seq_len=max_len, max_waiting=len(wl.prompts),
+        kv_cache_tokens=args.batch_size * max_len, max_step_tokens=args.max_step_tokens, compile=args.compile,
+    )  # fmt: skip
+    engine = Engine(model, settings)
+    engine.generate([wl.prompts[0][:8]], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
+    sync(args.device)
+    t0 = time.monotonic()
+    reqs = [engine.add_request(p, SamplingParams(max_new_tokens=o, ignore_eos=True))[1] for p, o in zip(wl.prompts, wl.outputs)]
+    while engine.has_work():
+        engine.step()
+    sync(args.device)
+    seconds = time.monotonic() - t0
+    assert all(len(r.output_token_ids) == o for r, o in zip(reqs, wl.outputs))
+    tpots = [r.timings.tpot(len(r.output_token_ids)) for r in reqs]
+    return Result(seconds, sum(wl.outputs), [r.timings.ttft for r in reqs], [t for t in tpots if t is not None])
+
+
+class StepTimes:
+    """A ``generate`` streamer that records when each step's tokens appear (first put = prompt)."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.times = device, []
+
+    def put(self, _value) -> None:
+        sync(self.device)
+        self.times.append(time.monotonic())
+
+    def end(self) -> None:
+        pass
+
+
+def run_hf(model, wl: Workload, args: argparse.Namespace) -> Result:
+    gen_cfg = model.generation_config.__class__.from_dict(model.generation_config.to_dict())
+    gen_cfg.eos_token_id, gen_cfg.pad_token_id, gen_cfg.do_sample = None, 0, False  # no EOS: run to max_new
+
+    def generate(batch: list[list[int]], max_new: int, streamer=None):
+        gen_cfg.max_new_tokens = max_new
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=args.device)  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=args.device)
+        with torch.inference_mode():
+            return model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
+                                  streamer=streamer)  # fmt: skip
+
+    generate([wl.prompts[0][:8]], 4)  # warm-up
+    sync(args.device)
+    t0 = time.monotonic()
+    ttft, tpot = [], []
+    for i in range(0, len(wl.prompts), args.batch_size):
+        batch, outs = wl.prompts[i : i + args.batch_size], wl.outputs[i : i + args.batch_size]
+        st = StepTimes(args.device)
+        generate(batch, max(outs), streamer=st)
+        for o in outs:  # times[k] = when the k-th new token of every row appeared
+            ttft.append(st.times[1] - t0)
+            if o > 1:
+                tpot.append((st.times[o] - st.times[1]) / (o - 1))
+    sync(args.device)
+    return Result(time.monotonic() - t0, sum(wl.outputs), ttft, tpot)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else (xs[0] if xs else float("nan"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small workload, about a minute on 2 CPU cores")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--model-config", choices=sorted(MODEL_CONFIGS), help="random-init Llama of this shape")
+    ap.add_argument("--num-requests", type=int)
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--max-step-tokens", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads; 1 by default: on a shared machine OpenMP threads spin while descheduled")
+    ap.add_argument("--repeats", type=int, help="run each side this many times, alternating; keep the fastest")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the MLPs (engine side)")
+    args = ap.parse_args()
+    if args.threads and args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    if args.quick:
+        n, bs, shape = 16, 8, dict(prompt_median=48, output_median=32, max_prompt=256, max_output=128)
+    else:
+        n, bs, shape = 48, 16, dict(prompt_median=96, output_median=64, max_prompt=512, max_output=256)
+    args.num_requests = args.num_requests or n
+    args.batch_size = args.batch_size or bs
+    args.repeats = args.repeats or 1
+    model, name = load(args)
+    wl = make_workload(args.num_requests, model.config.vocab_size, args.seed, **shape)
+    print(f"model={name} device={args.device} dtype={next(model.parameters()).dtype} threads={torch.get_num_threads()} "
+          f"repeats={args.repeats} requests={args.num_requests} batch={args.batch_size} prompt_tokens={sum(map(len, wl.prompts))} "
+          f"output_tokens={sum(wl.outputs)} (max prompt {max(map(len, wl.prompts))}, max output {max(wl.outputs)})")  # fmt: skip
+    runs: dict[str, list[Result]] = {"engine": [], "hf_generate": []}
+    for _ in range(args.repeats):  # alternate, so a noisy neighbour hurts both sides alike
+        runs["engine"].append(run_engine(model, wl, args))
+        runs["hf_generate"].append(run_hf(model, wl, args))
+    results = {k: min(v, key=lambda r: r.seconds) for k, v in runs.items()}
+    print(f"{'':12} {'tokens/s':>9} {'seconds':>8} {'TTFT p50/p90/p99 (s)':>24} {'TPOT p50/p90/p99 (ms)':>24}")
+    for label, r in results.items():
+        ttft = "/".join(f"{pct(r.ttft, q):.2f}" for q in (50, 90, 99))
+        tpot = "/".join(f"{pct(r.tpot, q) * 1000:.0f}" for q in (50, 90, 99))
+        print(f"{label:12} {r.tokens_per_s:9.1f} {r.seconds:8.1f} {ttft:>24} {tpot:>24}")
+    ratio = results["engine"].tokens_per_s / results["hf_generate"].tokens_per_s
+    print(f"engine/hf_generate tokens/s ratio = {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+"""chatpipe's inference engine: continuous batching of token-id requests over a Hugging Face
+causal LM in PyTorch. Depends on torch and transformers only (no Kafka); see docs/engine.md.
+
+    settings.py         EngineSettings (one frozen object, built by the CLI)
+    model_store.py      find / pull / convert / load the model
+    request.py          Request, SamplingParams, Priority, Admission, FinishReason (pure Python)
+    block_allocator.py  KV blocks per request, the token budget (pure Python)
+    scheduler.py        who runs each step (pure Python)
+    kv_cache.py         paged K/V storage
+    model_runner.py     one ragged forward of a Llama-family model over the cache
+    sampling.py         greedy / temperature / top-k / top-p, seeded per request
+    engine.py           the step loop
+    streaming.py        asyncio facade: the loop in a thread, one async iterator per request
+    text.py             the tokenizer edge: chat template, incremental text, stop strings
+"""

@@ -1,0 +1,119 @@
+"""``chatpipe job usage-report``: per UTC day and model, from chat.turns and chat.dlq.
+
+Figures per (day of ``created_at``, model): requests, tokens in and out, TTFT and total
+latency p50/p95/p99 (exact percentiles; TTFT only from turns written with schema v2 or later,
+v1 did not record it), errors (finish reason ERROR/TIMEOUT/OVERLOADED), cancelled, active
+users (distinct user_id). Per day: dead letters by component (chat.dlq) and undecodable
+turns. Outputs: ``usage.parquet``, ``dlq.parquet``, ``usage_report.md``, and PNG charts
+(requests, tokens, p95 latency per day and model).
+
+Also runnable as ``spark-submit spark_jobs/usage_report.py --out DIR [--source ...]``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs.decode import decode_records
+from spark_jobs.filters import ERROR_FINISH
+from spark_jobs.finetune_dataset import read_topic
+from spark_jobs.progress import StepTimer
+from spark_jobs.settings import UsageReportSettings
+from spark_jobs.writers import atomic_output, check_output, write_parquet
+
+PCTS = (0.5, 0.95, 0.99)
+
+
+def _day(col) -> F.Column:
+    return F.date_format(F.timestamp_millis(col), "yyyy-MM-dd")
+
+
+def usage_table(turns: DataFrame) -> DataFrame:
+    ttft = F.when(F.col("writer_version") >= 2, F.col("ttft_ms"))
+    aggs = [F.count("*").alias("requests"), F.sum("tokens_in").alias("tokens_in"),
+            F.sum("tokens_out").alias("tokens_out")]
+    for p in PCTS:
+        aggs.append(F.percentile(ttft, p).alias(f"ttft_p{int(p * 100)}_ms"))
+    for p in PCTS:
+        aggs.append(F.percentile("total_ms", p).alias(f"total_p{int(p * 100)}_ms"))
+    aggs += [F.sum(F.col("finish_reason").isin(*ERROR_FINISH).cast("int")).alias("errors"),
+             F.sum((F.col("finish_reason") == "CANCELLED").cast("int")).alias("cancelled"),
+             F.countDistinct("user_id").alias("active_users")]
+    return turns.groupBy(_day(F.col("created_at")).alias("day"), "model").agg(*aggs)
+
+
+def dlq_table(dead: DataFrame, undecodable_turns: DataFrame) -> DataFrame:
+    a = dead.groupBy(_day(F.col("created_at")).alias("day"), "component").count()
+    b = undecodable_turns.groupBy(_day(F.col("source_timestamp")).alias("day")).count() \
+        .withColumn("component", F.lit("undecodable chat.turns"))
+    return a.unionByName(b).withColumnRenamed("count", "dead_letters")
+
+
+def _markdown(usage, dlq) -> str:
+    lines = ["# Usage report", "", "Per UTC day and model (latencies in ms).", ""]
+    cols = list(usage.columns)
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in usage.iterrows():
+        lines.append("| " + " | ".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in r) + " |")
+    lines += ["", "## Dead letters per day", "", "| day | component | dead_letters |", "|---|---|---:|"]
+    lines += [f"| {r.day} | {r.component} | {r.dead_letters} |" for r in dlq.itertuples()]
+    lines += ["", "![requests](requests.png) ![tokens](tokens.png) ![latency](latency_p95.png)", ""]
+    return "\n".join(lines)
+
+
+def _charts(usage, folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for name, cols, title in (("requests", ["requests"], "requests per day"),
+                              ("tokens", ["tokens_in", "tokens_out"], "tokens per day"),
+                              ("latency_p95", ["ttft_p95_ms", "total_p95_ms"], "p95 latency (ms)")):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for model, group in usage.groupby("model"):
+            for col in cols:
+                ax.plot(group["day"], group[col], marker="o", label=f"{model} {col}")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+        fig.autofmt_xdate()
+        fig.savefig(folder / f"{name}.png", dpi=100)
+        plt.close(fig)
+
+
+def run(spark: SparkSession, s: UsageReportSettings, kafka, timer: StepTimer | None = None) -> Path:
+    timer = timer or StepTimer(enabled=False)
+    check_output(s.out, s.overwrite)
+    with atomic_output(s.out, s.overwrite) as tmp:
+        with timer.step("read+decode"):
+            t = decode_records(read_topic(spark, s, kafka, s.turns_topic), "ConversationTurn")
+            d = decode_records(read_topic(spark, s, kafka, s.dlq_topic), "DeadLetter")
+        with timer.step("aggregate"):
+            usage = usage_table(t.kept).orderBy("day", "model")
+            dlq = dlq_table(d.kept, t.dropped).orderBy("day", "component")
+            usage_pd, dlq_pd = usage.toPandas(), dlq.toPandas()
+        with timer.step("write"):
+            write_parquet(usage, ["day", "model"], tmp / "usage.parquet")
+            write_parquet(dlq, ["day", "component"], tmp / "dlq.parquet")
+            (tmp / "usage_report.md").write_text(_markdown(usage_pd, dlq_pd), encoding="utf-8")
+            if s.charts and len(usage_pd):
+                _charts(usage_pd, tmp)
+    return Path(s.out).resolve()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from spark_jobs.cli_args import parse_job_args
+    from spark_jobs.session import build_session
+
+    spark_s, job_s, kafka = parse_job_args(UsageReportSettings, argv)
+    out = run(build_session(spark_s), job_s, kafka, StepTimer(enabled=spark_s.progress))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

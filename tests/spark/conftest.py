@@ -1,0 +1,39 @@
+"""Spark fixtures: one local[2] session per test session, and the planted log run through the job once."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_jobs.archive import write_messages
+from spark_jobs.settings import FinetuneSettings, SparkSettings
+from spark_jobs.synthetic import generate, to_messages
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from spark_jobs.session import build_session
+
+    session = build_session(SparkSettings(master="local[2]", shuffle_partitions=2, progress=False,
+                                          conf={"spark.sql.adaptive.coalescePartitions.enabled": "true"}))
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def planted_log():
+    return generate(n_turns=600, seed=11)
+
+
+@pytest.fixture(scope="session")
+def planted_run(spark, planted_log, tmp_path_factory):
+    """The finetune job over the planted log, read from the archive: (settings, result)."""
+    from spark_jobs.finetune_dataset import run
+    from transport.settings import KafkaSettings
+
+    root = tmp_path_factory.mktemp("planted")
+    write_messages(root / "archive", to_messages(planted_log, "chat.turns", "chat.feedback"))
+    eval_file = root / "eval.txt"
+    eval_file.write_text("\n".join(planted_log.eval_lines))
+    settings = FinetuneSettings(source="archive", archive_dir=root / "archive", out=root / "out",
+                                eval_files=(eval_file,), validation_fraction=0.2)
+    return settings, run(spark, settings, KafkaSettings())
