@@ -29,7 +29,7 @@ from pyspark.sql.avro.functions import from_avro
 
 from schemas.codec import HEADER_LEN, MARKER
 from schemas.registry import SchemaRegistry, default_registry
-from spark_jobs.steps import StepResult, first_reason, split_by_reason
+from spark_jobs.steps import StepResult, as_dropped, first_reason, is_live, tag, untagged
 
 
 def _schema_json(version) -> str:
@@ -44,6 +44,28 @@ def decode_records(raw: DataFrame, record: str, registry: SchemaRegistry | None 
     Kept columns: every field of the newest schema (timestamps as epoch ms, enums as strings),
     ``writer_version``, ``source_topic``, ``source_partition``, ``source_offset``, ``kafka_ts``.
     """
+    tagged, fields = _decode(raw, record, registry)
+    kept = tagged.where(is_live()).select(*fields, *_POSITION)
+    # Dropped rows from the frame before the record's fields are pulled out: a record may have
+    # fields named like the Kafka position columns (DeadLetter.source_topic).
+    return StepResult(kept, as_dropped(tagged.where(~is_live()), None, record))
+
+
+def decode_tagged(raw: DataFrame, record: str, registry: SchemaRegistry | None = None) -> DataFrame:
+    """Every message of ``raw`` decoded as ``record``, tagged (``steps.tag``) with its decode drop reason.
+
+    Columns: those of :func:`decode_records`' kept rows plus ``_step``/``_reason``/``_detail``; a
+    dropped message has null record fields (its raw bytes are not copied, see the module doc).
+    """
+    tagged, fields = _decode(raw, record, registry)
+    return tagged.select(*fields, *_POSITION, "_step", "_reason", "_detail")
+
+
+_POSITION = ("writer_version", "source_topic", "source_partition", "source_offset", "kafka_ts")
+
+
+def _decode(raw: DataFrame, record: str, registry: SchemaRegistry | None):
+    """(raw rows tagged with their decode drop reason, the record's field Columns, null when dropped)."""
     registry = registry or default_registry()
     latest = registry.latest(record)
     versions = sorted((v for v in registry.all_versions() if v.name == record), key=lambda v: v.version)
@@ -77,16 +99,13 @@ def decode_records(raw: DataFrame, record: str, registry: SchemaRegistry | None 
         (F.col("_rec").isNull() | F.col(f"_rec.{required}").isNull(), "corrupt_body"),
     )
     detail = F.when(F.col("value").isNotNull(), F.concat(F.lit("fingerprint="), F.hex(fp)))
-    result = split_by_reason(df, "decode", reason, detail, record=record)
+    tagged = tag(untagged(df), "decode", reason, detail)
 
     fields = []
     for f in latest.parsed["fields"]:
-        col = F.col(f"_rec.{f['name']}")
+        col = F.when(is_live(), F.col(f"_rec.{f['name']}"))
         ftype = f["type"]
         if isinstance(ftype, dict) and ftype.get("logicalType") == "timestamp-millis":
             col = F.unix_millis(col)
         fields.append(col.alias(f["name"]))
-    kept = result.kept.select(
-        *fields, "writer_version", "source_topic", "source_partition", "source_offset", "kafka_ts",
-    )
-    return StepResult(kept, result.dropped)
+    return tagged, fields

@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.dedup import normalized_text
 from spark_jobs.errors import InputError
-from spark_jobs.steps import StepResult, split_by_reason
+from spark_jobs.steps import is_live, tag
 
 _NON_WORD = re.compile(r"[\W_]+")
 
@@ -73,24 +73,22 @@ def eval_ngrams(spark: SparkSession, files: tuple[Path, ...], n: int) -> DataFra
     )
 
 
-def decontaminate(df: DataFrame, spark: SparkSession, files: tuple[Path, ...], n: int) -> StepResult:
+def decontaminate(df: DataFrame, spark: SparkSession, files: tuple[Path, ...], n: int) -> DataFrame:
+    """``df`` (tagged, ``steps.tag``) with its live turns that share an n-gram with an eval file dropped."""
     if not files:
-        return StepResult(df, split_by_reason(df.limit(0), "decontam", F.lit("x")).dropped)
+        return df
     evals = eval_ngrams(spark, files, n)
     words = F.split(normalized_text(), " ")
     hits = (
-        df.where(F.size(words) >= n)
+        df.where(is_live() & (F.size(words) >= n))
         .select("event_id", F.explode(_ngrams(words, n)).alias("h"))
         .join(F.broadcast(evals), "h")
         .groupBy("event_id").agg(F.min("eval").alias("_eval"))
     )
-    tagged = df.join(hits, "event_id", "left")
-    result = split_by_reason(
-        tagged, "decontam",
-        F.when(F.col("_eval").isNotNull(), F.lit("eval_contamination")),
-        F.concat(F.lit("eval="), F.col("_eval")),
-    )
-    return StepResult(result.kept.drop("_eval"), result.dropped)
+    tagged = tag(df.join(hits, "event_id", "left"), "decontam",
+                 F.when(F.col("_eval").isNotNull(), F.lit("eval_contamination")),
+                 F.concat(F.lit("eval="), F.col("_eval")))
+    return tagged.drop("_eval")
 
 
 def ngrams_py(text: str, n: int) -> set[str]:

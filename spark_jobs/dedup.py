@@ -23,7 +23,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark_jobs.steps import StepResult, split_by_reason
+from spark_jobs.steps import is_live, tag
 
 NUM_FEATURES = 1 << 20  # HashingTF buckets for shingles; collisions only raise similarity slightly
 
@@ -34,19 +34,22 @@ def normalized_text() -> Column:
     return F.trim(F.regexp_replace(F.lower(text), r"[^\p{L}\p{N}]+", " "))
 
 
-def exact_dedup(df: DataFrame) -> StepResult:
-    order = Window.partitionBy("_norm").orderBy("created_at", "event_id", "source_partition", "source_offset")
+def exact_dedup(df: DataFrame) -> DataFrame:
+    """``df`` (tagged) with live duplicates of an earlier live turn dropped.
+
+    The window is also partitioned on liveness, so rows dropped earlier neither count as
+    originals nor get ranked.
+    """
+    order = Window.partitionBy(is_live(), "_norm").orderBy("created_at", "event_id", "source_partition",
+                                                           "source_offset")
     tagged = (
         df.withColumn("_norm", normalized_text())
         .withColumn("_rank", F.row_number().over(order))
         .withColumn("_first", F.first("event_id").over(order))
     )
-    result = split_by_reason(
-        tagged, "exact_dedup",
-        F.when(F.col("_rank") > 1, F.lit("exact_duplicate")),
-        F.concat(F.lit("duplicate_of="), F.col("_first")),
-    )
-    return StepResult(result.kept.drop("_norm", "_rank", "_first"), result.dropped)
+    tagged = tag(tagged, "exact_dedup", F.when(F.col("_rank") > 1, F.lit("exact_duplicate")),
+                 F.concat(F.lit("duplicate_of="), F.col("_first")))
+    return tagged.drop("_norm", "_rank", "_first")
 
 
 def _shingles(ngram: int) -> Column:
@@ -59,15 +62,16 @@ def _shingles(ngram: int) -> Column:
     return F.when(F.size(words) < ngram, F.array(F.array_join(words, " "))).otherwise(grams)
 
 
-def near_dedup(df: DataFrame, threshold: float, ngram: int, hash_tables: int, seed: int) -> StepResult:
+def near_dedup(df: DataFrame, threshold: float, ngram: int, hash_tables: int, seed: int) -> DataFrame:
+    """``df`` (tagged; cache it: it is read twice) with live near-duplicates of an earlier live turn dropped."""
     from pyspark.ml.feature import HashingTF, MinHashLSH
 
-    docs = df.select("event_id", "created_at", _shingles(ngram).alias("_shingles"))
+    docs = df.where(is_live()).select("event_id", "created_at", _shingles(ngram).alias("_shingles"))
     docs = HashingTF(inputCol="_shingles", outputCol="_features", numFeatures=NUM_FEATURES,
                      binary=True).transform(docs)
     model = MinHashLSH(inputCol="_features", outputCol="_hashes", numHashTables=hash_tables,
                        seed=seed).fit(docs)
-    hashed = model.transform(docs).cache()
+    hashed = model.transform(docs).cache()  # both sides of the self-join
     max_distance = 1.0 - threshold + 1e-9  # the join keeps distance < max_distance
     pairs = model.approxSimilarityJoin(hashed, hashed, max_distance, distCol="_dist").select(
         F.col("datasetA.event_id").alias("keep_id"), F.col("datasetA.created_at").alias("keep_at"),
@@ -82,10 +86,7 @@ def near_dedup(df: DataFrame, threshold: float, ngram: int, hash_tables: int, se
         .agg(F.min(F.struct("keep_at", "keep_id", "_dist")).alias("_m"))
         .select("event_id", F.col("_m.keep_id").alias("_near_of"), F.col("_m._dist").alias("_dist"))
     )
-    tagged = df.join(dups, "event_id", "left")
-    result = split_by_reason(
-        tagged, "near_dedup",
-        F.when(F.col("_near_of").isNotNull(), F.lit("near_duplicate")),
-        F.format_string("near_duplicate_of=%s jaccard=%.3f", F.col("_near_of"), 1 - F.col("_dist")),
-    )
-    return StepResult(result.kept.drop("_near_of", "_dist"), result.dropped)
+    tagged = tag(df.join(dups, "event_id", "left"), "near_dedup",
+                 F.when(F.col("_near_of").isNotNull(), F.lit("near_duplicate")),
+                 F.format_string("near_duplicate_of=%s jaccard=%.3f", F.col("_near_of"), 1 - F.col("_dist")))
+    return tagged.drop("_near_of", "_dist")

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.pii import redact_column
-from spark_jobs.steps import StepResult, split_by_reason
+from spark_jobs.steps import tag
 
 DOWN_KINDS = ("THUMBS_DOWN", "REGENERATE", "EDIT")
 
@@ -47,13 +47,10 @@ def join_ratings(turns: DataFrame, ratings: DataFrame) -> DataFrame:
     return turns.join(ratings, "request_id", "left")
 
 
-def sft_candidates(rated: DataFrame) -> StepResult:
-    result = split_by_reason(
-        rated, "feedback",
-        F.when(F.col("rating") == "down", F.lit("rated_down")),
-        F.concat(F.lit("kind="), F.col("feedback_kind")),
-    )
-    return result
+def drop_rated_down(rated: DataFrame) -> DataFrame:
+    """Step ``feedback``: live turns rated down are no SFT examples (they may still be a pair's rejected side)."""
+    return tag(rated, "feedback", F.when(F.col("rating") == "down", F.lit("rated_down")),
+               F.concat(F.lit("kind="), F.col("feedback_kind")))
 
 
 def preference_pairs(rated: DataFrame) -> DataFrame:

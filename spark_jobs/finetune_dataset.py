@@ -22,17 +22,18 @@ from pyspark.sql import functions as F
 
 from spark_jobs import card as card_mod
 from spark_jobs.chat_format import est_tokens, history_pool, prompt_messages, sft_messages, with_history
-from spark_jobs.decode import decode_records
+from spark_jobs.decode import decode_tagged
 from spark_jobs.decontam import decontaminate
 from spark_jobs.dedup import exact_dedup, near_dedup
-from spark_jobs.feedback import join_ratings, latest_ratings, preference_pairs, redact_feedback, sft_candidates
+from spark_jobs.feedback import drop_rated_down, join_ratings, latest_ratings, preference_pairs, redact_feedback
 from spark_jobs.filters import quality_reason
-from spark_jobs.pii import KINDS, placeholder_count, redact_column
+from spark_jobs.pii import redact_column
 from spark_jobs.progress import StepTimer
 from spark_jobs.settings import FinetuneSettings
 from spark_jobs.sources import read_archive, read_kafka
 from spark_jobs.split import split_column
-from spark_jobs.steps import DropLog, split_by_reason
+from spark_jobs.steps import as_dropped, is_live, live, tag
+from spark_jobs.tally import fill_card, tally
 from spark_jobs.writers import atomic_output, check_output, write_json, write_jsonl, write_parquet
 
 
@@ -50,68 +51,65 @@ def read_topic(spark: SparkSession, s, kafka, catalog_name: str) -> DataFrame:
     return read_archive(spark, s.archive_dir, topic, s.since, s.until)
 
 
-def _persist(df: DataFrame) -> tuple[DataFrame, int]:
-    df = df.persist()
-    return df, df.count()
-
-
-def _histogram(df: DataFrame, col) -> dict[str, int]:
+def _histograms(df: DataFrame, cols: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Length histograms of several columns in one aggregate (one Spark job, not one per column)."""
     edges = card_mod.HIST_EDGES
-    bucket = None
-    for i in range(len(edges) - 1, -1, -1):  # highest edge first: the first that holds wins
-        bucket = F.when(col >= edges[i], F.lit(i)) if bucket is None else bucket.when(col >= edges[i], F.lit(i))
-    counts = {r.b: r["count"] for r in df.groupBy(bucket.alias("b")).count().collect()}
-    return {card_mod.bucket_label(i): counts.get(i, 0) for i in range(len(edges))}
+    aggs = []
+    for j, col in enumerate(cols.values()):
+        bucket = None
+        for i in range(len(edges) - 1, -1, -1):  # highest edge first: the first that holds wins
+            c = F.col(col)
+            bucket = F.when(c >= edges[i], F.lit(i)) if bucket is None else bucket.when(c >= edges[i], F.lit(i))
+        aggs += [F.count(F.when(bucket == i, 1)).alias(f"h{j}_{i}") for i in range(len(edges))]
+    row = df.agg(*aggs).first()
+    return {name: {card_mod.bucket_label(i): int(row[f"h{j}_{i}"]) for i in range(len(edges))}
+            for j, name in enumerate(cols)}
+
+
+def decoded_inputs(spark: SparkSession, s: FinetuneSettings, kafka) -> tuple[DataFrame, DataFrame]:
+    """(turns, feedback): decoded, redacted, tagged with decode drops; cached (both are read more than once)."""
+    t = decode_tagged(read_topic(spark, s, kafka, s.turns_topic), "ConversationTurn")
+    for name in ("system_prompt", "prompt", "answer"):
+        t = t.withColumn(name, redact_column(F.col(name)))
+    f = redact_feedback(decode_tagged(read_topic(spark, s, kafka, s.feedback_topic), "Feedback"))
+    return t.persist(), f.persist()
+
+
+def sft_candidates(spark: SparkSession, s: FinetuneSettings, turns: DataFrame, feedback: DataFrame) -> DataFrame:
+    """Tagged turns through quality, decontamination and feedback (lazy)."""
+    t = tag(turns, "quality", quality_reason(s))
+    t = decontaminate(t, spark, s.eval_files, s.decontam_ngram)
+    return drop_rated_down(join_ratings(t, latest_ratings(live(feedback))))
+
+
+def tagged_turns(spark: SparkSession, s: FinetuneSettings, turns: DataFrame, feedback: DataFrame) -> DataFrame:
+    """Decoded, redacted turns through every filter step, each record tagged with what dropped it.
+
+    Lazy; cached where a frame is read twice, so nothing upstream is computed twice:
+    ``turns`` (decontamination joins its own n-gram hits back) and the frame before near-dedup
+    (MinHash reads the live rows, the result is joined back).
+    """
+    t = exact_dedup(sft_candidates(spark, s, turns, feedback)).persist()
+    return near_dedup(t, s.near_dup_threshold, s.near_dup_ngram, s.near_dup_hash_tables, s.seed)
 
 
 def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp: Path) -> dict:
-    """Run every step and write the outputs into ``tmp``; returns the card as a dict."""
+    """Run every step and write the outputs into ``tmp``; returns the card as a dict.
+
+    Few Spark jobs on purpose (fixed cost per job dominated small runs): one aggregate for the
+    card's counts, one histogram aggregate, and one write per output table.
+    """
     card = card_mod.Card(settings=s.model_dump(mode="json", exclude={"out", "overwrite", "archive_dir"}))
-    drops = DropLog()
-    steps = card.steps
 
-    with timer.step("read+decode"):
-        t = decode_records(read_topic(spark, s, kafka, s.turns_topic), "ConversationTurn")
-        f = decode_records(read_topic(spark, s, kafka, s.feedback_topic), "Feedback")
-        drops.add(t.dropped)
-        drops.add(f.dropped)
-        redacted = t.kept
-        for name in ("system_prompt", "prompt", "answer"):
-            redacted = redacted.withColumn(name, redact_column(F.col(name)))
-        turns, n_turns = _persist(redacted)
-        feedback, n_feedback = _persist(redact_feedback(f.kept))
-        n_dec_drop_t, n_dec_drop_f = t.dropped.count(), f.dropped.count()
-    steps.append({"step": "decode turns", "input": n_turns + n_dec_drop_t, "kept": n_turns, "dropped": n_dec_drop_t})
-    steps.append({"step": "decode feedback", "input": n_feedback + n_dec_drop_f, "kept": n_feedback,
-                  "dropped": n_dec_drop_f})
-    versions = {f"ConversationTurn v{r.writer_version}": r["count"]
-                for r in turns.groupBy("writer_version").count().orderBy("writer_version").collect()}
-    card.input = {"source": s.source, "since_ms": s.since, "until_ms": s.until,
-                  "turns_read": n_turns + n_dec_drop_t, "feedback_read": n_feedback + n_dec_drop_f, **versions}
-
-    with timer.step("redact"):
-        sums = turns.select(*[
-            F.sum(sum((placeholder_count(F.col(c), k) for c in ("system_prompt", "prompt", "answer")), F.lit(0)))
-            .alias(k) for k in KINDS]).first()
-        card.pii = {k: int(sums[k] or 0) for k in KINDS}
-
-    def run_step(name: str, result, n_in: int) -> tuple[DataFrame, int]:
-        with timer.step(name):
-            kept, n = _persist(result.kept)
-        drops.add(result.dropped)
-        steps.append({"step": name, "input": n_in, "kept": n, "dropped": n_in - n})
-        return kept, n
-
-    good, n = run_step("quality", split_by_reason(turns, "quality", quality_reason(s)), n_turns)
-    good, n = run_step("decontam", decontaminate(good, spark, s.eval_files, s.decontam_ngram), n)
-    rated = join_ratings(good, latest_ratings(feedback))
-    sft, n = run_step("feedback", sft_candidates(rated), n)
-    sft, n = run_step("exact_dedup", exact_dedup(sft), n)
-    sft, n = run_step("near_dedup", near_dedup(sft, s.near_dup_threshold, s.near_dup_ngram,
-                                                s.near_dup_hash_tables, s.seed), n)
+    with timer.step("decode+filters+dedup"):
+        decoded, feedback = decoded_inputs(spark, s, kafka)
+        turns = tagged_turns(spark, s, decoded, feedback).persist()
+        fill_card(card, tally(turns, feedback), s.source, s.since, s.until)
 
     with timer.step("format"):
+        rated = turns.where(is_live() | F.col("_step").isin("feedback", "exact_dedup", "near_dedup"))
         pool = history_pool(rated)
+        sft = live(turns)
         own = est_tokens(F.col("system_prompt")) + est_tokens(F.col("prompt")) + est_tokens(F.col("answer"))
         sft_rows = with_history(sft, pool, "event_id", own, s.max_context_tokens).select(
             "event_id", "conversation_id", "turn_index", "request_id", "model", "created_at",
@@ -120,7 +118,7 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
             split_column(s.validation_fraction).alias("split"))
         sft_rows = sft_rows.withColumn("example_tokens", F.aggregate(
             "messages", F.lit(0).cast("long"), lambda acc, m: acc + F.ceil(F.length(m["content"]) / 4) + 4).cast("int"))
-        sft_rows, _ = _persist(sft_rows)
+        sft_rows = sft_rows.persist()
         pairs = preference_pairs(rated).withColumn("pair_id", F.concat_ws("|", "chosen_event_id", "rejected_event_id"))
         own_pair = est_tokens(F.col("system_prompt")) + est_tokens(F.col("prompt")) + F.greatest(
             est_tokens(F.col("chosen")), est_tokens(F.col("rejected")))
@@ -129,35 +127,29 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
             "created_at", prompt_messages(s.default_system_prompt).alias("prompt_messages"),
             F.array(F.struct(F.lit("assistant").alias("role"), F.col("chosen").alias("content"))).alias("chosen"),
             F.array(F.struct(F.lit("assistant").alias("role"), F.col("rejected").alias("content"))).alias("rejected"),
-            split_column(s.validation_fraction).alias("split"))
-        pair_rows, _ = _persist(pair_rows)
+            split_column(s.validation_fraction).alias("split")).persist()
 
     with timer.step("write"):
         order = ["conversation_id", "turn_index", "created_at", "event_id"]
-        for split in ("train", "validation"):
-            part = sft_rows.where(F.col("split") == split)
-            card.outputs[f"sft/{split}.jsonl"] = write_jsonl(part, order, ["messages"], tmp / "sft" / f"{split}.jsonl")
-            ppart = pair_rows.where(F.col("split") == split).select(
-                "*", F.struct(F.col("prompt_messages").alias("messages")).alias("input"),
-                F.col("chosen").alias("preferred_output"), F.col("rejected").alias("non_preferred_output"))
-            card.outputs[f"preference/{split}.jsonl"] = write_jsonl(
-                ppart, ["conversation_id", "turn_index", "pair_id"],
-                ["input", "preferred_output", "non_preferred_output"], tmp / "preference" / f"{split}.jsonl")
+        pair_order = ["conversation_id", "turn_index", "pair_id"]
+        splits = ("train", "validation")
+        sft_n = write_jsonl(sft_rows, order, ["messages"], {sp: tmp / "sft" / f"{sp}.jsonl" for sp in splits})
+        ppairs = pair_rows.select(
+            "*", F.struct(F.col("prompt_messages").alias("messages")).alias("input"),
+            F.col("chosen").alias("preferred_output"), F.col("rejected").alias("non_preferred_output"))
+        pref_n = write_jsonl(ppairs, pair_order, ["input", "preferred_output", "non_preferred_output"],
+                             {sp: tmp / "preference" / f"{sp}.jsonl" for sp in splits})
+        for sp in splits:  # the card's order, as before: per split, SFT then preference
+            card.outputs[f"sft/{sp}.jsonl"], card.outputs[f"preference/{sp}.jsonl"] = sft_n[sp], pref_n[sp]
         write_parquet(sft_rows, order, tmp / "parquet" / "sft", partition_by="split")
-        write_parquet(pair_rows, ["conversation_id", "turn_index", "pair_id"], tmp / "parquet" / "preference",
-                      partition_by="split")
-        dropped = drops.union()
-        drop_counts = dropped.groupBy("step", "reason").count().collect()
-        for r in sorted(drop_counts, key=lambda r: (r.step, r.reason)):
-            card.drops.setdefault(r.step, {})[r.reason] = r["count"]
+        write_parquet(pair_rows, pair_order, tmp / "parquet" / "preference", partition_by="split")
         if s.write_dropped:
+            dropped = as_dropped(turns.where(~is_live()), None, "ConversationTurn").unionByName(
+                as_dropped(feedback.where(~is_live()), None, "Feedback"))
             write_parquet(dropped, ["step", "reason", "source_topic", "source_partition", "source_offset", "event_id"],
                           tmp / "parquet" / "dropped")
-        card.histograms = {
-            "sft prompt": _histogram(sft_rows, F.col("prompt_tokens")),
-            "sft answer": _histogram(sft_rows, F.col("answer_tokens")),
-            "sft example incl. history": _histogram(sft_rows, F.col("example_tokens")),
-        }
+        card.histograms = _histograms(sft_rows, {"sft prompt": "prompt_tokens", "sft answer": "answer_tokens",
+                                                 "sft example incl. history": "example_tokens"})
         doc = card.to_json()
         write_json(doc, tmp / "dataset_card.json")
         (tmp / "dataset_card.md").write_text(card.to_markdown(), encoding="utf-8")

@@ -1,16 +1,24 @@
 """The shared keep/drop helper: a step answers, per record, a drop reason or null.
 
 A step (filter, dedup, decontamination, ...) builds one Column: ``null`` keeps the record, a
-string drops it with that reason (``detail`` may add e.g. which record it duplicates). This
-module splits the DataFrame on it and shapes every dropped record into one schema, so the
-job can count drops per step and reason and write them all to one side output (datatrove's
+string drops it with that reason (``detail`` may add e.g. which record it duplicates).
+
+The finetune job *tags* rather than splits (:func:`tag`): every record stays in one DataFrame
+and carries ``_step``/``_reason``/``_detail`` of the first step that dropped it (null while
+live). Why: splitting gave each step a kept and a dropped DataFrame, and counting both per step
+cost an action (a Spark job) each and recomputed upstream work for every dropped frame; with
+tags the whole pipeline is one lazy plan, per-step counts are one ``groupBy`` at the end, and
+the side output is one filter of the same cached frame. A later step only looks at live rows,
+so each record still has exactly one reason (the first that held), as before.
+
+:func:`as_dropped` shapes dropped records into one schema for the side output (datatrove's
 filter/exclusion-writer split). Dropped text is already PII-redacted: redaction is the first
 step after decoding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -36,13 +44,13 @@ DROPPED_FIELDS = (
 )
 
 
-def as_dropped(df: DataFrame, step: str, record: str) -> DataFrame:
-    """``df`` (with ``_reason``/``_detail``) in the dropped-records schema."""
+def as_dropped(df: DataFrame, step: str | None, record: str) -> DataFrame:
+    """``df`` (with ``_reason``/``_detail``, and ``_step`` when ``step`` is None) in the dropped-records schema."""
     cols = []
     present = set(df.columns)
     for name, dtype in DROPPED_FIELDS:
         if name == "step":
-            col = F.lit(step)
+            col = F.lit(step) if step is not None else F.col("_step")
         elif name == "record":
             col = F.lit(record)
         elif name == "reason":
@@ -65,15 +73,36 @@ class StepResult:
     dropped: DataFrame
 
 
-def split_by_reason(df: DataFrame, step: str, reason: Column, detail: Column | None = None,
-                    record: str = "ConversationTurn") -> StepResult:
-    """Keep rows where ``reason`` is null; the rest become dropped records of ``step``."""
-    tagged = df.withColumn("_reason", reason)
-    if detail is not None:
-        tagged = tagged.withColumn("_detail", detail)
-    kept = tagged.where(F.col("_reason").isNull()).drop("_reason", "_detail")
-    dropped = as_dropped(tagged.where(F.col("_reason").isNotNull()), step, record)
-    return StepResult(kept, dropped)
+def is_live() -> Column:
+    """True for a row no step has dropped so far (a function: Columns need a running session)."""
+    return F.col("_reason").isNull()
+
+
+def untagged(df: DataFrame) -> DataFrame:
+    """``df`` with empty drop tags: every record live."""
+    return df.select("*", *[F.lit(None).cast("string").alias(c) for c in ("_step", "_reason", "_detail")])
+
+
+def tag(df: DataFrame, step: str, reason: Column, detail: Column | None = None) -> DataFrame:
+    """Drop the live rows of ``df`` where ``reason`` is not null: set their ``_step``/``_reason``/``_detail``.
+
+    Rows dropped by an earlier step keep their tags (``reason`` is not even looked at there).
+    ``reason`` goes into a column first so that it is evaluated once per row, not once per tag.
+    """
+    hit = F.col("_new").isNotNull()
+    df = df.withColumn("_new", F.when(is_live(), reason))
+    new_detail = F.when(hit, detail) if detail is not None else F.lit(None).cast("string")
+    return (
+        df.withColumn("_step", F.when(hit, F.lit(step)).otherwise(F.col("_step")))
+        .withColumn("_detail", F.when(hit, new_detail).otherwise(F.col("_detail")))
+        .withColumn("_reason", F.coalesce(F.col("_reason"), F.col("_new")))
+        .drop("_new")
+    )
+
+
+def live(df: DataFrame) -> DataFrame:
+    """The rows of ``df`` no step has dropped, without the tag columns."""
+    return df.where(is_live()).drop("_step", "_reason", "_detail")
 
 
 def first_reason(*checks: tuple[Column, str]) -> Column:
@@ -82,21 +111,3 @@ def first_reason(*checks: tuple[Column, str]) -> Column:
     for cond, reason in checks:
         expr = F.when(cond, F.lit(reason)) if expr is None else expr.when(cond, F.lit(reason))
     return expr if expr is not None else F.lit(None).cast("string")
-
-
-@dataclass
-class DropLog:
-    """Every step's dropped records, for the side output and the per-reason counts."""
-
-    frames: list[DataFrame] = field(default_factory=list)
-
-    def add(self, dropped: DataFrame) -> None:
-        self.frames.append(dropped)
-
-    def union(self) -> DataFrame | None:
-        if not self.frames:
-            return None
-        out = self.frames[0]
-        for f in self.frames[1:]:
-            out = out.unionByName(f)
-        return out

@@ -5,9 +5,15 @@ only when the job finished is it renamed to the target (an old target, with ``ov
 renamed away first and deleted after). A crashed run leaves the old output untouched and a
 ``.tmp-`` folder to delete.
 
-Reproducible: JSONL lines are produced in a fixed order (the rows are sorted by stable keys
-before they are collected) and serialised in the JVM (``to_json``); Parquet is one file per
-table or per split, sorted, renamed from Spark's random ``part-<uuid>`` to ``part-00000``.
+Reproducible: JSONL lines are produced in a fixed order (the rows are sorted by stable keys)
+and serialised in the JVM (``to_json``); Parquet is one file per table or per split, sorted,
+renamed from Spark's random ``part-<uuid>`` to ``part-00000``.
+
+Fast on one machine: each table is one Spark job. Rows go to one partition and are sorted
+there (``repartition(1).sortWithinPartitions``), which gives one file without the sampling
+job a global ``orderBy`` runs first; the partition column leads the sort key, so Spark's
+writer needs no sort of its own. JSONL of all splits is written by Spark's text writer in one
+job (streamed to disk, never collected into the driver) and moved into place.
 Rerunning on the same input gives byte-identical JSONL and card, and Parquet files with the
 same rows in the same order.
 
@@ -56,22 +62,37 @@ def atomic_output(out: Path, overwrite: bool):
         shutil.rmtree(old, ignore_errors=True)
 
 
-def write_jsonl(df: DataFrame, order: list[str], columns: list[str], path: Path) -> int:
-    """``columns`` of ``df`` as one JSON object per line, in ``order``; returns the line count."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = df.orderBy(*order).select(F.to_json(F.struct(*columns)).alias("j"))
-    n = 0
-    with open(path, "w", encoding="utf-8") as fh:
-        for row in lines.toLocalIterator(prefetchPartitions=True):
-            fh.write(row.j)
-            fh.write("\n")
-            n += 1
-    return n
+def _sorted_one_partition(df: DataFrame, keys: list[str]) -> DataFrame:
+    return df.repartition(1).sortWithinPartitions(*keys)
+
+
+def write_jsonl(df: DataFrame, order: list[str], columns: list[str], paths: dict[str, Path],
+                split_col: str = "split") -> dict[str, int]:
+    """``columns`` of ``df`` as one JSON object per line, in ``order``, a file per ``split_col``
+    value (``paths``: value -> file; a value without rows gets an empty file); returns line counts."""
+    staging = next(iter(paths.values())).parent / "_jsonl_staging"
+    lines = _sorted_one_partition(df, [split_col, *order]).select(
+        split_col, F.to_json(F.struct(*columns)).alias("value"))
+    lines.write.mode("overwrite").partitionBy(split_col).text(str(staging))
+    counts = {}
+    for value, path in paths.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        parts = sorted((staging / f"{split_col}={value}").glob("part-*"))
+        assert len(parts) <= 1, parts  # one partition -> at most one file per value
+        if parts:
+            os.replace(parts[0], path)
+        else:
+            path.write_bytes(b"")
+        with open(path, "rb") as fh:
+            counts[value] = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+    shutil.rmtree(staging)
+    return counts
 
 
 def write_parquet(df: DataFrame, order: list[str], path: Path, partition_by: str | None = None) -> None:
     """``df`` sorted by ``order`` as Parquet, one deterministically named file per partition value."""
-    writer = df.orderBy(*order).coalesce(1).write.mode("overwrite")
+    keys = [partition_by, *order] if partition_by else order
+    writer = _sorted_one_partition(df, keys).write.mode("overwrite")
     if partition_by:
         writer = writer.partitionBy(partition_by)
     writer.parquet(str(path))

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine.errors import UnsupportedModelError
-from inference.engine.kv_cache import PagedKVCache, context_slots, slots_for_positions
+from inference.engine.kv_cache import PagedKVCache, block_table_tensor, slots_for_positions
 from inference.engine.scheduler import ScheduledChunk
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -30,8 +30,8 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 @dataclass
 class PrefillSpan:
     rows: slice  # rows of the step's [T] tokens that belong to this chunk
-    ctx_slots: torch.Tensor  # [K] cache slots of positions 0..K-1 (K = chunk end position)
-    mask: torch.Tensor  # [n, K] bool, True = may attend (causal over prefix + chunk)
+    ctx_blocks: torch.Tensor  # [1, N] cache blocks of positions 0..K-1 (K = chunk end position)
+    mask: torch.Tensor  # [n, N * block_size] bool, True = may attend (causal over prefix + chunk)
 
 
 @dataclass
@@ -40,8 +40,8 @@ class StepBatch:
     positions: torch.Tensor  # [T] long, position of each token inside its own request
     write_slots: torch.Tensor  # [T] long, cache slot each token's K/V is written to
     num_decodes: int  # rows [0, num_decodes) are single-token chunks
-    decode_ctx_slots: torch.Tensor | None  # [Bd, Kd] long
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Kd] bool
+    decode_ctx_blocks: torch.Tensor | None  # [Bd, Nd] long, blocks of each decode's context
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Nd * block_size] bool
     prefills: list[PrefillSpan]
     sample_rows: torch.Tensor  # [S] long, rows whose logits pick a next token
     sample_request_ids: list[str]
@@ -110,16 +110,17 @@ class ModelRunner:
         dev = self.device
         decode_ctx = decode_mask = None
         if decode_tables:
-            kd = max(decode_lens)
-            decode_ctx = context_slots(decode_tables, kd, bs, dev)
+            decode_ctx = block_table_tensor(decode_tables, max(decode_lens), bs, dev)
+            kd = decode_ctx.shape[1] * bs  # context rounded up to whole blocks; the mask hides the tail
             lens = torch.tensor(decode_lens, device=dev)
             decode_mask = (torch.arange(kd, device=dev)[None, :] < lens[:, None])[:, None, None, :]
         spans = []
         for row0, row1, chunk in prefills:
             end = chunk.start + chunk.num_new_tokens
-            ctx = context_slots([block_tables[chunk.request.request_id]], end, bs, dev)[0]
+            ctx = block_table_tensor([block_tables[chunk.request.request_id]], end, bs, dev)
             q_pos = torch.arange(chunk.start, end, device=dev)
-            mask = torch.arange(end, device=dev)[None, :] <= q_pos[:, None]  # [n, K]
+            # Causal; positions past `end` (the rest of the last block) are > every q_pos, so hidden.
+            mask = torch.arange(ctx.shape[1] * bs, device=dev)[None, :] <= q_pos[:, None]  # [n, N*bs]
             spans.append(PrefillSpan(slice(row0, row1), ctx, mask))
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
         return StepBatch(
@@ -127,7 +128,7 @@ class ModelRunner:
             positions=as_long(pos),
             write_slots=as_long(slots),
             num_decodes=len(decode_tables),
-            decode_ctx_slots=decode_ctx,
+            decode_ctx_blocks=decode_ctx,
             decode_mask=decode_mask,
             prefills=spans,
             sample_rows=as_long(sample_rows),
@@ -168,7 +169,7 @@ class ModelRunner:
         scale = attn.scaling
         nd = batch.num_decodes
         if nd:
-            kc, vc = self.cache.read(layer_idx, batch.decode_ctx_slots)  # [Bd, Kd, Hkv, D]
+            kc, vc = self.cache.read_blocks(layer_idx, batch.decode_ctx_blocks)  # [Bd, Kd, Hkv, D]
             # GQA without repeating K/V: the G query heads sharing a KV head become G query rows.
             qd = q[:nd].view(nd, hkv, g, d)
             o = F.scaled_dot_product_attention(
@@ -177,7 +178,8 @@ class ModelRunner:
             out[:nd] = o.reshape(nd, hq, d)
         for span in batch.prefills:
             n = span.rows.stop - span.rows.start
-            kc, vc = self.cache.read(layer_idx, span.ctx_slots)  # [K, Hkv, D]
+            kc, vc = self.cache.read_blocks(layer_idx, span.ctx_blocks)  # [1, K, Hkv, D]
+            kc, vc = kc[0], vc[0]
             qp = q[span.rows].view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
             o = F.scaled_dot_product_attention(
                 qp, kc.transpose(0, 1), vc.transpose(0, 1), attn_mask=span.mask.repeat(g, 1), scale=scale
