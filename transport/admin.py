@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -21,7 +21,7 @@ from confluent_kafka.admin import (
 )
 
 from schemas.topics import CATALOG, TopicSpec
-from transport.errors import TransportError
+from transport.errors import TopicExistsError, TransportError
 from transport.settings import KafkaSettings
 
 
@@ -55,7 +55,11 @@ class TopicAdmin:
             try:
                 results[key] = future.result(timeout=self.timeout_s)
             except KafkaException as exc:
-                raise TransportError(f"{what} {key}: {exc.args[0].str() if exc.args else exc}") from exc
+                error = exc.args[0] if exc.args else None
+                message = f"{what} {key}: {error.str() if error is not None else exc}"
+                if error is not None and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise TopicExistsError(message) from exc
+                raise TransportError(message) from exc
             except Exception as exc:  # concurrent.futures.TimeoutError and friends
                 raise TransportError(f"{what} {key}: {type(exc).__name__}: {exc} "
                                      f"(broker {self.settings.bootstrap_servers})") from exc
@@ -96,8 +100,11 @@ class TopicAdmin:
         creates = [NewTopic(c.topic, by_name[c.topic].partitions, self.settings.replication_factor,
                             config=by_name[c.topic].config())
                    for c in changes if c.action == "create"]
-        if creates:
-            self._wait(self._admin.create_topics(creates, operation_timeout=self.timeout_s), "create topic")
+        for new in creates:
+            try:
+                self._wait(self._admin.create_topics([new], operation_timeout=self.timeout_s), "create topic")
+            except TopicExistsError:
+                pass  # created meanwhile by another `apply`: the end state is what we want
         grows = [NewPartitions(c.topic, by_name[c.topic].partitions) for c in changes if c.action == "add-partitions"]
         if grows:
             self._wait(self._admin.create_partitions(grows), "add partitions to")
@@ -117,10 +124,15 @@ class TopicAdmin:
         results = self._wait(self._admin.describe_configs(resources), "describe config of")
         return {res.name: {k: e.value for k, e in entries.items()} for res, entries in results.items()}
 
-    def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
-        """Create one topic outside the catalog (tests, tools)."""
+    def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None,
+                     *, exist_ok: bool = False) -> None:
+        """Create one topic outside the catalog (tests, tools); TopicExistsError if it is there."""
         new = NewTopic(name, partitions, self.settings.replication_factor, config=config or {})
-        self._wait(self._admin.create_topics([new], operation_timeout=self.timeout_s), "create topic")
+        try:
+            self._wait(self._admin.create_topics([new], operation_timeout=self.timeout_s), "create topic")
+        except TopicExistsError:
+            if not exist_ok:
+                raise
 
     def describe(self, names: list[str] | None = None) -> list[TopicInfo]:
         """Topics with their partition count and end offsets (all non-internal topics by default)."""

@@ -9,3 +9,7 @@ class TransportError(ChatpipeError):
 
 class DeliveryError(TransportError):
     """Messages the producer could not deliver (after librdkafka's own retries)."""
+
+
+class TopicExistsError(TransportError):
+    """A topic to be created is already there."""

@@ -130,13 +130,28 @@ def test_topics_apply_repairs_drift(topic_admin, kafka_settings):
 
     name = "drift.check"
     real = kafka_settings.topic(name)
-    topic_admin.create_topic(real, 1, {"retention.ms": "1000"})
+    # exist_ok: one CI dry run got TOPIC_ALREADY_EXISTS for this name on a fresh broker and
+    # session prefix (cause not found; a retried CreateTopics request is the likely one). What
+    # the test needs is the drifted topic, and that is checked below.
+    topic_admin.create_topic(real, 1, {"retention.ms": "1000"}, exist_ok=True)
+    (before,) = topic_admin.describe([real])
+    assert before.partitions == 1
     spec = TopicSpec(name, 2, "conversation_id", "ConversationTurn", retention_ms=5000)
     actions = sorted(c.action for c in topic_admin.apply((spec,)))
     assert actions == ["add-partitions", "set-config"]
     assert topic_admin.apply((spec,)) == []
     (info,) = topic_admin.describe([real])
     assert info.partitions == 2
+
+
+def test_creating_an_existing_topic_is_a_named_error(topic_admin, topic_factory):
+    """A second create of the same topic must raise TopicExistsError unless exist_ok is given."""
+    from transport.errors import TopicExistsError
+
+    name = topic_factory(partitions=1)
+    with pytest.raises(TopicExistsError, match="already exists"):
+        topic_admin.create_topic(name, 1)
+    topic_admin.create_topic(name, 1, exist_ok=True)
 
 
 def test_producer_reports_undeliverable_messages(kafka_settings):
