@@ -93,12 +93,13 @@ class RecordProducer:
     ) -> None:
         """Queue raw bytes for ``topic``; blocks (serving delivery reports) while the queue is full."""
         headers = tracing.with_traceparent(headers, parent_trace)
-        kwargs: dict[str, Any] = {"key": key, "value": value, "headers": headers}
-        if partition is not None:
-            kwargs["partition"] = partition
+        produce = self._producer.produce
         while True:
             try:
-                self._producer.produce(topic, **kwargs)
+                if partition is None:
+                    produce(topic, value, key, headers=headers)
+                else:
+                    produce(topic, value, key, partition=partition, headers=headers)
                 break
             except BufferError:
                 # librdkafka's local queue is full: let it drain instead of dropping the message.
