@@ -1,7 +1,9 @@
 """Paged KV cache storage and the index tensors that address it.
 
-Storage is one flat pool of token slots per layer, ``[num_blocks * block_size, kv_heads, head_dim]``
-for K and for V. A request's tokens live in the blocks ``block_allocator.BlockAllocator`` gave it;
+Storage is one pool of token slots per layer and KV head, ``[kv_heads, num_blocks * block_size, head_dim]``
+for K and for V. Head-major, so a gather of blocks comes out as ``[kv_heads, B, K, head_dim]``,
+already contiguous for attention: SDPA on CPU ran about 2x slower on the strided view a
+slot-major layout gives (1.17 ms vs 0.65 ms per layer for 16 requests x 304 tokens). A request's tokens live in the blocks ``block_allocator.BlockAllocator`` gave it;
 token position ``p`` of a request sits in slot ``table[p // block_size] * block_size + p % block_size``.
 
 Why paged and not one fixed-length slot per request: the KV budget is then real memory counted in
@@ -28,9 +30,9 @@ class PagedKVCache:
     ) -> None:
         self.block_size = block_size
         self.num_slots = num_blocks * block_size
-        shape = (num_layers, self.num_slots, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, slots, kvH, D]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, slots, kvH, D]
+        shape = (num_layers, num_kv_heads, self.num_slots, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, kvH, slots, D]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, kvH, slots, D]
 
     @property
     def nbytes(self) -> int:
@@ -38,22 +40,23 @@ class PagedKVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """slots [T] long; k, v [T, kvH, D]."""
-        self.k[layer].index_copy_(0, slots, k)
-        self.v[layer].index_copy_(0, slots, v)
+        self.k[layer].index_copy_(1, slots, k.transpose(0, 1))
+        self.v[layer].index_copy_(1, slots, v.transpose(0, 1))
 
     def read_blocks(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """blocks [B, N] long (block ids) -> k, v [B, N * block_size, kvH, D].
+        """blocks [B, N] long (block ids) -> k, v [kvH, B, N * block_size, D], contiguous.
 
-        Gathers whole blocks as rows of a ``[num_blocks, block_size * kvH * D]`` view: one
-        ``index_select`` of N*B contiguous rows, about 3x faster on CPU than indexing every token
+        Gathers whole blocks as rows of a ``[kvH, num_blocks, block_size * D]`` view: one
+        ``index_select`` of contiguous rows, about 3x faster on CPU than indexing every token
         slot (measured: 0.35 ms vs 1.1 ms for 16 requests x 768 tokens of SmolLM2's K).
         """
         b, n = blocks.shape
         flat = blocks.reshape(-1)
         out = []
         for pool in (self.k[layer], self.v[layer]):
-            rows = pool.view(-1, self.block_size * pool.shape[1] * pool.shape[2])  # [blocks, bs*kvH*D]
-            out.append(torch.index_select(rows, 0, flat).view(b, n * self.block_size, *pool.shape[1:]))
+            heads, _, dim = pool.shape
+            rows = pool.view(heads, -1, self.block_size * dim)  # [kvH, blocks, bs*D]
+            out.append(torch.index_select(rows, 1, flat).view(heads, b, n * self.block_size, dim))
         return out[0], out[1]
 
 

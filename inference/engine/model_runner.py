@@ -31,7 +31,8 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 class PrefillSpan:
     rows: slice  # rows of the step's [T] tokens that belong to this chunk
     ctx_blocks: torch.Tensor  # [1, N] cache blocks of positions 0..K-1 (K = chunk end position)
-    mask: torch.Tensor  # [n, N * block_size] bool, True = may attend (causal over prefix + chunk)
+    mask: torch.Tensor  # [G * n, N * block_size] bool, True = may attend (causal over prefix + chunk),
+    # repeated for the G query heads per KV head once here rather than in every layer
 
 
 @dataclass
@@ -121,6 +122,7 @@ class ModelRunner:
             q_pos = torch.arange(chunk.start, end, device=dev)
             # Causal; positions past `end` (the rest of the last block) are > every q_pos, so hidden.
             mask = torch.arange(ctx.shape[1] * bs, device=dev)[None, :] <= q_pos[:, None]  # [n, N*bs]
+            mask = mask.repeat(self.groups, 1)  # [G*n, N*bs]
             spans.append(PrefillSpan(slice(row0, row1), ctx, mask))
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
         return StepBatch(
@@ -169,20 +171,20 @@ class ModelRunner:
         scale = attn.scaling
         nd = batch.num_decodes
         if nd:
-            kc, vc = self.cache.read_blocks(layer_idx, batch.decode_ctx_blocks)  # [Bd, Kd, Hkv, D]
+            kc, vc = self.cache.read_blocks(layer_idx, batch.decode_ctx_blocks)  # [Hkv, Bd, Kd, D]
             # GQA without repeating K/V: the G query heads sharing a KV head become G query rows.
-            qd = q[:nd].view(nd, hkv, g, d)
+            # (Hkv, Bd) are both batch dims to SDPA; the mask [Bd, 1, 1, Kd] broadcasts as [1, Bd, 1, Kd].
+            qd = q[:nd].view(nd, hkv, g, d).transpose(0, 1)  # [Hkv, Bd, G, D]
             o = F.scaled_dot_product_attention(
-                qd, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=batch.decode_mask, scale=scale
-            )  # [Bd, Hkv, G, D]
-            out[:nd] = o.reshape(nd, hq, d)
+                qd, kc, vc, attn_mask=batch.decode_mask.view(1, nd, 1, -1), scale=scale
+            )  # [Hkv, Bd, G, D]
+            out[:nd] = o.transpose(0, 1).reshape(nd, hq, d)
         for span in batch.prefills:
             n = span.rows.stop - span.rows.start
-            kc, vc = self.cache.read_blocks(layer_idx, span.ctx_blocks)  # [1, K, Hkv, D]
-            kc, vc = kc[0], vc[0]
+            kc, vc = self.cache.read_blocks(layer_idx, span.ctx_blocks)  # [Hkv, 1, K, D]
             qp = q[span.rows].view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
             o = F.scaled_dot_product_attention(
-                qp, kc.transpose(0, 1), vc.transpose(0, 1), attn_mask=span.mask.repeat(g, 1), scale=scale
+                qp, kc[:, 0], vc[:, 0], attn_mask=span.mask, scale=scale
             )  # [Hkv, G*n, D]
             out[span.rows] = o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
         return attn.o_proj(out.view(t, hq * d))

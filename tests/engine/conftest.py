@@ -9,8 +9,7 @@ is the real SmolLM2-135M-Instruct, pulled once into the user's model cache (test
 from __future__ import annotations
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch  # a missing torch must fail the engine tests, not skip them
 
 
 def make_tiny_model(seed: int = 0, vocab_size: int = 256, max_position_embeddings: int = 512):
