@@ -191,12 +191,13 @@ class LocalKafka:
         ]))
         return props
 
-    def _format_storage(self, lib: Path, props: Path) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    def _format_storage(self, lib: Path, props: Path, cluster_id: str | None = None) -> None:
+        cluster_id = cluster_id or base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         proc = subprocess.run(
             [self.settings.java, "-cp", f"{lib}/*", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
              f"-Dkafka.logs.dir={self.logs_dir}", "kafka.tools.StorageTool", "format",
-             "-t", cluster_id, "-c", str(props)],
+             # "--opt=value": a base64 id may start with "-", which argparse would take for a flag.
+             f"--cluster-id={cluster_id}", f"--config={props}"],
             capture_output=True, text=True,
         )
         if proc.returncode != 0:

@@ -34,6 +34,14 @@ def _common(master, conf, bootstrap_servers, topic_prefix, shuffle_partitions, q
     return spark_s, kafka
 
 
+def _run(job_run, spark_s, settings, kafka):
+    """Start the Spark session and run one job with a progress display."""
+    from spark_jobs.progress import StepTimer
+    from spark_jobs.session import build_session
+
+    return job_run(build_session(spark_s), settings, kafka, StepTimer(enabled=spark_s.progress, console=err_console))
+
+
 SOURCE = typer.Option(None, help="kafka | archive (default kafka)")
 ARCHIVE = typer.Option(None, "--archive-dir", help="Root of the Avro archive (source=archive)")
 SINCE = typer.Option(None, help="Start, ISO-8601 (UTC) or epoch ms, inclusive")
@@ -68,8 +76,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Build SFT (chat JSONL) and preference-pair datasets, with a dataset card."""
         from spark_jobs.finetune_dataset import run
-        from spark_jobs.progress import StepTimer
-        from spark_jobs.session import build_session
         from spark_jobs.settings import FinetuneSettings
 
         spark_s, kafka = _common(master, conf, bootstrap_servers, topic_prefix, shuffle_partitions, quiet)
@@ -78,7 +84,7 @@ def register(app: typer.Typer) -> None:
                            decontam_ngram=decontam_ngram, validation_fraction=validation_fraction,
                            max_context_tokens=max_context_tokens, default_system_prompt=default_system_prompt,
                            overwrite=overwrite)
-        result = run(build_session(spark_s), s, kafka, StepTimer(enabled=spark_s.progress, console=err_console))
+        result = _run(run, spark_s, s, kafka)
         for name, n in result.card["outputs"].items():
             console.print(f"{n:>9}  {result.out / name}")
         console.print(f"card: {result.out / 'dataset_card.md'}")
@@ -94,13 +100,11 @@ def register(app: typer.Typer) -> None:
         shuffle_partitions: Optional[int] = SHUFFLE, quiet: bool = QUIET,
     ) -> None:
         """Per day and model: requests, tokens, latency percentiles, errors, DLQ counts, active users."""
-        from spark_jobs.progress import StepTimer
-        from spark_jobs.session import build_session
         from spark_jobs.settings import UsageReportSettings
         from spark_jobs.usage_report import run
 
         spark_s, kafka = _common(master, conf, bootstrap_servers, topic_prefix, shuffle_partitions, quiet)
         s = build_settings(UsageReportSettings, out=out, source=source, archive_dir=archive_dir, since=since,
                            until=until, charts=charts, overwrite=overwrite)
-        result = run(build_session(spark_s), s, kafka, StepTimer(enabled=spark_s.progress, console=err_console))
+        result = _run(run, spark_s, s, kafka)
         console.print(f"report: {result / 'usage_report.md'}")

@@ -76,6 +76,18 @@ def test_broker_that_fails_to_start_shows_its_log(tmp_path):
     assert LocalKafka(settings).pid() is None
 
 
+def test_cluster_id_starting_with_a_dash_formats(tmp_path):
+    """A random base64 cluster id starts with '-' one time in 64; `up` once failed on it because
+    the storage tool read the id as a flag."""
+    from infra.local_kafka import ensure_jars
+
+    settings = StackSettings(state_dir=tmp_path)
+    kafka = LocalKafka(settings)
+    kafka.logs_dir.mkdir(parents=True)
+    kafka._format_storage(ensure_jars(settings), kafka._write_config(), cluster_id="-" + "A" * 21)
+    assert "cluster.id=-" + "A" * 21 in (kafka.data_dir / "meta.properties").read_text()
+
+
 def test_down_when_not_running_is_harmless(tmp_path):
     """`down` without a broker must say so and exit 0 (scripts call it unconditionally)."""
     result = _cli("down", "--state-dir", str(tmp_path))
