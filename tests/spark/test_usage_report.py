@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-from collections import Counter
 from datetime import datetime, timezone
 
 import pandas as pd
