@@ -37,6 +37,8 @@ CATALOG: tuple[TopicSpec, ...] = (
               doc="Prompts from applications and the gateway."),
     TopicSpec("chat.inference.requests", 6, "conversation_id", "InferenceRequest", retention_ms=1 * DAY_MS,
               doc="Prompts with assembled context, consumed by inference workers."),
+    TopicSpec("chat.inference.requests.batch", 6, "conversation_id", "InferenceRequest", retention_ms=1 * DAY_MS,
+              doc="Requests of priority BATCH; workers take them only when no interactive request waits."),
     TopicSpec("chat.replies", 6, "request_id", "TokenChunk", retention_ms=60 * 60 * 1000,
               doc="Token chunks; each gateway instance owns one partition (its reply address)."),
     TopicSpec("chat.responses", 6, "conversation_id", "Response", retention_ms=7 * DAY_MS,
@@ -47,6 +49,8 @@ CATALOG: tuple[TopicSpec, ...] = (
               doc="Thumbs, regenerations and edits."),
     TopicSpec("chat.deletions", 3, "user_id", "Deletion", cleanup_policy="compact", retention_ms=-1,
               doc="Forget a user or a conversation; compacted so it is never lost."),
+    TopicSpec("chat.deletions.audit", 3, "user_id", "DeletionAudit", retention_ms=-1,
+              doc="One record per Deletion carried out (streams: forget), kept forever."),
     TopicSpec("chat.cancels", 6, "conversation_id", "Cancel", retention_ms=60 * 60 * 1000,
               doc="Stop a generation (client went away)."),
     TopicSpec("chat.workers.status", 1, "worker_id", "WorkerStatus", cleanup_policy="compact,delete",
@@ -57,6 +61,17 @@ CATALOG: tuple[TopicSpec, ...] = (
 
 BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in CATALOG}
 DLQ = "chat.dlq"
+INFERENCE_REQUESTS = "chat.inference.requests"
+INFERENCE_REQUESTS_BATCH = "chat.inference.requests.batch"
+
+
+def inference_requests_topic(priority: str) -> str:
+    """Catalog name of the topic an ``InferenceRequest`` of ``priority`` goes to.
+
+    One topic per priority class, so a deep batch backlog never sits in front of an interactive
+    request: workers drain ``chat.inference.requests`` first (docs/worker.md).
+    """
+    return INFERENCE_REQUESTS_BATCH if str(priority) == "BATCH" else INFERENCE_REQUESTS
 
 
 def spec(name: str) -> TopicSpec:
