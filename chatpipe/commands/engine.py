@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 
@@ -31,9 +31,10 @@ def _quiet_transformers() -> None:
     from transformers.utils import logging
 
     logging.disable_progress_bar()
+    logging.set_verbosity_error()  # e.g. a tokenizer-config notice on every run; errors still show
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception | str) -> NoReturn:
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(1)
 
@@ -91,9 +92,11 @@ def generate(
     system: Optional[str] = typer.Option(None, help="System message"),
     raw: bool = typer.Option(False, help="Skip the chat template; the prompt is plain text to continue"),
     model: Optional[Path] = typer.Option(None, "--model", help="HF model folder or .gguf (default: pulled model)"),
-    device: Optional[str] = typer.Option(None, help="cpu, cuda, auto (env CHATPIPE_DEVICE)"),
+    device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:N, auto (env CHATPIPE_DEVICE)"),
     dtype: Optional[str] = typer.Option(None, help="auto, float32, bfloat16, float16 (env CHATPIPE_DTYPE)"),
-    kv_cache_tokens: int = typer.Option(4096, help="KV cache size in tokens (one request here)"),
+    kv_cache_tokens: Optional[int] = typer.Option(
+        None, help="KV cache size in tokens (env CHATPIPE_KV_CACHE_TOKENS; default 16384)"
+    ),
     stats: bool = typer.Option(True, help="Print timings to stderr at the end"),
 ) -> None:
     """Stream an answer from the chat model to the terminal."""
@@ -101,30 +104,38 @@ def generate(
     import asyncio
 
     from inference.engine.engine import Engine
-    from inference.engine.errors import EngineError
+    from inference.engine.errors import EngineError, RequestRefused
     from inference.engine.model_store import load_model
     from inference.engine.request import SamplingParams
     from inference.engine.streaming import AsyncEngine, stream_text
     from inference.engine.text import encode_prompt
 
     _quiet_transformers()
+    # Flags left at None fall through to CHATPIPE_* variables, then to the field defaults.
     settings = _settings(model_path=model, device=device, dtype=dtype, max_batch=1, kv_cache_tokens=kv_cache_tokens)
-    try:
-        params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        lm, tokenizer = load_model(settings)
-        engine = Engine(lm, settings)
-    except (EngineError, ValueError) as exc:
-        _fail(exc)
-    ids = encode_prompt(tokenizer, prompt, system=system, chat=not raw)
 
-    async def run() -> Any:
+    async def run(engine: Any, tokenizer: Any, ids: list[int], params: Any) -> Any:
         async with AsyncEngine(engine) as aengine:
             async for delta in stream_text(aengine, tokenizer, ids, params, stop=stop):
                 typer.echo(delta.text, nl=False)
                 if delta.finished:
                     return delta
 
-    last = asyncio.run(run())
+    try:
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        lm, tokenizer = load_model(settings)
+        engine = Engine(lm, settings)
+        ids = encode_prompt(tokenizer, prompt, system=system, chat=not raw)
+        last = asyncio.run(run(engine, tokenizer, ids, params))
+    except RequestRefused as exc:
+        if exc.admission.value != "too_large":
+            _fail(exc)
+        total = exc.num_prompt_tokens + exc.max_new_tokens
+        _fail(f"request refused (too_large): {exc.num_prompt_tokens} prompt tokens + {exc.max_new_tokens} new tokens "
+              f"= {total}, over the {exc.limit}-token limit per request; shorten the prompt or lower --max-tokens "
+              "(the limit is the smaller of CHATPIPE_MAX_SEQ_LEN and --kv-cache-tokens)")  # fmt: skip
+    except EngineError as exc:
+        _fail(exc)
     typer.echo("")
     if stats and last is not None and last.timings is not None:
         t = last.timings

@@ -2,6 +2,7 @@
 causal LM in PyTorch. Depends on torch and transformers only (no Kafka); see docs/engine.md.
 
     settings.py         EngineSettings (one frozen object, built by the CLI)
+    errors.py           EngineError (a ChatpipeError) and its named subclasses
     model_store.py      find / pull / convert / load the model
     request.py          Request, SamplingParams, Priority, Admission, FinishReason (pure Python)
     block_allocator.py  KV blocks per request, the token budget (pure Python)

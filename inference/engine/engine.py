@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from inference.engine.block_allocator import BlockAllocator
+from inference.engine.errors import InvalidRequestError, RequestRefused
 from inference.engine.kv_cache import PagedKVCache
 from inference.engine.model_runner import ModelRunner, check_supported
 from inference.engine.request import Admission, FinishReason, Priority, Request, RequestTimings, SamplingParams
@@ -109,11 +110,13 @@ class Engine:
         priority: Priority = Priority.INTERACTIVE,
         request_id: str | None = None,
     ) -> tuple[Admission, Request]:
-        """Queue a request. Refusals (OVERLOADED, TOO_LARGE) come back as the Admission result."""
+        """Queue a request. Refusals (OVERLOADED, TOO_LARGE) come back as the Admission result
+        (``refusal_error`` turns one into an error); a request that can never run raises
+        ``InvalidRequestError``."""
         ids = [int(t) for t in prompt_token_ids]
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+            raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         if not params.ignore_eos:
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids | self.eos_token_ids)
         req = Request(
@@ -123,6 +126,19 @@ class Engine:
             priority=priority,
         )
         return self.scheduler.add_request(req), req
+
+    def refusal_error(self, admission: Admission, request: Request) -> RequestRefused:
+        """The named error for a refused request, with its size and the limit it hit."""
+        if admission is Admission.OVERLOADED:
+            limit = self.scheduler.config.max_waiting
+        else:
+            limit = self.max_request_tokens
+        return RequestRefused(admission, len(request.prompt_token_ids), request.params.max_new_tokens, limit)
+
+    @property
+    def max_request_tokens(self) -> int:
+        """Most tokens (prompt + new) one request may hold: max_seq_len, the model's context, the KV cache."""
+        return min(self.scheduler.config.max_seq_len, self.allocator.capacity_tokens)
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request; its KV cache is freed at the next step."""
@@ -169,7 +185,7 @@ class Engine:
         for p in prompts:
             admission, req = self.add_request(p, params)
             if admission is not Admission.ACCEPTED:
-                raise ValueError(f"request refused: {admission.value}")
+                raise self.refusal_error(admission, req)
             reqs.append(req)
         while self.has_work():
             self.step()

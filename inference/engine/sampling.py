@@ -19,7 +19,10 @@ class Sampler:
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self._generators: dict[str, torch.Generator] = {}
-        self._seeder = torch.Generator().manual_seed(torch.seed())  # seeds for requests without one
+        # Seeds for requests without one, from the OS's entropy. Its own generator: torch.seed()
+        # would reseed the process-wide RNG under every other seeded computation in the process.
+        self._seeder = torch.Generator()
+        self._seeder.seed()
 
     def add(self, request_id: str, params: SamplingParams) -> None:
         if params.greedy:

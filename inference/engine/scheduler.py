@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from inference.engine.block_allocator import BlockAllocator
+from inference.engine.errors import InvalidRequestError
 from inference.engine.request import Admission, FinishReason, Priority, Request, RequestStatus
 
 
@@ -173,9 +174,9 @@ class Scheduler:
     def add_request(self, request: Request) -> Admission:
         with self._lock:
             if request.request_id in self._by_id:
-                raise ValueError(f"request id {request.request_id!r} is already in the engine")
+                raise InvalidRequestError(f"request id {request.request_id!r} is already in the engine")
             if not request.prompt_token_ids:
-                raise ValueError("the prompt has no tokens")
+                raise InvalidRequestError("the prompt is empty (no tokens): give some text to answer or continue")
             if request.max_tokens > self.config.max_seq_len or not self.allocator.can_ever_fit(request.max_tokens):
                 return Admission.TOO_LARGE
             if len(self.waiting) >= self.config.max_waiting:

@@ -6,13 +6,15 @@ the reading; no engine module touches ``os.environ``), then passed explicitly. F
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # what the engine runs on (model_store checks the GPU is there)
 
 
 class EngineSettings(BaseSettings):
@@ -38,6 +40,13 @@ class EngineSettings(BaseSettings):
     queue_policy: Literal["priority", "fcfs"] = Field("priority", description="Waiting-queue order")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch's default")
     compile: bool = Field(False, description="torch.compile the per-layer dense math (CUDA; unverified)")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not DEVICE_PATTERN.fullmatch(value):
+            raise ValueError(f"{value!r} is not a device the engine runs on; use cpu, cuda, cuda:N or auto")
+        return value
 
     def resolved_device(self) -> str:
         if self.device != "auto":

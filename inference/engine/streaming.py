@@ -4,7 +4,8 @@
 The thread is the only caller of ``Engine.step``; submissions and cancellations from the event
 loop go through the scheduler's lock, so a step is never blocked by callers for longer than a
 queue append. Leaving an ``async for`` early (break, task cancelled, client gone) cancels the
-request, and its KV cache is freed at the next step.
+request, and its KV cache is freed at the next step. A failing step or ``stop()`` ends every open
+stream with a named error (``EngineFailed`` / ``EngineStopped``), never with silence.
 
 Not here: Kafka, HTTP, request ids from outside (the worker and gateway add those).
 """
@@ -12,16 +13,29 @@ Not here: Kafka, HTTP, request ids from outside (the worker and gateway add thos
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 from inference.engine.engine import Engine, TokenEvent
+from inference.engine.errors import EngineFailed, EngineStopped, RequestRefused
 from inference.engine.request import Admission, FinishReason, Priority, RequestTimings, SamplingParams
 from inference.engine.text import IncrementalDetokenizer, StopStringMatcher
 
+log = logging.getLogger(__name__)
+
 
 class AsyncEngine:
+    """Runs ``Engine.step`` in one background thread and routes each request's events to its caller.
+
+    Failure policy: if a step raises, the engine's state is unknown (a request may be half-updated),
+    so the loop does not go on. Every open stream raises ``EngineFailed`` (its ``__cause__`` is the
+    step's exception), ``failed`` turns true, and each later ``submit`` raises the same error at
+    once: the owner (worker, CLI) reports it and builds a new engine or exits. ``stop()`` ends every
+    open stream with ``EngineStopped`` and cancels its request, so no caller waits forever.
+    """
+
     def __init__(self, engine: Engine, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
         self._idle_wait_s = idle_wait_s
@@ -30,18 +44,40 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failure: EngineFailed | None = None
+        self._stopped = False
+
+    @property
+    def failed(self) -> bool:
+        """True once a step has raised; the engine serves nothing more."""
+        return self._failure is not None
+
+    @property
+    def failure(self) -> EngineFailed | None:
+        """The error open and later requests get after a failed step (None while healthy)."""
+        return self._failure
 
     def start(self) -> None:
+        if self._stopped:
+            raise EngineStopped("this AsyncEngine was stopped; wrap the engine in a new AsyncEngine")
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="chatpipe-engine", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
+        """Stop the step loop; every stream still open ends with ``EngineStopped`` and its request
+        is cancelled (its cache is freed at the engine's next step). Blocking: joins the thread."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        with self._lock:
+            self._stopped = True
+            open_streams, self._queues = self._queues, {}
+        for request_id, target in open_streams.items():
+            self.engine.abort(request_id)
+            _post(target, EngineStopped(f"request {request_id}: the engine was stopped before it finished"))
 
     async def __aenter__(self) -> AsyncEngine:
         self.start()
@@ -54,15 +90,22 @@ class AsyncEngine:
         self, prompt_token_ids: Sequence[int], params: SamplingParams = SamplingParams(),
         priority: Priority = Priority.INTERACTIVE, request_id: str | None = None,
     ) -> RequestStream:  # fmt: skip
-        """Queue a request; look at ``.admission`` before iterating (a refused stream is empty)."""
+        """Queue a request; look at ``.admission`` (or ``.refusal``) before iterating (a refused
+        stream is empty). Raises ``EngineFailed`` / ``EngineStopped`` when the engine is no longer
+        serving, ``InvalidRequestError`` for a request it can never run."""
         queue: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         with self._lock:  # registered before the engine can produce its first event
+            if self._failure is not None:
+                raise EngineFailed(str(self._failure)) from self._failure.__cause__
+            if self._stopped:
+                raise EngineStopped("the engine was stopped; it takes no more requests")
             admission, req = self.engine.add_request(prompt_token_ids, params, priority, request_id)
             if admission is Admission.ACCEPTED:
                 self._queues[req.request_id] = (loop, queue)
         self._wake.set()
-        return RequestStream(self, req.request_id, admission, queue)
+        refusal = None if admission is Admission.ACCEPTED else self.engine.refusal_error(admission, req)
+        return RequestStream(self, req.request_id, admission, queue, refusal)
 
     def cancel(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -76,27 +119,60 @@ class AsyncEngine:
                 continue
             try:
                 events = self.engine.step()
-            except BaseException as exc:  # hand the failure to every waiting caller, then stop
-                with self._lock:
-                    targets, self._queues = list(self._queues.values()), {}
-                for loop, q in targets:
-                    loop.call_soon_threadsafe(q.put_nowait, exc)
-                raise
+            except BaseException as exc:  # noqa: BLE001 - any failure ends the loop, and callers must hear of it
+                self._fail(exc)
+                return
             with self._lock:
-                for ev in events:
-                    target = self._queues.pop(ev.request_id, None) if ev.finished else self._queues.get(ev.request_id)
-                    if target is not None:
-                        loop, q = target
-                        loop.call_soon_threadsafe(q.put_nowait, ev)
+                targets = [
+                    (ev, self._queues.pop(ev.request_id, None) if ev.finished else self._queues.get(ev.request_id))
+                    for ev in events
+                ]  # fmt: skip
+            for ev, target in targets:
+                if target is not None and not _post(target, ev):
+                    # The caller's event loop is closed: nobody can read this stream any more.
+                    with self._lock:
+                        self._queues.pop(ev.request_id, None)
+                    self.engine.abort(ev.request_id)
+
+    def _fail(self, exc: BaseException) -> None:
+        message = f"the engine's step loop failed ({type(exc).__name__}: {exc}); build a new engine to go on"
+        log.error("%s", message, exc_info=exc)
+        with self._lock:
+            self._failure = EngineFailed(message)
+            self._failure.__cause__ = exc
+            open_streams, self._queues = self._queues, {}
+        for target in open_streams.values():
+            error = EngineFailed(message)  # one instance per stream: each gets its own traceback
+            error.__cause__ = exc
+            _post(target, error)
+
+
+def _post(target: tuple[asyncio.AbstractEventLoop, asyncio.Queue], item: object) -> bool:
+    """Hand ``item`` to a stream's queue from any thread; False if its event loop is closed."""
+    loop, queue = target
+    try:
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+    except RuntimeError:  # "Event loop is closed"
+        return False
+    return True
 
 
 class RequestStream:
-    """Async iterator of one request's ``TokenEvent``s; the last one has ``finished=True``."""
+    """Async iterator of one request's ``TokenEvent``s; the last one has ``finished=True``.
 
-    def __init__(self, owner: AsyncEngine, request_id: str, admission: Admission, queue: asyncio.Queue) -> None:
+    Raises ``EngineFailed`` or ``EngineStopped`` instead of the last event when the engine failed
+    or was stopped first. ``refusal`` is the ``RequestRefused`` error of a refused request (None
+    when accepted), ready to raise or to report.
+    """
+
+    def __init__(
+        self, owner: AsyncEngine, request_id: str, admission: Admission, queue: asyncio.Queue,
+        refusal: RequestRefused | None = None,
+    ) -> None:  # fmt: skip
         self.owner = owner
         self.request_id = request_id
         self.admission = admission
+        self.refusal = refusal
         self._queue = queue
         self._done = admission is not Admission.ACCEPTED
 
@@ -108,6 +184,7 @@ class RequestStream:
             while not self._done:
                 item = await self._queue.get()
                 if isinstance(item, BaseException):
+                    self._done = True  # the engine already dropped this request
                     raise item
                 self._done = item.finished
                 yield item
@@ -136,15 +213,21 @@ async def stream_text(
     stop: Sequence[str] = (), priority: Priority = Priority.INTERACTIVE,
 ) -> AsyncIterator[TextDelta]:  # fmt: skip
     """Text increments of one generation; a stop string ends it (reason STOP) and is not shown.
-    Raises ``RuntimeError`` naming the reason when the engine refuses the request."""
+    The deltas joined equal the decoded output (up to the stop string).
+
+    Raises ``RequestRefused`` (with the prompt's token count and the limit) when the engine refuses
+    the request, ``InvalidRequestError`` for a request it can never run, ``EngineFailed`` /
+    ``EngineStopped`` when the engine fails or stops before the end."""
     stream = aengine.submit(prompt_token_ids, params, priority)
-    if stream.admission is not Admission.ACCEPTED:
-        raise RuntimeError(f"request refused: {stream.admission.value}")
+    if stream.refusal is not None:
+        raise stream.refusal
     detok, stops = IncrementalDetokenizer(tokenizer), StopStringMatcher(stop)
     events = stream.__aiter__()
     try:
         async for ev in events:
             text = stops.feed(detok.push(ev.token_id)) if ev.token_id is not None else ""
+            if ev.finished and not stops.stopped:
+                text += stops.feed(detok.flush())  # an incomplete last character shows as U+FFFD
             if stops.stopped:
                 stream.cancel()
                 yield TextDelta(text, True, FinishReason.STOP, ev.timings, ev.num_prompt_tokens, len(detok.token_ids))
