@@ -6,8 +6,11 @@ traceparent per message, delivery checks). Both put the same records on the wire
 sends one fixed traceparent header of the same size, since every chatpipe hop must carry one;
 the ratio is therefore what the adapter's own Python work costs. (A raw loop without any header
 is printed too, for reference.) Then both consumers read the same topic: (a) a raw
-``consume()`` loop and (b) ``BatchConsumer.poll_messages``. Each side runs ``--repeats`` times, alternating, and
-the median run counts (robust to one lucky run on a busy machine). Also reports the Avro record path (encode + produce, consume + decode).
+``consume()`` loop and (b) ``BatchConsumer.poll_messages``. Each side runs ``--repeats`` times,
+alternating who goes first, and the median run counts (robust to one lucky run on a busy
+machine); the ratio of every alternated pair is printed too, as the noise. Also reports the Avro
+record path (encode + produce, consume + decode) and the codec against raw fastavro on the same
+record (``codec_vs_fastavro``).
 
 Starts its own broker (the project's local Kafka, in a temporary folder) unless
 ``--bootstrap-servers`` is given. Prints wall-clock rates (median and best run) and client CPU
@@ -18,17 +21,20 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
+import io
 import os
 import socket
+import statistics
 import tempfile
 import time
 import uuid
 
 from confluent_kafka import Consumer, Producer
+from fastavro import schemaless_reader, schemaless_writer
 
-from schemas.codec import AvroCodec
+from schemas.codec import HEADER_LEN, AvroCodec, to_avro_dict
 from schemas.records import ChatMessage, PromptRequest
+from schemas.registry import default_registry
 from transport.admin import TopicAdmin
 from transport.consumer import BatchConsumer
 from transport.producer import RecordProducer
@@ -38,6 +44,11 @@ PAYLOAD = os.urandom(1024)
 # CPU seconds of this process (all its threads, librdkafka's included) of the last measured loop:
 # the client's own cost, which the broker sharing the same 2 cores cannot blur.
 CPU_SECONDS: list[float] = []
+# Garbage collections started during each measured consume loop: they were most of what the
+# consume adapter cost over the raw loop (see transport.message.pause_gc).
+GC_STARTS = [0]
+GC_PER_RUN: list[int] = []
+gc.callbacks.append(lambda phase, info: GC_STARTS.__setitem__(0, GC_STARTS[0] + (phase == "start")))
 
 
 def _free_port() -> int:
@@ -77,13 +88,17 @@ def adapter_produce(settings: KafkaSettings, topic: str, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
+def prompt_record(i: int = 0) -> PromptRequest:
+    """The ~1 KB PromptRequest of the record path (900 characters of text plus the other fields)."""
+    return PromptRequest(conversation_id=str(i % 64), user_id="u", tenant="t", model="m",
+                         messages=[ChatMessage("user", "x" * 900)])
+
+
 def record_produce(settings: KafkaSettings, topic: str, n: int) -> float:
-    producer = RecordProducer(settings, codec=AvroCodec(validate_on_encode=False))
-    text = "x" * 900  # with the other fields, about 1 KB on the wire
+    producer = RecordProducer(settings)  # encode() checks every record; there is no unchecked mode
     start = time.perf_counter()
     for i in range(n):
-        producer.send(topic, PromptRequest(conversation_id=str(i % 64), user_id="u", tenant="t", model="m",
-                                           messages=[ChatMessage("user", text)]), key=str(i % 64))
+        producer.send(topic, prompt_record(i), key=str(i % 64))
     producer.flush(60)
     return n / (time.perf_counter() - start)
 
@@ -97,10 +112,11 @@ def raw_consume(settings: KafkaSettings, topic: str, n: int) -> float:
         batch = consumer.consume(settings.consumer_batch_size, 1.0)
         if batch and start is None:
             start = time.perf_counter()  # exclude the group join from both sides
-            cpu0 = time.process_time()
+            cpu0, gc0 = time.process_time(), GC_STARTS[0]
         got += sum(1 for m in batch if m.error() is None)
     elapsed = time.perf_counter() - start
     CPU_SECONDS.append(time.process_time() - cpu0)
+    GC_PER_RUN.append(GC_STARTS[0] - gc0)
     consumer.close()
     return n / elapsed
 
@@ -113,15 +129,83 @@ def adapter_consume(settings: KafkaSettings, topic: str, n: int, decode: bool = 
         batch = consumer.poll_records() if decode else consumer.poll_messages()
         if batch and start is None:
             start = time.perf_counter()
-            cpu0 = time.process_time()
+            cpu0, gc0 = time.process_time(), GC_STARTS[0]
         got += len(batch)
     elapsed = time.perf_counter() - start
     CPU_SECONDS.append(time.process_time() - cpu0)
+    GC_PER_RUN.append(GC_STARTS[0] - gc0)
     consumer.close()
     return n / elapsed
 
 
-def measure(bootstrap: str, n: int, repeats: int) -> str:
+def codec_vs_fastavro(ops: int, rounds: int) -> dict[str, float]:
+    """The codec's encode/decode against raw fastavro on the same ~1 KB PromptRequest.
+
+    Raw fastavro gets the best case: the record already as the dict it writes, and the same
+    parsed schema the codec uses (``AvroCodec.parsed_schema``); the codec starts from the
+    dataclass, checks it, adds the 10-byte header, and on decode checks the header, the
+    trailing bytes and builds the dataclass. Sides alternate within each round; the figure is
+    the median over rounds of each round's ratio. For reference, raw fastavro with the
+    registry's schema, whose timestamp-millis it converts to and from datetimes, is timed too.
+    """
+    codec = AvroCodec()
+    record = prompt_record()
+    data = codec.encode(record)
+    body, as_dict = data[HEADER_LEN:], to_avro_dict(record)
+    plain, logical = codec.parsed_schema(PromptRequest), default_registry().latest("PromptRequest").parsed
+    assert codec.decode(data) == record and schemaless_reader(io.BytesIO(body), plain, None) == as_dict
+
+    def raw_write(schema):
+        def run() -> None:
+            for _ in range(ops):
+                buf = io.BytesIO()
+                schemaless_writer(buf, schema, as_dict)
+                buf.getvalue()
+        return run
+
+    def raw_read(schema):
+        def run() -> None:
+            for _ in range(ops):
+                schemaless_reader(io.BytesIO(body), schema, None)
+        return run
+
+    def codec_encode() -> None:
+        for _ in range(ops):
+            codec.encode(record)
+
+    def codec_decode() -> None:
+        for _ in range(ops):
+            codec.decode(data)
+
+    sides = {"encode/raw": raw_write(plain), "encode/codec": codec_encode,
+             "decode/raw": raw_read(plain), "decode/codec": codec_decode,
+             "encode/raw-logical": raw_write(logical), "decode/raw-logical": raw_read(logical)}
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for _ in range(rounds):
+        for side, run in sides.items():
+            start = time.perf_counter()
+            run()
+            times[side].append((time.perf_counter() - start) / ops * 1e6)  # microseconds per record
+    best = {side: min(t) for side, t in times.items()}
+    out = {f"{side} us": us for side, us in best.items()}
+    print(f"\ncodec vs raw fastavro, ~1 KB PromptRequest ({len(data)} bytes), {rounds} rounds of {ops:,} "
+          f"records per side, sides alternating within each round:")
+    for op, raw_name in (("encode", "schemaless_writer"), ("decode", "schemaless_reader")):
+        # Each round's ratio compares neighbours in time, so a slow stretch of the machine hits
+        # both; the median over rounds is the figure, the quartiles its noise.
+        paired = sorted(raw / mine for raw, mine in zip(times[f"{op}/raw"], times[f"{op}/codec"]))
+        q1, med, q3 = statistics.quantiles(paired, n=4)
+        logical = statistics.median(raw / mine for raw, mine in zip(times[f"{op}/raw-logical"], times[f"{op}/codec"]))
+        out[f"{op} ratio"], out[f"{op} ratio logical"] = med, logical
+        out[f"{op} ratio best"] = best[f"{op}/raw"] / best[f"{op}/codec"]
+        print(f"  {op}: codec/raw {raw_name} speed ratio {med:.2f} (median of rounds; quartiles {q1:.2f}-{q3:.2f}); "
+              f"best rounds raw {best[f'{op}/raw']:.2f} us, codec {best[f'{op}/codec']:.2f} us per record "
+              f"({out[f'{op} ratio best']:.2f}); vs fastavro with the registry's timestamp-millis schema "
+              f"{logical:.2f}")
+    return out
+
+
+def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) -> str:
     """Runs every side; returns the headline line (printed last by main)."""
     settings = KafkaSettings(bootstrap_servers=bootstrap)
     admin = TopicAdmin(settings)
@@ -134,8 +218,9 @@ def measure(bootstrap: str, n: int, repeats: int) -> str:
 
     adapter_topics = []
     no_headers = lambda settings, t, n: raw_produce(settings, t, n, headers=None)  # noqa: E731
+    sides = (("raw", raw_produce), ("adapter", adapter_produce), ("raw-nohdr", no_headers))
     for r in range(repeats):
-        for side, fn in (("raw", raw_produce), ("adapter", adapter_produce), ("raw-nohdr", no_headers)):
+        for side, fn in sides if r % 2 == 0 else sides[::-1]:  # alternate who goes first
             t = topic()
             rate = fn(settings, t, n)
             if side == "adapter":
@@ -143,12 +228,15 @@ def measure(bootstrap: str, n: int, repeats: int) -> str:
             runs.setdefault(f"produce/{side}", []).append(rate)
             runs.setdefault(f"produce-cpu/{side}", []).append(n / CPU_SECONDS[-1])
             print(f"run {r + 1}: produce {side:9} {rate:10,.0f} msg/s")
+    sides = (("raw", raw_consume), ("adapter", adapter_consume))
     for r in range(repeats):
-        for side, fn in (("raw", raw_consume), ("adapter", adapter_consume)):
+        for side, fn in sides if r % 2 == 0 else sides[::-1]:
             rate = fn(settings, adapter_topics[r], n)  # the same messages for both sides
             runs.setdefault(f"consume/{side}", []).append(rate)
             runs.setdefault(f"consume-cpu/{side}", []).append(n / CPU_SECONDS[-1])
-            print(f"run {r + 1}: consume {side:9} {rate:10,.0f} msg/s")
+            runs.setdefault(f"consume-gc/{side}", []).append(GC_PER_RUN[-1])
+            print(f"run {r + 1}: consume {side:9} {rate:10,.0f} msg/s, {n / CPU_SECONDS[-1]:10,.0f} msg per "
+                  f"CPU-second, {GC_PER_RUN[-1]} garbage collections")
     results = {name: statistics.median(rates) for name, rates in runs.items()}
     best = {name: max(rates) for name, rates in runs.items()}
     rec_topic = topic()
@@ -170,12 +258,18 @@ def measure(bootstrap: str, n: int, repeats: int) -> str:
           f"{results['produce-cpu/raw']:,.0f}, adapter {results['produce-cpu/adapter']:,.0f} (ratio {cpu_p:.2f}); "
           f"consume raw {results['consume-cpu/raw']:,.0f}, adapter {results['consume-cpu/adapter']:,.0f} "
           f"(ratio {cpu_c:.2f})")
+    # The noise, run by run: each adapter run against the raw run next to it on the same topic.
+    for kind in ("consume", "consume-cpu"):
+        pairs = sorted(a / b for a, b in zip(runs[f"{kind}/adapter"], runs[f"{kind}/raw"]))
+        print(f"{kind} ratio per alternated pair: {', '.join(f'{p:.2f}' for p in pairs)} "
+              f"(median {statistics.median(pairs):.2f})")
+    print(f"garbage collections per consume run: raw {runs['consume-gc/raw']}, adapter {runs['consume-gc/adapter']}")
+    codec_vs_fastavro(*codec_sizes)
     print(f"Avro records (~1 KB PromptRequest): encode+produce {results['produce/records']:,.0f} msg/s "
           f"({results['produce/records'] / results['produce/raw']:.2f} of raw bytes), consume+decode "
           f"{results['consume/records']:,.0f} msg/s ({results['consume/records'] / results['consume/raw']:.2f})")
-    # Headline on client CPU: with the broker on the same 2 cores, wall-clock consume rates are
-    # bimodal for both sides alike (~90k or ~157k msg/s from run to run); CPU per message is the
-    # adapters' own cost and stays put.
+    # Headline on client CPU: with the broker on the same 2 cores, wall-clock rates swing with
+    # what else runs; CPU per message is the adapters' own cost and swings less.
     return (f"transport/kafka_io adapter/raw throughput ratio (messages per client CPU-second, "
             f"min of produce and consume) = {min(cpu_p, cpu_c):.2f}")
 
@@ -184,11 +278,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="about a minute on 2 cores")
     parser.add_argument("--messages", type=int, default=None, help="messages per run (default 200k, quick 60k)")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per side (default 5, quick 3)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per side (default 7, quick 5)")
     parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
     args = parser.parse_args()
     n = args.messages or (60_000 if args.quick else 200_000)
-    repeats = args.repeats or (3 if args.quick else 5)
+    repeats = args.repeats or (5 if args.quick else 7)
 
     kafka = None
     bootstrap = args.bootstrap_servers
@@ -201,7 +295,7 @@ def main() -> None:
         kafka.up()
         bootstrap = kafka.settings.bootstrap_servers
     try:
-        headline = measure(bootstrap, n, repeats)
+        headline = measure(bootstrap, n, repeats, (1_000, 100) if args.quick else (2_000, 150))
     finally:
         gc.collect()  # close leftover clients before the broker goes, to keep their logs quiet
         if kafka is not None:

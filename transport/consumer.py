@@ -19,7 +19,7 @@ from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
 from transport.dead_letters import DeadLetterWriter
 from transport.errors import TransportError
-from transport.message import ConsumedMessage, DecodedMessage
+from transport.message import ConsumedMessage, DecodedMessage, pause_gc, resume_gc, wrap_batch
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,9 @@ class BatchConsumer:
             max_messages or self.settings.consumer_batch_size,
             self.settings.consumer_poll_timeout_s if timeout_s is None else timeout_s,
         )
+        clean = wrap_batch(raw)  # fast path: no error events in the batch
+        if clean is not None:
+            return clean
         out = []
         for msg in raw:
             err = msg.error()
@@ -80,18 +83,26 @@ class BatchConsumer:
         self, expected: type | None = None, max_messages: int | None = None, timeout_s: float | None = None,
     ) -> list[DecodedMessage]:
         """Decoded records of the next batch; messages that don't decode go to the error policy."""
-        decoded = []
-        for message in self.poll_messages(max_messages, timeout_s):
-            try:
-                if message.value is None:
-                    raise DecodeError("empty value (tombstone) where a record was expected",
-                                      topic=message.topic, partition=message.partition, offset=message.offset)
-                record = self.codec.decode(message.value, expected, topic=message.topic,
-                                           partition=message.partition, offset=message.offset)
-            except DecodeError as exc:
-                self.on_decode_error(exc, message)
-                continue
-            decoded.append(DecodedMessage(record, message))
+        messages = self.poll_messages(max_messages, timeout_s)
+        # The records of a batch are built without collections in between; paused before any
+        # allocation, as the wrapping just done may have left the collector due (see pause_gc).
+        pause_gc()
+        try:
+            decoded, decode = [], self.codec.decode
+            for message in messages:
+                try:
+                    value = message.value
+                    if value is None:
+                        raise DecodeError("empty value (tombstone) where a record was expected")
+                    record = decode(value, expected)
+                except DecodeError as exc:  # the message's position is looked up only for a bad one
+                    located = exc.at(message.topic, message.partition, message.offset)
+                    located.__cause__ = exc
+                    self.on_decode_error(located, message)
+                    continue
+                decoded.append(DecodedMessage(record, message))
+        finally:
+            resume_gc()
         return decoded
 
     def commit(self) -> None:

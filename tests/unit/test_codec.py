@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas import records
-from schemas.codec import HEADER_LEN, MARKER, AvroCodec, from_avro_dict
+from schemas.codec import HEADER_LEN, MARKER, AvroCodec, from_avro_dict, to_avro_dict
 from schemas.errors import DecodeError, EncodeError, UnknownSchemaError
 from schemas.registry import SCHEMA_DIR, crc64_fingerprint, default_registry
 from tests.samples import sample_records, strategy_for
@@ -148,3 +148,159 @@ def test_property_random_body_behind_valid_header_only_raises_decode_error(finge
         codec.decode(MARKER + fingerprint + body)
     except DecodeError:
         pass
+
+
+# --- the compiled fast path (schemas/converters.py) must check exactly as much as validation did ---
+
+def _prompt(**changes):
+    """The sample PromptRequest (with fixed id and time, so two calls are equal), fields changed by path."""
+    req = next(r for r in sample_records() if isinstance(r, records.PromptRequest))
+    req.request_id, req.created_at = "req-fixed", 1_700_000_000_000
+    for path, value in changes.items():
+        target = req
+        *parents, name = path.split("__")
+        for parent in parents:
+            target = getattr(target, parent)
+        setattr(target, name, value)
+    return req
+
+
+@pytest.mark.parametrize("path,value", [
+    ("created_at", "yesterday"),      # fastavro raises: the error must still name the field
+    ("created_at", True),             # the rest fastavro would write silently, as 1, 1, True, ...
+    ("sampling__max_tokens", 1.5),
+    ("sampling__max_tokens", 2**40),  # outside Avro int (32-bit)
+    ("reply_partition", 2**31),
+    ("stream", 1),
+    ("sampling__stop", "\n\n"),       # a str where an array goes would be written char by char
+    ("sampling__temperature", True),
+    ("messages", ["just a string"]),
+    ("priority", "URGENT"),
+    ("tenant", None),
+])
+def test_wrong_field_raises_encode_error_naming_it(path, value):
+    """A wrong-typed field must raise EncodeError naming the field, never write bytes that decode to
+    something else (the compiled encoder skips the separate validation pass, not the checks)."""
+    with pytest.raises(EncodeError, match=path.split("__")[-1]) as info:
+        codec.encode(_prompt(**{path: value}))
+    assert "PromptRequest" in str(info.value)
+
+
+def test_values_fastavro_accepts_still_encode_like_their_canonical_form():
+    """An int in a double field and a datetime in a timestamp field take the slow path but must
+    give the same bytes as the canonical values (no needless EncodeError)."""
+    from datetime import datetime, timezone
+
+    canonical = _prompt(**{"sampling__temperature": 1.0, "created_at": 1_700_000_000_000})
+    loose = _prompt(**{"sampling__temperature": 1,
+                       "created_at": datetime.fromtimestamp(1_700_000_000, tz=timezone.utc)})
+    assert codec.encode(loose) == codec.encode(canonical)
+    assert codec.decode(codec.encode(loose)) == canonical
+
+
+def test_encode_rejects_objects_that_are_not_records():
+    """Encoding something that is not one of schemas.records' classes is a named error."""
+    with pytest.raises(EncodeError, match="not a chatpipe record type"):
+        codec.encode({"request_id": "r"})
+
+
+def test_decode_accepts_bytearray_and_memoryview():
+    """Values from other clients may come as bytearray/memoryview: the checked path must read them."""
+    record = sample_records()[0]
+    data = codec.encode(record)
+    assert codec.decode(bytearray(data)) == record
+    assert codec.decode(memoryview(data)) == record
+
+
+def test_dataclass_and_schema_out_of_step_is_a_schema_error():
+    """A record and its .avsc drifting apart must fail loudly when the converters are built."""
+    from dataclasses import dataclass
+
+    from schemas.converters import compile_record
+    from schemas.errors import SchemaError
+
+    @dataclass(slots=True)
+    class Cancel:  # noqa: F811 - a drifted copy of records.Cancel, one field short
+        request_id: str
+        conversation_id: str
+
+    with pytest.raises(SchemaError, match="do not match"):
+        compile_record(Cancel, default_registry().latest("Cancel").parsed)
+
+
+def test_symbol_unknown_to_the_record_enum_is_a_decode_error(tmp_path):
+    """A newer schema with an enum symbol our StrEnum lacks must raise DecodeError, not KeyError."""
+    import shutil
+
+    from schemas.registry import SchemaRegistry
+
+    for path in SCHEMA_DIR.glob("*.avsc"):
+        shutil.copy(path, tmp_path)
+    v3 = json.loads((SCHEMA_DIR / "PromptRequest.v2.avsc").read_text())
+    priority = next(f for f in v3["fields"] if f["name"] == "priority")
+    priority["type"]["symbols"].append("BULK")
+    (tmp_path / "PromptRequest.v3.avsc").write_text(json.dumps(v3))
+    newer = AvroCodec(SchemaRegistry(tmp_path))
+    data = newer.encode_dict("PromptRequest", {**to_avro_dict(_prompt()), "priority": "BULK"})
+    with pytest.raises(DecodeError, match="BULK"):
+        newer.decode(data)
+    assert newer.decode(newer.encode(_prompt())) == _prompt()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_property_mutated_message_decodes_or_raises_decode_error(data):
+    """Property: flipping bytes of a valid message's body gives a record or DecodeError, nothing else."""
+    good = bytearray(codec.encode(_prompt()))
+    for _ in range(data.draw(st.integers(1, 4))):
+        index = data.draw(st.integers(HEADER_LEN, len(good) - 1))
+        good[index] = data.draw(st.integers(0, 255))
+    try:
+        assert isinstance(codec.decode(bytes(good)), records.PromptRequest)
+    except DecodeError:
+        pass
+
+
+def _as_list(value):
+    return value if isinstance(value, list) else [value]
+
+
+_PALETTE = [None, True, False, 0, 1, -1, 2**31, 2**63, 1.5, 2.0, "", "x", "STOP", b"", b"x", [], ["x"], [1],
+            [True], {}, {"role": "user", "content": "x"}, records.ChatMessage("user", "x"), records.Priority.BATCH]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(sample_records()), st.data())
+def test_property_fast_encode_agrees_with_validate_then_write(record, data):
+    """Property: for any field set to any of many wrong or odd values, encode() raises EncodeError
+    exactly when fastavro's validator rejects the record, and otherwise writes the validated bytes."""
+    import copy
+
+    from fastavro import schemaless_writer
+    from fastavro.validation import validate
+
+    record = copy.deepcopy(record)
+    nested = [v for f in fields(record) for v in _as_list(getattr(record, f.name)) if is_dataclass(v)]
+    target = data.draw(st.sampled_from([record, *nested]))  # a top-level or a nested record's field
+    name = data.draw(st.sampled_from([f.name for f in fields(target)]))
+    setattr(target, name, data.draw(st.sampled_from(_PALETTE)))
+    schema = default_registry().latest(type(record).__name__)
+    try:
+        as_dict = to_avro_dict(record)
+        valid = validate(as_dict, schema.parsed, raise_errors=False)
+    except Exception:  # noqa: BLE001 - not even convertible: must be an EncodeError below
+        valid = False
+    if not valid:
+        with pytest.raises(EncodeError):
+            codec.encode(record)
+        return
+    import io
+
+    buf = io.BytesIO()
+    try:
+        schemaless_writer(buf, schema.parsed, as_dict)
+    except Exception:  # noqa: BLE001 - valid per the validator yet unwritable: must be an EncodeError
+        with pytest.raises(EncodeError):
+            codec.encode(record)
+        return
+    assert codec.encode(record) == MARKER + schema.fingerprint + buf.getvalue()
