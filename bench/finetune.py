@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spark_jobs import reference  # noqa: E402
-from spark_jobs.archive import write_messages  # noqa: E402
 from spark_jobs.settings import FinetuneSettings, SparkSettings  # noqa: E402
 from spark_jobs.synthetic import generate, to_messages  # noqa: E402
+from transport.archive import write_messages  # noqa: E402
 
 
 def spark_dedup_seconds(spark, s, kafka) -> tuple[float, float]:

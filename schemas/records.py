@@ -242,9 +242,25 @@ class DeadLetter:
     schema_version: int = 1
 
 
+@dataclass(slots=True, kw_only=True)
+class DeletionAudit:
+    event_id: str = field(default_factory=new_id)
+    deletion_event_id: str  # the Deletion carried out
+    scope: DeletionScope
+    user_id: str
+    tenant: str
+    conversation_id: str | None = None
+    memory_points_deleted: int
+    conversations_cleared: int
+    component: str
+    requested_at: int  # Deletion.created_at
+    created_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
 Record = (
     PromptRequest | InferenceRequest | TokenChunk | Response | Cancel | ConversationTurn
-    | Feedback | Deletion | WorkerStatus | DeadLetter
+    | Feedback | Deletion | WorkerStatus | DeadLetter | DeletionAudit
 )
 
 #: Every top-level record type, by its Avro record name.
@@ -252,6 +268,6 @@ RECORD_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (
         PromptRequest, InferenceRequest, TokenChunk, Response, Cancel, ConversationTurn,
-        Feedback, Deletion, WorkerStatus, DeadLetter,
+        Feedback, Deletion, WorkerStatus, DeadLetter, DeletionAudit,
     )
 }

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from schemas.codec import AvroCodec
 from schemas.records import ConversationTurn, Feedback, FeedbackKind, FinishReason
-from spark_jobs.archive import ArchivedMessage
+from transport.archive import ArchivedMessage
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 SPAN_MS = 3 * 3600 * 1000     # the log covers three hours

@@ -91,4 +91,7 @@ def sample_records() -> list:
         r.DeadLetter(source_topic="chat.prompts", source_partition=1, source_offset=99, key=b"k",
                      value=b"\x00\x01", headers=[r.Header("traceparent", b"00-..."), r.Header("x", None)],
                      error_type="DecodeError", error_message="bad marker", component="intake"),
+        r.DeletionAudit(deletion_event_id="ev-1", scope=r.DeletionScope.USER, user_id="u-1", tenant="acme",
+                        memory_points_deleted=12, conversations_cleared=2, component="streams.forget",
+                        requested_at=1_700_000_000_000),
     ]

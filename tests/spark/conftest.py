@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from spark_jobs.archive import write_messages
 from spark_jobs.settings import FinetuneSettings, SparkSettings
 from spark_jobs.synthetic import generate, to_messages
+from transport.archive import write_messages
 
 
 @pytest.fixture(scope="session")

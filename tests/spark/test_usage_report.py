@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 import pandas as pd
 import pytest
 
-from spark_jobs.archive import write_messages
 from spark_jobs.settings import UsageReportSettings
 from spark_jobs.synthetic import to_messages
+from transport.archive import write_messages
 
 pytestmark = pytest.mark.spark
 

@@ -1,4 +1,8 @@
-"""The Avro archive of Kafka topics: its layout (a contract) and its writer.
+"""The Avro archive of Kafka topics: its layout (a contract), its writer and a reader for tools.
+
+Written by the streams archiver (``streams/archive.py``), read by ``spark_jobs`` (``sources.py``);
+it lives in ``transport`` so both can use it without depending on each other. Pure Python
+(fastavro): no Kafka client, no pyspark.
 
 Layout, one folder per topic and UTC hour of the Kafka record timestamp::
 
@@ -21,7 +25,8 @@ Layout, one folder per topic and UTC hour of the Kafka record timestamp::
 
 The ``date=``/``hour=`` names are Hive-style partition folders, so Spark prunes by time range.
 
-This module does not import pyspark: the streams archiver reuses :func:`write_messages`.
+Not here: when to write (batching, skipping already-archived offsets after a restart): that is
+the archiver's job (``streams/archive.py``).
 """
 
 from __future__ import annotations

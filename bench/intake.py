@@ -1,0 +1,227 @@
+"""The streams intake, batched vs one prompt at a time; and the memory figures behind it.
+
+(1) **intake prompts/s, batched vs one at a time.** The same prompts (``--prompts`` of them, over
+``--users`` users, each user with remembered turns so recall finds something) are produced to
+``chat.prompts`` of one broker at once, after the worker has served ``2 x batch`` warm-up prompts
+(the first model calls of each input shape are slow), so intake works through a backlog. The
+real ``chatpipe streams`` worker serves them twice, in fresh topic namespaces and fresh Qdrant
+folders holding the same remembered turns: once with ``CHATPIPE_STREAMS_INTAKE_BATCH_SIZE=1`` (every prompt embedded,
+recalled and produced on its own) and once with the default batch (one embedding call and one
+recall call per batch). Throughput counts from the first to the last ``InferenceRequest``
+(their ``enqueued_at``, stamped by intake), so the worker's start-up is not in it. Goal >= 5x.
+The worker runs with 1 torch thread on both sides (``--torch-threads``): on a shared 2-core
+machine torch's 2 threads stall on each other's barriers and make a batch slower than single
+texts, which measures the machine's load rather than intake.
+
+(2) **embed+upsert turns/s vs raw sentence-transformers encoding** and (3) **recall p99 at 100k
+stored turns** (local mode) are the memory engineer's measurements, called from
+``bench/memory.py`` (``measure_embed_upsert``, ``measure_recall_latency``).
+
+``python bench/intake.py [--quick]``; the last line is the intake ratio. The broker, the worker
+and this script share the machine's cores: figures measured while other work runs are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from schemas.codec import default_codec  # noqa: E402
+from schemas.records import ChatMessage, PromptRequest, SamplingParams  # noqa: E402
+from schemas.topics import spec  # noqa: E402
+from transport.admin import TopicAdmin  # noqa: E402
+from transport.producer import RecordProducer  # noqa: E402
+from transport.settings import KafkaSettings  # noqa: E402
+
+TORCH_THREADS: int | None = 1  # set from --torch-threads; the same for both sides
+
+SUBJECTS = ["my garden", "the train schedule", "a birthday present", "learning Spanish", "the quarterly report",
+            "my bike", "a recipe for soup", "the new laptop", "a trip to Lisbon", "my sleep schedule"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def prompts_for(n: int, users: int, seed: int) -> list[PromptRequest]:
+    out = []
+    for i in range(n):
+        u = (i * 7 + seed) % users
+        subject = SUBJECTS[(i + u) % len(SUBJECTS)]
+        out.append(PromptRequest(
+            conversation_id=f"conv{u}", user_id=f"user{u}", tenant=f"tenant{u % 5}", model="smollm2",
+            messages=[ChatMessage("user", f"Question {i}: what should I do next about {subject}? "
+                                          "Please keep it short and practical.")],
+            sampling=SamplingParams(max_tokens=128)))
+    return out
+
+
+def remembered_turns(users: int, per_user: int):
+    from streams.memory import StoredTurn
+
+    now = int(time.time() * 1000)
+    return [StoredTurn(turn_id=uuid.uuid5(uuid.NAMESPACE_OID, f"{u}-{k}").hex, tenant=f"tenant{u % 5}",
+                       user_id=f"user{u}", conversation_id=f"conv{u}", turn_index=k,
+                       prompt=f"Earlier I asked about {SUBJECTS[(u + k) % len(SUBJECTS)]} (note {k}).",
+                       answer=f"You decided to look at {SUBJECTS[(u + k) % len(SUBJECTS)]} again next week.",
+                       created_at=now - (per_user - k) * 60_000)
+            for u in range(users) for k in range(per_user)]
+
+
+def seed_memory(folder: Path, turns, vectors) -> None:
+    from streams.memory import ConversationMemory
+    from streams.memory_settings import MemorySettings
+
+    memory = ConversationMemory(MemorySettings(path=folder), vectors.shape[1])
+    memory.upsert(turns, vectors)
+    memory.close()
+
+
+def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup: list[PromptRequest],
+               batch_size: int, turns, vectors, timeout_s: float = 900) -> float:
+    """Prompts/s of one worker run with intake batch size ``batch_size``.
+
+    The worker first serves ``warmup`` (first model calls of each input shape are slow); then all
+    of ``prompts`` are produced at once, so intake works through a backlog, and the rate is taken
+    from the first to the last of *their* requests.
+    """
+    kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.")
+    TopicAdmin(kafka).apply()
+    memory_dir = root / f"qdrant-{batch_size}"
+    seed_memory(memory_dir, turns, vectors)
+    producer = RecordProducer(kafka)
+    for p in warmup:
+        producer.send(kafka.topic("chat.prompts"), p, key=p.conversation_id)
+    producer.flush()
+    env = {**os.environ, "CHATPIPE_BOOTSTRAP_SERVERS": bootstrap, "CHATPIPE_TOPIC_PREFIX": kafka.topic_prefix,
+           "CHATPIPE_STREAMS_STATE_DIR": str(root / f"faust-{batch_size}"),
+           "CHATPIPE_STREAMS_ARCHIVE_DIR": str(root / f"archive-{batch_size}"),
+           "CHATPIPE_MEMORY_PATH": str(memory_dir), "CHATPIPE_STREAMS_INTAKE_BATCH_SIZE": str(batch_size),
+           "CHATPIPE_STREAMS_LOG_LEVEL": os.environ.get("CHATPIPE_STREAMS_LOG_LEVEL", "warning"), "HF_HUB_OFFLINE": "1",
+           **({"CHATPIPE_STREAMS_TORCH_THREADS": str(TORCH_THREADS)} if TORCH_THREADS else {})}
+    log = root / f"worker-{batch_size}.log"
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({**kafka.client_config(), "group.id": "bench", "enable.auto.commit": False})
+    topic = kafka.topic("chat.inference.requests")
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(spec("chat.inference.requests").partitions)])
+    codec = default_codec()
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "chatpipe.cli", "streams"], cwd=REPO, env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    measured = {p.request_id for p in prompts}
+    stamps: list[int] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+
+        def read() -> None:
+            nonlocal seen
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"worker (batch {batch_size}) stopped or timed out ({seen} requests seen); "
+                                 f"log: {log}\n{log.read_text()[-3000:]}")
+            for msg in consumer.consume(500, 0.5):
+                if msg.error() is None:
+                    seen += 1
+                    request = codec.decode(msg.value())
+                    if request.request_id in measured:
+                        stamps.append(request.enqueued_at)
+
+        while seen < len(warmup):
+            read()
+        for p in prompts:
+            producer.send(kafka.topic("chat.prompts"), p, key=p.conversation_id)
+        producer.flush()
+        while len(stamps) < len(prompts):
+            read()
+    finally:
+        consumer.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    stamps.sort()
+    return (len(stamps) - 1) / max((stamps[-1] - stamps[0]) / 1000, 1e-3)
+
+
+def measure_intake(bootstrap: str, n: int, users: int, per_user: int, batch: int) -> float:
+    from streams.embeddings import Embedder, turn_text
+    from streams.memory_settings import MemorySettings
+
+    prompts = prompts_for(n, users, seed=1)
+    turns = remembered_turns(users, per_user)
+    vectors = Embedder(MemorySettings()).encode([turn_text(t) for t in turns])
+    print(f"intake: {n} prompts over {users} users, each with {per_user} remembered turns; "
+          f"worker batch 1 vs {batch}", flush=True)
+    warmup = prompts_for(2 * batch, users, seed=99)
+    with tempfile.TemporaryDirectory(prefix="chatpipe-bench-intake-") as tmp:
+        one_rate = serve_once(bootstrap, Path(tmp), prompts, warmup, 1, turns, vectors)
+        print(f"  one at a time: {one_rate:8.1f} prompts/s", flush=True)
+        batched_rate = serve_once(bootstrap, Path(tmp), prompts, warmup, batch, turns, vectors)
+        print(f"  batched ({batch}): {batched_rate:8.1f} prompts/s", flush=True)
+    return batched_rate / one_rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a few minutes on 2 cores (two worker starts)")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per run (default 600, quick 160)")
+    parser.add_argument("--users", type=int, default=None, help="users (default 60, quick 30)")
+    parser.add_argument("--batch", type=int, default=32, help="intake batch size of the batched run")
+    parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
+    parser.add_argument("--skip-memory", action="store_true", help="only the intake comparison")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="worker's torch threads, both sides (default 1; 0 = torch's default). On a shared "
+                             "2-core machine 2 threads stall on each other's barriers and make batches slower")
+    args = parser.parse_args()
+    global TORCH_THREADS
+    TORCH_THREADS = args.torch_threads or None
+    quick = args.quick
+    sys.path.insert(0, str(REPO / "bench"))
+
+    if not args.skip_memory:
+        try:
+            from memory import measure_embed_upsert, measure_recall_latency
+        except ImportError as exc:
+            print(f"bench/memory.py is missing what this needs ({exc}); memory figures skipped")
+        else:
+            # Both print their own figures (the recall function ends with its headline line).
+            embed = measure_embed_upsert(turns=256 if quick else 512, batch=64, repeats=3)
+            print(embed.line(), flush=True)
+            measure_recall_latency(points=20_000 if quick else 100_000, queries=300 if quick else 2000)
+
+    kafka = None
+    bootstrap = args.bootstrap_servers
+    if bootstrap is None:
+        from infra.local_kafka import LocalKafka
+        from infra.settings import StackSettings
+
+        kafka = LocalKafka(StackSettings(state_dir=tempfile.mkdtemp(prefix="chatpipe-bench-"),
+                                         kafka_port=_free_port(), controller_port=_free_port()))
+        kafka.up()
+        bootstrap = kafka.settings.bootstrap_servers
+    try:
+        ratio = measure_intake(bootstrap, args.prompts or (160 if quick else 600), args.users or (30 if quick else 60),
+                               per_user=10, batch=args.batch)
+    finally:
+        if kafka is not None:
+            kafka.down()
+    print(f"streams/intake batched vs one-at-a-time prompts/s ratio = {ratio:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

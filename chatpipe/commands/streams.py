@@ -1,0 +1,57 @@
+"""`chatpipe streams`: run the Faust worker (intake, record, forget, archive agents).
+
+Builds ``KafkaSettings``, ``StreamsSettings`` and ``MemorySettings`` from flags and ``CHATPIPE_*``
+variables, finds the chat model's tokenizer (the pulled default model unless
+``CHATPIPE_STREAMS_TOKENIZER_PATH`` says otherwise) and runs until SIGTERM or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def streams(
+    bootstrap_servers: Optional[str] = typer.Option(None, help="Kafka host:port (env CHATPIPE_BOOTSTRAP_SERVERS)"),
+    topic_prefix: Optional[str] = typer.Option(None, help="Topic name prefix (env CHATPIPE_TOPIC_PREFIX)"),
+    state_dir: Optional[Path] = typer.Option(None, help="Faust data folder (env CHATPIPE_STREAMS_STATE_DIR)"),
+    archive_dir: Optional[Path] = typer.Option(None, help="Avro archive root (env CHATPIPE_STREAMS_ARCHIVE_DIR)"),
+    memory_path: Optional[Path] = typer.Option(None, help="Qdrant local-mode folder (env CHATPIPE_MEMORY_PATH)"),
+    qdrant_url: Optional[str] = typer.Option(None, help="Qdrant server URL instead of local mode "
+                                                        "(env CHATPIPE_MEMORY_URL)"),
+    tokenizer: Optional[Path] = typer.Option(None, help="Chat model folder for its tokenizer "
+                                                        "(env CHATPIPE_STREAMS_TOKENIZER_PATH)"),
+    log_level: Optional[str] = typer.Option(None, help="debug|info|warning (env CHATPIPE_STREAMS_LOG_LEVEL)"),
+) -> None:
+    """Run the streams worker: prompts -> context -> inference requests; responses -> turns, memory, archive."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local folders only
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from chatpipe.commands.common import build_settings
+    from inference.engine.model_store import locate_model
+    from inference.engine.settings import EngineSettings
+    from streams.app import StreamsApp, run_worker
+    from streams.memory_settings import MemorySettings
+    from streams.services import StreamsServices
+    from streams.settings import StreamsSettings
+    from transport.settings import KafkaSettings
+
+    kafka = build_settings(KafkaSettings, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix)
+    settings = build_settings(StreamsSettings, state_dir=state_dir, archive_dir=archive_dir,
+                              tokenizer_path=tokenizer, log_level=log_level)
+    memory = build_settings(MemorySettings, path=memory_path, url=qdrant_url)
+    folder = settings.tokenizer_path or locate_model(build_settings(EngineSettings)).folder
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
+    services = StreamsServices.open(memory, folder)
+    run_worker(StreamsApp(kafka, settings, services))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(streams)

@@ -1,0 +1,116 @@
+"""The Faust app of ``chatpipe streams``: topics, the conversation table, the four agents.
+
+Built by a factory from explicit settings (no module-level app, nothing read from the
+environment). Every topic carries raw bytes (``value_serializer="raw"``): the agents decode
+with ``schemas.codec`` themselves so a bad record becomes a dead letter with its reason instead
+of a Faust crash. Source topics come from the catalog (``chatpipe topics apply``); Faust
+creates only its own internal topics (the table's changelog, its assignor topic) through its
+admin client, since the broker refuses auto-created topics. Their names start with the app id,
+which carries the deployment's topic prefix, and ``chatpipe status`` lists them.
+
+Each agent runs with concurrency 1 (faust issue #606: concurrent agents can commit an offset
+past an event still being processed).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from schemas.topics import DLQ, INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH, spec
+from streams.archive import ArchiveAgent, Archiver
+from streams.dead_letters import DeadLetters
+from streams.forget import Forget
+from streams.intake import Intake
+from streams.record import Record
+from streams.services import StreamsServices
+from streams.settings import StreamsSettings
+from transport.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+TABLE = "conversations"
+RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+
+def app_id(kafka: KafkaSettings, settings: StreamsSettings) -> str:
+    return f"{kafka.topic_prefix}{settings.app_id}"
+
+
+def changelog_topic(kafka: KafkaSettings, settings: StreamsSettings) -> str:
+    """The conversation table's changelog topic (Faust's naming: ``<app id>-<table>-changelog``)."""
+    return f"{app_id(kafka, settings)}-{TABLE}-changelog"
+
+
+class StreamsApp:
+    """The app and its agents' objects (their counters are what tests and the bench read)."""
+
+    def __init__(self, kafka: KafkaSettings, settings: StreamsSettings, services: StreamsServices) -> None:
+        import faust
+
+        self.kafka, self.settings, self.services = kafka, settings, services
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        partitions = spec("chat.prompts").partitions
+        self.app = app = faust.App(
+            app_id(kafka, settings),
+            broker=[f"kafka://{server.strip()}" for server in kafka.bootstrap_servers.split(",")],
+            broker_client_id=kafka.client_id,
+            store="memory://",  # restored from the changelog topic at start
+            datadir=str(settings.state_dir),
+            topic_partitions=partitions,  # the changelog's partition count
+            topic_replication_factor=kafka.replication_factor,
+            topic_allow_declare=True,
+            consumer_auto_offset_reset="earliest",
+            broker_commit_interval=settings.commit_interval_s,
+            web_enabled=settings.web_port is not None,
+            web_port=settings.web_port or 6066,
+            autodiscover=False,
+            producer_acks=-1,
+        )
+        topic = lambda name: app.topic(kafka.topic(name), **RAW)  # noqa: E731
+        # use_partitioner: every write of a key goes to the same changelog partition whichever agent
+        # writes it (intake, record and forget read different topics), so a restore replays each
+        # key's writes in order. Values are JSON dicts (streams/state.py).
+        # No key/value type: Faust's default json serializer both ways, plain str keys and dict values
+        # (a value_type of dict breaks Faust's changelog recovery, which expects a faust.Record).
+        self.table = app.Table(TABLE, default=None, partitions=partitions, use_partitioner=True)
+        dlq = topic(DLQ)
+        codec = services.codec
+        self.intake = Intake(settings, services, self.table,
+                             {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
+                             DeadLetters(dlq, codec, "streams.intake"))
+        self.record = Record(settings, services, self.table, topic("chat.turns"),
+                             DeadLetters(dlq, codec, "streams.record"))
+        self.forget = Forget(services, self.table, topic("chat.deletions.audit"),
+                             DeadLetters(dlq, codec, "streams.forget"))
+        self.archive = ArchiveAgent(Archiver(settings.archive_dir), settings.archive_batch_size,
+                                    settings.archive_flush_s)
+        archive_source = app.topic(kafka.topic("chat.turns"), kafka.topic("chat.feedback"), **RAW)
+        for name, channel, agent in (
+            ("intake", topic("chat.prompts"), self.intake),
+            ("record", topic("chat.responses"), self.record),
+            ("forget", topic("chat.deletions"), self.forget),
+            ("archive", archive_source, self.archive),
+        ):
+            app.agent(channel, name=f"streams.{name}", concurrency=1)(_as_function(agent, name))
+
+
+def _as_function(agent: Any, name: str):
+    """Faust wants a plain ``async def fn(stream)``; each agent is an object with ``__call__``."""
+    async def run(stream: Any) -> None:
+        await agent(stream)
+
+    run.__name__ = run.__qualname__ = name
+    return run
+
+
+def run_worker(streams: StreamsApp) -> None:
+    """Run until SIGTERM/SIGINT (Faust's worker handles both and stops the app cleanly)."""
+    import faust
+
+    worker = faust.Worker(streams.app, loglevel=streams.settings.log_level, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    finally:
+        streams.services.close()
+        log.info("streams worker stopped")

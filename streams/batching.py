@@ -1,0 +1,33 @@
+"""The intake batch bounds: count and time come from Faust's ``take(n, within)``, tokens from here.
+
+Faust's ``take`` closes a batch at ``n`` events or after ``within`` seconds; it has no notion
+of size. Intake therefore takes up to ``n`` prompts and splits them, in arrival order, into
+runs whose prompt tokens stay within the token bound: a run closes *before* the prompt that
+would pass the bound, so every run is within it, except a single prompt larger than the bound,
+which forms a run of its own (it is still served; the context budget decides if it fits the
+model). Each run is then embedded, recalled and produced as one batch. Pure logic, no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def split_by_tokens(items: Sequence[T], tokens: Sequence[int], max_tokens: int) -> list[list[T]]:
+    """``items`` (with their token counts) cut into consecutive runs of at most ``max_tokens``."""
+    if len(items) != len(tokens):
+        raise ValueError(f"{len(items)} items but {len(tokens)} token counts")
+    runs: list[list[T]] = []
+    run: list[T] = []
+    used = 0
+    for item, n in zip(items, tokens):
+        if run and used + n > max_tokens:
+            runs.append(run)
+            run, used = [], 0
+        run.append(item)
+        used += n
+    if run:
+        runs.append(run)
+    return runs

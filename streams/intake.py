@@ -1,0 +1,135 @@
+"""The intake agent: ``chat.prompts`` -> ``InferenceRequest``s with assembled context.
+
+Per batch (``take_events(n, within)``, then split by prompt tokens, see ``batching.py``):
+decode and validate every prompt (a bad one is dead-lettered and the rest go on), embed all
+prompts of the run in one call, recall memory for all of them in one call, assemble each
+context (``context.py``), remember each request as pending in its conversation's state (record
+needs the prompt text when the answer comes back) and produce the ``InferenceRequest`` keyed by
+conversation id to the topic of its priority. Reply address and priority are carried over.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.errors import DecodeError
+from schemas.records import InferenceRequest, PromptRequest
+from schemas.topics import inference_requests_topic
+from streams.batching import split_by_tokens
+from streams.context import Segment, assemble_context
+from streams.dead_letters import DeadLetters, child_headers
+from streams.errors import InvalidPromptError, PromptTooLongError
+from streams.prompts import ParsedPrompt, parse_prompt
+from streams.services import StreamsServices
+from streams.settings import StreamsSettings
+from streams.state import ConversationState, PendingRequest, state_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Prompt:
+    event: Any
+    request: PromptRequest
+    parsed: ParsedPrompt
+
+
+class Intake:
+    def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any,
+                 out_topics: dict[str, Any], dead_letters: DeadLetters) -> None:
+        self.settings = settings
+        self.services = services
+        self.table = table  # conversations: state_key -> ConversationState value
+        self.out_topics = out_topics  # catalog name -> Faust topic
+        self.dead_letters = dead_letters
+        self.served = 0
+        self.batches = 0
+
+    async def __call__(self, stream: Any) -> None:
+        s = self.settings
+        async for events in stream.take_events(s.intake_batch_size, s.intake_batch_window_s):
+            await self.handle(events)
+
+    async def handle(self, events: list[Any]) -> None:
+        prompts: list[_Prompt] = []
+        for event in events:
+            m = event.message
+            try:
+                request = self.services.codec.decode(m.value, PromptRequest, topic=m.topic,
+                                                     partition=m.partition, offset=m.offset)
+                prompts.append(_Prompt(event, request, parse_prompt(request)))
+            except (DecodeError, InvalidPromptError) as exc:
+                await self.dead_letters.send(event, exc)
+        if not prompts:
+            return
+        tokens = self.services.counter.text_tokens([p.parsed.prompt for p in prompts])
+        for run in split_by_tokens(prompts, tokens, self.settings.intake_batch_tokens):
+            await self.serve(run)
+
+    async def serve(self, run: list[_Prompt]) -> None:
+        """One batch: one embedding call, one recall call, one InferenceRequest per prompt."""
+        from streams.memory import RecallQuery
+
+        services = self.services
+        started = time.perf_counter()
+        vectors = await services.embedder.aencode([p.parsed.prompt for p in run])
+        embedded = time.perf_counter()
+        async with services.state_lock:
+            by_key: dict[str, ConversationState] = {}  # two prompts of one conversation share its state
+            states = [self._state(p.request, by_key) for p in run]
+            queries = [RecallQuery(tenant=p.request.tenant, user_id=p.request.user_id, vector=vectors[i],
+                                   exclude_turn_ids=[t.turn_id for t in states[i].recent])
+                       for i, p in enumerate(run)]
+            recalled = await services.in_memory_thread(services.memory.recall_many, queries)
+            recalled_at = time.perf_counter()
+            for prompt, state, hits in zip(run, states, recalled):
+                await self._produce(prompt, state, hits)
+        self.batches += 1
+        log.debug("intake batch of %d: embed %.1f ms, recall %.1f ms, assemble+produce %.1f ms", len(run),
+                  (embedded - started) * 1e3, (recalled_at - embedded) * 1e3, (time.perf_counter() - recalled_at) * 1e3)
+
+    def _state(self, request: PromptRequest, by_key: dict[str, ConversationState]) -> ConversationState:
+        key = state_key(request.tenant, request.user_id, request.conversation_id)
+        if key not in by_key:
+            value = self.table.get(key)
+            by_key[key] = (ConversationState(request.tenant, request.user_id, request.conversation_id)
+                           if value is None else ConversationState.from_value(value))
+        return by_key[key]
+
+    async def _produce(self, prompt: _Prompt, state: ConversationState, hits: list[Any]) -> None:
+        request, parsed = prompt.request, prompt.parsed
+        if parsed.history:  # the client keeps its own history (OpenAI style): it replaces the table's
+            recent = [Segment((m,), order=i) for i, m in enumerate(parsed.history)]
+        else:
+            recent = [Segment.turn(t.prompt, t.answer, t.created_at, t.turn_id) for t in state.recent]
+        recalled = [Segment.turn(h.turn.prompt, h.turn.answer, h.turn.created_at, h.turn.turn_id) for h in hits]
+        system_prompt = parsed.system_prompt or self.settings.system_prompt
+        budget = self.settings.context_tokens - request.sampling.max_tokens
+        try:
+            context = assemble_context(system_prompt=system_prompt, prompt=parsed.prompt, recent=recent,
+                                       recalled=recalled, budget=budget, counter=self.services.counter)
+        except PromptTooLongError as exc:
+            await self.dead_letters.send(prompt.event, exc)
+            return
+        evicted = state.add_pending(
+            PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at),
+            self.settings.pending_limit)
+        if evicted is not None:
+            log.warning("conversation %s: no response for request %s among the last %d; forgetting it",
+                        request.conversation_id, evicted.request_id, self.settings.pending_limit)
+        # State first, then the request: its response can never find the conversation without it.
+        self.table[state.key] = state.to_value()
+        out = InferenceRequest(
+            request_id=request.request_id, conversation_id=request.conversation_id, user_id=request.user_id,
+            tenant=request.tenant, created_at=request.created_at, model=request.model,
+            messages=context.messages, sampling=request.sampling, priority=request.priority,
+            reply_to=request.reply_to, reply_partition=request.reply_partition,
+            context_tokens=context.tokens, recalled_turn_ids=context.recalled_turn_ids,
+        )
+        topic = self.out_topics[inference_requests_topic(request.priority)]
+        await topic.send(key=request.conversation_id.encode(), value=self.services.codec.encode(out),
+                         headers=child_headers(prompt.event.message))
+        self.served += 1

@@ -1,0 +1,121 @@
+"""The record agent: ``chat.responses`` -> conversation state, ``chat.turns`` and memory.
+
+Per batch of responses: join each with its pending request (kept in the conversation's state
+by intake), drop a response whose request id was already recorded (a response delivered twice
+makes one turn), embed the batch's answered turns in one call and upsert them into Qdrant,
+emit a ``ConversationTurn`` per response to ``chat.turns``, and only then write the
+conversation states back to the table.
+
+That order makes a crash anywhere in between safe: the redelivered responses find the state as
+it was and produce the same turns again, and the turn id is derived from the request id
+(uuid5), so the Qdrant upsert and the ``chat.turns`` record (same ``event_id``) are repeats of
+the same facts, not new ones. Answers that failed (ERROR, TIMEOUT, OVERLOADED, CANCELLED) are
+emitted as turns for analytics but neither remembered nor put in the recent window.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from schemas.errors import DecodeError
+from schemas.records import ConversationTurn, FinishReason, Response
+from streams.dead_letters import DeadLetters, child_headers
+from streams.errors import UnknownRequestError
+from streams.services import StreamsServices
+from streams.settings import StreamsSettings
+from streams.state import ConversationState, RecentTurn, state_key
+
+log = logging.getLogger(__name__)
+
+REMEMBERED = (FinishReason.STOP, FinishReason.LENGTH)
+_TURN_NAMESPACE = uuid.UUID("6f1c3a52-7d0e-4f5b-9a57-3c2d1e0b8a41")
+
+
+def turn_id_for(request_id: str) -> str:
+    """The turn id (ConversationTurn.event_id, Qdrant point) of a request: the same on every retry."""
+    return uuid.uuid5(_TURN_NAMESPACE, request_id).hex
+
+
+class Record:
+    def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any, turns_topic: Any,
+                 dead_letters: DeadLetters) -> None:
+        self.settings = settings
+        self.services = services
+        self.table = table
+        self.turns_topic = turns_topic
+        self.dead_letters = dead_letters
+        self.recorded = 0
+        self.duplicates = 0
+
+    async def __call__(self, stream: Any) -> None:
+        s = self.settings
+        async for events in stream.take_events(s.record_batch_size, s.record_batch_window_s):
+            await self.handle(events)
+
+    async def handle(self, events: list[Any]) -> None:
+        async with self.services.state_lock:
+            await self._handle_locked(events)
+
+    async def _handle_locked(self, events: list[Any]) -> None:
+        from streams.embeddings import turn_text
+        from streams.memory import StoredTurn
+
+        services, settings = self.services, self.settings
+        states: dict[str, ConversationState] = {}
+        turns: list[tuple[ConversationTurn, Any]] = []
+        stored: list[Any] = []
+        for event in events:
+            m = event.message
+            try:
+                response = services.codec.decode(m.value, Response, topic=m.topic, partition=m.partition,
+                                                 offset=m.offset)
+            except DecodeError as exc:
+                await self.dead_letters.send(event, exc)
+                continue
+            key = state_key(response.tenant, response.user_id, response.conversation_id)
+            if key not in states:
+                value = self.table.get(key)
+                if value is not None:
+                    states[key] = ConversationState.from_value(value)
+            state = states.get(key)
+            if state is not None and state.was_recorded(response.request_id):
+                self.duplicates += 1
+                log.info("response %s delivered again; already recorded", response.request_id)
+                continue
+            pending = state.take_pending(response.request_id) if state is not None else None
+            if pending is None:
+                await self.dead_letters.send(event, UnknownRequestError(
+                    f"response {response.request_id} of conversation {response.conversation_id}: no pending "
+                    "request (never seen by intake, or the conversation was forgotten meanwhile)"))
+                continue
+            turn_id = turn_id_for(response.request_id)
+            remembered = response.finish_reason in REMEMBERED
+            recent = RecentTurn(turn_id, state.turn_count, pending.prompt, response.text, pending.created_at)
+            index = state.record(response.request_id, recent if remembered else None,
+                                 tokens_in=response.tokens_in, tokens_out=response.tokens_out,
+                                 window=settings.recent_turns, dedupe_window=settings.dedupe_window)
+            turn = ConversationTurn(
+                event_id=turn_id, conversation_id=response.conversation_id, user_id=response.user_id,
+                tenant=response.tenant, request_id=response.request_id, turn_index=index,
+                system_prompt=pending.system_prompt, prompt=pending.prompt, answer=response.text,
+                model=response.model, worker_id=response.worker_id, tokens_in=response.tokens_in,
+                tokens_out=response.tokens_out, queue_ms=response.queue_ms, ttft_ms=response.ttft_ms,
+                total_ms=response.total_ms, finish_reason=response.finish_reason,
+                created_at=pending.created_at, completed_at=response.completed_at,
+            )
+            turns.append((turn, event))
+            if remembered:
+                stored.append(StoredTurn(turn_id=turn_id, tenant=turn.tenant, user_id=turn.user_id,
+                                         conversation_id=turn.conversation_id, turn_index=index,
+                                         prompt=turn.prompt, answer=turn.answer, created_at=turn.created_at))
+        if stored:
+            vectors = await services.embedder.aencode([turn_text(t) for t in stored])
+            await services.in_memory_thread(services.memory.upsert, stored, vectors)
+        for turn, event in turns:
+            await self.turns_topic.send(key=turn.conversation_id.encode(), value=services.codec.encode(turn),
+                                        headers=child_headers(event.message))
+        for key, state in states.items():
+            self.table[key] = state.to_value()
+        self.recorded += len(turns)

@@ -1,0 +1,47 @@
+"""The streams worker's one settings object (env ``CHATPIPE_STREAMS_*``).
+
+Memory (Qdrant, embedding model) has its own ``MemorySettings`` (``CHATPIPE_MEMORY_*``) and the
+broker its ``KafkaSettings``; the CLI builds all three and passes them in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class StreamsSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CHATPIPE_STREAMS_", frozen=True, extra="forbid")
+
+    app_id: str = Field("chatpipe-streams", description="Faust app id: consumer group and changelog topic names "
+                                                         "(the topic prefix goes in front)")
+    state_dir: Path = Field(Path(".chatpipe/streams"), description="Faust's data folder")
+    archive_dir: Path = Field(Path(".chatpipe/archive"), description="Root of the Avro archive spark_jobs reads")
+    tokenizer_path: Path | None = Field(
+        None, description="Folder of the chat model's tokenizer; empty = the default model (the CLI finds it)")
+    system_prompt: str = Field("You are a helpful assistant.",
+                               description="System prompt when the request brings none")
+    # Batching of intake: a batch closes at `intake_batch_size` prompts, after `intake_batch_window_s`
+    # without filling, or (split after take) when its prompts' tokens pass `intake_batch_tokens`.
+    intake_batch_size: int = Field(32, ge=1, description="Most prompts per intake batch")
+    intake_batch_window_s: float = Field(0.05, gt=0, description="Longest wait for a batch to fill")
+    intake_batch_tokens: int = Field(8192, ge=1, description="Most prompt tokens per intake batch")
+    record_batch_size: int = Field(64, ge=1, description="Most responses per record batch")
+    record_batch_window_s: float = Field(0.05, gt=0, description="Longest wait for a record batch to fill")
+    archive_batch_size: int = Field(2000, ge=1, description="Most messages per archive write")
+    archive_flush_s: float = Field(2.0, gt=0, description="Longest a message waits before it is archived")
+    # Context
+    context_tokens: int = Field(2048, ge=16, description="The model's context window (prompt + answer)")
+    recent_turns: int = Field(8, ge=0, description="Turns kept in the conversation table and always offered "
+                                                   "to the context; recall skips them")
+    pending_limit: int = Field(64, ge=1, description="Most requests per conversation awaiting a response")
+    dedupe_window: int = Field(256, ge=1, description="Request ids remembered per conversation to drop "
+                                                      "a response delivered twice")
+    torch_threads: int | None = Field(None, ge=1, description="torch CPU threads for the embedding model; empty = "
+                                                            "torch's default (all cores). 1 keeps a busy shared "
+                                                            "machine from stalling on thread barriers")
+    commit_interval_s: float = Field(1.0, gt=0, description="How often Faust commits consumed offsets")
+    web_port: int | None = Field(None, ge=1, le=65535, description="Faust's web server port; empty = off")
+    log_level: str = Field("info", description="Worker log level")

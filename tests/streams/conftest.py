@@ -1,0 +1,51 @@
+"""Fixtures of the streams tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+# --- memory (Qdrant + embeddings) fixtures --------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    """The real all-MiniLM-L6-v2 Embedder, loaded once per session, offline as the CLI runs it."""
+    from streams.embeddings import Embedder
+    from streams.memory_settings import MemorySettings
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")  # what the CLI sets; the Embedder itself never goes online
+        yield Embedder(MemorySettings())
+
+
+@pytest.fixture(scope="session")
+def qdrant_server(tmp_path_factory):
+    """One real Qdrant server (../shared/tools/qdrant) on free ports; yields its URL. Skips without it."""
+    from tests.streams.qdrant_server import QDRANT_TOOL, SKIP_REASON, QdrantPeer
+
+    if not QDRANT_TOOL.exists():
+        pytest.skip(SKIP_REASON)
+    peer = QdrantPeer(tmp_path_factory.mktemp("qdrant-single"), "node")
+    peer.start()
+    try:
+        peer.wait_ready()
+        yield peer.url
+    finally:
+        peer.stop()
+
+
+@pytest.fixture
+def qdrant_cluster(tmp_path_factory):
+    """A fresh real 3-peer Qdrant cluster per test (tests kill peers); yields QdrantCluster, consensus
+    formed. Skips without the binary."""
+    from tests.streams.qdrant_server import QDRANT_TOOL, SKIP_REASON, QdrantCluster
+
+    if not QDRANT_TOOL.exists():
+        pytest.skip(SKIP_REASON)
+    cluster = QdrantCluster(tmp_path_factory.mktemp("qdrant-cluster"), size=3)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

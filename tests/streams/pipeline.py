@@ -1,0 +1,141 @@
+"""Helpers of the streams integration tests: the worker as a subprocess, taps on topics, a stand-in
+inference worker.
+
+The streams worker runs as the real ``chatpipe streams`` process (the same code path as
+production, SIGTERM included), against the session's broker, under a topic prefix of its own so
+no other test's prompts reach it. No inference worker is used: the tests answer each
+``InferenceRequest`` themselves with a deterministic ``Response`` (``answer``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from schemas.codec import default_codec
+from schemas.records import FinishReason, InferenceRequest, Response
+from schemas.topics import spec
+from transport.settings import KafkaSettings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class StreamsWorker:
+    """``chatpipe streams`` in a subprocess; its output goes to ``log``."""
+
+    def __init__(self, kafka: KafkaSettings, root: Path, **streams_env: Any) -> None:
+        self.kafka = kafka
+        self.root = root
+        self.log = root / "worker.log"
+        self.archive_dir = root / "archive"
+        self.memory_dir = root / "qdrant"
+        self.env = {
+            **os.environ,
+            "CHATPIPE_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+            "CHATPIPE_TOPIC_PREFIX": kafka.topic_prefix,
+            "CHATPIPE_STREAMS_STATE_DIR": str(root / "faust"),
+            "CHATPIPE_STREAMS_ARCHIVE_DIR": str(self.archive_dir),
+            "CHATPIPE_STREAMS_ARCHIVE_FLUSH_S": "0.5",
+            "CHATPIPE_STREAMS_COMMIT_INTERVAL_S": "0.5",
+            "CHATPIPE_MEMORY_PATH": str(self.memory_dir),
+            "HF_HUB_OFFLINE": "1",
+            **{f"CHATPIPE_STREAMS_{k.upper()}": str(v) for k, v in streams_env.items()},
+        }
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, timeout_s: float = 240.0) -> None:
+        with open(self.log, "a") as out:
+            out.write(f"\n===== start {self.starts} =====\n")
+            out.flush()
+            self.proc = subprocess.Popen([sys.executable, "-m", "chatpipe.cli", "streams"], cwd=REPO, env=self.env,
+                                         stdout=out, stderr=subprocess.STDOUT)
+        self.starts += 1
+        marker = "Ready"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"chatpipe streams exited with {self.proc.returncode}:\n{self.tail()}")
+            if self.log.read_text().split(f"===== start {self.starts - 1} =====")[-1].count(marker):
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"chatpipe streams not ready after {timeout_s:.0f}s:\n{self.tail()}")
+
+    def stop(self, timeout_s: float = 90.0) -> int:
+        """SIGTERM and wait; returns the exit code (the worker must stop on its own)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"chatpipe streams did not stop within {timeout_s:.0f}s of SIGTERM:\n{self.tail()}")
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text().splitlines()[-lines:]) if self.log.exists() else ""
+
+
+class Tap:
+    """Reads catalog topics from their beginning (assigned partitions, no consumer group).
+
+    Everything read is kept (``history``), so a record passed over while waiting for another
+    one can still be asked for later.
+    """
+
+    def __init__(self, kafka: KafkaSettings, *names: str) -> None:
+        self.kafka = kafka
+        self.consumer = Consumer({**kafka.client_config(), "group.id": "unused", "enable.auto.commit": False,
+                                  "enable.partition.eof": False})
+        self.consumer.assign([TopicPartition(kafka.topic(n), p, OFFSET_BEGINNING)
+                              for n in names for p in range(spec(n).partitions)])
+        self.codec = default_codec()
+        self.history: list = []  # raw messages, in the order read
+        self._returned: set[int] = set()
+
+    def _read(self, timeout_s: float) -> int:
+        batch = [m for m in self.consumer.consume(100, timeout_s) if m.error() is None]
+        self.history.extend(batch)
+        return len(batch)
+
+    def messages(self, n: int, timeout_s: float = 60.0, where: Callable[[Any], bool] = lambda m: True) -> list:
+        """The next ``n`` raw messages satisfying ``where`` that no call returned before."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = [i for i, m in enumerate(self.history) if i not in self._returned and where(m)][:n]
+            if len(found) == n:
+                self._returned.update(found)
+                return [self.history[i] for i in found]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"got {len(found)} of {n} messages within {timeout_s:.0f}s")
+            self._read(0.2)
+
+    def records(self, n: int, timeout_s: float = 60.0, where: Callable[[Any], bool] = lambda r: True) -> list:
+        """Like ``messages``, decoded."""
+        decode = self.codec.decode
+        return [decode(m.value()) for m in self.messages(n, timeout_s, lambda m: where(decode(m.value())))]
+
+    def drain(self, quiet_s: float = 1.0) -> list:
+        """Every message read so far plus what arrives until ``quiet_s`` passes without any."""
+        while self._read(quiet_s):
+            pass
+        return list(self.history)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def answer(request: InferenceRequest, text: str, finish: FinishReason = FinishReason.STOP) -> Response:
+    """The Response a worker would send for ``request`` (deterministic, no model)."""
+    return Response(request_id=request.request_id, conversation_id=request.conversation_id,
+                    user_id=request.user_id, tenant=request.tenant, text=text, model=request.model,
+                    worker_id="test-worker", tokens_in=request.context_tokens, tokens_out=len(text.split()),
+                    queue_ms=1.5, ttft_ms=12.0, total_ms=40.0, finish_reason=finish,
+                    created_at=request.created_at)

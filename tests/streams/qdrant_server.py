@@ -1,0 +1,134 @@
+"""Real Qdrant server processes for the memory tests: one node, or a cluster of peers.
+
+The server is ``../shared/tools/qdrant`` (v1.18.0 built from source; no registry here carries
+one), found beside the repository. Where it is absent (a user's fresh clone) ``QDRANT_TOOL`` does
+not exist and the fixtures skip, saying so. Every process gets free ports, its own storage folder,
+telemetry off, and its own session (so a Ctrl-C of pytest does not reach it first); only processes
+started here are ever signalled, by their own pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+QDRANT_TOOL = REPO.parent / "shared" / "tools" / "qdrant"
+SKIP_REASON = f"no Qdrant server at {QDRANT_TOOL}: the server and cluster memory tests need ../shared/tools/qdrant"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class QdrantPeer:
+    """One ``qdrant`` process on free ports; ``url`` is its REST address."""
+
+    def __init__(self, root: Path, name: str, *, cluster: bool = False) -> None:
+        self.dir = root / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.http_port, self.grpc_port, self.p2p_port = free_port(), free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.http_port}"
+        self.p2p_url = f"http://127.0.0.1:{self.p2p_port}"
+        self.cluster = cluster
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, *, bootstrap: "QdrantPeer | None" = None) -> None:
+        env = dict(os.environ,
+                   QDRANT__SERVICE__HOST="127.0.0.1",
+                   QDRANT__SERVICE__HTTP_PORT=str(self.http_port),
+                   QDRANT__SERVICE__GRPC_PORT=str(self.grpc_port),
+                   QDRANT__STORAGE__STORAGE_PATH=str(self.dir / "storage"),
+                   QDRANT__STORAGE__SNAPSHOTS_PATH=str(self.dir / "snapshots"),
+                   QDRANT__TELEMETRY_DISABLED="true",
+                   QDRANT__LOG_LEVEL="INFO")
+        args = [str(QDRANT_TOOL)]
+        if self.cluster:
+            env.update(QDRANT__CLUSTER__ENABLED="true", QDRANT__CLUSTER__P2P__PORT=str(self.p2p_port))
+            if bootstrap is not None:
+                args += ["--bootstrap", bootstrap.p2p_url]
+            args += ["--uri", self.p2p_url]
+        log = open(self.dir / "qdrant.log", "ab")
+        # the tool script exec's the binary, so this pid is the server's own
+        self.proc = subprocess.Popen(args, cwd=self.dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        log.close()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"qdrant {self.dir.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"qdrant {self.dir.name} not ready after {timeout_s} s:\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: the peer vanishes mid-request, as in a machine failure."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log_tail(self, lines: int = 30) -> str:
+        path = self.dir / "qdrant.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+class QdrantCluster:
+    """``size`` peers; the first bootstraps the others. ``wait_formed`` waits until all are voters."""
+
+    def __init__(self, root: Path, size: int = 3) -> None:
+        self.peers = [QdrantPeer(root, f"peer{i}", cluster=True) for i in range(size)]
+
+    def start(self, timeout_s: float = 90.0) -> None:
+        first, rest = self.peers[0], self.peers[1:]
+        first.start()
+        first.wait_ready(timeout_s)
+        for peer in rest:
+            peer.start(bootstrap=first)
+        for peer in rest:
+            peer.wait_ready(timeout_s)
+        self.wait_formed(timeout_s)
+
+    def wait_formed(self, timeout_s: float) -> None:
+        deadline, last = time.monotonic() + timeout_s, None
+        while time.monotonic() < deadline:
+            try:
+                last = httpx.get(f"{self.peers[0].url}/cluster", timeout=2.0).json()["result"]
+                if len(last.get("peers", {})) == len(self.peers) and last["raft_info"].get("leader") is not None:
+                    return
+            except (httpx.TransportError, KeyError, ValueError):
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"cluster not formed after {timeout_s} s: {last}\n{self.peers[-1].log_tail()}")
+
+    def active_replicas(self, collection: str) -> int:
+        """Shard replicas in state Active, as the first peer sees them (local + remote)."""
+        info = httpx.get(f"{self.peers[0].url}/collections/{collection}/cluster", timeout=2.0).json()["result"]
+        shards = info.get("local_shards", []) + info.get("remote_shards", [])
+        return sum(1 for s in shards if s.get("state") == "Active")
+
+    def stop(self) -> None:
+        for peer in self.peers:
+            peer.stop()

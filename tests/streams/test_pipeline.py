@@ -1,0 +1,327 @@
+"""The streams worker end to end: real broker, the real ``chatpipe streams`` process, Qdrant local
+mode on disk, the real embedding model and chat tokenizer.
+
+No inference worker takes part: each test plays it, answering every ``InferenceRequest`` with
+a deterministic ``Response`` (``pipeline.answer``), since what is under test is what streams
+does before and after inference. One worker process serves the whole module (it is restarted
+once, by the changelog-restore test); tests run in file order and share its conversations.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from schemas.codec import default_codec
+from schemas.records import (
+    ChatMessage, Deletion, DeletionScope, Feedback, FeedbackKind, InferenceRequest, PromptRequest,
+    SamplingParams,
+)
+from streams.record import turn_id_for
+from tests.streams.pipeline import REPO, StreamsWorker, Tap, answer
+from transport.producer import RecordProducer
+from transport.settings import KafkaSettings
+
+pytestmark = pytest.mark.integration
+
+FACT_TURN = 3
+TURNS = 40
+CAT_FACT = "Please remember this: my cat is called Zanzibar and she is grey."
+CAT_QUESTION = "What is the name of my cat?"
+FILLERS = [
+    "How do I boil an egg so the yolk stays soft?", "Which planet is the largest in the solar system?",
+    "Explain how a bicycle gear works.", "What is the capital city of Portugal?",
+    "Give me a tip for writing unit tests.", "How long does concrete take to set?",
+    "What does a compiler do?", "Suggest a name for a hiking club.", "Why is the sky blue?",
+    "How many strings does a violin have?", "What is a prime number?", "How do tides work?",
+]
+
+
+@pytest.fixture(scope="module")
+def kafka(kafka_stack, tmp_path_factory):
+    """KafkaSettings with a prefix of this module's own, the catalog applied under it."""
+    from transport.admin import TopicAdmin
+
+    settings = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers,
+                             topic_prefix=f"s{uuid.uuid4().hex[:8]}.", consumer_poll_timeout_s=0.5)
+    TopicAdmin(settings).apply()
+    return settings
+
+
+@pytest.fixture(scope="module")
+def worker(kafka, tmp_path_factory):
+    w = StreamsWorker(kafka, tmp_path_factory.mktemp("streams"), recent_turns=6)
+    w.start()
+    yield w
+    if w.proc is not None and w.proc.poll() is None:
+        assert w.stop() == 0, w.tail()
+
+
+@pytest.fixture(scope="module")
+def producer(kafka):
+    with RecordProducer(kafka) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def requests_tap(kafka):
+    tap = Tap(kafka, "chat.inference.requests", "chat.inference.requests.batch")
+    yield tap
+    tap.close()
+
+
+@pytest.fixture(scope="module")
+def turns_tap(kafka):
+    tap = Tap(kafka, "chat.turns")
+    yield tap
+    tap.close()
+
+
+def prompt(tenant: str, user: str, conversation: str, text: str, **kw) -> PromptRequest:
+    return PromptRequest(conversation_id=conversation, user_id=user, tenant=tenant, model="smollm2",
+                         messages=[ChatMessage("user", text)], sampling=SamplingParams(max_tokens=64),
+                         reply_to="chat.replies", reply_partition=1, **kw)
+
+
+class Conversation:
+    """Drives one conversation through the worker, playing the inference worker."""
+
+    def __init__(self, producer, requests_tap, turns_tap, tenant, user, conversation):
+        self.producer, self.requests, self.turns = producer, requests_tap, turns_tap
+        self.tenant, self.user, self.conversation = tenant, user, conversation
+
+    def ask(self, text: str, **kw) -> InferenceRequest:
+        request = prompt(self.tenant, self.user, self.conversation, text, **kw)
+        self.producer.send(self.producer.settings.topic("chat.prompts"), request, key=self.conversation)
+        self.producer.flush()
+        (got,) = self.requests.records(1, where=lambda r: r.request_id == request.request_id)
+        return got
+
+    def reply(self, request: InferenceRequest, text: str, times: int = 1):
+        for _ in range(times):
+            self.producer.send(self.producer.settings.topic("chat.responses"), answer(request, text),
+                               key=self.conversation)
+        self.producer.flush()
+        (turn,) = self.turns.records(1, where=lambda t: t.request_id == request.request_id)
+        return turn
+
+    def turn(self, text: str, answer_text: str):
+        request = self.ask(text)
+        return request, self.reply(request, answer_text)
+
+
+@pytest.fixture(scope="module")
+def forty_turns(worker, producer, requests_tap, turns_tap):
+    """Tenant "acme", user "u1": 40 turns; the fact is stated at turn 3, asked about at turn 40."""
+    conv = Conversation(producer, requests_tap, turns_tap, "acme", "u1", "conv-1")
+    requests, turns = [], []
+    for i in range(1, TURNS):
+        text = CAT_FACT if i == FACT_TURN else f"{FILLERS[i % len(FILLERS)]} (question {i})"
+        request, turn = conv.turn(text, "Noted, Zanzibar." if i == FACT_TURN else f"Here is answer {i}.")
+        requests.append(request)
+        turns.append(turn)
+    last = conv.ask(CAT_QUESTION)
+    requests.append(last)
+    turns.append(conv.reply(last, "Your cat is called Zanzibar."))
+    return requests, turns
+
+
+def test_fact_from_turn_3_is_recalled_at_turn_40_and_never_for_another_tenant(
+        forty_turns, producer, requests_tap, turns_tap):
+    """Guards memory: an early fact far outside the recent window must reach the turn-40 context
+    through recall, and a different tenant (same user id, same conversation id) must get nothing."""
+    requests, turns = forty_turns
+    last = requests[-1]
+    fact_turn_id = turn_id_for(requests[FACT_TURN - 1].request_id)
+    assert turns[FACT_TURN - 1].event_id == fact_turn_id
+    assert fact_turn_id in last.recalled_turn_ids
+    assert any("Zanzibar" in m.content for m in last.messages[1:-1])
+    # the recent window (6 turns) is there too, and turn 3 is not part of it
+    recent_prompts = [m.content for m in last.messages if m.role == "user"][-7:-1]
+    assert recent_prompts[-1].endswith("(question 39)") and not any(p == CAT_FACT for p in recent_prompts)
+    assert last.context_tokens > 0 and last.messages[0].role == "system"
+    assert [t.turn_index for t in turns] == list(range(TURNS))
+    assert all(t.tenant == "acme" and t.answer for t in turns)
+
+    other = Conversation(producer, requests_tap, turns_tap, "globex", "u1", "conv-1")
+    theirs = other.ask(CAT_QUESTION)
+    assert theirs.recalled_turn_ids == []
+    assert [m.role for m in theirs.messages] == ["system", "user"]  # no history leaks across tenants
+    assert not any("Zanzibar" in m.content for m in theirs.messages)
+    other.reply(theirs, "I do not know your cat.")
+
+
+def test_priority_and_reply_address_are_carried_to_the_batch_topic(producer, requests_tap, turns_tap, worker):
+    """A BATCH prompt must land on chat.inference.requests.batch with its reply address intact."""
+    conv = Conversation(producer, requests_tap, turns_tap, "acme", "u-batch", "conv-batch")
+    request = conv.ask("Summarise the history of tea.", priority="BATCH")
+    assert request.priority == "BATCH" and request.reply_to == "chat.replies" and request.reply_partition == 1
+    conv.reply(request, "Tea came from China.")
+
+
+def test_response_delivered_twice_makes_one_turn(producer, requests_tap, turns_tap, kafka):
+    """Guards dedupe by request_id: a redelivered Response must not become a second turn."""
+    conv = Conversation(producer, requests_tap, turns_tap, "globex", "u1", "conv-1")
+    request = conv.ask("My dog is named Biscuit.")
+    first = conv.reply(request, "Nice, Biscuit!", times=2)
+    follow = conv.ask("And what else?")
+    conv.reply(follow, "Nothing else.")
+    same = [t for t in turns_tap.drain(0.5) if default_codec().decode(t.value()).request_id == request.request_id]
+    assert len(same) == 1, "one turn per request, however often its response is delivered"
+    assert default_codec().decode(same[0].value()).event_id == first.event_id
+    turns = [default_codec().decode(m.value()) for m in turns_tap.history]
+    later = next(t for t in turns if t.request_id == follow.request_id)
+    assert later.turn_index == first.turn_index + 1
+
+
+def test_deletion_forgets_the_user_and_state_survives_a_restart(
+        forty_turns, worker, producer, requests_tap, turns_tap, kafka):
+    """After a USER Deletion nothing of that user is recalled and their table state is empty; after a
+    SIGTERM + restart, another conversation's state comes back from the changelog."""
+    from schemas.records import DeletionAudit
+    from streams.app import changelog_topic
+    from streams.embeddings import Embedder
+    from streams.memory import ConversationMemory
+    from streams.memory_settings import MemorySettings
+    from streams.settings import StreamsSettings
+    from transport.admin import TopicAdmin
+
+    audit_tap = Tap(kafka, "chat.deletions.audit")
+    deletion = Deletion(scope=DeletionScope.USER, user_id="u1", tenant="acme")
+    producer.send(kafka.topic("chat.deletions"), deletion, key="u1")
+    producer.flush()
+    (audit,) = audit_tap.records(1, where=lambda r: r.deletion_event_id == deletion.event_id)
+    audit_tap.close()
+    assert isinstance(audit, DeletionAudit)
+    assert audit.memory_points_deleted == TURNS and audit.conversations_cleared == 1
+
+    assert worker.stop() == 0, "SIGTERM must stop the worker cleanly"
+    settings = MemorySettings(path=worker.memory_dir)
+    embedder = Embedder(settings)
+    memory = ConversationMemory(settings, embedder.dim)
+    try:
+        assert memory.count(tenant="acme", user_id="u1") == 0
+        assert memory.recall(tenant="acme", user_id="u1", vector=embedder.encode([CAT_QUESTION])[0]) == []
+        assert memory.count(tenant="globex", user_id="u1") >= 2  # the other tenant's turns stay
+    finally:
+        memory.close()
+    changelog = changelog_topic(kafka, StreamsSettings())
+    # Faust created its changelog itself (the broker auto-creates nothing), and `chatpipe status`,
+    # which lists TopicAdmin.describe(), shows it with its messages.
+    listed = {t.name: t for t in TopicAdmin(kafka).describe()}
+    assert changelog in listed and listed[changelog].partitions == 6 and listed[changelog].messages > 0
+    state = _changelog_state(kafka, changelog)
+    assert not [v for v in state.values() if v["tenant"] == "acme" and v["user_id"] == "u1"]
+    globex = [v for v in state.values() if v["tenant"] == "globex"]
+    assert globex and globex[0]["turn_count"] == 3
+
+    worker.start()
+    conv = Conversation(producer, requests_tap, turns_tap, "globex", "u1", "conv-1")
+    after = conv.ask("Tell me more.")
+    users = [m.content for m in after.messages if m.role == "user"]
+    assert users[:3] == [CAT_QUESTION, "My dog is named Biscuit.", "And what else?"], \
+        "the recent turns must come back from the changelog after the restart"
+    conv.reply(after, "More.")
+    forgotten = Conversation(producer, requests_tap, turns_tap, "acme", "u1", "conv-1").ask(CAT_QUESTION)
+    assert forgotten.recalled_turn_ids == [] and [m.role for m in forgotten.messages] == ["system", "user"]
+    assert not any("Zanzibar" in m.content for m in forgotten.messages)
+
+
+def _changelog_state(kafka: KafkaSettings, topic: str) -> dict:
+    """The conversation table as the changelog says it is (last value per key, tombstones drop)."""
+    import json
+
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({**kafka.client_config(), "group.id": "unused", "enable.auto.commit": False})
+    meta = consumer.list_topics(topic, timeout=10)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.topics[topic].partitions])
+    state: dict = {}
+    idle = 0
+    while idle < 3:
+        batch = consumer.consume(500, 0.5)
+        idle = 0 if batch else idle + 1
+        for msg in batch:
+            if msg.error() is None:
+                key = json.loads(msg.key())
+                if msg.value() is None:
+                    state.pop(key, None)
+                else:
+                    state[key] = json.loads(msg.value())
+    consumer.close()
+    return state
+
+
+def test_malformed_prompts_go_to_the_dlq_and_the_next_prompt_is_served(worker, producer, requests_tap, kafka):
+    """Undecodable bytes and a prompt with no user message each become a DeadLetter with the reason;
+    the prompt after them is still served."""
+    dlq = Tap(kafka, "chat.dlq")
+    topic = kafka.topic("chat.prompts")
+    producer.send_bytes(topic, b"definitely not avro", key="conv-bad")
+    no_user = PromptRequest(conversation_id="conv-bad", user_id="u9", tenant="acme", model="smollm2",
+                            messages=[ChatMessage("system", "You are terse.")])
+    producer.send(topic, no_user, key="conv-bad")
+    good = prompt("acme", "u9", "conv-bad", "Is this served?")
+    producer.send(topic, good, key="conv-bad")
+    producer.flush()
+    (served,) = requests_tap.records(1, where=lambda r: r.request_id == good.request_id)
+    letters = dlq.records(2, where=lambda d: d.source_topic == topic)
+    dlq.close()
+    by_type = {d.error_type: d for d in letters}
+    assert set(by_type) == {"DecodeError", "InvalidPromptError"}
+    assert "no user message" in by_type["InvalidPromptError"].error_message
+    assert by_type["DecodeError"].value == b"definitely not avro"
+    assert all(d.component == "streams.intake" and d.key == b"conv-bad" for d in letters)
+    assert served.messages[-1].content == "Is this served?"
+
+
+@pytest.mark.spark
+def test_archive_reads_back_exactly_and_feeds_the_finetune_job(worker, producer, kafka, tmp_path):
+    """Every chat.turns and chat.feedback message must be in the archive exactly once, byte for byte,
+    in files that are complete (no temporary files), and the Spark job must run on that archive."""
+    from transport.archive import read_messages
+
+    feedback = [Feedback(conversation_id="conv-1", user_id="u1", tenant="globex", request_id=f"r{i}",
+                         kind=FeedbackKind.THUMBS_UP) for i in range(3)]
+    for f in feedback:
+        producer.send(kafka.topic("chat.feedback"), f, key=f.conversation_id)
+    producer.flush()
+    tap = Tap(kafka, "chat.turns", "chat.feedback")
+    tap.messages(len(feedback), where=lambda m: m.topic().endswith("chat.feedback"))
+    expected = {(m.topic(), m.partition(), m.offset()): m.value() for m in tap.drain()}
+    tap.close()
+    assert sum(1 for t, _, _ in expected if t.endswith("chat.feedback")) == len(feedback)
+
+    archived: dict = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        archived = {}
+        for path in sorted(worker.archive_dir.rglob("*.avro")):
+            for m in read_messages(path):
+                assert (m.topic, m.partition, m.offset) not in archived, f"{m.offset} archived twice"
+                archived[(m.topic, m.partition, m.offset)] = m.value
+        if len(archived) >= len(expected):
+            break
+        time.sleep(0.5)
+    assert archived == expected
+    assert not [p for p in worker.archive_dir.rglob("*") if p.name.startswith(".") and p.is_file()]
+    codec = default_codec()
+    assert {codec.decode(v).__class__.__name__ for v in archived.values()} == {"ConversationTurn", "Feedback"}
+
+    out = tmp_path / "ft"
+    now = int(time.time() * 1000)
+    result = subprocess.run(
+        [sys.executable, "-m", "chatpipe.cli", "job", "finetune-dataset", "--out", str(out), "--source", "archive",
+         "--archive-dir", str(worker.archive_dir), "--topic-prefix", kafka.topic_prefix,
+         "--since", str(now - 3_600_000), "--until", str(now + 3_600_000), "--master", "local[2]",
+         "--shuffle-partitions", "2", "--quiet"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    card = json.loads((out / "dataset_card.json").read_text())
+    n_turns = sum(1 for t, _, _ in archived if t == kafka.topic("chat.turns"))
+    assert card["input"]["turns_read"] == n_turns and card["input"]["feedback_read"] == len(feedback)
