@@ -43,6 +43,9 @@ bench-quick: setup
 	$(PY) bench/kafka_io.py --quick
 	$(PY) bench/engine.py --quick
 	$(PY) bench/finetune.py --quick
+	$(PY) bench/worker.py --quick
+	$(PY) bench/intake.py --quick
+	$(PY) bench/memory.py --quick
 
 down:
 	-$(CHATPIPE) down

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from chatpipe.commands import engine, jobs, stack, topics
+from chatpipe.commands import engine, inference, jobs, stack, streams, topics
 from chatpipe.commands.common import err_console
 from schemas.errors import ChatpipeError
 
@@ -20,7 +20,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for group in (stack, topics, engine, jobs):
+for group in (stack, topics, engine, jobs, streams, inference):
     group.register(app)
 
 

@@ -134,6 +134,16 @@ class TopicAdmin:
             if not exist_ok:
                 raise
 
+    def set_share_group_config(self, group_id: str, config: dict[str, str]) -> None:
+        """Set group-level configs of share group ``group_id`` (e.g. ``share.auto.offset.reset``).
+
+        Idempotent; works before the group has any member. Without ``share.auto.offset.reset=
+        earliest`` a new share group starts at the end of its topics and skips what is waiting.
+        """
+        resource = ConfigResource(ConfigResource.Type.GROUP, group_id, incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in config.items()])
+        self._wait(self._admin.incremental_alter_configs([resource]), "set config of share group")
+
     def describe(self, names: list[str] | None = None) -> list[TopicInfo]:
         """Topics with their partition count and end offsets (all non-internal topics by default)."""
         partitions = self.topic_partitions()

@@ -1,0 +1,263 @@
+"""Kafka + inference worker vs the engine alone, on the same requests, in one run.
+
+1. Throughput: N chat requests at once (greedy, the same prompts and max_tokens) through
+   (a) the engine alone, in this process (``AsyncEngine``, text deltas as the worker makes them),
+   (b) Kafka + one ``chatpipe inference`` process with the same engine settings: requests produced
+       to ``chat.inference.requests``, token chunks and Responses read back.
+   tokens/s = output tokens / wall time from the first submit (produce) to the last answer. The
+   sides alternate for a few rounds and the best round of each is compared (the machine is
+   shared; the best round is the least disturbed one).
+2. Added time to first token from the Kafka hops: each prompt alone, on both sides back to back,
+   engine (submit -> first token) vs Kafka (produce -> first TokenChunk read back); p50 / p99 of
+   the per-prompt difference.
+3. ``partition`` vs ``share`` intake with 2 workers (1 torch thread each) under a skewed load:
+   most requests on 2 conversations (so on at most 2 partitions); time to finish the whole load.
+
+Starts its own broker unless ``--bootstrap-servers`` is given. The last line is the headline:
+``worker/kafka+worker vs engine tokens/s ratio = X``.
+
+    python bench/worker.py --quick     # about a minute or two on 2 CPU cores
+    python bench/worker.py             # the README figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tests.worker.harness import REPLIES, Reader, make_request, send_requests, start_worker  # noqa: E402
+
+TOPICS = ("chat.inference.requests", REPLIES, "chat.responses")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+def prompts(n: int, max_tokens: int, kafka, *, conversations=None) -> list:
+    return [make_request(i, conversation=(conversations[i] if conversations else None), max_tokens=max_tokens,
+                         reply_to=kafka.topic(REPLIES), reply_partition=i % 6,
+                         text=f"Tell me a fact about the number {i} and why it matters.") for i in range(n)]
+
+
+# -- engine alone ----------------------------------------------------------------------------------
+
+async def engine_alone(engine, tokenizer, requests, *, one_at_a_time: bool) -> tuple[float, int, list[float]]:
+    """(seconds, output tokens, ttft per request) of the engine with text deltas, no Kafka."""
+    from inference.engine.streaming import AsyncEngine
+    from inference.worker.generation import Generation
+    from inference.worker.prompts import prepare
+
+    ttft: list[float] = []
+    tokens = 0
+    async with AsyncEngine(engine, idle_wait_s=0.01) as aengine:
+        async def one(req) -> None:
+            nonlocal tokens
+            t0 = time.perf_counter()
+            first = []
+            gen = Generation(aengine, tokenizer, f"{req.request_id}-{uuid.uuid4().hex[:6]}",
+                             prepare(req, tokenizer, engine.settings.max_seq_len),
+                             on_first_token=lambda: first.append(time.perf_counter()))
+            async for delta in gen.deltas():
+                if delta.finished:
+                    tokens += delta.num_output_tokens
+            ttft.append(first[0] - t0)
+
+        start = time.perf_counter()
+        if one_at_a_time:
+            for req in requests:
+                await one(req)
+        else:
+            await asyncio.gather(*(one(r) for r in requests))
+        return time.perf_counter() - start, tokens, ttft
+
+
+# -- through Kafka ---------------------------------------------------------------------------------
+
+def through_kafka(kafka, reader: Reader, requests, producer, *, one_at_a_time: bool) -> tuple[float, int, list[float]]:
+    ttft: list[float] = []
+    start = time.perf_counter()
+    batches = [[r] for r in requests] if one_at_a_time else [requests]
+    for batch in batches:
+        sent = time.perf_counter()
+        send_requests(kafka, batch, producer)
+        ids = {r.request_id for r in batch}
+        first_seen: dict[str, float] = {}
+        while not ids <= set(reader.seen.responses):
+            reader.poll(0.05)  # returns at the first record
+            now = time.perf_counter()
+            for rid in ids:
+                if rid not in first_seen and reader.seen.chunk_count.get(rid):
+                    first_seen[rid] = now
+        ttft += [first_seen.get(rid, time.perf_counter()) - sent for rid in ids]
+    elapsed = time.perf_counter() - start
+    tokens = sum(reader.seen.first_response(r.request_id)[0].tokens_out for r in requests)
+    return elapsed, tokens, ttft
+
+
+def hot_pair(partitions: int = 6) -> tuple[str, str]:
+    """Two conversation ids on the same partition under librdkafka's default partitioner
+    (consistent_random: CRC-32 of the key). With 6 partitions two hot conversations share one
+    1 time in 6 (and share one of 2 workers half the time); this is that case, made certain."""
+    import zlib
+
+    a = "hot-a"
+    b = next(f"hot-b{k}" for k in range(1000)
+             if zlib.crc32(f"hot-b{k}".encode()) % partitions == zlib.crc32(a.encode()) % partitions)
+    return a, b
+
+
+def skewed_load(kafka_for, tmp: Path, intake: str, n: int, max_tokens: int) -> float:
+    """Seconds for 2 workers of ``intake`` to answer n requests, 80% of them on 2 conversations."""
+    kafka = kafka_for()
+    hot_a, hot_b = hot_pair()
+    conversations = [(hot_a if i % 2 else hot_b) if i % 5 else f"cold-{i}" for i in range(n)]
+    workers = [start_worker(kafka, tmp, intake=intake, worker_id=f"{intake}-{k}", CHATPIPE_NUM_THREADS="1",
+                            CHATPIPE_MAX_BATCH="4") for k in range(2)]
+    reader = Reader(kafka)
+    try:
+        for w in workers:
+            w.wait_serving()
+        # Both workers joined and answering before the clock starts (a share group's assignment
+        # reaches a new member with its next heartbeat, seconds later).
+        answering: set[str] = set()
+        deadline = time.monotonic() + 90
+        while len(answering) < 2 and time.monotonic() < deadline:
+            warm = [make_request(10_000 + k, conversation=f"warm-{uuid.uuid4().hex[:6]}", max_tokens=2)
+                    for k in range(6)]
+            send_requests(kafka, warm)
+            reader.wait_responses([r.request_id for r in warm], 120)
+            answering |= {reader.seen.first_response(r.request_id)[0].worker_id for r in warm}
+        requests = prompts(n, max_tokens, kafka, conversations=conversations)
+        started = time.perf_counter()
+        send_requests(kafka, requests)
+        ids = {r.request_id for r in requests}
+        reader.wait_for(lambda seen: ids <= set(seen.responses) or seen.dead_letters, 600, "the skewed load")
+        if reader.seen.dead_letters:
+            raise SystemExit(f"{intake}: {len(reader.seen.dead_letters)} request(s) dead-lettered: "
+                             f"{reader.seen.dead_letters[0].error_message}")
+        elapsed = time.perf_counter() - started
+        per_worker = {}
+        for r in requests:
+            wid = reader.seen.first_response(r.request_id)[0].worker_id
+            per_worker[wid] = per_worker.get(wid, 0) + 1
+        print(f"  {intake:9} 2 workers: {elapsed:6.1f} s for {n} requests; answered per worker {per_worker}")
+        return elapsed
+    finally:
+        reader.close()
+        for w in workers:
+            w.terminate()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="about a minute or two on 2 cores")
+    parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
+    args = parser.parse_args()
+    n, max_tokens, n_ttft, n_skew, rounds = (12, 16, 10, 20, 2) if args.quick else (48, 48, 40, 60, 3)
+
+    from inference.engine.engine import Engine
+    from inference.engine.model_store import load_model
+    from inference.engine.settings import EngineSettings
+    from transport.admin import TopicAdmin
+    from transport.settings import KafkaSettings
+
+    bootstrap, broker = args.bootstrap_servers, None
+    if bootstrap is None:
+        from infra.local_kafka import LocalKafka
+        from infra.settings import StackSettings
+
+        broker = LocalKafka(StackSettings(state_dir=tempfile.mkdtemp(prefix="chatpipe-bench-worker-"),
+                                          kafka_port=_free_port(), controller_port=_free_port()))
+        broker.up()
+        bootstrap = broker.settings.bootstrap_servers
+    tmp = Path(tempfile.mkdtemp(prefix="chatpipe-bench-worker-logs-"))
+
+    def fresh_kafka() -> KafkaSettings:
+        kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.")
+        TopicAdmin(kafka).apply()
+        return kafka
+
+    try:
+        # Same engine settings on both sides (the worker reads them from CHATPIPE_* variables).
+        engine_env = {"CHATPIPE_MAX_BATCH": "8", "CHATPIPE_KV_CACHE_TOKENS": "8192", "CHATPIPE_MAX_SEQ_LEN": "512",
+                      "CHATPIPE_DEVICE": "cpu"}
+        settings = EngineSettings(device="cpu", max_batch=8, kv_cache_tokens=8192, max_seq_len=512, num_threads=2)
+        model, tokenizer = load_model(settings)
+        engine = Engine(model, settings)
+        kafka = fresh_kafka()
+        requests = prompts(n, max_tokens, kafka)
+        ttft_requests = prompts(n_ttft, 4, kafka)
+
+        from transport.producer import RecordProducer
+
+        producer = RecordProducer(kafka, extra_config={"linger.ms": 0})
+        worker = start_worker(kafka, tmp, worker_id="bench", CHATPIPE_NUM_THREADS="2", **engine_env)
+        reader = Reader(kafka)
+        e_runs, k_runs, e_ttft, k_ttft = [], [], [], []
+        try:
+            worker.wait_serving()
+            asyncio.run(engine_alone(engine, tokenizer, requests[:4], one_at_a_time=False))  # warm-up
+            through_kafka(kafka, reader, [make_copy(r, "warm") for r in requests[:4]], producer, one_at_a_time=False)
+            # Alternate the two sides, so that load from other jobs on the machine hits both alike;
+            # the best run of each side is compared (the least disturbed one).
+            for round_no in range(rounds):
+                secs, tokens, _ = asyncio.run(engine_alone(engine, tokenizer, requests, one_at_a_time=False))
+                e_runs.append(tokens / secs)
+                secs, tokens, _ = through_kafka(kafka, reader, [make_copy(r, f"t{round_no}") for r in requests],
+                                                producer, one_at_a_time=False)
+                k_runs.append(tokens / secs)
+            for i, req in enumerate(ttft_requests):  # each prompt on both sides, back to back
+                e_ttft += asyncio.run(engine_alone(engine, tokenizer, [req], one_at_a_time=True))[2]
+                k_ttft += through_kafka(kafka, reader, [make_copy(req, f"f{i}")], producer, one_at_a_time=True)[2]
+        finally:
+            reader.close()
+            worker.terminate()
+        del engine, model
+
+        e_rate, k_rate = max(e_runs), max(k_runs)
+        added = [(k - e) * 1000 for k, e in zip(k_ttft, e_ttft)]
+        print(f"\n{n} requests x max {max_tokens} tokens, greedy, max_batch 8, {rounds} alternating rounds per side")
+        print(f"  engine alone     : best {e_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in e_runs)})")
+        print(f"  kafka + worker   : best {k_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in k_runs)})")
+        print(f"time to first token, {n_ttft} prompts one at a time, each on both sides back to back (ms): engine p50 "
+              f"{statistics.median(e_ttft) * 1000:.1f} / kafka p50 {statistics.median(k_ttft) * 1000:.1f}")
+        print(f"  added by the Kafka hops: p50 {percentile(added, 0.5):.1f} ms, p99 {percentile(added, 0.99):.1f} ms")
+        print(f"skewed load ({n_skew} requests, 80% on 2 conversations, 2 workers, 1 thread each):")
+        t_part = skewed_load(fresh_kafka, tmp, "partition", n_skew, 16)
+        t_share = skewed_load(fresh_kafka, tmp, "share", n_skew, 16)
+        print(f"  share finishes the load {t_part / t_share:.2f}x as fast as partition")
+        print(f"worker/kafka+worker vs engine tokens/s ratio = {k_rate / e_rate:.2f}")
+    finally:
+        if broker is not None:
+            broker.down()
+
+
+def make_copy(req, tag: str):
+    """The same request under a fresh id (Kafka side of a pair)."""
+    import dataclasses
+
+    return dataclasses.replace(req, request_id=f"{req.request_id}-{tag}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""``chatpipe inference``: run one inference worker (requests from Kafka, answers back to Kafka).
+
+Builds ``KafkaSettings``, ``WorkerSettings`` and ``EngineSettings`` from flags and ``CHATPIPE_*``
+variables, loads the model, and runs ``inference.worker.Worker`` until SIGTERM / SIGINT.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from chatpipe.commands.common import build_settings, err_console
+
+
+def inference(
+    intake: Annotated[Optional[str], typer.Option("--intake", help="partition (consumer group, default) or share (share group) [env CHATPIPE_WORKER_INTAKE]")] = None,
+    bootstrap_servers: Annotated[Optional[str], typer.Option("--bootstrap-servers", "-b", help="Kafka host:port [env CHATPIPE_BOOTSTRAP_SERVERS]")] = None,
+    topic_prefix: Annotated[Optional[str], typer.Option("--topic-prefix", help="Prefix of every topic [env CHATPIPE_TOPIC_PREFIX]")] = None,
+    group_id: Annotated[Optional[str], typer.Option("--group-id", help="Consumer/share group [env CHATPIPE_WORKER_GROUP_ID]")] = None,
+    worker_id: Annotated[Optional[str], typer.Option("--worker-id", help="Name in answers and heartbeats [env CHATPIPE_WORKER_WORKER_ID]")] = None,
+    max_in_flight: Annotated[Optional[int], typer.Option("--max-in-flight", help="Requests taken at once; 0 = 2 x max batch")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", help="Prometheus /metrics port; 0 = off")] = None,
+    grace_s: Annotated[Optional[float], typer.Option("--grace-s", help="On SIGTERM, time to finish in-flight requests")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="HF model folder or .gguf (default: pulled model)")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, auto [env CHATPIPE_DEVICE]")] = None,
+    max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Most requests running at once [env CHATPIPE_MAX_BATCH]")] = None,
+    kv_cache_tokens: Annotated[Optional[int], typer.Option("--kv-cache-tokens", help="KV cache budget [env CHATPIPE_KV_CACHE_TOKENS]")] = None,
+    max_seq_len: Annotated[Optional[int], typer.Option("--max-seq-len", help="Most tokens per request [env CHATPIPE_MAX_SEQ_LEN]")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING")] = "INFO",
+) -> None:
+    """Serve InferenceRequests from Kafka with the local engine until SIGTERM."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import asyncio
+    import logging
+    import signal
+
+    from inference.engine.engine import Engine
+    from inference.engine.errors import EngineError
+    from inference.engine.model_store import load_model
+    from inference.engine.settings import DEFAULT_MODEL_NAME, EngineSettings
+    from inference.worker.settings import WorkerSettings
+    from inference.worker.worker import Worker
+    from transport.settings import KafkaSettings
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    kafka = build_settings(KafkaSettings, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix)
+    worker_settings = build_settings(WorkerSettings, intake=intake, group_id=group_id, worker_id=worker_id,
+                                     max_in_flight=max_in_flight, metrics_port=metrics_port, grace_s=grace_s)
+    engine_settings = build_settings(EngineSettings, model_path=model, device=device, max_batch=max_batch,
+                                     kv_cache_tokens=kv_cache_tokens, max_seq_len=max_seq_len)
+    try:
+        lm, tokenizer = load_model(engine_settings)
+        engine = Engine(lm, engine_settings)
+    except EngineError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    model_name = str(engine_settings.model_path) if engine_settings.model_path else DEFAULT_MODEL_NAME
+    worker = Worker(kafka, worker_settings, engine, tokenizer, model_name)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.request_stop)
+        return await worker.run()
+
+    code = asyncio.run(main())
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("inference")(inference)

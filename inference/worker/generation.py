@@ -1,0 +1,104 @@
+"""One generation on the engine, as text increments, cancellable by id from outside.
+
+``inference.engine.streaming.stream_text`` does the same but picks its own engine request id and
+hides the stream, so a Cancel arriving from Kafka could not reach it. This adapter submits with
+an id of ours, keeps the ``RequestStream`` (``cancel()`` stops it at the next engine step and
+frees its cache) and reports the first token (the request is running, no longer waiting).
+
+Text comes from the engine's ``IncrementalDetokenizer`` and ``StopStringMatcher``; the
+Response's text is the concatenation of exactly the increments streamed, so a reader's assembled
+stream equals it by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from inference.engine.request import Admission, FinishReason
+from inference.engine.streaming import AsyncEngine
+from inference.engine.text import IncrementalDetokenizer, StopStringMatcher
+from inference.worker.errors import InvalidRequestError, PromptTooLongError
+from inference.worker.prompts import PreparedRequest
+
+
+class EngineBusy(Exception):
+    """The engine's waiting queue is full (Admission.OVERLOADED): try again shortly."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    text: str
+    token_id: int | None
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    queue_s: float | None = None  # engine-internal timings (monotonic seconds)
+    tpot_s: float | None = None
+
+
+class Generation:
+    def __init__(self, aengine: AsyncEngine, tokenizer: Any, engine_request_id: str, prepared: PreparedRequest,
+                 on_first_token: Callable[[], None] = lambda: None) -> None:
+        self.aengine = aengine
+        self.tokenizer = tokenizer
+        self.engine_request_id = engine_request_id
+        self.prepared = prepared
+        self.on_first_token = on_first_token
+        self.cancelled = False
+        self.tokens = 0  # token events received so far
+        self.tokens_at_cancel: int | None = None
+        self._stream = None
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled, self.tokens_at_cancel = True, self.tokens
+        if self._stream is not None:
+            self._stream.cancel()
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        p = self.prepared
+        try:
+            stream = self.aengine.submit(p.prompt_ids, p.params, p.priority, request_id=self.engine_request_id)
+        except ValueError as exc:  # the engine's InvalidRequestError: it can never run this request
+            raise InvalidRequestError(str(exc)) from None
+        if stream.admission is Admission.OVERLOADED:
+            raise EngineBusy()
+        if stream.admission is not Admission.ACCEPTED:
+            refusal = getattr(stream, "refusal", None)
+            raise PromptTooLongError(str(refusal) if refusal is not None else (
+                f"prompt of {len(p.prompt_ids)} tokens + max_tokens {p.params.max_new_tokens} can never fit "
+                f"the engine (refused: {stream.admission.value})"))
+        self._stream = stream
+        if self.cancelled:  # a cancel came while we were submitting
+            stream.cancel()
+        detok, stops = IncrementalDetokenizer(self.tokenizer), StopStringMatcher(p.stop)
+        first = True
+        events = stream.__aiter__()
+        try:
+            async for ev in events:
+                if ev.token_id is not None:
+                    self.tokens += 1
+                    if first:
+                        first = False
+                        self.on_first_token()
+                text = stops.feed(detok.push(ev.token_id)) if ev.token_id is not None else ""
+                if ev.finished and not stops.stopped and hasattr(detok, "flush"):
+                    text += stops.feed(detok.flush())  # the held-back tail (an incomplete last character)
+                if stops.stopped:
+                    stream.cancel()
+                    yield self._final(text, FinishReason.STOP, ev, len(detok.token_ids))
+                    return
+                if ev.finished:
+                    yield self._final(text + stops.flush(), ev.finish_reason, ev, ev.num_output_tokens)
+                    return
+                yield Delta(text, ev.token_id)
+        finally:
+            await events.aclose()
+
+    def _final(self, text: str, reason: FinishReason | None, ev: Any, n_out: int) -> Delta:
+        t = ev.timings
+        return Delta(text, ev.token_id, True, reason, ev.num_prompt_tokens or len(self.prepared.prompt_ids), n_out,
+                     queue_s=t.queue_time if t is not None else None,
+                     tpot_s=t.tpot(n_out) if t is not None else None)

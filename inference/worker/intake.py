@@ -1,0 +1,76 @@
+"""What both intake modes hand the worker, and what the worker hands back.
+
+An intake runs its consumer(s) in its own thread(s): it takes records only while ``Capacity``
+says there is room, decodes them, and passes ``WorkItem``s to the event loop. The worker calls
+``finish(item, outcome)`` once the item's Response (or dead letter) is durable; the intake turns
+that into an offset commit (partition) or an acknowledgement (share).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from schemas.codec import AvroCodec
+from schemas.errors import DecodeError
+from schemas.records import InferenceRequest, Priority
+from schemas.topics import INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH
+from transport.message import ConsumedMessage
+from transport.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(enum.Enum):
+    DONE = "done"  # answered: commit / ACCEPT
+    DEAD = "dead"  # dead-lettered: commit / REJECT
+    HAND_BACK = "hand_back"  # not answered (shutdown, revoked, engine failure): no commit / RELEASE
+
+
+@dataclass(eq=False)
+class WorkItem:
+    message: ConsumedMessage
+    priority: Priority
+    record: InferenceRequest | None = None
+    error: Exception | None = None  # DecodeError or TooManyDeliveriesError: dead-letter it
+    delivery_count: int | None = None  # share intake only
+    taken_at_ms: int = 0
+    revoked: bool = False  # partition taken away: stop, answer nothing, commit nothing
+    handed_back: bool = False  # shutdown: stop, answer nothing
+    handle: Any = None  # the intake's own bookkeeping
+
+    @property
+    def partition(self) -> tuple[str, int]:
+        return self.message.topic, self.message.partition
+
+
+class Intake(Protocol):
+    def start(self, loop: asyncio.AbstractEventLoop, dispatch: Callable[[WorkItem], None],
+              revoked: Callable[[list[WorkItem]], None]) -> None: ...
+    def finish(self, item: WorkItem, outcome: Outcome) -> None: ...
+    def stop_taking(self) -> None: ...
+    def close(self) -> None: ...
+    def lag(self) -> int: ...
+
+
+def request_topics(settings: KafkaSettings) -> dict[str, Priority]:
+    """Real topic name -> the priority class it carries."""
+    return {settings.topic(INFERENCE_REQUESTS): Priority.INTERACTIVE,
+            settings.topic(INFERENCE_REQUESTS_BATCH): Priority.BATCH}
+
+
+def decode_item(codec: AvroCodec, message: ConsumedMessage, priority: Priority, now_ms: int) -> WorkItem:
+    """A WorkItem with the decoded request, or with the DecodeError to dead-letter."""
+    item = WorkItem(message, priority, taken_at_ms=now_ms)
+    try:
+        if message.value is None:
+            raise DecodeError("empty value (tombstone) where an InferenceRequest was expected",
+                              topic=message.topic, partition=message.partition, offset=message.offset)
+        item.record = codec.decode(message.value, InferenceRequest, topic=message.topic,
+                                   partition=message.partition, offset=message.offset)
+    except DecodeError as exc:
+        item.error = exc
+    return item

@@ -1,0 +1,214 @@
+"""``--intake partition``: a consumer group over the conversation_id-keyed request topics.
+
+One conversation's turns reach the same worker (its cache could be reused). Backpressure is
+``pause``/``resume``: while the worker has no free slot the fetcher stops for good (nothing is
+prefetched into memory), so memory stays bounded however deep the backlog. The batch topic's
+partitions are paused whenever ``Capacity`` gives batch work no room (interactive first).
+
+Offsets: each partition commits up to its lowest unfinished offset (``OffsetTracker``), only for
+items whose Response is durable. On revoke, finished work is committed, then the items of the
+revoked partitions are flagged and handed to the worker to stop, uncommitted: the new owner
+serves them again. Both consumers (one group per priority class) are owned by one thread;
+rebalance hooks run inside their polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+from inference.worker.capacity import Capacity
+from inference.worker.intake import Outcome, WorkItem, decode_item, request_topics
+from inference.worker.offsets import OffsetTracker
+from inference.worker.settings import WorkerSettings
+from schemas.codec import AvroCodec
+from schemas.records import Priority, now_ms
+from transport.group_consumer import GroupConsumer
+from transport.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+LAG_EVERY_S = 2.0
+
+
+def partition_group_ids(settings: WorkerSettings) -> dict[Priority, str]:
+    return {Priority.INTERACTIVE: settings.group_id, Priority.BATCH: f"{settings.group_id}.batch"}
+
+
+class PartitionIntake:
+    def __init__(self, kafka: KafkaSettings, settings: WorkerSettings, capacity: Capacity, codec: AvroCodec) -> None:
+        self.kafka = kafka
+        self.settings = settings
+        self.capacity = capacity
+        self.codec = codec
+        self.topics = request_topics(kafka)
+        self.tracker = OffsetTracker()
+        self._finished: queue.SimpleQueue[tuple[WorkItem, Outcome]] = queue.SimpleQueue()
+        self._items: dict[tuple[str, int, int], WorkItem] = {}
+        self._paused: set[tuple[str, int]] = set()
+        self._unknown: set[tuple[str, int]] = set()  # assigned; pause state to be set
+        self._taking = True
+        self._stop = threading.Event()
+        self._lag = 0
+        self._thread: threading.Thread | None = None
+        self._consumers: dict[Priority, GroupConsumer] = {}
+        self._error: BaseException | None = None
+
+    # -- called from the event loop ----------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop, dispatch: Callable[[WorkItem], None],
+              revoked: Callable[[list[WorkItem]], None]) -> None:
+        self._loop, self._dispatch, self._revoked_cb = loop, dispatch, revoked
+        # One group per priority class: a group's assignor balances partition counts over all
+        # its topics, so one group on both topics could give one worker every interactive
+        # partition and the other every batch partition.
+        self._consumers = {
+            priority: GroupConsumer(
+                self.kafka, group_id=group, topics=[topic],
+                on_assign=self._on_assign, on_revoke=self._on_revoke,
+                extra_config={
+                    "session.timeout.ms": self.settings.session_timeout_ms,
+                    "heartbeat.interval.ms": max(500, self.settings.session_timeout_ms // 6),
+                    "fetch.wait.max.ms": 5,  # an idle fetch returns soon: a new request is seen at once
+                    "queued.max.messages.kbytes": 1024,  # prefetch bound per consumer
+                    "fetch.queue.backoff.ms": 1,
+                })
+            for topic, priority in self.topics.items()
+            for group in [partition_group_ids(self.settings)[priority]]
+        }
+        self._thread = threading.Thread(target=self._run, name="chatpipe-intake", daemon=True)
+        self._thread.start()
+
+    def finish(self, item: WorkItem, outcome: Outcome) -> None:
+        self._finished.put((item, outcome))
+        self.capacity.notify()
+
+    def stop_taking(self) -> None:
+        self._taking = False
+        self.capacity.notify()
+
+    def close(self) -> None:
+        """Commit what is finished, leave the group (blocking: run it off the event loop)."""
+        self._stop.set()
+        self.capacity.notify()
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def lag(self) -> int:
+        return self._lag
+
+    # -- the intake thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        interactive, batch = self._consumers[Priority.INTERACTIVE], self._consumers[Priority.BATCH]
+        last_lag = 0.0
+        try:
+            while not self._stop.is_set():
+                self._apply_finished()
+                plan = self.capacity.plan()
+                room_i = plan.interactive if self._taking else 0
+                room_b = plan.batch if self._taking else 0
+                self._set_paused(Priority.INTERACTIVE, room_i <= 0)
+                self._set_paused(Priority.BATCH, room_b <= 0)
+                if room_i <= 0:  # nothing may come in: serve callbacks, wait for a free slot
+                    interactive.poll_messages(1, 0)
+                    batch.poll_messages(1, 0)
+                    self.capacity.wait_change(self.settings.poll_timeout_s)
+                    continue
+                # The interactive poll is the one that waits (it returns as soon as a record
+                # comes); batch records are picked up right after it without waiting.
+                for message in interactive.poll_messages(room_i, self.settings.poll_timeout_s):
+                    self._take(message, Priority.INTERACTIVE)
+                room_b = self.capacity.plan().batch if self._taking else 0
+                for message in batch.poll_messages(room_b, 0) if room_b > 0 else batch.poll_messages(1, 0):
+                    self._take(message, Priority.BATCH)
+                if time.monotonic() - last_lag > LAG_EVERY_S:
+                    last_lag = time.monotonic()
+                    self._lag = interactive.lag() + batch.lag()
+            self._apply_finished()
+            for consumer in self._consumers.values():
+                consumer.commit_offsets(self._committable(consumer), asynchronous=False)
+        except BaseException as exc:  # noqa: BLE001 - surfaced by close()
+            log.exception("partition intake failed")
+            self._error = exc
+        finally:
+            for consumer in self._consumers.values():
+                consumer.close()
+
+    def _committable(self, consumer: GroupConsumer) -> dict[tuple[str, int], int]:
+        return self.tracker.committable(consumer.topics)
+
+    def _take(self, message, priority: Priority) -> None:
+        log.debug("took %s[%s]@%s", message.topic, message.partition, message.offset)
+        item = decode_item(self.codec, message, priority, now_ms())
+        key = (message.topic, message.partition, message.offset)
+        item.handle = key
+        self._items[key] = item
+        self.tracker.taken(item.partition, message.offset)
+        self.capacity.take(priority)
+        self._loop.call_soon_threadsafe(self._dispatch, item)
+
+    def _apply_finished(self) -> None:
+        moved = False
+        while True:
+            try:
+                item, outcome = self._finished.get_nowait()
+            except queue.Empty:
+                break
+            if self._items.pop(item.handle, None) is None or item.revoked:
+                continue  # its partition was revoked: not ours to commit
+            if outcome is not Outcome.HAND_BACK:
+                moved |= self.tracker.finished(item.partition, item.message.offset)
+        if moved:
+            for consumer in self._consumers.values():
+                consumer.commit_offsets(self._committable(consumer), asynchronous=True)
+
+    def _set_paused(self, priority: Priority, paused: bool) -> None:
+        consumer = self._consumers[priority]
+        mine = set(consumer.assignment)
+        unknown = mine & self._unknown
+        if paused:
+            todo = (mine - self._paused) | unknown
+            consumer.pause(todo)
+            self._paused |= todo
+        else:
+            todo = (mine & self._paused) | unknown
+            consumer.resume(todo)
+            self._paused -= todo
+        self._unknown -= unknown
+        if todo:
+            log.debug("%s %s", "paused" if paused else "resumed", sorted(todo))
+
+    # -- rebalance hooks (inside poll, on the intake thread) -------------------------------------
+
+    def _on_assign(self, partitions: list[tuple[str, int]]) -> None:
+        log.info("assigned %s", partitions)
+        # librdkafka keeps a partition's pause flag across revoke and re-assign: set it explicitly
+        # on the next loop turn, whatever it was (a stale pause would stall the partition forever).
+        self._paused.difference_update(partitions)
+        self._unknown.update(partitions)
+
+    def _on_revoke(self, partitions: list[tuple[str, int]]) -> None:
+        log.info("revoked %s", partitions)
+        self._apply_finished()
+        gone = set(partitions)
+        consumer = next(c for c in self._consumers.values() if partitions[0][0] in c.topics) if partitions else None
+        try:
+            if consumer is not None:
+                consumer.commit_offsets(self._committable(consumer), asynchronous=False)
+        except Exception:  # noqa: BLE001 - the group moved on; the new owner re-serves them
+            log.warning("commit on revoke failed; the new owner will serve those requests again", exc_info=True)
+        stopped = [item for key, item in self._items.items() if (key[0], key[1]) in gone]
+        for item in stopped:
+            item.revoked = True
+            del self._items[item.handle]
+        self.tracker.forget(partitions)
+        self._paused.difference_update(partitions)
+        if stopped:
+            self._loop.call_soon_threadsafe(self._revoked_cb, stopped)

@@ -1,0 +1,89 @@
+"""What the worker writes: token chunks to the asker's reply address, one Response per request,
+dead letters. Every record of one serving attempt carries the ``chatpipe-attempt`` header
+(``transport.dedupe``) so a reader can pair a Response with the chunks of the same attempt.
+
+Not here: deciding what to write (``worker.py``); encoding and delivery (``transport``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from schemas.records import DeadLetter, FinishReason, Header, InferenceRequest, Response, TokenChunk, now_ms
+from schemas.topics import DLQ
+from transport.acked_producer import AckedProducer
+from transport.dedupe import ATTEMPT_HEADER
+from transport.message import ConsumedMessage
+
+RESPONSES = "chat.responses"
+COMPONENT = "inference-worker"
+
+
+@dataclass
+class ReplyStream:
+    """The chunks of one serving attempt, in order, and the acknowledgement of the last one."""
+
+    producer: AckedProducer
+    request: InferenceRequest
+    worker_id: str
+    attempt: str
+    parent_trace: str | None
+    index: int = 0
+    text_parts: list[str] = field(default_factory=list)
+    last_ack: asyncio.Future | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.request.reply_to)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(ATTEMPT_HEADER, self.attempt.encode("ascii"))]
+
+    def send(self, text: str, token_id: int | None, *, final: bool = False) -> None:
+        self.text_parts.append(text)
+        if not self.enabled:
+            return
+        chunk = TokenChunk(request_id=self.request.request_id, conversation_id=self.request.conversation_id,
+                           index=self.index, text=text, token_ids=[] if token_id is None else [token_id],
+                           is_final=final, worker_id=self.worker_id)
+        ack = self.producer.send(self.request.reply_to, chunk, key=self.request.request_id,
+                                 partition=self.request.reply_partition, headers=self.headers(),
+                                 parent_trace=self.parent_trace, want_ack=final)
+        if final:  # chunks of one partition land in order: the last one's ack covers them all
+            self.last_ack = ack
+        self.index += 1
+
+
+def response_for(req: InferenceRequest, *, text: str, worker_id: str, model: str, tokens_in: int, tokens_out: int,
+                 queue_ms: float, ttft_ms: float, finish_reason: FinishReason, error: str | None = None) -> Response:
+    completed = now_ms()
+    return Response(
+        request_id=req.request_id, conversation_id=req.conversation_id, user_id=req.user_id, tenant=req.tenant,
+        text=text, model=model, worker_id=worker_id, tokens_in=tokens_in, tokens_out=tokens_out,
+        queue_ms=max(0.0, queue_ms), ttft_ms=max(0.0, ttft_ms), total_ms=float(max(0, completed - req.enqueued_at)),
+        finish_reason=finish_reason, error=error, created_at=req.created_at, completed_at=completed,
+    )
+
+
+def send_response(producer: AckedProducer, response: Response, *, attempt: str, parent_trace: str | None) -> asyncio.Future:
+    topic = producer.settings.topic(RESPONSES)
+    return producer.send(topic, response, key=response.conversation_id,
+                         headers=[(ATTEMPT_HEADER, attempt.encode("ascii"))], parent_trace=parent_trace)
+
+
+def send_dead_letter(producer: AckedProducer, message: ConsumedMessage, error: BaseException,
+                     *, delivery_count: int | None = None) -> asyncio.Future:
+    """The original record byte for byte, with the reason (and the delivery count when known)."""
+    reason = str(error)
+    headers = [Header(k, v) for k, v in message.headers]
+    if delivery_count is not None:
+        headers.append(Header("chatpipe-delivery-count", str(delivery_count).encode("ascii")))
+    letter = DeadLetter(source_topic=message.topic, source_partition=message.partition, source_offset=message.offset,
+                        key=message.key, value=message.value, headers=headers, error_type=type(error).__name__,
+                        error_message=reason, component=COMPONENT)
+    return producer.send(producer.settings.topic(DLQ), letter, key=message.topic, parent_trace=message.traceparent)

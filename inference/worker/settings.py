@@ -1,0 +1,57 @@
+"""The inference worker's one settings object (env prefix ``CHATPIPE_WORKER_``).
+
+Built once by ``chatpipe inference`` from flags and environment, frozen, passed in. The Kafka
+connection (``KafkaSettings``) and the engine (``EngineSettings``) keep their own objects.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CHATPIPE_WORKER_", frozen=True, extra="forbid")
+
+    worker_id: str = Field(default_factory=_default_worker_id, description="Name in Responses, chunks, heartbeats")
+    intake: Literal["partition", "share"] = Field(
+        "partition", description="partition: consumer group (conversation affinity); share: share group (any free worker)")
+    group_id: str = Field("chatpipe-inference", description="Consumer group / share group of the workers")
+    max_in_flight: int = Field(0, ge=0, description="Requests taken at once (in the engine); 0 = 2 x engine max_batch")
+    interactive_reserve: int = Field(0, ge=0,
+                                     description="In-flight slots batch requests may not take; 0 = max_in_flight // 4 (>= 1)")
+    max_delivery_attempts: int = Field(8, ge=1, le=8,
+                                       description="share: REJECT (and dead-letter) after this many deliveries "
+                                       "(at most 8: the broker's own limit, kept 2 above, caps at 10)")
+    share_hold_s: float = Field(3.0, ge=0, description="share: how long over-delivered records wait here for a "
+                                "free slot before they are RELEASEd to other workers")
+    share_fetch_max_bytes: int = Field(512, ge=1, description="share: bound on one poll (max.poll.records is not)")
+    share_consumers: int = Field(0, ge=0, description="share: consumers per priority class; 0 = max_in_flight // 2 "
+                                 "(each holds one poll's records until all are acknowledged)")
+    poll_timeout_s: float = Field(0.05, gt=0, description="Longest a poll waits; new records return it at once")
+    chunk_linger_ms: float = Field(0.5, ge=0, description="Producer linger for chunks and responses (latency-bound)")
+    grace_s: float = Field(20.0, ge=0, description="On SIGTERM, how long in-flight requests may finish before hand-back")
+    heartbeat_s: float = Field(2.0, gt=0, description="WorkerStatus period")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off")
+    session_timeout_ms: int = Field(6000, ge=1000, description="partition: group session timeout (crash detection)")
+    cancel_memory: int = Field(10_000, ge=0, description="Cancels remembered for requests not seen yet")
+
+    @model_validator(mode="after")
+    def _check(self) -> "WorkerSettings":
+        if self.max_in_flight and self.interactive_reserve >= self.max_in_flight:
+            raise ValueError("interactive_reserve must be below max_in_flight")
+        return self
+
+    def capacity(self, engine_max_batch: int) -> tuple[int, int]:
+        """(max in flight, in-flight slots batch requests may use)."""
+        total = self.max_in_flight or 2 * engine_max_batch
+        reserve = self.interactive_reserve or max(1, total // 4)
+        return total, max(1, total - reserve)

@@ -1,0 +1,185 @@
+"""Test harness of the worker tests: worker processes, request producers and a reader that sees
+everything the workers wrote (responses, token chunks, dead letters), from the beginning."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from schemas.codec import default_codec
+from schemas.records import ChatMessage, InferenceRequest, Priority, SamplingParams, now_ms
+from schemas.topics import inference_requests_topic
+from transport.dedupe import FirstSeen, StreamAssembler, attempt_of
+from transport.producer import RecordProducer
+from transport.settings import KafkaSettings
+
+REPO = Path(__file__).resolve().parents[2]
+CHATPIPE = REPO / ".venv" / "bin" / "chatpipe"
+REPLIES = "chat.replies"
+
+# Small engine so that 2 workers + the broker fit on 2 shared cores.
+ENGINE_ENV = {"CHATPIPE_MAX_BATCH": "4", "CHATPIPE_KV_CACHE_TOKENS": "4096", "CHATPIPE_NUM_THREADS": "1",
+              "CHATPIPE_MAX_SEQ_LEN": "512", "CHATPIPE_DEVICE": "cpu"}
+
+
+def make_request(i: int, *, conversation: str | None = None, max_tokens: int = 12, priority: Priority = Priority.INTERACTIVE,
+                 reply_to: str | None = None, reply_partition: int | None = 0, text: str | None = None,
+                 **sampling) -> InferenceRequest:
+    return InferenceRequest(
+        request_id=f"r{i}-{uuid.uuid4().hex[:8]}", conversation_id=conversation or f"c{i}", user_id="u1", tenant="t1",
+        created_at=now_ms(), model="smollm2-135m-instruct",
+        messages=[ChatMessage("user", text or f"Say something short about the number {i}.")],
+        sampling=SamplingParams(max_tokens=max_tokens, **{"temperature": 0.0, **sampling}), priority=priority,
+        reply_to=reply_to, reply_partition=reply_partition if reply_to else None,
+    )
+
+
+def send_requests(kafka: KafkaSettings, requests: list[InferenceRequest], producer: RecordProducer | None = None) -> None:
+    """Produce ``requests`` to their priority's topic and wait until the broker has them."""
+    own = producer is None
+    producer = producer or RecordProducer(kafka)
+    for req in requests:
+        producer.send(kafka.topic(inference_requests_topic(req.priority.value)), req, key=req.conversation_id)
+    producer.flush()
+    if own:
+        producer.close()
+
+
+@dataclass
+class WorkerProcess:
+    proc: subprocess.Popen
+    log_path: Path
+    worker_id: str
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_serving(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if "serving (intake=" in self.log():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker {self.worker_id} exited {self.proc.returncode}:\n{self.log()[-3000:]}")
+            time.sleep(0.2)
+        raise AssertionError(f"worker {self.worker_id} not serving after {timeout_s}s:\n{self.log()[-3000:]}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def terminate(self, timeout_s: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+
+def start_worker(kafka: KafkaSettings, tmp_path: Path, *, intake: str = "partition", worker_id: str | None = None,
+                 group_id: str = "workers", args: tuple[str, ...] = (), **env: str) -> WorkerProcess:
+    worker_id = worker_id or f"w-{uuid.uuid4().hex[:6]}"
+    full_env = {**os.environ, **ENGINE_ENV, "CHATPIPE_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+                "CHATPIPE_TOPIC_PREFIX": kafka.topic_prefix, "CHATPIPE_WORKER_INTAKE": intake,
+                "CHATPIPE_WORKER_GROUP_ID": f"{kafka.topic_prefix}{group_id}", "CHATPIPE_WORKER_WORKER_ID": worker_id,
+                "CHATPIPE_WORKER_HEARTBEAT_S": "1", "HF_HUB_OFFLINE": "1", **env}
+    log_path = tmp_path / f"{worker_id}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(CHATPIPE), "inference", *args], env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=REPO)
+    return WorkerProcess(proc, log_path, worker_id)
+
+
+@dataclass
+class Seen:
+    responses: dict[str, list] = field(default_factory=dict)  # request_id -> [(Response, attempt)]
+    dead_letters: list = field(default_factory=list)
+    statuses: list = field(default_factory=list)
+    assembler: StreamAssembler = field(default_factory=StreamAssembler)
+    chunk_count: dict[str, int] = field(default_factory=dict)
+    chunk_workers: dict[str, set] = field(default_factory=dict)
+
+    def first_response(self, request_id: str):
+        """Reader-side dedupe: the first Response of a request wins."""
+        got = self.responses.get(request_id)
+        return got[0] if got else None
+
+
+class Reader:
+    """Reads chat.responses, chat.replies, chat.dlq and chat.workers.status from the beginning."""
+
+    def __init__(self, kafka: KafkaSettings) -> None:
+        self.kafka = kafka
+        self.codec = default_codec()
+        self.seen = Seen()
+        self._dedupe = FirstSeen()
+        self._consumer = Consumer({**kafka.client_config(), "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+                                   "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+        names = [kafka.topic(n) for n in ("chat.responses", REPLIES, "chat.dlq", "chat.workers.status")]
+        deadline = time.monotonic() + 30
+        while True:  # just-created topics take a moment to show in metadata
+            meta = self._consumer.list_topics(timeout=10)
+            if all(n in meta.topics and meta.topics[n].partitions for n in names) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        tps = []
+        for topic in names:
+            tps += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.topics[topic].partitions]
+        self._consumer.assign(tps)
+
+    def poll(self, timeout_s: float = 0.2) -> None:
+        """Read what is there; waits at most ``timeout_s`` for the first record."""
+        raw = self._consumer.consume(500, 0)
+        if not raw:
+            raw = self._consumer.consume(1, timeout_s)
+        for msg in raw:
+            if msg.error():
+                continue
+            record = self.codec.decode(msg.value())
+            name = type(record).__name__
+            attempt = attempt_of(msg.headers())
+            if name == "Response":
+                self.seen.responses.setdefault(record.request_id, []).append((record, attempt))
+            elif name == "TokenChunk":
+                self.seen.assembler.add(record, attempt)
+                self.seen.chunk_count[record.request_id] = self.seen.chunk_count.get(record.request_id, 0) + 1
+                self.seen.chunk_workers.setdefault(record.request_id, set()).add(record.worker_id)
+            elif name == "DeadLetter":
+                self.seen.dead_letters.append(record)
+            elif name == "WorkerStatus":
+                self.seen.statuses.append(record)
+
+    def wait_for(self, condition, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.poll()
+            if condition(self.seen):
+                return
+        raise AssertionError(f"timed out after {timeout_s}s waiting for {what() if callable(what) else what}")
+
+    def wait_responses(self, request_ids, timeout_s: float) -> None:
+        ids = set(request_ids)
+        self.wait_for(lambda s: ids <= set(s.responses), timeout_s,
+                      lambda: f"responses ({len(ids - set(self.seen.responses))} missing)")
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def python() -> str:
+    return sys.executable

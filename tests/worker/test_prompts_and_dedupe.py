@@ -1,0 +1,81 @@
+"""Request preparation (chat template, named rejections) and the reader-side dedupe helpers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from inference.worker.errors import InvalidRequestError, InvalidSamplingError, PromptTooLongError
+from inference.worker.prompts import prepare
+from schemas.records import ChatMessage, InferenceRequest, SamplingParams
+from transport.dedupe import FirstSeen, StreamAssembler
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The real default model's tokenizer (its chat template included; `chatpipe model pull`)."""
+    from transformers import AutoTokenizer
+
+    from inference.engine.settings import EngineSettings
+
+    return AutoTokenizer.from_pretrained(EngineSettings().default_model_dir(), local_files_only=True)
+
+
+def request(messages=None, **sampling) -> InferenceRequest:
+    return InferenceRequest(request_id="r", conversation_id="c", user_id="u", tenant="t", created_at=0, model="m",
+                            messages=[ChatMessage("user", "hi")] if messages is None else messages, sampling=SamplingParams(**sampling))
+
+
+@pytest.mark.model
+def test_prompt_goes_through_the_chat_template(tokenizer):
+    prepared = prepare(request([ChatMessage("system", "be brief"), ChatMessage("user", "hi")]), tokenizer, 2048)
+    text = tokenizer.decode(prepared.prompt_ids)
+    assert "be brief" in text and text.rstrip().endswith("assistant")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("sampling", [dict(max_tokens=0), dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5),
+                                      dict(top_k=-2), dict(temperature=float("nan"))])
+def test_invalid_sampling_is_a_named_error(tokenizer, sampling):
+    with pytest.raises(InvalidSamplingError):
+        prepare(request(**sampling), tokenizer, 2048)
+
+
+@pytest.mark.model
+def test_too_long_names_the_counts_and_the_limit(tokenizer):
+    with pytest.raises(PromptTooLongError, match=r"tokens \+ max_tokens 100 = \d+ tokens exceeds .* 64 tokens"):
+        prepare(request([ChatMessage("user", "word " * 50)], max_tokens=100), tokenizer, 64)
+
+
+@pytest.mark.model
+def test_no_messages_or_unknown_role_is_rejected(tokenizer):
+    with pytest.raises(InvalidRequestError):
+        prepare(request(messages=[]), tokenizer, 2048)
+    with pytest.raises(InvalidRequestError, match="robot"):
+        prepare(request([ChatMessage("robot", "x")]), tokenizer, 2048)
+
+
+def chunk(rid, index, text, final=False):
+    return SimpleNamespace(request_id=rid, index=index, text=text, is_final=final)
+
+
+def test_stream_assembler_keeps_attempts_apart_and_waits_for_the_final_chunk():
+    """Guards against a reader mixing the chunks of a crashed attempt with those of the retry."""
+    asm = StreamAssembler()
+    asm.add(chunk("r", 0, "Hel"), "a1")
+    asm.add(chunk("r", 1, "lo"), "a1")  # attempt a1 died here
+    asm.add(chunk("r", 0, "Hi"), "a2")
+    assert asm.text("r", "a2") is None  # not final yet
+    asm.add(chunk("r", 1, " there", final=True), "a2")
+    asm.add(chunk("r", 1, " there", final=True), "a2")  # a duplicate delivery is harmless
+    assert asm.text("r", "a2") == "Hi there"
+    assert asm.text("r", "a1") is None
+
+
+def test_first_seen_is_bounded():
+    seen = FirstSeen(capacity=2)
+    assert seen.add("a") and not seen.add("a")
+    seen.add("b")
+    seen.add("c")
+    assert "a" not in seen and seen.add("a")
