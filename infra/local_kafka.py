@@ -184,6 +184,13 @@ class LocalKafka:
             "share.coordinator.state.topic.replication.factor=1",
             "share.coordinator.state.topic.min.isr=1",
             "group.initial.rebalance.delay.ms=0",
+            # Share groups (the inference worker's `--intake share`): a member that dies hands its
+            # records back when its session times out; Kafka's 45 s default (and minimum) leaves a
+            # crashed worker's prompts unanswered that long. 10 s, heartbeats every 2 s.
+            "group.share.min.session.timeout.ms=6000",
+            "group.share.session.timeout.ms=10000",
+            "group.share.min.heartbeat.interval.ms=1000",
+            "group.share.heartbeat.interval.ms=2000",
             "num.partitions=1",
             # Topics come from the catalog (`chatpipe topics apply`); a typo should fail, not create.
             "auto.create.topics.enable=false",
