@@ -7,8 +7,9 @@
 real ``chatpipe streams`` worker serves them twice, in fresh topic namespaces and fresh Qdrant
 folders holding the same remembered turns: once with ``CHATPIPE_STREAMS_INTAKE_BATCH_SIZE=1`` (every prompt embedded,
 recalled and produced on its own) and once with the default batch (one embedding call and one
-recall call per batch). Throughput counts from the first to the last ``InferenceRequest``
-(their ``enqueued_at``, stamped by intake), so the worker's start-up is not in it. Goal >= 5x.
+recall call per batch). Throughput counts from the moment the backlog is produced to the last
+``InferenceRequest``'s ``enqueued_at`` (stamped by intake); the worker is already up and warm, so
+its start-up is not in it, and the first batch's work is. Goal >= 5x.
 The worker runs with 1 torch thread on both sides (``--torch-threads``): on a shared 2-core
 machine torch's 2 threads stall on each other's barriers and make a batch slower than single
 texts, which measures the machine's load rather than intake.
@@ -96,7 +97,7 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
 
     The worker first serves ``warmup`` (first model calls of each input shape are slow); then all
     of ``prompts`` are produced at once, so intake works through a backlog, and the rate is taken
-    from the first to the last of *their* requests.
+    from the moment they are produced to the last of *their* requests.
     """
     kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.")
     TopicAdmin(kafka).apply()
@@ -142,6 +143,7 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
 
         while seen < len(warmup):
             read()
+        backlog_at = time.time() * 1000  # same clock as enqueued_at (one machine)
         for p in prompts:
             producer.send(kafka.topic("chat.prompts"), p, key=p.conversation_id)
         producer.flush()
@@ -154,8 +156,10 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
             proc.wait(90)
         except subprocess.TimeoutExpired:
             proc.kill()
-    stamps.sort()
-    return (len(stamps) - 1) / max((stamps[-1] - stamps[0]) / 1000, 1e-3)
+    # From the moment the backlog is produced to the last request: the first batch's embedding and
+    # recall are in it. (Counting from the first request's stamp would leave them out, and with only
+    # a few batches of 32 that flattered the batched side by up to a batch, ~25% at --quick.)
+    return len(stamps) / max((max(stamps) - backlog_at) / 1000, 1e-3)
 
 
 def measure_intake(bootstrap: str, n: int, users: int, per_user: int, batch: int) -> float:

@@ -4,8 +4,10 @@ Per batch (``take_events(n, within)``, then split by prompt tokens, see ``batchi
 decode and validate every prompt (a bad one is dead-lettered and the rest go on), embed all
 prompts of the run in one call, recall memory for all of them in one call, assemble each
 context (``context.py``), remember each request as pending in its conversation's state (record
-needs the prompt text when the answer comes back) and produce the ``InferenceRequest`` keyed by
-conversation id to the topic of its priority. Reply address and priority are carried over.
+needs the prompt text when the answer comes back; each conversation's state is written to the
+table once per batch, before any of the batch's requests is produced) and produce the
+``InferenceRequest`` keyed by conversation id to the topic of its priority. Reply address and
+priority are carried over.
 """
 
 from __future__ import annotations
@@ -85,8 +87,15 @@ class Intake:
                        for i, p in enumerate(run)]
             recalled = await services.in_memory_thread(services.memory.recall_many, queries)
             recalled_at = time.perf_counter()
-            for prompt, state, hits in zip(run, states, recalled):
-                await self._produce(prompt, state, hits)
+            ready = [(prompt, state, out) for prompt, state, hits in zip(run, states, recalled)
+                     if (out := await self._prepare(prompt, state, hits)) is not None]
+            # State first, then the requests: a response can never find its conversation without its
+            # pending entry. One changelog write per conversation per batch, not one per prompt (each
+            # write serialises the whole state, pending requests included, to the changelog).
+            for key in dict.fromkeys(state.key for _, state, _ in ready):
+                self.table[key] = by_key[key].to_value()
+            for prompt, _, out in ready:
+                await self._send(prompt, out)
         self.batches += 1
         log.debug("intake batch of %d: embed %.1f ms, recall %.1f ms, assemble+produce %.1f ms", len(run),
                   (embedded - started) * 1e3, (recalled_at - embedded) * 1e3, (time.perf_counter() - recalled_at) * 1e3)
@@ -99,7 +108,9 @@ class Intake:
                            if value is None else ConversationState.from_value(value))
         return by_key[key]
 
-    async def _produce(self, prompt: _Prompt, state: ConversationState, hits: list[Any]) -> None:
+    async def _prepare(self, prompt: _Prompt, state: ConversationState, hits: list[Any]) -> InferenceRequest | None:
+        """The request's context, and its pending entry in ``state`` (not yet written to the table);
+        None when the prompt cannot fit the context (it is dead-lettered)."""
         request, parsed = prompt.request, prompt.parsed
         if parsed.history:  # the client keeps its own history (OpenAI style): it replaces the table's
             recent = [Segment((m,), order=i) for i, m in enumerate(parsed.history)]
@@ -113,23 +124,26 @@ class Intake:
                                        recalled=recalled, budget=budget, counter=self.services.counter)
         except PromptTooLongError as exc:
             await self.dead_letters.send(prompt.event, exc)
-            return
+            return None
         evicted = state.add_pending(
             PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at),
             self.settings.pending_limit)
         if evicted is not None:
             log.warning("conversation %s: no response for request %s among the last %d; forgetting it",
                         request.conversation_id, evicted.request_id, self.settings.pending_limit)
-        # State first, then the request: its response can never find the conversation without it.
-        self.table[state.key] = state.to_value()
-        out = InferenceRequest(
+        return InferenceRequest(
             request_id=request.request_id, conversation_id=request.conversation_id, user_id=request.user_id,
             tenant=request.tenant, created_at=request.created_at, model=request.model,
             messages=context.messages, sampling=request.sampling, priority=request.priority,
             reply_to=request.reply_to, reply_partition=request.reply_partition,
             context_tokens=context.tokens, recalled_turn_ids=context.recalled_turn_ids,
         )
-        topic = self.out_topics[inference_requests_topic(request.priority)]
-        await topic.send(key=request.conversation_id.encode(), value=self.services.codec.encode(out),
+
+    async def _send(self, prompt: _Prompt, out: InferenceRequest) -> None:
+        # Awaiting Faust's send only hands the record to the producer's buffer; delivery is awaited
+        # by Faust before it commits the consumed offsets (producer.flush in the commit), so a
+        # request is never committed as served before it is on the broker.
+        topic = self.out_topics[inference_requests_topic(out.priority)]
+        await topic.send(key=out.conversation_id.encode(), value=self.services.codec.encode(out),
                          headers=child_headers(prompt.event.message))
         self.served += 1

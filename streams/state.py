@@ -10,7 +10,7 @@ any Kafka tool; this module turns them into dataclasses and back. No I/O.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 def state_key(tenant: str, user_id: str, conversation_id: str) -> str:
@@ -94,7 +94,13 @@ class ConversationState:
 
     # --- table value <-> dataclass -----------------------------------------------------------
     def to_value(self) -> dict:
-        return asdict(self)
+        # The same dict as dataclasses.asdict, built field by field: asdict deep-copies generically
+        # and was the costliest step of intake's state write with a full pending list.
+        value = {name: getattr(self, name) for name in _SCALARS}
+        value["recent"] = [{name: getattr(t, name) for name in _RECENT} for t in self.recent]
+        value["pending"] = [{name: getattr(p, name) for name in _PENDING} for p in self.pending]
+        value["recorded"] = list(self.recorded)
+        return value
 
     @classmethod
     def from_value(cls, value: dict) -> "ConversationState":
@@ -103,3 +109,8 @@ class ConversationState:
         data["pending"] = [PendingRequest(**p) for p in data.get("pending", [])]
         data["recorded"] = list(data.get("recorded", []))
         return cls(**data)
+
+
+_RECENT = tuple(f.name for f in fields(RecentTurn))
+_PENDING = tuple(f.name for f in fields(PendingRequest))
+_SCALARS = tuple(f.name for f in fields(ConversationState) if f.name not in ("recent", "pending", "recorded"))

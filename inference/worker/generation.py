@@ -66,10 +66,7 @@ class Generation:
         if stream.admission is Admission.OVERLOADED:
             raise EngineBusy()
         if stream.admission is not Admission.ACCEPTED:
-            refusal = getattr(stream, "refusal", None)
-            raise PromptTooLongError(str(refusal) if refusal is not None else (
-                f"prompt of {len(p.prompt_ids)} tokens + max_tokens {p.params.max_new_tokens} can never fit "
-                f"the engine (refused: {stream.admission.value})"))
+            raise PromptTooLongError(str(stream.refusal))  # names the token counts and the limit
         self._stream = stream
         if self.cancelled:  # a cancel came while we were submitting
             stream.cancel()
@@ -84,7 +81,7 @@ class Generation:
                         first = False
                         self.on_first_token()
                 text = stops.feed(detok.push(ev.token_id)) if ev.token_id is not None else ""
-                if ev.finished and not stops.stopped and hasattr(detok, "flush"):
+                if ev.finished and not stops.stopped:
                     text += stops.feed(detok.flush())  # the held-back tail (an incomplete last character)
                 if stops.stopped:
                     stream.cancel()

@@ -176,3 +176,23 @@ def test_state_window_dedupe_and_round_trip():
     assert ConversationState.from_value(state.to_value()) == state
     assert state.add_pending(PendingRequest("x", "p", None, 0), limit=1) is None
     assert state.add_pending(PendingRequest("y", "p", None, 0), limit=1).request_id == "x"
+
+
+def test_state_table_value_is_plain_json_dict_same_as_asdict():
+    """The table value is built field by field for speed; it must stay exactly what
+    ``dataclasses.asdict`` gives (the changelog format older workers restore from), be a copy
+    (a later change of the state must not alter a value already handed to the table) and be
+    JSON-serialisable."""
+    import json
+    from dataclasses import asdict
+
+    state = ConversationState("t", "u", "c", turn_count=2, tokens_in=5)
+    state.recent.append(RecentTurn("t0", 0, "p", "a", 1))
+    state.add_pending(PendingRequest("r1", "p1", "sys", 2), limit=4)
+    state.recorded.append("r0")
+    value = state.to_value()
+    assert value == asdict(state)
+    assert json.loads(json.dumps(value)) == value
+    state.add_pending(PendingRequest("r2", "p2", None, 3), limit=4)
+    state.recent[0].answer = "changed"
+    assert [p["request_id"] for p in value["pending"]] == ["r1"] and value["recent"][0]["answer"] == "a"
