@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,16 +44,12 @@ from transport.admin import TopicAdmin  # noqa: E402
 from transport.producer import RecordProducer  # noqa: E402
 from transport.settings import KafkaSettings  # noqa: E402
 
+from local_broker import bench_broker  # noqa: E402  (bench/, beside this script)
+
 TORCH_THREADS: int | None = 1  # set from --torch-threads; the same for both sides
 
 SUBJECTS = ["my garden", "the train schedule", "a birthday present", "learning Spanish", "the quarterly report",
             "my bike", "a recipe for soup", "the new laptop", "a trip to Lisbon", "my sleep schedule"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def prompts_for(n: int, users: int, seed: int) -> list[PromptRequest]:
@@ -208,22 +203,9 @@ def main() -> None:
             print(embed.line(), flush=True)
             measure_recall_latency(points=20_000 if quick else 100_000, queries=300 if quick else 2000)
 
-    kafka = None
-    bootstrap = args.bootstrap_servers
-    if bootstrap is None:
-        from infra.local_kafka import LocalKafka
-        from infra.settings import StackSettings
-
-        kafka = LocalKafka(StackSettings(state_dir=tempfile.mkdtemp(prefix="chatpipe-bench-"),
-                                         kafka_port=_free_port(), controller_port=_free_port()))
-        kafka.up()
-        bootstrap = kafka.settings.bootstrap_servers
-    try:
+    with bench_broker(args.bootstrap_servers) as bootstrap:
         ratio = measure_intake(bootstrap, args.prompts or (160 if quick else 600), args.users or (30 if quick else 60),
                                per_user=10, batch=args.batch)
-    finally:
-        if kafka is not None:
-            kafka.down()
     print(f"streams/intake batched vs one-at-a-time prompts/s ratio = {ratio:.2f}", flush=True)
 
 

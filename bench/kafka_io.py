@@ -23,9 +23,7 @@ import argparse
 import gc
 import io
 import os
-import socket
 import statistics
-import tempfile
 import time
 import uuid
 
@@ -40,6 +38,8 @@ from transport.consumer import BatchConsumer
 from transport.producer import RecordProducer
 from transport.settings import KafkaSettings
 
+from local_broker import bench_broker  # bench/, beside this script
+
 PAYLOAD = os.urandom(1024)
 # CPU seconds of this process (all its threads, librdkafka's included) of the last measured loop:
 # the client's own cost, which the broker sharing the same 2 cores cannot blur.
@@ -49,12 +49,6 @@ CPU_SECONDS: list[float] = []
 GC_STARTS = [0]
 GC_PER_RUN: list[int] = []
 gc.callbacks.append(lambda phase, info: GC_STARTS.__setitem__(0, GC_STARTS[0] + (phase == "start")))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 FIXED_HEADER = [("traceparent", b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01")]
@@ -284,22 +278,8 @@ def main() -> None:
     n = args.messages or (60_000 if args.quick else 200_000)
     repeats = args.repeats or (5 if args.quick else 7)
 
-    kafka = None
-    bootstrap = args.bootstrap_servers
-    if bootstrap is None:
-        from infra.local_kafka import LocalKafka
-        from infra.settings import StackSettings
-
-        kafka = LocalKafka(StackSettings(state_dir=tempfile.mkdtemp(prefix="chatpipe-bench-"),
-                                         kafka_port=_free_port(), controller_port=_free_port()))
-        kafka.up()
-        bootstrap = kafka.settings.bootstrap_servers
-    try:
+    with bench_broker(args.bootstrap_servers) as bootstrap:
         headline = measure(bootstrap, n, repeats, (1_000, 100) if args.quick else (2_000, 150))
-    finally:
-        gc.collect()  # close leftover clients before the broker goes, to keep their logs quiet
-        if kafka is not None:
-            kafka.down()
     print(headline, flush=True)
 
 

@@ -7,9 +7,11 @@
    tokens/s = output tokens / wall time from the first submit (produce) to the last answer. The
    sides alternate for a few rounds and the best round of each is compared (the machine is
    shared; the best round is the least disturbed one).
-2. Added time to first token from the Kafka hops: each prompt alone, on both sides back to back,
-   engine (submit -> first token) vs Kafka (produce -> first TokenChunk read back); p50 / p99 of
-   the per-prompt difference.
+2. Added time to first token from the Kafka hops: each prompt alone, produced to Kafka, timed
+   from produce to its first TokenChunk read back, minus the worker's own time on that request
+   (chat template + engine until the first chunk is sent, carried in the chunk's
+   ``chatpipe-engine-us`` header; the engine-alone side does the same work);
+   p50 / p99 of that difference. The engine alone's TTFT on the same prompts is printed beside it.
 3. ``partition`` vs ``share`` intake with 2 workers (1 torch thread each) under a skewed load:
    most requests on 2 conversations (so on at most 2 partitions); time to finish the whole load.
 
@@ -35,17 +37,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from local_broker import bench_broker  # noqa: E402  (bench/, beside this script)
 from tests.worker.harness import REPLIES, Reader, make_request, send_requests, start_worker  # noqa: E402
 
 TOPICS = ("chat.inference.requests", REPLIES, "chat.responses")
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -108,7 +104,7 @@ def through_kafka(kafka, reader: Reader, requests, producer, *, one_at_a_time: b
             for rid in ids:
                 if rid not in first_seen and reader.seen.chunk_count.get(rid):
                     first_seen[rid] = now
-        ttft += [first_seen.get(rid, time.perf_counter()) - sent for rid in ids]
+        ttft += [first_seen.get(rid, time.perf_counter()) - sent for rid in sorted(ids)]
     elapsed = time.perf_counter() - start
     tokens = sum(reader.seen.first_response(r.request_id)[0].tokens_out for r in requests)
     return elapsed, tokens, ttft
@@ -173,7 +169,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="about a minute or two on 2 cores")
     parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
     args = parser.parse_args()
-    n, max_tokens, n_ttft, n_skew, rounds = (12, 16, 10, 20, 2) if args.quick else (48, 48, 40, 60, 3)
+    with bench_broker(args.bootstrap_servers, prefix="chatpipe-bench-worker-") as bootstrap:
+        run(bootstrap, args.quick)
+
+
+def run(bootstrap: str, quick: bool) -> None:
+    n, max_tokens, n_ttft, n_skew, rounds = (12, 16, 10, 20, 2) if quick else (48, 48, 40, 60, 3)
 
     from inference.engine.engine import Engine
     from inference.engine.model_store import load_model
@@ -181,15 +182,6 @@ def main() -> None:
     from transport.admin import TopicAdmin
     from transport.settings import KafkaSettings
 
-    bootstrap, broker = args.bootstrap_servers, None
-    if bootstrap is None:
-        from infra.local_kafka import LocalKafka
-        from infra.settings import StackSettings
-
-        broker = LocalKafka(StackSettings(state_dir=tempfile.mkdtemp(prefix="chatpipe-bench-worker-"),
-                                          kafka_port=_free_port(), controller_port=_free_port()))
-        broker.up()
-        bootstrap = broker.settings.bootstrap_servers
     tmp = Path(tempfile.mkdtemp(prefix="chatpipe-bench-worker-logs-"))
 
     def fresh_kafka() -> KafkaSettings:
@@ -197,59 +189,61 @@ def main() -> None:
         TopicAdmin(kafka).apply()
         return kafka
 
+    # Same engine settings on both sides (the worker reads them from CHATPIPE_* variables).
+    engine_env = {"CHATPIPE_MAX_BATCH": "8", "CHATPIPE_KV_CACHE_TOKENS": "8192", "CHATPIPE_MAX_SEQ_LEN": "512",
+                  "CHATPIPE_DEVICE": "cpu"}
+    settings = EngineSettings(device="cpu", max_batch=8, kv_cache_tokens=8192, max_seq_len=512, num_threads=2)
+    model, tokenizer = load_model(settings)
+    engine = Engine(model, settings)
+    kafka = fresh_kafka()
+    requests = prompts(n, max_tokens, kafka)
+    ttft_requests = prompts(n_ttft, 4, kafka)
+
+    from transport.producer import RecordProducer
+
+    producer = RecordProducer(kafka, extra_config={"linger.ms": 0})
+    worker = start_worker(kafka, tmp, worker_id="bench", CHATPIPE_NUM_THREADS="2", **engine_env)
+    reader = Reader(kafka)
+    e_runs, k_runs, e_ttft, k_ttft, k_engine = [], [], [], [], []
     try:
-        # Same engine settings on both sides (the worker reads them from CHATPIPE_* variables).
-        engine_env = {"CHATPIPE_MAX_BATCH": "8", "CHATPIPE_KV_CACHE_TOKENS": "8192", "CHATPIPE_MAX_SEQ_LEN": "512",
-                      "CHATPIPE_DEVICE": "cpu"}
-        settings = EngineSettings(device="cpu", max_batch=8, kv_cache_tokens=8192, max_seq_len=512, num_threads=2)
-        model, tokenizer = load_model(settings)
-        engine = Engine(model, settings)
-        kafka = fresh_kafka()
-        requests = prompts(n, max_tokens, kafka)
-        ttft_requests = prompts(n_ttft, 4, kafka)
-
-        from transport.producer import RecordProducer
-
-        producer = RecordProducer(kafka, extra_config={"linger.ms": 0})
-        worker = start_worker(kafka, tmp, worker_id="bench", CHATPIPE_NUM_THREADS="2", **engine_env)
-        reader = Reader(kafka)
-        e_runs, k_runs, e_ttft, k_ttft = [], [], [], []
-        try:
-            worker.wait_serving()
-            asyncio.run(engine_alone(engine, tokenizer, requests[:4], one_at_a_time=False))  # warm-up
-            through_kafka(kafka, reader, [make_copy(r, "warm") for r in requests[:4]], producer, one_at_a_time=False)
-            # Alternate the two sides, so that load from other jobs on the machine hits both alike;
-            # the best run of each side is compared (the least disturbed one).
-            for round_no in range(rounds):
-                secs, tokens, _ = asyncio.run(engine_alone(engine, tokenizer, requests, one_at_a_time=False))
-                e_runs.append(tokens / secs)
-                secs, tokens, _ = through_kafka(kafka, reader, [make_copy(r, f"t{round_no}") for r in requests],
-                                                producer, one_at_a_time=False)
-                k_runs.append(tokens / secs)
-            for i, req in enumerate(ttft_requests):  # each prompt on both sides, back to back
-                e_ttft += asyncio.run(engine_alone(engine, tokenizer, [req], one_at_a_time=True))[2]
-                k_ttft += through_kafka(kafka, reader, [make_copy(req, f"f{i}")], producer, one_at_a_time=True)[2]
-        finally:
-            reader.close()
-            worker.terminate()
-        del engine, model
-
-        e_rate, k_rate = max(e_runs), max(k_runs)
-        added = [(k - e) * 1000 for k, e in zip(k_ttft, e_ttft)]
-        print(f"\n{n} requests x max {max_tokens} tokens, greedy, max_batch 8, {rounds} alternating rounds per side")
-        print(f"  engine alone     : best {e_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in e_runs)})")
-        print(f"  kafka + worker   : best {k_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in k_runs)})")
-        print(f"time to first token, {n_ttft} prompts one at a time, each on both sides back to back (ms): engine p50 "
-              f"{statistics.median(e_ttft) * 1000:.1f} / kafka p50 {statistics.median(k_ttft) * 1000:.1f}")
-        print(f"  added by the Kafka hops: p50 {percentile(added, 0.5):.1f} ms, p99 {percentile(added, 0.99):.1f} ms")
-        print(f"skewed load ({n_skew} requests, 80% on 2 conversations, 2 workers, 1 thread each):")
-        t_part = skewed_load(fresh_kafka, tmp, "partition", n_skew, 16)
-        t_share = skewed_load(fresh_kafka, tmp, "share", n_skew, 16)
-        print(f"  share finishes the load {t_part / t_share:.2f}x as fast as partition")
-        print(f"worker/kafka+worker vs engine tokens/s ratio = {k_rate / e_rate:.2f}")
+        worker.wait_serving()
+        asyncio.run(engine_alone(engine, tokenizer, requests[:4], one_at_a_time=False))  # warm-up
+        through_kafka(kafka, reader, [make_copy(r, "warm") for r in requests[:4]], producer, one_at_a_time=False)
+        # Alternate the two sides, so that load from other jobs on the machine hits both alike;
+        # the best run of each side is compared (the least disturbed one).
+        for round_no in range(rounds):
+            secs, tokens, _ = asyncio.run(engine_alone(engine, tokenizer, requests, one_at_a_time=False))
+            e_runs.append(tokens / secs)
+            secs, tokens, _ = through_kafka(kafka, reader, [make_copy(r, f"t{round_no}") for r in requests],
+                                            producer, one_at_a_time=False)
+            k_runs.append(tokens / secs)
+        for i, req in enumerate(ttft_requests):  # each prompt on both sides, back to back
+            e_ttft += asyncio.run(engine_alone(engine, tokenizer, [req], one_at_a_time=True))[2]
+            copy = make_copy(req, f"f{i}")
+            k_ttft += through_kafka(kafka, reader, [copy], producer, one_at_a_time=True)[2]
+            k_engine.append(reader.seen.engine_us[copy.request_id] / 1e6)
     finally:
-        if broker is not None:
-            broker.down()
+        reader.close()
+        worker.terminate()
+    del engine, model
+
+    e_rate, k_rate = max(e_runs), max(k_runs)
+    # What the hops added: the client's TTFT minus the worker's own time on the same request
+    # (chat template + engine until the first chunk is sent, its chatpipe-engine-us header). Subtracting
+    # the engine-alone run's TTFT instead would fold two prefills' run-to-run noise into it.
+    added = [(k - e) * 1000 for k, e in zip(k_ttft, k_engine)]
+    print(f"\n{n} requests x max {max_tokens} tokens, greedy, max_batch 8, {rounds} alternating rounds per side")
+    print(f"  engine alone     : best {e_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in e_runs)})")
+    print(f"  kafka + worker   : best {k_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in k_runs)})")
+    print(f"time to first token, {n_ttft} prompts one at a time, each on both sides back to back (ms): engine p50 "
+          f"{statistics.median(e_ttft) * 1000:.1f} / kafka p50 {statistics.median(k_ttft) * 1000:.1f} "
+          f"(of which the worker's engine p50 {statistics.median(k_engine) * 1000:.1f})")
+    print(f"  added by the Kafka hops: p50 {percentile(added, 0.5):.1f} ms, p99 {percentile(added, 0.99):.1f} ms")
+    print(f"skewed load ({n_skew} requests, 80% on 2 conversations, 2 workers, 1 thread each):")
+    t_part = skewed_load(fresh_kafka, tmp, "partition", n_skew, 16)
+    t_share = skewed_load(fresh_kafka, tmp, "share", n_skew, 16)
+    print(f"  share finishes the load {t_part / t_share:.2f}x as fast as partition")
+    print(f"worker/kafka+worker vs engine tokens/s ratio = {k_rate / e_rate:.2f}")
 
 
 def make_copy(req, tag: str):

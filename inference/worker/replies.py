@@ -8,6 +8,7 @@ Not here: deciding what to write (``worker.py``); encoding and delivery (``trans
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from schemas.records import DeadLetter, FinishReason, Header, InferenceRequest, Response, TokenChunk, now_ms
@@ -18,6 +19,10 @@ from transport.message import ConsumedMessage
 
 RESPONSES = "chat.responses"
 COMPONENT = "inference-worker"
+# On the first chunk of an attempt: microseconds from the worker starting on the request (chat
+# template, engine, detokenizer) until that chunk was sent. A client's time to first token minus
+# this is what the Kafka hops and the worker's intake added (bench/worker.py measures it so).
+ENGINE_TIME_HEADER = "chatpipe-engine-us"
 
 
 @dataclass
@@ -32,6 +37,7 @@ class ReplyStream:
     index: int = 0
     text_parts: list[str] = field(default_factory=list)
     last_ack: asyncio.Future | None = None
+    started_at: float | None = None  # perf_counter when the worker started on the request
 
     @property
     def enabled(self) -> bool:
@@ -42,7 +48,11 @@ class ReplyStream:
         return "".join(self.text_parts)
 
     def headers(self) -> list[tuple[str, bytes]]:
-        return [(ATTEMPT_HEADER, self.attempt.encode("ascii"))]
+        headers = [(ATTEMPT_HEADER, self.attempt.encode("ascii"))]
+        if self.index == 0 and self.started_at is not None:
+            engine_us = int((time.perf_counter() - self.started_at) * 1e6)
+            headers.append((ENGINE_TIME_HEADER, str(engine_us).encode("ascii")))
+        return headers
 
     def send(self, text: str, token_id: int | None, *, final: bool = False) -> None:
         self.text_parts.append(text)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -163,6 +164,7 @@ class Worker:
             self.metrics.requests.labels(label).inc()
 
     async def _answer(self, item: WorkItem, started: list[bool]) -> tuple[Outcome, str]:
+        started_at = time.perf_counter()  # the worker's own time on the request starts here
         req = item.record
         attempt = uuid.uuid4().hex[:16]
         trace = item.message.traceparent
@@ -186,7 +188,7 @@ class Worker:
 
         gen = Generation(self.aengine, self.tokenizer, f"{req.request_id}#{attempt}", prepared, on_first_token)
         self.active[req.request_id] = (item, gen)
-        replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace)
+        replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace, started_at=started_at)
         final = None
         try:
             while final is None:

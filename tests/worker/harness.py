@@ -14,6 +14,7 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from inference.worker.replies import ENGINE_TIME_HEADER
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, InferenceRequest, Priority, SamplingParams, now_ms
 from schemas.topics import inference_requests_topic
@@ -105,6 +106,7 @@ class Seen:
     assembler: StreamAssembler = field(default_factory=StreamAssembler)
     chunk_count: dict[str, int] = field(default_factory=dict)
     chunk_workers: dict[str, set] = field(default_factory=dict)
+    engine_us: dict[str, int] = field(default_factory=dict)  # request_id -> the first chunk's engine time
 
     def first_response(self, request_id: str):
         """Reader-side dedupe: the first Response of a request wins."""
@@ -151,6 +153,10 @@ class Reader:
                 self.seen.assembler.add(record, attempt)
                 self.seen.chunk_count[record.request_id] = self.seen.chunk_count.get(record.request_id, 0) + 1
                 self.seen.chunk_workers.setdefault(record.request_id, set()).add(record.worker_id)
+                if record.index == 0:
+                    engine_us = dict(msg.headers() or []).get(ENGINE_TIME_HEADER)
+                    if engine_us is not None:
+                        self.seen.engine_us[record.request_id] = int(engine_us)
             elif name == "DeadLetter":
                 self.seen.dead_letters.append(record)
             elif name == "WorkerStatus":
