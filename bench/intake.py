@@ -10,9 +10,9 @@ recalled and produced on its own) and once with the default batch (one embedding
 recall call per batch). Throughput counts from the moment the backlog is produced to the last
 ``InferenceRequest``'s ``enqueued_at`` (stamped by intake); the worker is already up and warm, so
 its start-up is not in it, and the first batch's work is. Goal >= 5x.
-The worker runs with 1 torch thread on both sides (``--torch-threads``): on a shared 2-core
-machine torch's 2 threads stall on each other's barriers and make a batch slower than single
-texts, which measures the machine's load rather than intake.
+The worker runs with torch's default threads on both sides, as it does in service
+(``--torch-threads N`` pins N; on a 2-core machine shared with other work, 1 is steadier: torch's
+2 threads then stall on each other's barriers and make a batch slower than single texts).
 
 (2) **embed+upsert turns/s vs raw sentence-transformers encoding** and (3) **recall p99 at 100k
 stored turns** (local mode) are the memory engineer's measurements, called from
@@ -46,7 +46,7 @@ from transport.settings import KafkaSettings  # noqa: E402
 
 from local_broker import bench_broker  # noqa: E402  (bench/, beside this script)
 
-TORCH_THREADS: int | None = 1  # set from --torch-threads; the same for both sides
+TORCH_THREADS: int | None = None  # set from --torch-threads; the same for both sides
 
 SUBJECTS = ["my garden", "the train schedule", "a birthday present", "learning Spanish", "the quarterly report",
             "my bike", "a recipe for soup", "the new laptop", "a trip to Lisbon", "my sleep schedule"]
@@ -183,9 +183,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="intake batch size of the batched run")
     parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
     parser.add_argument("--skip-memory", action="store_true", help="only the intake comparison")
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="worker's torch threads, both sides (default 1; 0 = torch's default). On a shared "
-                             "2-core machine 2 threads stall on each other's barriers and make batches slower")
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="worker's torch threads, both sides (default 0 = torch's default). On a 2-core "
+                             "machine shared with other work, 1 is steadier")
     args = parser.parse_args()
     global TORCH_THREADS
     TORCH_THREADS = args.torch_threads or None
