@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from chatpipe.commands import engine, inference, jobs, stack, streams, topics
+from chatpipe.commands import chat, demo, engine, gateway, inference, jobs, stack, streams, tail, topics
 from chatpipe.commands.common import err_console
 from schemas.errors import ChatpipeError
 
@@ -18,9 +18,13 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # Help texts end in "[env CHATPIPE_...; default ...]": rich markup would take that for a style tag
+    # and drop it, so help is rendered as plain text (every command group inherits this).
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for group in (stack, topics, engine, jobs, streams, inference):
+for group in (stack, topics, engine, jobs, streams, inference, gateway, tail, chat, demo):
     group.register(app)
 
 

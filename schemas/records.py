@@ -129,7 +129,14 @@ class TokenChunk:
     is_final: bool = False
     worker_id: str
     created_at: int = field(default_factory=now_ms)
-    schema_version: int = 1
+    # Set on the final chunk only (v2): how the request ended, so a client that reads nothing but
+    # its reply address can report usage and errors.
+    finish_reason: FinishReason | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    error_code: str | None = None  # context_length_exceeded | invalid_request | cancelled | internal_error
+    error: str | None = None
+    schema_version: int = 2
 
 
 @dataclass(slots=True, kw_only=True)

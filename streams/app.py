@@ -78,7 +78,8 @@ class StreamsApp:
         codec = services.codec
         self.intake = Intake(settings, services, self.table,
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
-                             DeadLetters(dlq, codec, "streams.intake"))
+                             DeadLetters(dlq, codec, "streams.intake"),
+                             reply_topic=lambda full_name: app.topic(full_name, **RAW))
         self.record = Record(settings, services, self.table, topic("chat.turns"),
                              DeadLetters(dlq, codec, "streams.record"))
         self.forget = Forget(services, self.table, topic("chat.deletions.audit"),

@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from schemas.errors import DecodeError
-from schemas.records import InferenceRequest, PromptRequest
+from schemas.records import FinishReason, InferenceRequest, PromptRequest, TokenChunk
 from schemas.topics import inference_requests_topic
 from streams.batching import split_by_tokens
 from streams.context import Segment, assemble_context
@@ -41,12 +41,14 @@ class _Prompt:
 
 class Intake:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any,
-                 out_topics: dict[str, Any], dead_letters: DeadLetters) -> None:
+                 out_topics: dict[str, Any], dead_letters: DeadLetters,
+                 reply_topic: Callable[[str], Any] | None = None) -> None:
         self.settings = settings
         self.services = services
         self.table = table  # conversations: state_key -> ConversationState value
         self.out_topics = out_topics  # catalog name -> Faust topic
         self.dead_letters = dead_letters
+        self.reply_topic = reply_topic  # full topic name -> Faust topic (the asker's reply address)
         self.served = 0
         self.batches = 0
 
@@ -62,9 +64,13 @@ class Intake:
             try:
                 request = self.services.codec.decode(m.value, PromptRequest, topic=m.topic,
                                                      partition=m.partition, offset=m.offset)
-                prompts.append(_Prompt(event, request, parse_prompt(request)))
-            except (DecodeError, InvalidPromptError) as exc:
+            except DecodeError as exc:
                 await self.dead_letters.send(event, exc)
+                continue
+            try:
+                prompts.append(_Prompt(event, request, parse_prompt(request)))
+            except InvalidPromptError as exc:
+                await self._refuse(event, request, exc, "invalid_request")
         if not prompts:
             return
         tokens = self.services.counter.text_tokens([p.parsed.prompt for p in prompts])
@@ -123,7 +129,7 @@ class Intake:
             context = assemble_context(system_prompt=system_prompt, prompt=parsed.prompt, recent=recent,
                                        recalled=recalled, budget=budget, counter=self.services.counter)
         except PromptTooLongError as exc:
-            await self.dead_letters.send(prompt.event, exc)
+            await self._refuse(prompt.event, request, exc, "context_length_exceeded")
             return None
         evicted = state.add_pending(
             PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at),
@@ -147,3 +153,16 @@ class Intake:
         await topic.send(key=out.conversation_id.encode(), value=self.services.codec.encode(out),
                          headers=child_headers(prompt.event.message))
         self.served += 1
+
+    async def _refuse(self, event: Any, request: PromptRequest, exc: Exception, error_code: str) -> None:
+        """Dead letter with the reason, and a lone final error chunk to the asker's reply address
+        (when it gave one), so a client waiting on its reply topic gets the reason, not silence."""
+        await self.dead_letters.send(event, exc)
+        if not request.reply_to or self.reply_topic is None:
+            return
+        chunk = TokenChunk(request_id=request.request_id, conversation_id=request.conversation_id, index=0,
+                           text="", is_final=True, worker_id="streams.intake", finish_reason=FinishReason.ERROR,
+                           tokens_in=0, tokens_out=0, error_code=error_code, error=str(exc))
+        await self.reply_topic(request.reply_to).send(
+            key=request.request_id.encode(), value=self.services.codec.encode(chunk),
+            partition=request.reply_partition, headers=child_headers(event.message))

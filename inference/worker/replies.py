@@ -54,19 +54,28 @@ class ReplyStream:
             headers.append((ENGINE_TIME_HEADER, str(engine_us).encode("ascii")))
         return headers
 
-    def send(self, text: str, token_id: int | None, *, final: bool = False) -> None:
+    def send(self, text: str, token_id: int | None, *, final: bool = False, finish_reason: FinishReason | None = None,
+             tokens_in: int | None = None, tokens_out: int | None = None, error_code: str | None = None,
+             error: str | None = None) -> None:
+        """One chunk; the final one carries how the request ended (finish reason, usage, error)."""
         self.text_parts.append(text)
         if not self.enabled:
             return
         chunk = TokenChunk(request_id=self.request.request_id, conversation_id=self.request.conversation_id,
                            index=self.index, text=text, token_ids=[] if token_id is None else [token_id],
-                           is_final=final, worker_id=self.worker_id)
+                           is_final=final, worker_id=self.worker_id, finish_reason=finish_reason,
+                           tokens_in=tokens_in, tokens_out=tokens_out, error_code=error_code, error=error)
         ack = self.producer.send(self.request.reply_to, chunk, key=self.request.request_id,
                                  partition=self.request.reply_partition, headers=self.headers(),
                                  parent_trace=self.parent_trace, want_ack=final)
         if final:  # chunks of one partition land in order: the last one's ack covers them all
             self.last_ack = ack
         self.index += 1
+
+    def send_error(self, error_code: str, error: str, finish_reason: FinishReason = FinishReason.ERROR) -> None:
+        """A lone final chunk for a request that is not served, so the asker is not left waiting."""
+        self.send("", None, final=True, finish_reason=finish_reason, tokens_in=0, tokens_out=0,
+                  error_code=error_code, error=error)
 
 
 def response_for(req: InferenceRequest, *, text: str, worker_id: str, model: str, tokens_in: int, tokens_out: int,

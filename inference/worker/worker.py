@@ -25,7 +25,7 @@ from inference.engine.request import FinishReason as EngineFinish
 from inference.engine.streaming import AsyncEngine
 from inference.worker.cancels import CancelListener, RecentCancels
 from inference.worker.capacity import Capacity
-from inference.worker.errors import BadRequestError
+from inference.worker.errors import BadRequestError, PromptTooLongError
 from inference.worker.generation import EngineBusy, Generation
 from inference.worker.heartbeat import WORKERS_STATUS, worker_status
 from inference.worker.intake import Intake, Outcome, WorkItem
@@ -170,10 +170,13 @@ class Worker:
         trace = item.message.traceparent
         cancelled = self.recent_cancels.pop(req.request_id)
         if cancelled is not None:
+            replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace)
+            replies.send_error("cancelled", f"cancelled: {cancelled}", FinishReason.CANCELLED)
             response = response_for(req, text="", worker_id=self.settings.worker_id, model=self.model_name,
                                     tokens_in=0, tokens_out=0, queue_ms=0, ttft_ms=0,
                                     finish_reason=FinishReason.CANCELLED, error=f"cancelled: {cancelled}")
-            await send_response(self.producer, response, attempt=attempt, parent_trace=trace)
+            await asyncio.gather(send_response(self.producer, response, attempt=attempt, parent_trace=trace),
+                                 *([replies.last_ack] if replies.last_ack is not None else []))
             return Outcome.DONE, "cancelled"
         try:
             prepared = prepare(req, self.tokenizer, self.max_seq_len)
@@ -199,7 +202,10 @@ class Worker:
                             continue
                         if delta.finished:
                             final = delta
-                            replies.send(delta.text, delta.token_id, final=True)
+                            reason = FINISH.get(delta.finish_reason, FinishReason.STOP)
+                            replies.send(delta.text, delta.token_id, final=True, finish_reason=reason,
+                                         tokens_in=delta.num_prompt_tokens, tokens_out=delta.num_output_tokens,
+                                         error_code="cancelled" if reason is FinishReason.CANCELLED else None)
                         elif delta.text:
                             replies.send(delta.text, delta.token_id)
                 except EngineBusy:  # only when max_in_flight exceeds the engine's waiting queue
@@ -234,11 +240,15 @@ class Worker:
     async def _reject(self, item: WorkItem, exc: BadRequestError, attempt: str, trace: str | None) -> Outcome:
         """Dead letter with the reason, and an error Response so the asker is not left waiting."""
         req = item.record
+        code = "context_length_exceeded" if isinstance(exc, PromptTooLongError) else "invalid_request"
+        replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace)
+        replies.send_error(code, str(exc))
         response = response_for(req, text="", worker_id=self.settings.worker_id, model=self.model_name,
                                 tokens_in=0, tokens_out=0, queue_ms=item.taken_at_ms - req.enqueued_at, ttft_ms=0,
                                 finish_reason=FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
         await asyncio.gather(send_dead_letter(self.producer, item.message, exc),
-                             send_response(self.producer, response, attempt=attempt, parent_trace=trace))
+                             send_response(self.producer, response, attempt=attempt, parent_trace=trace),
+                             *([replies.last_ack] if replies.last_ack is not None else []))
         return Outcome.DEAD
 
     def _observe(self, response: Any, final: Any) -> None:

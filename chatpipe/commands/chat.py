@@ -1,0 +1,98 @@
+"""``chatpipe chat``: an interactive terminal chat against the gateway (clients/chat_session.py).
+
+Streams each answer as it arrives and keeps the conversation; ``/up`` ``/down`` ``/regen``
+``/edit <text>`` send feedback on the last answer (to ``chat.feedback``), ``/new`` starts over,
+``/quit`` ends. Reads stdin when it is not a terminal, one message or command per line, so it
+can be scripted: ``printf 'Hi\\n/up\\n' | chatpipe chat``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from chatpipe.commands.common import build_settings, err_console
+
+Url = Annotated[Optional[str], typer.Option("--url", help="Gateway base URL [env CHATPIPE_GATEWAY_URL; default http://127.0.0.1:8000]")]
+ApiKey = Annotated[Optional[str], typer.Option("--api-key", help="Bearer key [env CHATPIPE_API_KEY; default: first key of <state dir>/gateway/keys.json]")]
+StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="Local stack's state folder, for its keys file [env CHATPIPE_STATE_DIR; default .chatpipe]")]
+Model = Annotated[Optional[str], typer.Option("--model", help="Model id [env CHATPIPE_CHAT_MODEL; default: the gateway's first model]")]
+
+
+def fail(exc: Exception) -> typer.Exit:
+    """Print ``exc`` as one error line (no wrapping, no markup) and return the exit to raise."""
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(' '.join(str(exc).split()))}", soft_wrap=True, highlight=False)
+    return typer.Exit(1)
+
+
+def connect(settings):
+    """(client, model id) for ``settings``; raises :class:`typer.Exit` after one error line."""
+    from clients.gateway_client import GatewayClient
+    from clients.settings import find_api_key
+    from schemas.errors import ChatpipeError
+
+    try:
+        client = GatewayClient(settings.gateway_url, find_api_key(settings), timeout_s=settings.chat_timeout_s)
+    except ChatpipeError as exc:
+        raise fail(exc) from None
+    try:
+        model = settings.chat_model or (client.models() or [None])[0]
+        if model is None:
+            raise fail(RuntimeError(f"the gateway at {settings.gateway_url} lists no model"))
+    except ChatpipeError as exc:
+        client.close()
+        raise fail(exc) from None
+    return client, model
+
+
+def _terminal_lines():
+    while True:
+        try:
+            yield input("you> ")
+        except (EOFError, KeyboardInterrupt):  # Ctrl-D / Ctrl-C at the prompt: leave
+            print()
+            return
+
+
+def chat(
+    url: Url = None,
+    api_key: ApiKey = None,
+    state_dir: StateDir = None,
+    model: Model = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Most new tokens per answer [env CHATPIPE_CHAT_MAX_TOKENS; default 256]")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy [env CHATPIPE_CHAT_TEMPERATURE; default 0.7]")] = None,
+) -> None:
+    """Chat with the pipeline through the gateway; /up /down /regen /edit <text> /new /quit."""
+    import sys
+
+    from clients.chat_session import HELP, ChatSession, run_chat
+    from clients.settings import ClientSettings
+
+    settings = build_settings(ClientSettings, gateway_url=url, api_key=api_key, state_dir=state_dir,
+                              chat_model=model, chat_max_tokens=max_tokens, chat_temperature=temperature)
+    client, model_id = connect(settings)
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    session = ChatSession(client, model=model_id, max_tokens=settings.chat_max_tokens,
+                          temperature=settings.chat_temperature, on_text=show)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        import readline  # noqa: F401 - line editing and history for input()
+
+        err_console.print(f"chatting with {model_id} at {settings.gateway_url}; {HELP}", markup=False, highlight=False)
+    with client:
+        failures = run_chat(session, _terminal_lines() if interactive else sys.stdin, out=sys.stdout,
+                            err=sys.stderr, echo=not interactive)
+    # A script learns from the exit code whether every line went through.
+    raise typer.Exit(1 if failures and not interactive else 0)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("chat")(chat)

@@ -1,0 +1,225 @@
+"""The gateway's HTTP routes (FastAPI): OpenAI's chat completions, models, health, metrics, feedback.
+
+A streamed request waits for its first chunk before the HTTP status is sent, so a request the
+pipeline refuses (context too long, invalid) gets a proper 4xx with OpenAI's error body, not a
+200 stream that breaks. Until then a task watches for the client going away; afterwards
+Starlette cancels the stream when it does. Either way a ``Cancel`` reaches the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from inference.gateway.keys import KeyStore, Principal
+from inference.gateway.metrics import GatewayMetrics
+from inference.gateway.openai_api import (
+    FINISH,
+    ChatCompletionRequest,
+    OpenAIError,
+    chunk,
+    completion,
+    sse,
+    usage,
+)
+from inference.gateway.service import GatewayService, Submitted
+from inference.gateway.settings import GatewaySettings
+from schemas.records import FeedbackKind, new_id
+from transport.settings import KafkaSettings
+
+CONVERSATION_HEADER = "X-Chatpipe-Conversation-Id"
+REQUEST_HEADER = "X-Chatpipe-Request-Id"
+_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+
+
+class FeedbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    request_id: str
+    conversation_id: str
+    kind: str  # thumbs_up | thumbs_down | regenerate | edit
+    edited_text: str | None = None
+    comment: str | None = None
+    user: str | None = None
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was complete."""
+
+
+def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) -> FastAPI:
+    metrics = GatewayMetrics()
+    service = GatewayService(kafka, settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await service.start()
+        yield
+        await service.close()
+
+    app = FastAPI(title="chatpipe gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid" or (not loc and first.get("type") == "model_attributes_type"):
+            message, param = "the request body must be a JSON object (Content-Type: application/json)", None
+        else:
+            message, param = f"{'.'.join(loc) or 'body'}: {first.get('msg')}", ".".join(loc) or None
+        return JSONResponse(OpenAIError(400, message, param=param).body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(OpenAIError(exc.status_code, str(exc.detail), type=kind).body(),
+                            status_code=exc.status_code)
+
+    def authenticate(authorization: str | None = Header(None)) -> Principal:
+        principal = keys.lookup(authorization)
+        if principal is None:
+            given = "You didn't provide an API key" if not authorization else "Incorrect API key provided"
+            raise OpenAIError(401, f"{given}. Pass it as 'Authorization: Bearer <key>' (keys file: "
+                                   f"{settings.keys_file}).", code="invalid_api_key")
+        return principal
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        body = {"status": "ok" if service.ready else "starting", "gateway_id": service.gateway_id,
+                "reply_topic": service.reply_topic, "pending": len(service.pending)}
+        return JSONResponse(body, status_code=200 if service.ready else 503)
+
+    @app.get("/metrics")
+    async def metrics_text() -> PlainTextResponse:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(_: Principal = Depends(authenticate)) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "chatpipe"}
+                                           for m in settings.models]}
+
+    @app.post("/v1/feedback", status_code=202)
+    async def feedback(body: FeedbackBody, principal: Principal = Depends(authenticate)) -> dict[str, str]:
+        try:
+            kind = FeedbackKind(body.kind.upper())
+        except ValueError:
+            raise OpenAIError(400, f"kind must be one of {', '.join(k.value.lower() for k in FeedbackKind)}; "
+                                   f"got {body.kind!r}", param="kind") from None
+        if kind is FeedbackKind.EDIT and not (body.edited_text or "").strip():
+            raise OpenAIError(400, "an edit needs edited_text", param="edited_text")
+        event_id = await service.feedback(principal, request_id=body.request_id, conversation_id=body.conversation_id,
+                                          kind=kind, edited_text=body.edited_text, comment=body.comment,
+                                          user=body.user)
+        return {"event_id": event_id}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest,
+                               principal: Principal = Depends(authenticate)):
+        received = time.perf_counter()
+        body.check()
+        if body.model not in settings.models:
+            raise OpenAIError(404, f"The model `{body.model}` does not exist or you do not have access to it. "
+                                   f"Served: {', '.join(settings.models)}", param="model", code="model_not_found")
+        conversation_id = conversation_of(request, body)
+        service.admit()
+        sub = await service.submit(principal, body, conversation_id, received)
+        headers = {CONVERSATION_HEADER: conversation_id, REQUEST_HEADER: sub.request_id}
+        texts = service.replies(sub)
+        try:
+            if body.stream:
+                first = await until_disconnect(request, anext(texts, None))
+            else:
+                await until_disconnect(request, drain(texts))
+        except ClientGone:
+            service.cancel(sub, "client_disconnected")
+            return PlainTextResponse("", status_code=499)
+        except OpenAIError:
+            service.finish(sub, "error")
+            raise
+        if not body.stream:
+            service.finish(sub, "ok")
+            final = sub.final
+            return JSONResponse(completion(sub.request_id, sub.model, sub.text, FINISH[final.finish_reason or "STOP"],
+                                           final.tokens_in or 0, final.tokens_out or 0, sub.created), headers=headers)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(events(service, sub, first, texts, include_usage), media_type="text/event-stream",
+                                 headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app
+
+
+def conversation_of(request: Request, body: ChatCompletionRequest) -> str:
+    given = request.headers.get(CONVERSATION_HEADER) or (body.metadata or {}).get("conversation_id")
+    if given is None:
+        return new_id()
+    if not _ID.match(given):
+        raise OpenAIError(400, f"conversation id {given[:40]!r}: use 1-128 characters of A-Z a-z 0-9 . _ : @ -",
+                          param="metadata.conversation_id", code="invalid_value")
+    return given
+
+
+async def drain(texts: AsyncIterator[str]) -> None:
+    async for _ in texts:
+        pass
+
+
+async def until_disconnect(request: Request, awaitable: Any) -> Any:
+    """``awaitable``'s result, or ClientGone as soon as the client closes the connection."""
+    work = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    raise ClientGone()
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def events(service: GatewayService, sub: Submitted, first: str | None, texts: AsyncIterator[str],
+                 include_usage: bool) -> AsyncIterator[str]:
+    """The SSE body: role, text deltas, the finish reason, usage when asked, ``[DONE]``."""
+    finished = False
+    try:
+        yield chunk(sub.request_id, sub.model, sub.created, delta={"role": "assistant", "content": ""})
+        if first:
+            yield chunk(sub.request_id, sub.model, sub.created, delta={"content": first})
+        async for text in texts:
+            yield chunk(sub.request_id, sub.model, sub.created, delta={"content": text})
+        final = sub.final
+        yield chunk(sub.request_id, sub.model, sub.created, finish_reason=FINISH[final.finish_reason or "STOP"])
+        if include_usage:
+            yield chunk(sub.request_id, sub.model, sub.created, final_usage=True,
+                        usage_=usage(final.tokens_in or 0, final.tokens_out or 0))
+        yield sse("[DONE]")
+        finished = True
+        service.finish(sub, "ok")
+    except OpenAIError as exc:  # the pipeline failed mid-stream: OpenAI sends the error as an event
+        yield sse(exc.body())
+        yield sse("[DONE]")
+        finished = True
+        service.finish(sub, "error")
+    finally:
+        if not finished:  # Starlette cancelled us: the client went away
+            service.cancel(sub, "client_disconnected")

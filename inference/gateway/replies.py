@@ -1,0 +1,111 @@
+"""The gateway's reply address: its own topic, read by one thread, chunks handed to waiting requests.
+
+Each gateway instance owns the topic ``<prefix>chat.replies.<gateway id>`` (one partition,
+created at start, kept across restarts of the same id), so it reads only the tokens of its own
+requests, never a fan-out of every gateway's. The reader starts at the partition's end offset,
+fixed before the gateway reports healthy, so no reply of a request sent after that is skipped.
+
+A chunk whose request is not waiting any more (finished, cancelled, or from before a restart)
+is dropped here on purpose: its request's Response on ``chat.responses`` is the record of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from schemas.codec import AvroCodec
+from schemas.errors import DecodeError
+from schemas.records import TokenChunk
+from transport.admin import TopicAdmin
+from transport.dedupe import attempt_of
+from transport.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+REPLIES = "chat.replies"
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    chunk: TokenChunk
+    attempt: str | None  # the serving attempt (a worker crash makes a second one)
+
+
+def ensure_reply_topic(kafka: KafkaSettings, gateway_id: str, retention_ms: int) -> str:
+    name = kafka.topic(f"{REPLIES}.{gateway_id}")
+    TopicAdmin(kafka, timeout_s=15).create_topic(name, 1, {"retention.ms": str(retention_ms), "cleanup.policy": "delete"},
+                                                 exist_ok=True)
+    return name
+
+
+class ReplyReader:
+    def __init__(self, kafka: KafkaSettings, topic: str, codec: AvroCodec) -> None:
+        self.topic = topic
+        self.codec = codec
+        self._consumer = Consumer({
+            **kafka.client_config(),
+            "group.id": f"chatpipe-gateway-{topic}",  # required by librdkafka; never joined or committed
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "fetch.wait.max.ms": 5,  # tokens are latency-bound
+            "fetch.min.bytes": 1,
+        })
+        self._waiting: dict[str, asyncio.Queue] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ready = False
+        self.undecodable = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        _, end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=15)
+        self._consumer.assign([TopicPartition(self.topic, 0, end)])
+        self._thread = threading.Thread(target=self._run, name="chatpipe-gateway-replies", daemon=True)
+        self._thread.start()
+        self.ready = True
+
+    def register(self, request_id: str) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue()
+        self._waiting[request_id] = queue
+        return queue
+
+    def unregister(self, request_id: str) -> None:
+        self._waiting.pop(request_id, None)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            messages = self._consumer.consume(500, 0.1)
+            replies = []
+            for msg in messages:
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("reply topic %s: %s", self.topic, err.str())
+                    continue
+                try:
+                    chunk = self.codec.decode(msg.value(), TokenChunk, topic=msg.topic(), partition=msg.partition(),
+                                              offset=msg.offset())
+                except DecodeError as exc:  # not ours to dead-letter: the asker is unknown; say so
+                    self.undecodable += 1
+                    log.error("undecodable record on %s@%s: %s", self.topic, msg.offset(), exc)
+                    continue
+                replies.append(Reply(chunk, attempt_of(msg.headers())))
+            if replies and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._dispatch, replies)
+
+    def _dispatch(self, replies: list[Reply]) -> None:
+        for reply in replies:
+            queue = self._waiting.get(reply.chunk.request_id)
+            if queue is not None:
+                queue.put_nowait(reply)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._consumer.close()

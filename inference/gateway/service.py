@@ -1,0 +1,235 @@
+"""One request's path through the gateway: a PromptRequest out, its TokenChunks back.
+
+``submit`` produces the ``PromptRequest`` (keyed by conversation id, reply address = this
+gateway's reply topic) and waits for the broker's acknowledgement; ``replies`` yields the text
+increments as they come; ``cancel`` sends a ``Cancel`` (the client went away, or it timed out)
+so the worker stops generating. ``admit`` refuses new work with 429 while ``max_pending``
+requests are in flight: the backlog is bounded here instead of queueing without limit.
+
+Not here: HTTP (``app.py``), OpenAI's shapes (``openai_api.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from inference.gateway.keys import Principal
+from inference.gateway.metrics import GatewayMetrics
+from inference.gateway.openai_api import ChatCompletionRequest, OpenAIError, error_for_chunk
+from inference.gateway.replies import Reply, ReplyReader, ensure_reply_topic
+from inference.gateway.settings import GatewaySettings
+from schemas.codec import default_codec
+from schemas.records import (
+    Cancel,
+    ChatMessage,
+    Feedback,
+    FeedbackKind,
+    PromptRequest,
+    SamplingParams,
+    TokenChunk,
+    new_id,
+)
+from transport.acked_producer import AckedProducer
+from transport.errors import DeliveryError
+from transport.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+PROMPTS, CANCELS, FEEDBACK = "chat.prompts", "chat.cancels", "chat.feedback"
+
+
+@dataclass
+class AnswerText:
+    """The text to show from a request's chunks, across serving attempts.
+
+    A worker that crashes mid-answer has the request served again (a new attempt, chunks from
+    index 0). The newest attempt wins; what was already shown is not repeated: the new
+    attempt's text is shown from the same character count on (identical for greedy decoding;
+    with sampling the answer continues from the retry's text). Chunks of a retired attempt and
+    duplicates are ignored.
+    """
+
+    attempt: str | None = None
+    retired: set = field(default_factory=set)
+    next_index: int = 0
+    attempt_chars: int = 0
+    shown_chars: int = 0
+
+    def feed(self, reply: Reply) -> str | None:
+        """New text to show ("" for none); None when the chunk is not part of the answer."""
+        chunk = reply.chunk
+        if reply.attempt in self.retired:
+            return None
+        if reply.attempt != self.attempt:
+            if self.attempt is not None or self.next_index:
+                self.retired.add(self.attempt)
+            self.attempt, self.next_index, self.attempt_chars = reply.attempt, 0, 0
+        if chunk.index < self.next_index:
+            return None
+        self.next_index = chunk.index + 1
+        self.attempt_chars += len(chunk.text)
+        new = self.attempt_chars - self.shown_chars
+        if new <= 0:
+            return ""
+        self.shown_chars += new
+        return chunk.text[len(chunk.text) - new:]
+
+
+@dataclass
+class Submitted:
+    request_id: str
+    conversation_id: str
+    model: str
+    queue: asyncio.Queue
+    received_at: float  # perf_counter when the HTTP request arrived
+    created: int = field(default_factory=lambda: int(time.time()))
+    final: TokenChunk | None = None
+    text_parts: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+    done: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+class GatewayService:
+    def __init__(self, kafka: KafkaSettings, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+        self.kafka = kafka
+        self.settings = settings
+        self.metrics = metrics
+        self.codec = default_codec()
+        self.gateway_id = settings.instance_id()
+        self.reply_topic = ""
+        self.reader: ReplyReader | None = None
+        self.producer: AckedProducer | None = None
+        self.pending: dict[str, Submitted] = {}
+        self._mean_duration_s = 5.0  # EWMA of request durations: the Retry-After estimate
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.reply_topic = await asyncio.to_thread(ensure_reply_topic, self.kafka, self.gateway_id,
+                                                   self.settings.reply_retention_ms)
+        self.producer = AckedProducer(self.kafka, codec=self.codec, linger_ms=1.0)
+        self.reader = ReplyReader(self.kafka, self.reply_topic, self.codec)
+        await asyncio.to_thread(self.reader.start, loop)
+        log.info("gateway %s: replies on %s", self.gateway_id, self.reply_topic)
+
+    @property
+    def ready(self) -> bool:
+        return self.reader is not None and self.reader.ready
+
+    async def close(self) -> None:
+        for sub in list(self.pending.values()):  # the server stopped before they finished
+            self.cancel(sub, "gateway_shutdown")
+        if self.producer is not None:
+            await asyncio.to_thread(self.producer.close, 10.0)
+        if self.reader is not None:
+            await asyncio.to_thread(self.reader.close)
+
+    # -- one request -------------------------------------------------------------------------------
+
+    def admit(self) -> None:
+        if len(self.pending) >= self.settings.max_pending:
+            self.metrics.requests.labels("rejected_busy").inc()
+            retry = max(1, min(60, math.ceil(self._mean_duration_s / max(1, len(self.pending)) * 4)))
+            raise OpenAIError(429, f"the gateway has {len(self.pending)} requests in flight (limit "
+                                   f"{self.settings.max_pending}); retry after {retry} s",
+                              type="rate_limit_error", code="backlog_full", headers={"Retry-After": str(retry)})
+
+    async def submit(self, principal: Principal, body: ChatCompletionRequest, conversation_id: str,
+                     received_at: float) -> Submitted:
+        request_id = new_id()
+        sampling = SamplingParams(max_tokens=body.max_completion_tokens or body.max_tokens
+                                  or self.settings.default_max_tokens, stop=body.stop_list(), seed=body.seed)
+        if body.temperature is not None:
+            sampling.temperature = body.temperature
+        if body.top_p is not None:
+            sampling.top_p = body.top_p
+        prompt = PromptRequest(
+            request_id=request_id, conversation_id=conversation_id, user_id=body.user or principal.user_id,
+            tenant=principal.tenant, model=body.model,
+            messages=[ChatMessage("system" if m.role == "developer" else m.role, m.text()) for m in body.messages],
+            sampling=sampling, stream=body.stream, reply_to=self.reply_topic, reply_partition=0)
+        sub = Submitted(request_id, conversation_id, body.model, self.reader.register(request_id), received_at)
+        self.pending[request_id] = sub
+        self.metrics.pending.set(len(self.pending))
+        try:
+            await self.producer.send(self.kafka.topic(PROMPTS), prompt, key=conversation_id)
+        except DeliveryError as exc:
+            self.finish(sub, "produce_failed")
+            raise OpenAIError(503, f"the pipeline did not take the request: {exc}", type="server_error",
+                              code="kafka_unavailable") from None
+        return sub
+
+    async def replies(self, sub: Submitted) -> AsyncIterator[str]:
+        """Text increments of the answer; ends after the final chunk (``sub.final``).
+
+        Raises OpenAIError when the pipeline answered with an error chunk or went silent.
+        """
+        answer = AnswerText()
+        while True:
+            timeout = self.settings.first_chunk_timeout_s if sub.first_token_at is None else self.settings.chunk_timeout_s
+            try:
+                reply: Reply = await asyncio.wait_for(sub.queue.get(), timeout)
+            except asyncio.TimeoutError:
+                self.cancel(sub, "gateway_timeout")
+                raise OpenAIError(504, f"no answer from the pipeline within {timeout:.0f} s", type="server_error",
+                                  code="timeout") from None
+            text = answer.feed(reply)
+            if text is None:
+                continue
+            chunk = reply.chunk
+            if chunk.is_final and chunk.error_code:
+                raise error_for_chunk(chunk.error_code, chunk.error)
+            if sub.first_token_at is None:
+                sub.first_token_at = time.perf_counter()
+                self.metrics.ttft.observe(sub.first_token_at - sub.received_at)
+            if text:
+                sub.text_parts.append(text)
+                yield text
+            if chunk.is_final:
+                sub.final = chunk
+                return
+
+    def cancel(self, sub: Submitted, reason: str) -> None:
+        """Tell the workers to stop this generation (fire and forget: a lost cancel costs compute only)."""
+        if sub.done or self.producer is None:
+            return
+        self.producer.send(self.kafka.topic(CANCELS), Cancel(request_id=sub.request_id,
+                                                             conversation_id=sub.conversation_id, reason=reason),
+                           key=sub.conversation_id, want_ack=False)
+        self.metrics.cancels.inc()
+        self.finish(sub, "cancelled")
+
+    def finish(self, sub: Submitted, outcome: str) -> None:
+        if sub.done:
+            return
+        sub.done = True
+        self.pending.pop(sub.request_id, None)
+        self.reader.unregister(sub.request_id)
+        duration = time.perf_counter() - sub.received_at
+        if outcome == "ok":
+            self._mean_duration_s = 0.8 * self._mean_duration_s + 0.2 * duration
+            self.metrics.duration.observe(duration)
+            self.metrics.tokens.inc((sub.final.tokens_out or 0) if sub.final else 0)
+        self.metrics.requests.labels(outcome).inc()
+        self.metrics.pending.set(len(self.pending))
+
+    # -- feedback ----------------------------------------------------------------------------------
+
+    async def feedback(self, principal: Principal, *, request_id: str, conversation_id: str, kind: FeedbackKind,
+                       edited_text: str | None, comment: str | None, user: str | None) -> str:
+        record = Feedback(conversation_id=conversation_id, user_id=user or principal.user_id, tenant=principal.tenant,
+                          request_id=request_id, kind=kind, edited_text=edited_text, comment=comment)
+        try:
+            await self.producer.send(self.kafka.topic(FEEDBACK), record, key=conversation_id)
+        except DeliveryError as exc:
+            raise OpenAIError(503, f"feedback not stored: {exc}", type="server_error", code="kafka_unavailable") from None
+        return record.event_id

@@ -1,0 +1,35 @@
+"""Settings of one gateway process (``chatpipe gateway``)."""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL = "smollm2-135m-instruct"  # same as inference.engine.settings.DEFAULT_MODEL_NAME (not imported: no torch here)
+
+
+class GatewaySettings(BaseSettings):
+    """From flags and ``CHATPIPE_GATEWAY_*`` variables (``CHATPIPE_GATEWAY_PORT``, ...)."""
+
+    model_config = SettingsConfigDict(env_prefix="CHATPIPE_GATEWAY_", frozen=True, extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Address to listen on (loopback by default)")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port")
+    keys_file: Path | None = Field(None, description="JSON file mapping API keys to tenants; required")
+    gateway_id: str | None = Field(None, description="Names this instance's reply topic; default host-port")
+    models: list[str] = Field(default_factory=lambda: [DEFAULT_MODEL], description="Model ids served")
+    max_pending: int = Field(32, ge=1, description="Requests in flight before new ones get 429")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")
+    first_chunk_timeout_s: float = Field(300.0, gt=0, description="Give up (504) when no token came by then")
+    chunk_timeout_s: float = Field(120.0, gt=0, description="Give up when the stream stalls this long")
+    reply_retention_ms: int = Field(60 * 60 * 1000, gt=0, description="Retention of the reply topic")
+    log_level: str = Field("info", description="debug, info, warning")
+
+    def instance_id(self) -> str:
+        """This gateway's id: given, or host-port (stable across restarts, so its reply topic is reused)."""
+        raw = self.gateway_id or f"{socket.gethostname()}-{self.port}"
+        return re.sub(r"[^A-Za-z0-9._-]", "-", raw)[:100]

@@ -1,0 +1,133 @@
+"""The whole pipeline for gateway tests: streams worker, inference worker and gateway processes.
+
+Real processes, the same commands as production (``chatpipe streams | inference | gateway``),
+on the session's broker under a topic prefix of their own. The inference worker runs the real
+default model with a small KV budget so it fits a busy 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.streams.pipeline import StreamsWorker
+from tests.worker.harness import CHATPIPE, REPO, WorkerProcess, start_worker
+from transport.settings import KafkaSettings
+
+API_KEY = "sk-test-" + uuid.uuid4().hex
+OTHER_TENANT_KEY = "sk-test-other-" + uuid.uuid4().hex
+# The model's context as both streams (assembly budget) and the worker (max_seq_len) see it.
+CONTEXT_TOKENS = 1024
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_keys(path: Path) -> Path:
+    path.write_text(json.dumps({API_KEY: {"tenant": "acme"}, OTHER_TENANT_KEY: "globex"}))
+    return path
+
+
+@dataclass
+class GatewayProcess:
+    proc: subprocess.Popen
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_healthy(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"gateway exited {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"gateway not healthy after {timeout_s}s:\n{self.log()[-3000:]}")
+
+    def terminate(self, timeout_s: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+def start_gateway(kafka: KafkaSettings, root: Path, *, gateway_id: str | None = None, **env: str) -> GatewayProcess:
+    port = free_port()
+    gateway_id = gateway_id or f"gw-{uuid.uuid4().hex[:6]}"
+    full_env = {**os.environ, "CHATPIPE_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+                "CHATPIPE_TOPIC_PREFIX": kafka.topic_prefix, "CHATPIPE_GATEWAY_PORT": str(port),
+                "CHATPIPE_GATEWAY_KEYS_FILE": str(write_keys(root / "keys.json")),
+                "CHATPIPE_GATEWAY_GATEWAY_ID": gateway_id, **env}
+    log_path = root / f"{gateway_id}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(CHATPIPE), "gateway"], env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=REPO)
+    return GatewayProcess(proc, f"http://127.0.0.1:{port}", log_path)
+
+
+@dataclass
+class Pipeline:
+    kafka: KafkaSettings
+    streams: StreamsWorker
+    worker: WorkerProcess
+    gateway: GatewayProcess
+    root: Path
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
+    def processes(self) -> dict[str, int]:
+        return {"streams": self.streams.proc.pid, "inference": self.worker.proc.pid, "gateway": self.gateway.proc.pid}
+
+    def stop(self) -> dict[str, int]:
+        """SIGTERM to each, gateway first; their exit codes."""
+        codes = {"gateway": self.gateway.terminate()}
+        codes["inference"] = self.worker.terminate()
+        codes["streams"] = self.streams.stop()
+        return codes
+
+
+def start_pipeline(kafka: KafkaSettings, root: Path) -> Pipeline:
+    """Streams, one inference worker and one gateway, started together and waited for."""
+    streams = StreamsWorker(kafka, root / "streams", context_tokens=CONTEXT_TOKENS, recent_turns=4)
+    (root / "streams").mkdir(parents=True, exist_ok=True)
+    worker = start_worker(kafka, root, worker_id="gw-test-worker", CHATPIPE_MAX_SEQ_LEN=str(CONTEXT_TOKENS),
+                          CHATPIPE_KV_CACHE_TOKENS=str(8 * CONTEXT_TOKENS), CHATPIPE_MAX_BATCH="8")
+    gateway = start_gateway(kafka, root)
+    try:
+        streams.start()
+        worker.wait_serving(240)
+        gateway.wait_healthy(120)
+    except BaseException:
+        for stop in (gateway.terminate, worker.terminate):
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - already failing; clean up the rest
+                pass
+        if streams.proc is not None and streams.proc.poll() is None:
+            streams.stop()
+        raise
+    return Pipeline(kafka, streams, worker, gateway, root)

@@ -1,0 +1,94 @@
+"""The official ``openai`` client against the gateway, through the real pipeline (no mocks).
+
+Guards: the gateway speaks OpenAI's API as the official client parses it (SSE chunks, usage,
+[DONE]); errors come in OpenAI's shape with the status the client maps to its exception types.
+"""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.stack import API_KEY
+
+pytestmark = [pytest.mark.integration, pytest.mark.model]
+MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def client(pipeline):
+    return openai.OpenAI(base_url=f"{pipeline.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+
+def test_streamed_answer_with_usage(client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name three colours."}], stream=True, max_tokens=16,
+        temperature=0, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text.strip(), "no text streamed"
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1, "the answer came in one piece"
+    assert finish in (["stop"], ["length"])
+    usage = chunks[-1].usage
+    assert usage is not None and chunks[-1].choices == []
+    assert usage.prompt_tokens > 5 and 0 < usage.completion_tokens <= 16
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert len({c.id for c in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+
+
+def test_plain_answer_with_usage(client):
+    answer = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": "Answer briefly."},
+                               {"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12, temperature=0)
+    assert answer.object == "chat.completion"
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].message.content.strip()
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert answer.usage.completion_tokens > 0 and answer.usage.prompt_tokens > 5
+
+
+def test_models_lists_the_default_model(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_unknown_model_is_a_404_in_openai_shape(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="gpt-17", messages=[{"role": "user", "content": "hi"}])
+    assert err.value.body["code"] == "model_not_found" and "gpt-17" in err.value.body["message"]
+
+
+def test_bad_and_missing_key_are_401(pipeline):
+    bad = openai.OpenAI(base_url=f"{pipeline.url}/v1", api_key="sk-nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as err:
+        bad.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.body["code"] == "invalid_api_key"
+    r = httpx.post(f"{pipeline.url}/v1/chat/completions", json={"model": MODEL, "messages": []})
+    assert r.status_code == 401 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_empty_messages_is_a_400_in_openai_shape(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=[])
+    assert err.value.body["param"] == "messages" and "empty" in err.value.body["message"]
+
+
+def test_malformed_bodies_get_openai_errors(pipeline):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    for body in ({"model": MODEL}, {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},
+                 {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}):
+        r = httpx.post(f"{pipeline.url}/v1/chat/completions", json=body, headers=headers)
+        assert r.status_code == 400, (body, r.text)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = httpx.post(f"{pipeline.url}/v1/chat/completions", content=b"{not json", headers=headers)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+
+
+def test_prompt_over_the_context_gets_context_length_exceeded(client):
+    long = "Tell me about the sea. " * 400  # ~2.4k tokens, over the 1024-token context
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": long}], stream=True)
+    assert err.value.body["code"] == "context_length_exceeded"
+    assert "token" in err.value.body["message"]
