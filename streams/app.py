@@ -25,6 +25,7 @@ from streams.intake import Intake
 from streams.record import Record
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
+from transport.acked_producer import AckedProducer
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -75,11 +76,14 @@ class StreamsApp:
         # (a value_type of dict breaks Faust's changelog recovery, which expects a faust.Record).
         self.table = app.Table(TABLE, default=None, partitions=partitions, use_partitioner=True)
         dlq = topic(DLQ)
+        # Error chunks for refused prompts (streams/intake.py says why not through Faust's producer).
+        # A reply topic that does not exist fails within 10 s instead of librdkafka's 5 minutes.
+        self.reply_producer = AckedProducer(kafka, codec=services.codec, linger_ms=0,
+                                            extra_config={"message.timeout.ms": 10_000})
         codec = services.codec
         self.intake = Intake(settings, services, self.table,
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
-                             DeadLetters(dlq, codec, "streams.intake"),
-                             reply_topic=lambda full_name: app.topic(full_name, **RAW))
+                             DeadLetters(dlq, codec, "streams.intake"), reply_producer=self.reply_producer)
         self.record = Record(settings, services, self.table, topic("chat.turns"),
                              DeadLetters(dlq, codec, "streams.record"))
         self.forget = Forget(services, self.table, topic("chat.deletions.audit"),
@@ -113,5 +117,6 @@ def run_worker(streams: StreamsApp) -> None:
     try:
         worker.execute_from_commandline()
     finally:
+        streams.reply_producer.close(timeout_s=10)
         streams.services.close()
         log.info("streams worker stopped")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from schemas.errors import DecodeError
 from schemas.records import FinishReason, InferenceRequest, PromptRequest, TokenChunk
@@ -28,6 +28,8 @@ from streams.prompts import ParsedPrompt, parse_prompt
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.state import ConversationState, PendingRequest, state_key
+from transport.acked_producer import AckedProducer
+from transport.errors import DeliveryError
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +44,17 @@ class _Prompt:
 class Intake:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any,
                  out_topics: dict[str, Any], dead_letters: DeadLetters,
-                 reply_topic: Callable[[str], Any] | None = None) -> None:
+                 reply_producer: AckedProducer | None = None) -> None:
         self.settings = settings
         self.services = services
         self.table = table  # conversations: state_key -> ConversationState value
         self.out_topics = out_topics  # catalog name -> Faust topic
         self.dead_letters = dead_letters
-        self.reply_topic = reply_topic  # full topic name -> Faust topic (the asker's reply address)
+        # Error chunks to an asker's reply address go through a transport producer, not Faust's: the
+        # first send of aiokafka's producer to a topic it has no metadata for narrows its metadata to
+        # that topic, after which Faust's changelog writes fail for good (reply topics are created
+        # by their readers at any time, so that would happen on the first refusal to a new gateway).
+        self.reply_producer = reply_producer
         self.served = 0
         self.batches = 0
 
@@ -158,11 +164,13 @@ class Intake:
         """Dead letter with the reason, and a lone final error chunk to the asker's reply address
         (when it gave one), so a client waiting on its reply topic gets the reason, not silence."""
         await self.dead_letters.send(event, exc)
-        if not request.reply_to or self.reply_topic is None:
+        if not request.reply_to or self.reply_producer is None:
             return
         chunk = TokenChunk(request_id=request.request_id, conversation_id=request.conversation_id, index=0,
                            text="", is_final=True, worker_id="streams.intake", finish_reason=FinishReason.ERROR,
                            tokens_in=0, tokens_out=0, error_code=error_code, error=str(exc))
-        await self.reply_topic(request.reply_to).send(
-            key=request.request_id.encode(), value=self.services.codec.encode(chunk),
-            partition=request.reply_partition, headers=child_headers(event.message))
+        try:  # awaited: the chunk is durable before the prompt's offset can be committed
+            await self.reply_producer.send(request.reply_to, chunk, key=request.request_id,
+                                           partition=request.reply_partition, headers=child_headers(event.message))
+        except DeliveryError as err:  # e.g. the reply topic does not exist: the dead letter is the record
+            log.warning("request %s: error chunk to %s not delivered: %s", request.request_id, request.reply_to, err)

@@ -130,6 +130,14 @@ def test_full_backlog_gets_429_and_a_second_gateway_reads_only_its_own_replies(p
         assert main_answer.status_code == 200
         theirs = {main_answer.headers["X-Chatpipe-Request-Id"]}
 
+        # A refusal to a reply topic created after streams started, then a normal request: both
+        # answered (streams' Faust producer once lost its changelog metadata after such a refusal).
+        too_long = ask(small.url, "Tell me about the sea. " * 400)
+        assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
+        after = ask(small.url, "Say the number 7.", max_tokens=8)
+        assert after.status_code == 200, after.text
+        ours.add(after.headers["X-Chatpipe-Request-Id"])
+
         small_topic = pipeline.kafka.topic("chat.replies.gw-small")
         on_small = reply_request_ids(pipeline.kafka, small_topic)
         assert ours <= on_small and not (on_small & theirs), "a gateway's reply topic holds others' tokens"
