@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.errors import ChatpipeError
@@ -33,6 +33,21 @@ class ClientSettings(BaseSettings):
     @property
     def keys_file(self) -> Path:
         return self.state_dir / "gateway" / "keys.json"
+
+    @model_validator(mode="after")
+    def _gateway_of_the_local_stack(self) -> "ClientSettings":
+        """Without --url / CHATPIPE_GATEWAY_URL, the gateway the state folder's stack was started with
+        (``chatpipe up --gateway-port`` saves it in ``<state_dir>/stack.json``), so a stack on another
+        port is found as ``status`` finds it."""
+        if "gateway_url" in self.model_fields_set:
+            return self
+        try:
+            saved = json.loads((self.state_dir / "stack.json").read_text())["settings"]
+            url = f"http://{saved['host']}:{int(saved['gateway_port'])}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return self  # no stack saved there (or not readable): the default URL
+        object.__setattr__(self, "gateway_url", url)  # frozen model: set once, while validating
+        return self
 
 
 def find_api_key(settings: ClientSettings) -> str:

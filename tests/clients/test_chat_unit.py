@@ -133,3 +133,17 @@ def test_a_stopped_gateway_and_a_premature_command_are_error_lines_not_traceback
     assert errors[1].startswith("error: cannot reach the gateway at http://127.0.0.1:")
     assert errors[2].startswith("error: unknown command /bogus")
     assert "never read" not in out.getvalue() and "you> hello\nassistant> \n" in out.getvalue()
+
+
+def test_clients_find_the_gateway_port_the_local_stack_was_started_with(tmp_path):
+    """`chatpipe up --gateway-port 8123` saves the port in stack.json: chat and demo must go there,
+    not to the default 8000, unless a URL is given."""
+    import json
+
+    from clients.settings import ClientSettings
+
+    (tmp_path / "stack.json").write_text(json.dumps({"settings": {"host": "127.0.0.1", "gateway_port": 8123},
+                                                     "services": ["kafka", "gateway"]}))
+    assert ClientSettings(state_dir=tmp_path).gateway_url == "http://127.0.0.1:8123"
+    assert ClientSettings(state_dir=tmp_path, gateway_url="http://other:1").gateway_url == "http://other:1"
+    assert ClientSettings(state_dir=tmp_path / "none").gateway_url == "http://127.0.0.1:8000"
