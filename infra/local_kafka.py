@@ -107,6 +107,7 @@ class LocalKafka:
         self.logs_dir = self.dir / "logs"
         self.data_dir = self.dir / "data"
         self.stdout_file = self.logs_dir / "broker.out"
+        self.killed = False  # the last `down` needed SIGKILL
 
     # --- inspection ------------------------------------------------------------------------
     def pid(self) -> int | None:
@@ -218,14 +219,15 @@ class LocalKafka:
                 raise BrokerStartError(
                     f"the Kafka broker exited with code {proc.returncode} while starting. "
                     f"Last lines of {self.logs_dir}:\n{_tail(self.stdout_file)}\n{_tail(self.logs_dir / 'server.log')}")
-            if port_open(self.settings.host, self.settings.kafka_port) and self._answers():
+            if port_open(self.settings.host, self.settings.kafka_port) and self.answers():
                 return
             time.sleep(0.3)
         raise BrokerStartError(
             f"the Kafka broker (pid {pid}) did not answer on {self.settings.bootstrap_servers} within "
             f"{self.settings.start_timeout_s:.0f}s. Last lines of its log:\n{_tail(self.logs_dir / 'server.log')}")
 
-    def _answers(self) -> bool:
+    def answers(self) -> bool:
+        """True when the broker answers a metadata request (within about 2 s)."""
         from confluent_kafka.admin import AdminClient  # the stack itself needs no client otherwise
 
         admin = AdminClient({"bootstrap.servers": self.settings.bootstrap_servers, "log_level": 0})
@@ -246,7 +248,8 @@ class LocalKafka:
         deadline = time.monotonic() + self.settings.stop_timeout_s
         while time.monotonic() < deadline and _alive(pid):
             time.sleep(0.2)
-        if _alive(pid):
+        self.killed = _alive(pid)
+        if self.killed:
             os.kill(pid, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
         return True

@@ -1,11 +1,26 @@
-"""Settings of the local single-node Kafka stack (``chatpipe up``)."""
+"""Settings of the local stack (``chatpipe up``): the broker and the services started around it.
+
+The fields in ``PERSISTED_FIELDS`` describe where a running stack listens; ``chatpipe up`` writes
+them to ``<state_dir>/stack.json`` so that later commands on the same state folder find it
+(``infra.stack_state``). Not here: the settings each service reads itself (``StreamsSettings``,
+``WorkerSettings``, ``GatewaySettings``); the stack only passes them flags.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Where a running stack listens, kept with its state folder and read back by status/down/up: each
+# field -> the services that use it (a running one makes a different value an error).
+_EVERY_SERVICE = ("kafka", "streams", "inference", "gateway")
+PERSISTED_FIELDS: dict[str, tuple[str, ...]] = {
+    "host": _EVERY_SERVICE, "topic_prefix": _EVERY_SERVICE,
+    "kafka_port": ("kafka",), "controller_port": ("kafka",), "kafka_heap": ("kafka",), "brokers": ("kafka",),
+    "gateway_port": ("gateway",), "worker_metrics_port": ("inference",),
+}
 
 
 def _default_cache() -> Path:
@@ -28,10 +43,27 @@ class StackSettings(BaseSettings):
     kafka_port: int = Field(9092, ge=1, le=65535, description="Client (PLAINTEXT) port")
     controller_port: int = Field(9093, ge=1, le=65535, description="KRaft controller port")
     kafka_heap: str = Field("512m", description="Broker JVM heap (-Xmx)")
+    brokers: int = Field(1, ge=1, le=9, description="Kafka nodes: 1 = one broker (kafka_port, controller_port); "
+                                                    "more = a KRaft cluster, node n on kafka_port + 2(n-1) and the next "
+                                                    "port, the catalog replicated 3 ways from 3 nodes (docs/cluster.md)")
     java: str = Field("java", description="Java 17+ executable")
     mvn: str = Field("mvn", description="Maven executable used once to fetch the broker jars")
+    gateway_port: int = Field(8000, ge=1, le=65535, description="Gateway HTTP port (OpenAI API, /healthz)")
+    worker_metrics_port: int = Field(9464, ge=1, le=65535, description="Inference worker's /metrics port")
+    topic_prefix: str = Field("", description="Topic name prefix of every service of the stack")
     start_timeout_s: float = Field(90.0, gt=0, description="How long `up` waits for the broker to answer")
+    service_start_timeout_s: float = Field(
+        300.0, gt=0, description="How long `up` waits for one service (streams, inference, gateway) to be healthy; "
+                                 "the first start loads models on a busy machine")
     stop_timeout_s: float = Field(30.0, gt=0, description="How long `down` waits after SIGTERM before SIGKILL")
+
+    @field_validator("state_dir")
+    @classmethod
+    def _state_dir_is_a_folder(cls, value: Path) -> Path:
+        # Caught here so a wrong path is one line, not a traceback from deep inside `up`.
+        if value.exists() and not value.is_dir():
+            raise ValueError(f"{value} is a file, not a folder; choose another --state-dir / CHATPIPE_STATE_DIR")
+        return value
 
     @property
     def bootstrap_servers(self) -> str:
@@ -40,3 +72,25 @@ class StackSettings(BaseSettings):
     @property
     def kafka_dir(self) -> Path:
         return self.state_dir.resolve() / "kafka"
+
+    @property
+    def logs_dir(self) -> Path:
+        """``<service>.log`` of every service but Kafka (which keeps its own under kafka/logs)."""
+        return self.state_dir.resolve() / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        """``<service>.pid`` of every service but Kafka."""
+        return self.state_dir.resolve() / "run"
+
+    @property
+    def keys_file(self) -> Path:
+        return self.state_dir.resolve() / "gateway" / "keys.json"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.host}:{self.gateway_port}"
+
+    def persisted(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in PERSISTED_FIELDS}
+

@@ -22,6 +22,9 @@ class TopicSpec:
     retention_ms: int = 7 * DAY_MS  # -1 = keep forever
     doc: str = ""
     extra_config: dict[str, str] = field(default_factory=dict)
+    # None: decided when the catalog is applied, from the cluster's size (``replication_for``).
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None  # copies an acks=all write needs before it is acknowledged
 
     def config(self) -> dict[str, str]:
         """Topic-level Kafka config this spec manages."""
@@ -72,6 +75,18 @@ def inference_requests_topic(priority: str) -> str:
     request: workers drain ``chat.inference.requests`` first (docs/worker.md).
     """
     return INFERENCE_REQUESTS_BATCH if str(priority) == "BATCH" else INFERENCE_REQUESTS
+
+
+def replication_for(spec: TopicSpec, brokers: int, replication_factor: int | None = None) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) of ``spec`` on a cluster of ``brokers`` brokers.
+
+    The spec's own values win, then ``replication_factor`` (a deployment's explicit setting), then
+    the rule: 3 copies of which 2 must have each acknowledged write when the cluster has 3 brokers
+    or more (one broker may die and nothing acknowledged is lost), else 1 and 1.
+    """
+    rf = spec.replication_factor or replication_factor or (3 if brokers >= 3 else 1)
+    min_isr = spec.min_insync_replicas or (2 if rf >= 3 else 1)
+    return rf, min(min_isr, rf)
 
 
 def spec(name: str) -> TopicSpec:

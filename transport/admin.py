@@ -3,13 +3,19 @@
 ``apply`` is idempotent: it creates missing topics, adds partitions where the catalog asks for
 more (Kafka cannot remove partitions; fewer in the catalog is reported, not applied) and sets
 the managed configs that differ. A second run on an unchanged catalog changes nothing.
+Replication (factor and ``min.insync.replicas``) follows the cluster's size
+(``schemas.topics.replication_for``); a replication factor cannot change in place, so a
+mismatch is reported with the fix (partition reassignment), every run, not applied.
 """
 
 from __future__ import annotations
 
+import logging
+import socket
+import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -20,7 +26,7 @@ from confluent_kafka.admin import (
     OffsetSpec,
 )
 
-from schemas.topics import CATALOG, TopicSpec
+from schemas.topics import CATALOG, TopicSpec, replication_for
 from transport.errors import TopicExistsError, TransportError
 from transport.settings import KafkaSettings
 
@@ -28,7 +34,7 @@ from transport.settings import KafkaSettings
 @dataclass(frozen=True, slots=True)
 class TopicChange:
     topic: str
-    action: str  # "create" | "add-partitions" | "set-config" | "cannot-shrink"
+    action: str  # "create" | "add-partitions" | "set-config" | "cannot-shrink" | "replication-mismatch"
     detail: str
 
 
@@ -43,11 +49,86 @@ class TopicInfo:
         return sum(self.end_offsets)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupLag:
+    group: str
+    kind: str  # "consumer" | "classic" | "share" | ... (the broker's group type)
+    state: str  # "STABLE", "EMPTY", "PREPARING_REBALANCING", ...
+    members: int | None  # None: the broker would not describe it (e.g. a share group)
+    lag: int | None  # committed offsets behind the end offsets, summed; None: not known (share group)
+
+
+# librdkafka's own log lines (one per failed connect, hundreds while no broker answers) go to this
+# logger: silent in a CLI, in the log file of a service that configures logging.
+_client_log = logging.getLogger("transport.librdkafka")
+_client_log.addHandler(logging.NullHandler())
+
+
 class TopicAdmin:
     def __init__(self, settings: KafkaSettings, timeout_s: float = 30.0) -> None:
         self.settings = settings
         self.timeout_s = timeout_s
-        self._admin = AdminClient(settings.client_config())
+        self._admin = AdminClient({**settings.client_config(), "logger": _client_log})
+
+    def check_reachable(self, timeout_s: float = 3.0) -> None:
+        """TransportError at once when no bootstrap server accepts a TCP connection.
+
+        Without it, a call on a broker that is not there retries for ``timeout_s`` (30 s) first.
+        """
+        for server in self.settings.bootstrap_servers.split(","):
+            host, _, port = server.strip().rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
+                    return
+            except (OSError, ValueError):
+                continue
+        raise TransportError(f"cannot reach Kafka at {self.settings.bootstrap_servers}: no bootstrap server "
+                             "accepts connections (is the broker running? `chatpipe up --only kafka`)")
+
+    def group_members(self, group_id: str) -> int:
+        """Members of consumer group ``group_id`` now (0 when the group does not exist or is empty)."""
+        futures = self._admin.describe_consumer_groups([group_id], request_timeout=self.timeout_s)
+        try:
+            return len(futures[group_id].result(timeout=self.timeout_s).members)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if error is not None and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
+                return 0
+            raise TransportError(f"describe group {group_id}: {exc}") from exc
+        except TimeoutError as exc:  # concurrent.futures': the broker did not answer in time
+            raise TransportError(f"describe group {group_id}: no answer within {self.timeout_s} s") from exc
+
+    def group_lags(self) -> list[GroupLag]:
+        """Every group on the broker with its members and total lag (end offset - committed offset)."""
+        listing = self._admin.list_consumer_groups(request_timeout=self.timeout_s).result(timeout=self.timeout_s)
+        groups = sorted(listing.valid, key=lambda g: g.group_id)
+        if not groups:
+            return []
+        described = self._admin.describe_consumer_groups([g.group_id for g in groups], request_timeout=self.timeout_s)
+        lags = []
+        for group in groups:
+            kind = getattr(group.type, "name", str(group.type)).lower()
+            state = getattr(group.state, "name", str(group.state))
+            try:
+                members = len(described[group.group_id].result(timeout=self.timeout_s).members)
+            except (KafkaException, TimeoutError):
+                members = None  # one group the broker cannot describe must not hide the others
+            lags.append(GroupLag(group.group_id, kind, state, members, self._group_lag(group.group_id)))
+        return lags
+
+    def _group_lag(self, group_id: str) -> int | None:
+        request = [ConsumerGroupTopicPartitions(group_id)]
+        try:
+            committed = self._wait(self._admin.list_consumer_group_offsets(request), "list offsets of group")
+        except TransportError:
+            return None  # a share group has no committed offsets to compare
+        partitions = [tp for tp in committed[group_id].topic_partitions if tp.offset >= 0]
+        if not partitions:
+            return 0
+        ends = self._wait(self._admin.list_offsets(
+            {TopicPartition(tp.topic, tp.partition): OffsetSpec.latest() for tp in partitions}), "list offsets of")
+        end_of = {(tp.topic, tp.partition): info.offset for tp, info in ends.items()}
+        return sum(max(0, end_of[(tp.topic, tp.partition)] - tp.offset) for tp in partitions)
 
     def _wait(self, futures: dict, what: str) -> dict:
         results = {}
@@ -72,39 +153,85 @@ class TopicAdmin:
             raise TransportError(f"cannot reach Kafka at {self.settings.bootstrap_servers}: {exc}") from exc
         return {name: len(t.partitions) for name, t in metadata.topics.items() if not name.startswith("__")}
 
+    def cluster_replication(self) -> tuple[int, dict[str, set[int]]]:
+        """(brokers in the cluster, the replica counts of each topic's partitions).
+
+        Brokers counted are the live ones plus every one holding a replica: with one node of
+        three down the cluster still counts as three, and ``apply`` does not fall back to 1 copy.
+        """
+        try:
+            metadata = self._admin.list_topics(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise TransportError(f"cannot reach Kafka at {self.settings.bootstrap_servers}: {exc}") from exc
+        brokers = set(metadata.brokers)
+        counts: dict[str, set[int]] = {}
+        for name, topic in metadata.topics.items():
+            counts[name] = {len(p.replicas) for p in topic.partitions.values()}
+            brokers.update(r for p in topic.partitions.values() for r in p.replicas)
+        return len(brokers), counts
+
     def plan(self, catalog: tuple[TopicSpec, ...] = CATALOG) -> list[TopicChange]:
         """What ``apply`` would change, without changing anything."""
+        return self._plan(catalog)[0]
+
+    def _plan(self, catalog: tuple[TopicSpec, ...]) -> tuple[list[TopicChange], dict[str, tuple[int, dict[str, str]]]]:
+        """The changes, and each topic's wanted (replication factor, managed config)."""
         existing = self.topic_partitions()
+        brokers, replica_counts = self.cluster_replication()
+        # An explicit CHATPIPE_REPLICATION_FACTOR (or flag) overrides the rule; its default does not.
+        explicit_rf = self.settings.replication_factor if "replication_factor" in self.settings.model_fields_set else None
         changes: list[TopicChange] = []
+        wanted: dict[str, tuple[int, dict[str, str]]] = {}
         present = [s for s in catalog if self.settings.topic(s.name) in existing]
         current_configs = self._configs([self.settings.topic(s.name) for s in present]) if present else {}
         for spec in catalog:
             name = self.settings.topic(spec.name)
+            rf, min_isr = replication_for(spec, brokers, explicit_rf)
             if name not in existing:
-                changes.append(TopicChange(name, "create", f"{spec.partitions} partitions, {spec.config()}"))
+                config = {**spec.config(), "min.insync.replicas": str(min_isr)}
+                wanted[name] = (rf, config)
+                changes.append(TopicChange(name, "create", f"{spec.partitions} partitions, replication factor {rf}, {config}"))
                 continue
             have = existing[name]
             if spec.partitions > have:
                 changes.append(TopicChange(name, "add-partitions", f"{have} -> {spec.partitions}"))
             elif spec.partitions < have:
                 changes.append(TopicChange(name, "cannot-shrink", f"has {have}, catalog says {spec.partitions}"))
-            for key, want in spec.config().items():
+            have_rf = replica_counts.get(name) or {rf}
+            if have_rf != {rf}:
+                changes.append(TopicChange(name, "replication-mismatch", (
+                    f"has {'/'.join(map(str, sorted(have_rf)))} replica(s) per partition, the catalog wants {rf}; "
+                    "Kafka cannot change a replication factor in place: add or move replicas with a partition "
+                    "reassignment (kafka-reassign-partitions.sh --generate/--execute, or "
+                    "Admin.alterPartitionReassignments)")))
+                # Until then min.insync.replicas must suit the copies the topic has, or every
+                # acks=all write to it would fail.
+                min_isr = min(min_isr, max(1, min(have_rf) - 1))
+            config = {**spec.config(), "min.insync.replicas": str(min_isr)}
+            wanted[name] = (rf, config)
+            for key, want in config.items():
                 if current_configs[name].get(key) != want:
                     changes.append(TopicChange(name, "set-config", f"{key}={want} (was {current_configs[name].get(key)})"))
-        return changes
+        return changes, wanted
 
     def apply(self, catalog: tuple[TopicSpec, ...] = CATALOG) -> list[TopicChange]:
-        """Make the broker match ``catalog``; returns the changes made (empty when in sync)."""
-        changes = self.plan(catalog)
+        """Make the broker match ``catalog``; returns the changes made (empty when in sync), and
+        each replication mismatch, which it cannot fix in place (the detail says how)."""
+        changes, wanted = self._plan(catalog)
         by_name = {self.settings.topic(s.name): s for s in catalog}
-        creates = [NewTopic(c.topic, by_name[c.topic].partitions, self.settings.replication_factor,
-                            config=by_name[c.topic].config())
+        creates = [NewTopic(c.topic, by_name[c.topic].partitions, wanted[c.topic][0], config=wanted[c.topic][1])
                    for c in changes if c.action == "create"]
+        existed: set[str] = set()
         for new in creates:
             try:
                 self._wait(self._admin.create_topics([new], operation_timeout=self.timeout_s), "create topic")
             except TopicExistsError:
-                pass  # created meanwhile by another `apply`: the end state is what we want
+                # Created meanwhile by another `apply`, or created already and not yet in the
+                # metadata of the broker asked (a cluster's brokers learn of a topic one by one):
+                # the end state is what we want, and this run did not change it.
+                existed.add(new.topic)
+        if creates:
+            self._wait_listed([new.topic for new in creates])
         grows = [NewPartitions(c.topic, by_name[c.topic].partitions) for c in changes if c.action == "add-partitions"]
         if grows:
             self._wait(self._admin.create_partitions(grows), "add partitions to")
@@ -113,15 +240,36 @@ class TopicAdmin:
             resources = [
                 ConfigResource(ConfigResource.Type.TOPIC, t, incremental_configs=[
                     ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-                    for k, v in by_name[t].config().items()])
+                    for k, v in wanted[t][1].items()])
                 for t in config_topics
             ]
             self._wait(self._admin.incremental_alter_configs(resources), "set config of")
-        return [c for c in changes if c.action != "cannot-shrink"]
+        return [c for c in changes if c.action != "cannot-shrink" and not (c.action == "create" and c.topic in existed)]
+
+    def _wait_listed(self, names: list[str]) -> None:
+        """Wait until the broker's metadata lists ``names``. A created topic reaches it a moment
+        after CreateTopics returns (up to seconds on a loaded machine); until then a second
+        ``apply`` would plan to create it again and a producer would get UNKNOWN_TOPIC."""
+        deadline = time.monotonic() + self.timeout_s
+        while not set(names) <= set(self.topic_partitions()) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def _configs(self, topics: list[str]) -> dict[str, dict[str, str]]:
         resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
-        results = self._wait(self._admin.describe_configs(resources), "describe config of")
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                results = self._wait(self._admin.describe_configs(resources), "describe config of")
+                break
+            except TransportError as exc:
+                # A cluster's brokers learn of a new topic one by one: the broker asked here may
+                # not know yet a topic that another one has just listed.
+                cause = exc.__cause__
+                unknown = (isinstance(cause, KafkaException) and cause.args
+                           and cause.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
+                if not unknown or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         return {res.name: {k: e.value for k, e in entries.items()} for res, entries in results.items()}
 
     def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None,

@@ -19,7 +19,9 @@ def _admin(bootstrap_servers, topic_prefix):
     from transport.admin import TopicAdmin
     from transport.settings import KafkaSettings
 
-    return TopicAdmin(build_settings(KafkaSettings, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix))
+    admin = TopicAdmin(build_settings(KafkaSettings, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix))
+    admin.check_reachable()  # no broker: one line in a few seconds, not 30 s of client retries
+    return admin
 
 
 @topics_app.command("apply")

@@ -92,3 +92,14 @@ def test_prompt_over_the_context_gets_context_length_exceeded(client):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": long}], stream=True)
     assert err.value.body["code"] == "context_length_exceeded"
     assert "token" in err.value.body["message"]
+
+
+def test_health_and_metrics_need_no_key_and_count_requests(client, pipeline):
+    """Orchestrators probe /healthz and scrape /metrics without a key; the counters must move."""
+    health = httpx.get(f"{pipeline.url}/healthz").json()
+    assert health["status"] == "ok" and health["reply_topic"].endswith(f"chat.replies.{health['gateway_id']}")
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    text = httpx.get(f"{pipeline.url}/metrics").text
+    ok = [line for line in text.splitlines() if line.startswith('chatpipe_gateway_requests_total{outcome="ok"}')]
+    assert ok and float(ok[0].split()[-1]) >= 1
+    assert "chatpipe_gateway_ttft_seconds_count" in text

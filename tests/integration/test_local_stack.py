@@ -30,9 +30,9 @@ def test_second_up_changes_nothing(kafka_stack):
     """`up` on a running stack must neither start a second broker nor change any topic."""
     kafka = LocalKafka(kafka_stack)
     pid = kafka.pid()
-    first = _cli("up", *_stack_flags(kafka_stack))
+    first = _cli("up", "--only", "kafka", *_stack_flags(kafka_stack))
     assert first.returncode == 0, first.stderr
-    second = _cli("up", *_stack_flags(kafka_stack))
+    second = _cli("up", "--only", "kafka", *_stack_flags(kafka_stack))
     assert second.returncode == 0, second.stderr
     assert "already running" in second.stdout
     assert "0 change(s)" in second.stdout
@@ -41,10 +41,10 @@ def test_second_up_changes_nothing(kafka_stack):
 
 def test_status_shows_broker_ports_and_topic_offsets(kafka_stack):
     """`status` must show the broker, its port, and the catalog topics with partitions and offsets."""
-    _cli("up", *_stack_flags(kafka_stack))
+    _cli("up", "--only", "kafka", *_stack_flags(kafka_stack))
     result = _cli("status", *_stack_flags(kafka_stack))
     assert result.returncode == 0, result.stderr
-    assert "running" in result.stdout and str(kafka_stack.kafka_port) in result.stdout
+    assert "healthy" in result.stdout and str(kafka_stack.kafka_port) in result.stdout
     assert "chat.turns" in result.stdout and "chat.dlq" in result.stdout
 
 
@@ -57,7 +57,7 @@ def test_port_in_use_gives_clear_error(tmp_path):
         settings = StackSettings(state_dir=tmp_path, kafka_port=port, controller_port=port + 1 if port < 65535 else 1)
         with pytest.raises(PortInUseError, match=str(port)):
             LocalKafka(settings).up()
-        result = _cli("up", *_stack_flags(settings))
+        result = _cli("up", "--only", "kafka", *_stack_flags(settings))
     assert result.returncode == 1
     assert f"port {port}" in result.stderr and "Traceback" not in result.stderr
 

@@ -1,0 +1,152 @@
+"""``chatpipe cluster up | down | status | node stop|kill|start|restart ID``: a multi-node Kafka cluster.
+
+Three KRaft nodes on loopback by default (``infra.kafka_cluster``), each a broker and a quorum
+voter. ``up`` also applies the topic catalog, replicated 3 ways with ``min.insync.replicas=2``.
+``cluster_up`` / ``cluster_down`` / ``print_cluster_status`` are what ``chatpipe up --brokers N``
+calls; the single broker of ``chatpipe up`` is not here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from chatpipe.commands.common import build_settings, console
+
+if TYPE_CHECKING:
+    from infra.cluster_settings import ClusterSettings
+
+cluster_app = typer.Typer(help="A Kafka cluster of several KRaft nodes on this machine.", no_args_is_help=True)
+node_app = typer.Typer(help="Stop, kill or restart one node by id.", no_args_is_help=True)
+
+StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="State folder [env CHATPIPE_STATE_DIR; default .chatpipe]")]
+Brokers = Annotated[Optional[int], typer.Option("--brokers", "-n", help="Number of nodes [env CHATPIPE_BROKERS; default 3]")]
+BasePort = Annotated[Optional[int], typer.Option("--base-port", help="Client port of node 1; node n takes base+2(n-1) and the next [env CHATPIPE_CLUSTER_BASE_PORT; default 9192]")]
+Prefix = Annotated[Optional[str], typer.Option("--topic-prefix", help="Prefix of every catalog topic [env CHATPIPE_TOPIC_PREFIX]")]
+NodeId = Annotated[int, typer.Argument(help="Node id (1..brokers)")]
+
+
+def _settings(state_dir, brokers, base_port) -> "ClusterSettings":
+    from infra.cluster_settings import ClusterSettings
+
+    return build_settings(ClusterSettings, state_dir=state_dir, brokers=brokers, cluster_base_port=base_port)
+
+
+def _cluster(state_dir, brokers, base_port):
+    from infra.kafka_cluster import KafkaCluster
+
+    return KafkaCluster(_settings(state_dir, brokers, base_port))
+
+
+def cluster_up(settings: "ClusterSettings", *, topic_prefix: str | None = None) -> str:
+    """Start every node, wait until all are live brokers, apply the topic catalog (replicated by the
+    cluster's size), print what happened. Returns the bootstrap servers for the services."""
+    from infra.kafka_cluster import KafkaCluster
+    from transport.admin import TopicAdmin
+    from transport.settings import KafkaSettings
+
+    cluster = KafkaCluster(settings)
+    with console.status(f"starting {settings.brokers} Kafka nodes on {settings.bootstrap_servers}..."):
+        started = cluster.up()
+    state = "started" if started else "already running"
+    console.print(f"Kafka cluster {state}: {settings.brokers} node(s), {settings.bootstrap_servers}, "
+                  f"controller leader node {cluster.controller_leader()}, state {settings.cluster_dir}")
+    kafka = build_settings(KafkaSettings, bootstrap_servers=settings.bootstrap_servers, topic_prefix=topic_prefix)
+    changes = TopicAdmin(kafka).apply()
+    console.print(f"topic catalog applied: {len(changes)} change(s)")
+    for change in changes:
+        console.print(f"  {change.action:20} {change.topic}  {change.detail}")
+    return settings.bootstrap_servers
+
+
+def cluster_down(settings: "ClusterSettings") -> list[int]:
+    """Stop every node of the cluster (all at once, SIGTERM; SIGKILL after the stop timeout)."""
+    from infra.kafka_cluster import KafkaCluster
+
+    stopped = KafkaCluster(settings).down()
+    console.print(f"Kafka cluster stopped: node(s) {stopped}" if stopped else "Kafka cluster was not running")
+    return stopped
+
+
+def print_cluster_status(settings: "ClusterSettings", *, topics: bool = True) -> bool:
+    """Print each node, the controller leader and every partition's leader and ISR; True if all nodes are live."""
+    from infra.kafka_cluster import KafkaCluster
+
+    st = KafkaCluster(settings).status()
+    nodes = Table(title=f"Kafka {st.version} cluster ({st.bootstrap_servers})")
+    for col in ("node", "state", "pid", "client port", "quorum port", "role", "folder"):
+        nodes.add_column(col)
+    for n in st.nodes:
+        state = "live" if n.registered else ("starting / fenced" if n.running else "stopped")
+        role = "controller leader" if n.node_id == st.controller_leader else "voter"
+        nodes.add_row(str(n.node_id), state, str(n.pid or "-"), str(n.client_port), str(n.controller_port),
+                      role, str(n.dir))
+    console.print(nodes)
+    leader = st.controller_leader
+    console.print(f"controller leader: node {leader}" if leader is not None else "controller leader: none (no quorum)")
+    if topics and st.partitions:
+        table = Table(title="partitions")
+        for col in ("topic", "partition", "leader", "replicas", "in-sync replicas"):
+            table.add_column(col)
+        for p in st.partitions:
+            short = set(p.isr) != set(p.replicas)
+            isr = ",".join(map(str, p.isr)) + ("  (under-replicated)" if short else "")
+            table.add_row(p.topic, str(p.partition), str(p.leader) if p.leader >= 0 else "none",
+                          ",".join(map(str, p.replicas)), isr)
+        console.print(table)
+    return all(n.registered for n in st.nodes)
+
+
+@cluster_app.command("up")
+def up(state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None, topic_prefix: Prefix = None) -> None:
+    """Start the cluster in the background, wait until every node is a live broker, apply the topic catalog."""
+    cluster_up(_settings(state_dir, brokers, base_port), topic_prefix=topic_prefix)
+
+
+@cluster_app.command("down")
+def down(state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
+    """Stop every node cleanly."""
+    cluster_down(_settings(state_dir, brokers, base_port))
+
+
+@cluster_app.command("status")
+def status(state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
+    """Each node, the controller leader, every partition's leader and in-sync replicas (exit 1 if a node is not live)."""
+    if not print_cluster_status(_settings(state_dir, brokers, base_port)):
+        raise typer.Exit(code=1)
+
+
+@node_app.command("stop")
+def node_stop(node_id: NodeId, state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
+    """Stop one node cleanly (SIGTERM: it hands its partition leaderships over first)."""
+    done = _cluster(state_dir, brokers, base_port).stop_node(node_id)
+    console.print(f"node {node_id} {'stopped' if done else 'was not running'}")
+
+
+@node_app.command("kill")
+def node_kill(node_id: NodeId, state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
+    """SIGKILL one node: a crash, nothing flushed or handed over."""
+    done = _cluster(state_dir, brokers, base_port).kill_node(node_id)
+    console.print(f"node {node_id} {'killed' if done else 'was not running'}")
+
+
+@node_app.command("start")
+def node_start(node_id: NodeId, state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
+    """Start one stopped or killed node and wait until it is a live broker again."""
+    done = _cluster(state_dir, brokers, base_port).start_node(node_id)
+    console.print(f"node {node_id} {'started' if done else 'was already running'}")
+
+
+@node_app.command("restart")
+def node_restart(node_id: NodeId, state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
+    """Stop (SIGTERM) and start one node; waits until it is a live broker again."""
+    _cluster(state_dir, brokers, base_port).restart_node(node_id)
+    console.print(f"node {node_id} restarted")
+
+
+def register(app: typer.Typer) -> None:
+    cluster_app.add_typer(node_app, name="node")
+    app.add_typer(cluster_app, name="cluster")
