@@ -27,11 +27,12 @@ $(VENV)/.installed: pyproject.toml
 setup: prerequisites $(VENV)/.installed
 	$(CHATPIPE) model pull
 
-# Start the local Kafka broker (+ topic catalog), then stream an answer from the default model.
+# Start the whole stack in the background (Kafka + topic catalog, streams worker, inference worker,
+# gateway), then run a short scripted conversation through the gateway (streaming, an earlier fact
+# recalled). The stack keeps running: `.venv/bin/chatpipe chat` to talk to it, `make down` to stop it.
 run: setup
 	$(CHATPIPE) up
-	$(CHATPIPE) generate "Explain in two sentences why chat services put a queue in front of their GPUs."
-	$(CHATPIPE) status
+	$(CHATPIPE) demo
 
 test: setup
 	$(PY) -m pytest -q --timeout=900 $(PYTEST_ARGS)
@@ -46,6 +47,7 @@ bench-quick: setup
 	$(PY) bench/worker.py --quick
 	$(PY) bench/intake.py --quick
 	$(PY) bench/memory.py --quick
+	$(PY) bench/e2e.py --quick
 
 down:
 	-$(CHATPIPE) down

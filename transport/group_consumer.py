@@ -110,6 +110,12 @@ class GroupConsumer:
         if tps:
             self._consumer.resume(tps)
 
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Read ``topic[partition]`` from ``offset`` next: what was prefetched of it is dropped and
+        fetched again (a paused partition too: librdkafka keeps handing out prefetched records of a
+        partition after ``pause``)."""
+        self._consumer.seek(TopicPartition(topic, partition, offset))
+
     def commit_offsets(self, offsets: dict[tuple[str, int], int], *, asynchronous: bool = True) -> None:
         """Commit ``{(topic, partition): next offset to read}``."""
         if not offsets:

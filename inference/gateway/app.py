@@ -9,6 +9,7 @@ Starlette cancels the stream when it does. Either way a ``Cancel`` reaches the w
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from contextlib import asynccontextmanager
@@ -36,6 +37,7 @@ from inference.gateway.settings import GatewaySettings
 from schemas.records import FeedbackKind, new_id
 from transport.settings import KafkaSettings
 
+log = logging.getLogger(__name__)
 CONVERSATION_HEADER = "X-Chatpipe-Conversation-Id"
 REQUEST_HEADER = "X-Chatpipe-Request-Id"
 _ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
@@ -81,6 +83,12 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         else:
             message, param = f"{'.'.join(loc) or 'body'}: {first.get('msg')}", ".".join(loc) or None
         return JSONResponse(OpenAIError(400, message, param=param).body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")  # a bug: logged with its traceback, answered in OpenAI's shape
+        return JSONResponse(OpenAIError(500, f"internal error: {type(exc).__name__}", type="server_error",
+                                        code="internal_error").body(), status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -24,6 +24,7 @@ from inference.gateway.openai_api import ChatCompletionRequest, OpenAIError, err
 from inference.gateway.replies import Reply, ReplyReader, ensure_reply_topic
 from inference.gateway.settings import GatewaySettings
 from schemas.codec import default_codec
+from schemas.errors import EncodeError
 from schemas.records import (
     Cancel,
     ChatMessage,
@@ -162,10 +163,17 @@ class GatewayService:
         self.metrics.pending.set(len(self.pending))
         try:
             await self.producer.send(self.kafka.topic(PROMPTS), prompt, key=conversation_id)
+        except EncodeError as exc:  # e.g. a lone surrogate (valid JSON, not encodable text)
+            self.finish(sub, "invalid")
+            raise OpenAIError(400, f"the request cannot be encoded: {exc}", param="messages",
+                              code="invalid_value") from None
         except DeliveryError as exc:
             self.finish(sub, "produce_failed")
             raise OpenAIError(503, f"the pipeline did not take the request: {exc}", type="server_error",
                               code="kafka_unavailable") from None
+        except BaseException:
+            self.finish(sub, "error")  # never leave a slot of the backlog taken by a request that is gone
+            raise
         return sub
 
     async def replies(self, sub: Submitted) -> AsyncIterator[str]:

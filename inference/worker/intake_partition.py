@@ -33,6 +33,14 @@ from transport.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 LAG_EVERY_S = 2.0
+# With fewer free slots than assigned partitions, only a window of as many partitions as there
+# are slots is fetched from, rotated least-recently-visited first: after every pause/resume
+# librdkafka refetches and hands out the lowest partitions first, so without a window the same
+# few partitions would take every free slot and the others starve under sustained load (seen:
+# requests of partitions 4-5 waiting ~58 s while later ones of 0-3 were served). A partition leaves
+# the window once a record was taken from it (it had its turn) or after WINDOW_S without one (it was
+# empty); the least recently visited partitions fill the free places.
+WINDOW_S = 1.0
 
 
 def partition_group_ids(settings: WorkerSettings) -> dict[Priority, str]:
@@ -51,6 +59,9 @@ class PartitionIntake:
         self._items: dict[tuple[str, int, int], WorkItem] = {}
         self._paused: set[tuple[str, int]] = set()
         self._unknown: set[tuple[str, int]] = set()  # assigned; pause state to be set
+        # While slots are few: per priority, the partitions fetched from -> when each joined the window.
+        self._windows: dict[Priority, dict[tuple[str, int], float]] = {}
+        self._visited: dict[tuple[str, int], float] = {}  # when each partition was last in a window
         self._taking = True
         self._stop = threading.Event()
         self._lag = 0
@@ -114,8 +125,8 @@ class PartitionIntake:
                 plan = self.capacity.plan()
                 room_i = plan.interactive if self._taking else 0
                 room_b = plan.batch if self._taking else 0
-                self._set_paused(Priority.INTERACTIVE, room_i <= 0)
-                self._set_paused(Priority.BATCH, room_b <= 0)
+                self._set_active(Priority.INTERACTIVE, self._window(Priority.INTERACTIVE, room_i))
+                self._set_active(Priority.BATCH, self._window(Priority.BATCH, room_b))
                 if room_i <= 0:  # nothing may come in: serve callbacks, wait for a free slot
                     interactive.poll_messages(1, 0)
                     batch.poll_messages(1, 0)
@@ -123,10 +134,12 @@ class PartitionIntake:
                     continue
                 # The interactive poll is the one that waits (it returns as soon as a record
                 # comes); batch records are picked up right after it without waiting.
-                for message in interactive.poll_messages(room_i, self.settings.poll_timeout_s):
+                for message in self._outside_window(interactive, Priority.INTERACTIVE,
+                                                    interactive.poll_messages(room_i, self.settings.poll_timeout_s)):
                     self._take(message, Priority.INTERACTIVE)
                 room_b = self.capacity.plan().batch if self._taking else 0
-                for message in batch.poll_messages(room_b, 0) if room_b > 0 else batch.poll_messages(1, 0):
+                polled = batch.poll_messages(room_b, 0) if room_b > 0 else batch.poll_messages(1, 0)
+                for message in self._outside_window(batch, Priority.BATCH, polled):
                     self._take(message, Priority.BATCH)
                 if time.monotonic() - last_lag > LAG_EVERY_S:
                     last_lag = time.monotonic()
@@ -149,6 +162,9 @@ class PartitionIntake:
         item = decode_item(self.codec, message, priority, now_ms())
         key = (message.topic, message.partition, message.offset)
         item.handle = key
+        window = self._windows.get(priority)
+        if window is not None and window.pop((message.topic, message.partition), None) is not None:
+            self._visited[(message.topic, message.partition)] = time.monotonic()  # it had its turn
         self._items[key] = item
         self.tracker.taken(item.partition, message.offset)
         self.capacity.take(priority)
@@ -169,21 +185,62 @@ class PartitionIntake:
             for consumer in self._consumers.values():
                 consumer.commit_offsets(self._committable(consumer), asynchronous=True)
 
-    def _set_paused(self, priority: Priority, paused: bool) -> None:
+    def _window(self, priority: Priority, room: int) -> set[tuple[str, int]]:
+        """The partitions of ``priority`` to fetch from now (see ``WINDOW_S``): none without room, all
+        when every partition can have a slot, else a window of ``room`` partitions taking turns."""
+        mine = set(self._consumers[priority].assignment)
+        if room <= 0:
+            return set()
+        if room >= len(mine):
+            self._windows.pop(priority, None)
+            return mine
+        now = time.monotonic()
+        window = self._windows.setdefault(priority, {})
+        for tp, joined in list(window.items()):
+            if tp not in mine or now - joined > WINDOW_S:  # revoked, or nothing came: its turn is over
+                del window[tp]
+        for tp in sorted(window, key=window.get)[room:]:  # fewer slots now: the newest wait
+            del window[tp]
+        for tp in sorted(mine - window.keys(), key=lambda tp: self._visited.get(tp, 0.0))[:room - len(window)]:
+            window[tp] = self._visited[tp] = now
+        return set(window)
+
+    def _outside_window(self, consumer: GroupConsumer, priority: Priority, messages: list) -> list:
+        """``messages`` minus those of partitions outside the current window and all but the first of
+        each window partition; their partitions are rewound (seek) to be read again in their turn:
+        librdkafka hands out what it prefetched of a partition even after it is paused, which would
+        let the lowest partitions take every slot again."""
+        window = self._windows.get(priority)
+        if window is None:
+            return messages
+        keep, kept, rewound = [], set(), set()
+        for message in messages:
+            tp = (message.topic, message.partition)
+            if tp in window and tp not in kept and tp not in rewound:  # one record per partition and turn
+                keep.append(message)
+                kept.add(tp)
+            elif tp not in rewound:  # the first one of its partition: read again from here later
+                try:
+                    consumer.seek(message.topic, message.partition, message.offset)
+                    rewound.add(tp)
+                except Exception:  # noqa: BLE001 - cannot rewind (e.g. mid-rebalance): take it, fairness is best effort
+                    keep.append(message)
+            # later records of a rewound partition: dropped here, read again after the first
+        return keep
+
+    def _set_active(self, priority: Priority, active: set[tuple[str, int]]) -> None:
+        """Resume the ``active`` partitions of ``priority``, pause the rest (only what changes)."""
         consumer = self._consumers[priority]
         mine = set(consumer.assignment)
         unknown = mine & self._unknown
-        if paused:
-            todo = (mine - self._paused) | unknown
-            consumer.pause(todo)
-            self._paused |= todo
-        else:
-            todo = (mine & self._paused) | unknown
-            consumer.resume(todo)
-            self._paused -= todo
+        pause = ((mine - active) - self._paused) | (unknown - active)
+        resume = ((mine & active) & self._paused) | (unknown & active)
+        consumer.pause(pause)
+        consumer.resume(resume)
+        self._paused = (self._paused | pause) - resume
         self._unknown -= unknown
-        if todo:
-            log.debug("%s %s", "paused" if paused else "resumed", sorted(todo))
+        if pause or resume:
+            log.debug("paused %s, resumed %s", sorted(pause), sorted(resume))
 
     # -- rebalance hooks (inside poll, on the intake thread) -------------------------------------
 

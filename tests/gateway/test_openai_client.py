@@ -103,3 +103,15 @@ def test_health_and_metrics_need_no_key_and_count_requests(client, pipeline):
     ok = [line for line in text.splitlines() if line.startswith('chatpipe_gateway_requests_total{outcome="ok"}')]
     assert ok and float(ok[0].split()[-1]) >= 1
     assert "chatpipe_gateway_ttft_seconds_count" in text
+
+
+def test_text_that_cannot_be_encoded_is_a_400_and_frees_its_slot(pipeline):
+    """A lone surrogate is valid JSON but no Avro string: the request gets OpenAI's 400 and its backlog
+    slot is released (a slot kept forever would, after max_pending such requests, lock everyone out)."""
+    body = ('{"model": "%s", "messages": [{"role": "user", "content": "bad \\ud800 text"}]}' % MODEL).encode()
+    for _ in range(3):
+        r = httpx.post(f"{pipeline.url}/v1/chat/completions", content=body,
+                       headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "messages"
+    assert httpx.get(f"{pipeline.url}/healthz").json()["pending"] == 0

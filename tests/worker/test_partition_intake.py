@@ -71,3 +71,42 @@ async def test_partitions_paused_then_revoked_and_returned_are_served(worker_kaf
     finally:
         intake.stop_taking()
         await asyncio.to_thread(intake.close)
+
+
+async def test_a_backlog_on_every_partition_is_served_fairly_with_few_slots(worker_kafka):
+    """Five requests wait on each of the six partitions and the worker has two slots: the first
+    twelve taken must come from every partition. Without the fair window, librdkafka refetches after
+    each pause/resume and hands out the lowest partitions first, so partitions 4-5 waited until the
+    others were drained (under sustained load: for ever)."""
+    from transport.producer import RecordProducer
+
+    kafka = worker_kafka
+    settings = WorkerSettings(group_id=f"{kafka.topic_prefix}fair", max_in_flight=2, poll_timeout_s=0.05)
+    capacity = Capacity(2, 1)
+    topic = kafka.topic("chat.inference.requests")
+    producer = RecordProducer(kafka)
+    for partition in range(6):
+        for i in range(5):
+            producer.send(topic, make_request(partition * 10 + i, conversation=f"conv-{partition}"),
+                          key=f"conv-{partition}", partition=partition)
+    producer.flush()
+    producer.close()
+    intake = PartitionIntake(kafka, settings, capacity, default_codec())
+    taken = []
+    intake.start(asyncio.get_running_loop(), taken.append, lambda items: None)
+    try:
+        served = 0
+        deadline = time.monotonic() + 120
+        while served < 12:
+            assert time.monotonic() < deadline, f"only {served} served"
+            if len(taken) > served:  # serve one at a time, as a busy worker frees slots
+                item = taken[served]
+                capacity.release(item.priority, started=True)
+                intake.finish(item, Outcome.DONE)
+                served += 1
+            await asyncio.sleep(0.02)
+        partitions = [item.message.partition for item in taken[:12]]
+        assert set(partitions) == set(range(6)), f"served in this partition order: {partitions}"
+    finally:
+        intake.stop_taking()
+        await asyncio.to_thread(intake.close)

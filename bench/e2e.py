@@ -1,0 +1,292 @@
+"""The whole path (gateway + Kafka + streams + inference worker) vs the engine alone, same requests, one run.
+
+A client sends chat requests to the gateway over loopback HTTP (streamed, greedy, the same
+prompts and max_tokens); the gateway produces them to Kafka, the streams worker assembles their
+context, the inference worker generates, and the tokens come back through the gateway's reply
+topic as server-sent events. The baseline is the engine alone in this process (``AsyncEngine``
+with the worker's text deltas, as bench/worker.py does), with the worker's engine settings (max
+batch, KV budget, context, threads), on exactly the requests the worker received: the
+``InferenceRequest`` records the streams worker produced are read back from
+``chat.inference.requests``, so both sides prefill the same prompt tokens (checked and printed).
+
+1. Throughput: N requests at once on each side; tokens/s = completion tokens / wall time from
+   the first send to the last answer. The sides alternate for a few rounds; the best round of
+   each is compared (the machine is shared: the best round is the least disturbed one). Each
+   round uses fresh users and conversations, so no round recalls another's turns and every
+   round's contexts are the same.
+2. Time to first token, each prompt alone, on both sides back to back: client-side sent -> first
+   content token through the gateway vs submit -> first token of the engine; the difference per
+   prompt is what the whole path adds (HTTP, two Kafka hops in, context assembly, one hop back).
+   TTFT under load (the requests of part 1) is printed for both sides too.
+
+Starts its own broker (bench/local_broker.py) unless ``--bootstrap-servers`` is given, and the
+pipeline processes as the gateway tests do (tests/gateway/stack.py). The last line is the
+headline: ``e2e/gateway+kafka+streams+worker vs engine tokens/s ratio = X``.
+
+    python bench/e2e.py --quick     # about a minute or two on 2 CPU cores (plus the services' start)
+    python bench/e2e.py             # the docs/gateway_load.md figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from local_broker import bench_broker  # noqa: E402  (bench/, beside this script)
+
+MODEL = "smollm2-135m-instruct"
+CONTEXT_TOKENS = 1024
+# The inference worker's engine settings (CHATPIPE_* variables) and the in-process engine's: the same.
+ENGINE = {"max_batch": 8, "kv_cache_tokens": 8 * CONTEXT_TOKENS, "max_seq_len": CONTEXT_TOKENS, "num_threads": 2}
+
+
+@dataclass
+class Side:
+    """One side's measurements: throughput rounds and TTFTs (seconds)."""
+
+    rates: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    ttft_load: list[float] = field(default_factory=list)
+    ttft_alone: list[float] = field(default_factory=list)
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+def prompt_text(i: int) -> str:
+    return f"Tell me a fact about the number {i} and why it matters."
+
+
+# -- the whole path: HTTP to the gateway --------------------------------------------------------
+
+@dataclass
+class Answer:
+    request_id: str
+    ttft_s: float
+    completion_tokens: int
+    prompt_tokens: int
+
+
+async def ask(http, url: str, key: str, i: int, max_tokens: int, user: str) -> Answer:
+    body = {"model": MODEL, "stream": True, "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": prompt_text(i)}], "user": user,
+            "stream_options": {"include_usage": True}}
+    sent = time.perf_counter()
+    first, usage, done = None, None, False
+    async with http.stream("POST", f"{url}/v1/chat/completions", json=body,
+                           headers={"Authorization": f"Bearer {key}"}) as response:
+        if response.status_code != 200:
+            raise SystemExit(f"gateway answered {response.status_code}: {(await response.aread())[:300]!r}")
+        request_id = response.headers["X-Chatpipe-Request-Id"]
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                done = True
+                break
+            event = json.loads(data)
+            if "error" in event:
+                raise SystemExit(f"error mid-stream: {event['error']}")
+            usage = event.get("usage") or usage
+            if first is None and any(c["delta"].get("content") for c in event.get("choices", [])):
+                first = time.perf_counter()
+    if not done or usage is None:
+        raise SystemExit(f"request {request_id}: the stream ended without usage/[DONE]")
+    return Answer(request_id, (first or time.perf_counter()) - sent, usage["completion_tokens"], usage["prompt_tokens"])
+
+
+async def through_gateway(url: str, key: str, indices: list[int], max_tokens: int, tag: str) -> tuple[float, list[Answer]]:
+    """(seconds, answers) of these prompts sent at once, each by a fresh user in a new conversation."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(indices) + 4)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600)) as http:
+        start = time.perf_counter()
+        answers = await asyncio.gather(*(ask(http, url, key, i, max_tokens, f"bench-{tag}-{i}") for i in indices))
+        return time.perf_counter() - start, list(answers)
+
+
+# -- the engine alone -----------------------------------------------------------------------------
+
+async def engine_alone(engine, tokenizer, requests: list) -> tuple[float, list[int], list[float], list[int]]:
+    """(seconds, output tokens, TTFT to the first text, prompt tokens) per request, all submitted at once."""
+    from inference.engine.streaming import AsyncEngine
+    from inference.worker.generation import Generation
+    from inference.worker.prompts import prepare
+
+    async with AsyncEngine(engine, idle_wait_s=0.01) as aengine:
+        async def one(req) -> tuple[int, float, int]:
+            t0 = time.perf_counter()
+            first = None  # the first text, as the gateway's client sees its first content
+            prepared = prepare(req, tokenizer, engine.settings.max_seq_len)
+            gen = Generation(aengine, tokenizer, f"{req.request_id}-{uuid.uuid4().hex[:6]}", prepared)
+            out = 0
+            async for delta in gen.deltas():
+                if first is None and delta.text:
+                    first = time.perf_counter()
+                if delta.finished:
+                    out = delta.num_output_tokens
+            return out, (first or time.perf_counter()) - t0, len(prepared.prompt_ids)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one(r) for r in requests))
+        elapsed = time.perf_counter() - start
+    return elapsed, [r[0] for r in results], [r[1] for r in results], [r[2] for r in results]
+
+
+# -- the pipeline ---------------------------------------------------------------------------------
+
+def start_stack(kafka, root: Path, max_pending: int):
+    """Streams + one inference worker (ENGINE settings) + one gateway, as tests/gateway/stack.py does."""
+    from tests.gateway.stack import API_KEY, Pipeline, start_gateway
+    from tests.streams.pipeline import StreamsWorker
+    from tests.worker.harness import start_worker
+
+    (root / "streams").mkdir(parents=True, exist_ok=True)
+    streams = StreamsWorker(kafka, root / "streams", context_tokens=CONTEXT_TOKENS, recent_turns=4)
+    worker = start_worker(kafka, root, worker_id="e2e-bench", CHATPIPE_DEVICE="cpu",
+                          CHATPIPE_MAX_BATCH=str(ENGINE["max_batch"]),
+                          CHATPIPE_KV_CACHE_TOKENS=str(ENGINE["kv_cache_tokens"]),
+                          CHATPIPE_MAX_SEQ_LEN=str(ENGINE["max_seq_len"]), CHATPIPE_NUM_THREADS=str(ENGINE["num_threads"]))
+    gateway = start_gateway(kafka, root, CHATPIPE_GATEWAY_MAX_PENDING=str(max_pending))
+    stack = Pipeline(kafka, streams, worker, gateway, root)
+    try:
+        streams.start()
+        worker.wait_serving(300)
+        gateway.wait_healthy(120)
+    except BaseException:
+        stop_stack(stack)
+        raise
+    return stack, API_KEY
+
+
+def stop_stack(stack) -> None:
+    for stop in (stack.gateway.terminate, stack.worker.terminate):
+        try:
+            stop()
+        except Exception as exc:  # noqa: BLE001 - report and go on stopping the rest
+            print(f"  (stopping: {exc})")
+    if stack.streams.proc is not None and stack.streams.proc.poll() is None:
+        stack.streams.stop()
+
+
+def worker_requests(kafka, request_ids: list[str], timeout_s: float = 60) -> list:
+    """The InferenceRequests the streams worker produced for these ids, in the same order."""
+    from tests.streams.pipeline import Tap
+
+    tap = Tap(kafka, "chat.inference.requests")
+    try:
+        wanted = set(request_ids)
+        found = {r.request_id: r for r in tap.records(len(wanted), timeout_s, where=lambda r: r.request_id in wanted)}
+    finally:
+        tap.close()
+    return [found[rid] for rid in request_ids]
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="about a minute or two on 2 cores")
+    parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
+    args = parser.parse_args()
+    with bench_broker(args.bootstrap_servers, prefix="chatpipe-bench-e2e-") as bootstrap:
+        run(bootstrap, args.quick)
+
+
+def run(bootstrap: str, quick: bool) -> None:
+    n, max_tokens, n_alone, rounds = (8, 16, 6, 2) if quick else (32, 48, 20, 3)
+
+    from inference.engine.engine import Engine
+    from inference.engine.model_store import load_model
+    from inference.engine.settings import EngineSettings
+    from transport.admin import TopicAdmin
+    from transport.settings import KafkaSettings
+
+    kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"e{uuid.uuid4().hex[:8]}.")
+    TopicAdmin(kafka).apply()
+    root = Path(tempfile.mkdtemp(prefix="chatpipe-bench-e2e-logs-"))
+    started = time.perf_counter()
+    stack, key = start_stack(kafka, root, max_pending=max(32, 2 * n))
+    print(f"pipeline up in {time.perf_counter() - started:.0f} s (logs in {root})")
+    settings = EngineSettings(device="cpu", **ENGINE)
+    model, tokenizer = load_model(settings)
+    engine = Engine(model, settings)
+    url = stack.url
+    pipe, alone = Side(), Side()
+    prompt_tokens_pipe: list[int] = []
+    prompt_tokens_engine: list[int] = []
+    try:
+        asyncio.run(through_gateway(url, key, list(range(4)), 4, "warm"))  # connections, caches, first batches
+        # Round 0 of the pipeline also yields the requests the worker saw: the engine's requests.
+        indices = list(range(n))
+        secs, answers = asyncio.run(through_gateway(url, key, indices, max_tokens, "r0"))
+        requests = worker_requests(kafka, [a.request_id for a in answers])
+        asyncio.run(engine_alone(engine, tokenizer, requests[:4]))  # warm-up
+        for round_no in range(rounds):
+            if round_no:
+                secs, answers = asyncio.run(through_gateway(url, key, indices, max_tokens, f"r{round_no}"))
+            pipe.rates.append(sum(a.completion_tokens for a in answers) / secs)
+            pipe.tokens.append(sum(a.completion_tokens for a in answers))
+            pipe.ttft_load += [a.ttft_s for a in answers]
+            prompt_tokens_pipe = [a.prompt_tokens for a in answers]
+            secs, outs, ttfts, prompt_tokens_engine = asyncio.run(engine_alone(engine, tokenizer, requests))
+            alone.rates.append(sum(outs) / secs)
+            alone.tokens.append(sum(outs))
+            alone.ttft_load += ttfts
+        for i in range(n_alone):  # each prompt alone, on both sides back to back
+            req = requests[i % n]
+            alone.ttft_alone += asyncio.run(engine_alone(engine, tokenizer, [req]))[2]
+            pipe.ttft_alone += [a.ttft_s for a in asyncio.run(through_gateway(url, key, [i % n], max_tokens, f"a{i}"))[1]]
+    finally:
+        stop_stack(stack)
+    report(n, max_tokens, rounds, n_alone, pipe, alone, prompt_tokens_pipe, prompt_tokens_engine)
+
+
+def report(n: int, max_tokens: int, rounds: int, n_alone: int, pipe: Side, alone: Side,
+           prompt_tokens_pipe: list[int], prompt_tokens_engine: list[int]) -> None:
+    ms = lambda s: s * 1000  # noqa: E731
+    added = [ms(p - e) for p, e in zip(pipe.ttft_alone, alone.ttft_alone)]
+    same = "same" if prompt_tokens_pipe == prompt_tokens_engine else "DIFFERENT"
+    print(f"\n{n} requests at once x max {max_tokens} tokens, greedy; engine max_batch {ENGINE['max_batch']}, "
+          f"KV {ENGINE['kv_cache_tokens']} tokens, context {ENGINE['max_seq_len']}, {ENGINE['num_threads']} threads; "
+          f"{rounds} alternating rounds per side (best compared)")
+    print(f"prompt tokens of the {n} requests: pipeline {sum(prompt_tokens_pipe)} / engine {sum(prompt_tokens_engine)} "
+          f"({same} per request); completion tokens per round: pipeline {pipe.tokens} / engine {alone.tokens}")
+    rows = [
+        ("tokens/s (best round)", f"{max(alone.rates):.1f}", f"{max(pipe.rates):.1f}",
+         f"x{max(pipe.rates) / max(alone.rates):.2f}"),
+        ("tokens/s (rounds)", ", ".join(f"{r:.1f}" for r in alone.rates), ", ".join(f"{r:.1f}" for r in pipe.rates), ""),
+        (f"TTFT p50, {n} at once (ms)", f"{ms(statistics.median(alone.ttft_load)):.0f}",
+         f"{ms(statistics.median(pipe.ttft_load)):.0f}", ""),
+        (f"TTFT p99, {n} at once (ms)", f"{ms(percentile(alone.ttft_load, 0.99)):.0f}",
+         f"{ms(percentile(pipe.ttft_load, 0.99)):.0f}", ""),
+        (f"TTFT p50, alone x{n_alone} (ms)", f"{ms(statistics.median(alone.ttft_alone)):.1f}",
+         f"{ms(statistics.median(pipe.ttft_alone)):.1f}", f"+{percentile(added, 0.5):.1f} ms (paired p50)"),
+        (f"TTFT p99, alone x{n_alone} (ms)", f"{ms(percentile(alone.ttft_alone, 0.99)):.1f}",
+         f"{ms(percentile(pipe.ttft_alone, 0.99)):.1f}", f"+{percentile(added, 0.99):.1f} ms (paired p99)"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"{'':{width}}  {'engine alone':>16}  {'gateway+kafka+streams+worker':>28}  added / ratio")
+    for name, a, p, extra in rows:
+        print(f"{name:{width}}  {a:>16}  {p:>28}  {extra}")
+    print(f"e2e/gateway+kafka+streams+worker vs engine tokens/s ratio = {max(pipe.rates) / max(alone.rates):.2f}")
+
+
+if __name__ == "__main__":
+    main()
