@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.cluster_settings import ClusterSettings
+from infra.services import alive
 from infra.local_kafka import (
     LOG4J_CONFIG,
     BrokerStartError,
     PortInUseError,
     StackError,
-    _alive,
     _tail,
     ensure_jars,
     kafka_version,
@@ -42,7 +42,7 @@ from infra.local_kafka import (
 def _process_alive(pid: int) -> bool:
     """True while any thread of process ``pid`` runs. A JVM's main thread can exit first: the
     process then shows as a zombie while its other threads still shut down (and hold its ports)."""
-    if not _alive(pid):
+    if not alive(pid):
         try:
             return len(os.listdir(f"/proc/{pid}/task")) > 1
         except OSError:

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.services import alive
 from infra.settings import StackSettings
 from schemas.errors import ChatpipeError
 
@@ -246,29 +247,10 @@ class LocalKafka:
             return False
         os.kill(pid, signal.SIGTERM)  # the broker's shutdown hook flushes and closes its logs
         deadline = time.monotonic() + self.settings.stop_timeout_s
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and alive(pid):
             time.sleep(0.2)
-        self.killed = _alive(pid)
+        self.killed = alive(pid)
         if self.killed:
             os.kill(pid, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
         return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (our own child, not yet reaped) has exited for our purposes.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return False
-    if state == "Z":
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        return False
-    return True
