@@ -12,9 +12,17 @@ Only useful tokens (each request's target) count for both. Prints tokens/s, TTFT
 percentiles, and, as the last line, the ratio. ``--model-config llama-1b|llama-8b`` builds a
 randomly initialised Llama of that shape (no weights can be fetched on the GPU machine).
 
+``--shapes llama-1b,llama-8b`` runs that comparison for each random-init shape in turn and adds
+batch-1 decode bandwidth: (bytes of weights + KV read per token) / time per token, also as a
+share of the device's peak memory bandwidth (``--peak-gbs``; H200: 4800 GB/s). ``--multi-turn``
+measures the prefix cache (last-turn TTFT of 8-turn conversations) and lazy allocation with
+preemption (throughput at a fixed KV budget), see ``bench/engine_multiturn.py``.
+
     python bench/engine.py --quick            # about a minute on 2 CPU cores
     python bench/engine.py                    # the README figures
-    python bench/engine.py --device cuda --model-config llama-8b
+    python bench/engine.py --multi-turn [--quick]
+    python bench/engine.py --device cuda --shapes llama-1b,llama-8b     # the GPU command (< 8 min, H200)
+    python bench/engine.py --device cpu --shapes tiny                   # CPU smoke run of the same path
 """
 
 from __future__ import annotations
@@ -34,10 +42,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-# Llama shapes of random-init models; attention heads 32, KV heads 8, vocab 128256, RoPE theta 5e5.
+# Llama shapes of random-init models (RoPE theta 5e5); "tiny" is the CPU smoke test of the same path.
+LLAMA3 = dict(num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
 MODEL_CONFIGS = {
-    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, tie_word_embeddings=True),  # 3.2 1B
-    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, tie_word_embeddings=False),  # 3.1 8B
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, tie_word_embeddings=True, **LLAMA3),  # 3.2 1B
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, tie_word_embeddings=False, **LLAMA3),  # 3.1 8B
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, tie_word_embeddings=False,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=2048),  # fmt: skip
 }
 
 
@@ -74,8 +85,7 @@ def load(args: argparse.Namespace):
     if args.model_config:
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        cfg = LlamaConfig(num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
-                          rope_theta=500000.0, **MODEL_CONFIGS[args.model_config])  # fmt: skip
+        cfg = LlamaConfig(max_position_embeddings=8192, rope_theta=500000.0, **MODEL_CONFIGS[args.model_config])
         torch.manual_seed(0)
         with torch.device(args.device):
             model = LlamaForCausalLM._from_config(cfg, dtype=dtype)
@@ -159,6 +169,66 @@ def run_hf(model, wl: Workload, args: argparse.Namespace) -> Result:
     return Result(time.monotonic() - t0, sum(wl.outputs), ttft, tpot)
 
 
+def decode_bandwidth(model, args: argparse.Namespace, prompt_len: int, new_tokens: int) -> tuple[float, float, float]:
+    """Batch-1 decode: (seconds per token, bytes read per token, GB/s). Bytes per token = every
+    weight once (the embedding table only as the LM head when tied; an untied one reads one row)
+    + the K/V of the whole context, averaged over the decode."""
+    from inference.engine.engine import Engine
+    from inference.engine.request import SamplingParams
+    from inference.engine.settings import EngineSettings
+
+    cfg = model.config
+    engine = Engine(model, EngineSettings(device=args.device, max_batch=1, max_seq_len=prompt_len + new_tokens + 16,
+                                          kv_cache_tokens=prompt_len + new_tokens + 16, compile=args.compile))  # fmt: skip
+    prompt = [random.Random(args.seed).randrange(10, cfg.vocab_size) for _ in range(prompt_len)]
+    engine.generate([prompt[:8]], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
+    _, req = engine.add_request(prompt, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+    while engine.has_work():
+        engine.step()
+    tpot = req.timings.tpot(len(req.output_token_ids))
+    elt = next(model.parameters()).element_size()
+    weights = sum(p.numel() for p in model.parameters()) * elt
+    if not cfg.tie_word_embeddings:
+        weights -= (cfg.vocab_size - 1) * cfg.hidden_size * elt  # the input embedding reads one row
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * elt
+    per_token = weights + kv_per_token * (prompt_len + new_tokens / 2)
+    return tpot, per_token, per_token / tpot / 1e9
+
+
+def run_shapes(args: argparse.Namespace) -> None:
+    """Each random-init shape: engine vs HF generate, then batch-1 decode bandwidth."""
+    gpu = args.device.startswith("cuda")
+    peak = args.peak_gbs or (4800.0 if gpu else None)
+    lines = []
+    for shape in args.shapes.split(","):
+        args.model_config = shape
+        t0 = time.monotonic()
+        model, name = load(args)
+        if gpu:
+            n, bs, wl_shape = 64, 32, dict(prompt_median=256, output_median=128, max_prompt=1024, max_output=512)
+            prompt_len, new = 1024, 128
+        else:
+            n, bs, wl_shape = 8, 4, dict(prompt_median=24, output_median=12, max_prompt=64, max_output=32)
+            prompt_len, new = 64, 16
+        args.num_requests, args.batch_size = args.num_requests or n, args.batch_size or bs
+        wl = make_workload(args.num_requests, model.config.vocab_size, args.seed, **wl_shape)
+        eng, hf = run_engine(model, wl, args), run_hf(model, wl, args)
+        tpot, per_token, gbs = decode_bandwidth(model, args, prompt_len, new)
+        share = f", {100 * gbs / peak:.1f}% of {peak:.0f} GB/s" if peak else ""
+        lines.append(f"{shape}: engine {eng.tokens_per_s:.1f} tok/s vs generate {hf.tokens_per_s:.1f} tok/s "
+                     f"(ratio {eng.tokens_per_s / hf.tokens_per_s:.2f}; {args.num_requests} requests, batch {args.batch_size}); "
+                     f"batch-1 decode {tpot * 1000:.2f} ms/token, {per_token / 1e9:.3f} GB/token -> {gbs:.0f} GB/s{share}")  # fmt: skip
+        print(f"{name} {next(model.parameters()).dtype} on {args.device} ({time.monotonic() - t0:.0f} s): {lines[-1]}", flush=True)
+        args.num_requests = args.batch_size = None
+        del model
+        if gpu:
+            torch.cuda.empty_cache()
+    for line in lines:
+        print(line)
+    print(f"engine/hf_generate tokens/s ratio ({shape}) = {eng.tokens_per_s / hf.tokens_per_s:.2f}")
+
+
 def pct(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else (xs[0] if xs else float("nan"))
 
@@ -177,9 +247,23 @@ def main() -> None:
                     help="torch CPU threads; 1 by default: on a shared machine OpenMP threads spin while descheduled")
     ap.add_argument("--repeats", type=int, help="run each side this many times, alternating; keep the fastest")
     ap.add_argument("--compile", action="store_true", help="torch.compile the MLPs (engine side)")
+    ap.add_argument("--multi-turn", action="store_true",
+                    help="prefix cache TTFT on 8-turn conversations + lazy vs reserved KV throughput")  # fmt: skip
+    ap.add_argument("--shapes", help="comma-separated random-init shapes (llama-1b,llama-8b,tiny): engine vs "
+                                     "generate and batch-1 decode bandwidth for each")  # fmt: skip
+    ap.add_argument("--peak-gbs", type=float, help="device memory bandwidth in GB/s (default: 4800, an H200, on cuda)")
     args = ap.parse_args()
     if args.threads and args.device == "cpu":
         torch.set_num_threads(args.threads)
+    if args.shapes:
+        return run_shapes(args)
+    if args.multi_turn:
+        import engine_multiturn  # bench/ is on sys.path when this script runs
+
+        model, name = load(args)
+        print(f"model={name} device={args.device} dtype={next(model.parameters()).dtype} threads={torch.get_num_threads()} "
+              f"quick={args.quick}")  # fmt: skip
+        return engine_multiturn.run(model, args)
     if args.quick:
         n, bs, shape = 16, 8, dict(prompt_median=48, output_median=32, max_prompt=256, max_output=128)
     else:

@@ -5,12 +5,12 @@ causal LM in PyTorch. Depends on torch and transformers only (no Kafka); see doc
     errors.py           EngineError (a ChatpipeError) and its named subclasses
     model_store.py      find / pull / convert / load the model
     request.py          Request, SamplingParams, Priority, Admission, FinishReason (pure Python)
-    block_allocator.py  KV blocks per request, the token budget (pure Python)
-    scheduler.py        who runs each step (pure Python)
+    block_allocator.py  KV blocks per request, prefix cache (hash chain, LRU eviction) (pure Python)
+    scheduler.py        who runs each step, lazy allocation, preemption (pure Python)
     kv_cache.py         paged K/V storage
     model_runner.py     one ragged forward of a Llama-family model over the cache
     sampling.py         greedy / temperature / top-k / top-p, seeded per request
     engine.py           the step loop
     streaming.py        asyncio facade: the loop in a thread, one async iterator per request
-    text.py             the tokenizer edge: chat template, incremental text, stop strings
+    text.py             the tokenizer edge: chat template, incremental text, stop strings (TextStream)
 """

@@ -1,27 +1,60 @@
-"""Book-keeping of the paged KV cache: which fixed-size blocks of token slots belong to which request.
+"""Book-keeping of the paged KV cache: which fixed-size blocks of token slots belong to which request,
+and which full blocks are cached for reuse by later requests (prefix caching).
 
-Pure Python, no tensors: the scheduler uses it to decide admission, the engine turns a request's
-block table into slot indices of ``kv_cache.PagedKVCache``. The budget is counted in tokens and
-rounded up to whole blocks.
+Pure Python, no tensors: the scheduler decides with it, the engine turns a request's block table
+into slot indices of ``kv_cache.PagedKVCache``. The budget is counted in whole blocks.
 
-Deliberately simple: a request reserves its worst case (prompt + max_new_tokens) at admission, so a
-running request can never run out of cache and nothing has to be preempted or swapped. The price is
-lower concurrency when callers ask for far more ``max_new_tokens`` than they use; lazy allocation
-with preemption (as vLLM does) is the upgrade path. No prefix sharing between requests either.
+A block is in one of three states:
+  * in use: held by one or more running requests (``ref_count > 0``; a cached block can be shared);
+  * evictable: no request holds it, but it is a *full* block whose contents are registered under
+    its hash, so a later request with the same prefix can take it back without recomputing;
+  * free: no request holds it and nothing is cached in it.
+Allocation takes free blocks first, then evicts the least recently used evictable block.
+
+Prefix hashes form a chain: block ``i``'s hash covers its tokens and block ``i-1``'s hash, so equal
+hashes mean equal prefixes up to the end of that block (the K/V of a token depends on everything
+before it). BLAKE2b of the token bytes rather than Python's ``hash``: a tenant must not be able to
+build a colliding prompt and read another's cache (vLLM switched to SHA-256 for the same reason).
+
+Allocation is lazy (``allocate_slots`` grows a request's table to the tokens it computes this step);
+``reserve`` callers (the worst-case baseline) simply ask for prompt + max_new_tokens at once.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
+from array import array
+from typing import Callable, Sequence
+
+ROOT_HASH = b"chatpipe-prefix-root"
+
+
+def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """Hash of one full block given its parent's hash: equal hashes <=> equal prefixes."""
+    return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
+
 
 class BlockAllocator:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.prefix_caching = prefix_caching
         # Low block ids first: keeps the cache's hot region compact.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        # Evictable cached blocks in LRU order (oldest first).
+        self._evictable: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._ref = [0] * num_blocks
+        self._hash_of: list[bytes | None] = [None] * num_blocks
+        self._cached: dict[bytes, int] = {}  # hash -> block holding that prefix block
         self._tables: dict[str, list[int]] = {}
+        self._registered: dict[str, int] = {}  # leading blocks of a request already looked at by register()
+        self.hit_tokens = 0  # tokens taken from the prefix cache since start
+        self.evictions = 0
+
+    # -- sizes -----------------------------------------------------------------------------------
 
     @property
     def capacity_tokens(self) -> int:
@@ -29,12 +62,26 @@ class BlockAllocator:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks an allocation can take now: free plus evictable."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_in_use_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Full blocks registered in the prefix cache (in use or evictable)."""
+        return len(self._cached)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self._evictable)
 
     @property
     def used_tokens(self) -> int:
-        """Reserved token slots (whole blocks)."""
-        return (self.num_blocks - len(self._free)) * self.block_size
+        """Token slots held by requests (whole blocks); evictable cached blocks do not count."""
+        return self.num_in_use_blocks * self.block_size
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -43,25 +90,120 @@ class BlockAllocator:
         return self.blocks_for(num_tokens) <= self.num_blocks
 
     def can_allocate(self, num_tokens: int) -> bool:
-        return self.blocks_for(num_tokens) <= len(self._free)
+        return self.blocks_for(num_tokens) <= self.num_free_blocks
 
-    def allocate(self, request_id: str, num_tokens: int) -> list[int]:
-        if request_id in self._tables:
-            raise ValueError(f"request {request_id!r} already holds blocks")
-        n = self.blocks_for(num_tokens)
-        if n > len(self._free):
-            raise ValueError(f"cannot allocate {n} blocks, {len(self._free)} free")
-        blocks = [self._free.pop() for _ in range(n)]
-        self._tables[request_id] = blocks
+    # -- prefix cache ----------------------------------------------------------------------------
+
+    def hashes_of(self, token_at: Callable[[int], int], num_tokens: int, known: list[bytes]) -> list[bytes]:
+        """Extend ``known`` (the hash chain of a request's first full blocks) to every full block of
+        its first ``num_tokens`` tokens; returns ``known``. Incremental: each block is hashed once,
+        so a decode step costs nothing here until a block fills (no work that grows with context)."""
+        bs = self.block_size
+        for i in range(len(known), num_tokens // bs):
+            tokens = [token_at(p) for p in range(i * bs, (i + 1) * bs)]
+            known.append(block_hash(known[-1] if known else ROOT_HASH, tokens))
+        return known
+
+    def cached_prefix(self, hashes: Sequence[bytes], max_blocks: int) -> list[int]:
+        """The blocks of the longest cached prefix (at most ``max_blocks``), without taking them."""
+        if not self.prefix_caching:
+            return []
+        blocks = []
+        for h in hashes[:max_blocks]:
+            b = self._cached.get(h)
+            if b is None:
+                break
+            blocks.append(b)
         return blocks
 
+    def register(self, request_id: str, hashes: Sequence[bytes], num_full_blocks: int) -> None:
+        """Record that the request's first ``num_full_blocks`` blocks are full and computed (their
+        hashes are ``hashes[:num_full_blocks]``), so later requests may reuse them. A block whose
+        prefix another block already caches stays private. Only blocks not looked at by an earlier
+        call are looked at."""
+        if not self.prefix_caching:
+            return
+        table = self._tables.get(request_id, [])
+        start = self._registered.get(request_id, 0)
+        end = min(num_full_blocks, len(hashes), len(table))
+        for i in range(start, end):
+            h, b = hashes[i], table[i]
+            if self._hash_of[b] is None and h not in self._cached:
+                self._hash_of[b] = h
+                self._cached[h] = b
+        self._registered[request_id] = max(start, end)
+
+    # -- allocation ------------------------------------------------------------------------------
+
+    def fits(self, num_tokens: int, cached: Sequence[int] = (), headroom: int = 0) -> bool:
+        """Whether a new request starting with ``cached`` blocks can get blocks for ``num_tokens``
+        tokens and still leave ``headroom`` blocks free."""
+        taking_evictable = sum(1 for b in cached if self._ref[b] == 0)  # these stop being available
+        need = self.blocks_for(num_tokens) - len(cached)
+        return need + headroom <= self.num_free_blocks - taking_evictable
+
+    def allocate_slots(self, request_id: str, num_tokens: int, cached: Sequence[int] = ()) -> bool:
+        """Grow the request's table so it covers ``num_tokens`` token slots; on its first call
+        ``cached`` blocks (from ``cached_prefix``) start the table. All or nothing: False (and no
+        change) when there is not enough room."""
+        table = self._tables.get(request_id)
+        if table is None and cached:
+            if not self.fits(num_tokens, cached):
+                return False
+            need = self.blocks_for(num_tokens) - len(cached)
+            for b in cached:
+                if self._ref[b] == 0:
+                    del self._evictable[b]
+                self._ref[b] += 1
+            self.hit_tokens += len(cached) * self.block_size
+            table = self._tables[request_id] = list(cached)
+            self._registered[request_id] = len(cached)  # already in the cache
+        else:
+            need = self.blocks_for(num_tokens) - (len(table) if table is not None else 0)
+            if need > self.num_free_blocks:
+                return False
+            if table is None:
+                table = self._tables[request_id] = []
+        for _ in range(max(0, need)):
+            table.append(self._take_block())
+        return True
+
+    def allocate(self, request_id: str, num_tokens: int) -> list[int]:
+        """Worst-case reservation in one call (kept for callers that reserve up front)."""
+        if request_id in self._tables:
+            raise ValueError(f"request {request_id!r} already holds blocks")
+        if not self.allocate_slots(request_id, num_tokens):
+            raise ValueError(f"cannot allocate {self.blocks_for(num_tokens)} blocks, {self.num_free_blocks} free")
+        return self._tables[request_id]
+
     def free(self, request_id: str) -> None:
+        """Release a request's blocks. Cached ones become evictable, the tail first in LRU order
+        (a prefix's first blocks are the ones most likely to be shared again)."""
         blocks = self._tables.pop(request_id, None)
-        if blocks:
-            self._free.extend(reversed(blocks))
+        self._registered.pop(request_id, None)
+        if not blocks:
+            return
+        for b in reversed(blocks):
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                if self._hash_of[b] is not None:
+                    self._evictable[b] = None
+                else:
+                    self._free.append(b)
 
     def block_table(self, request_id: str) -> list[int]:
         return self._tables[request_id]
 
     def holds(self, request_id: str) -> bool:
         return request_id in self._tables
+
+    def _take_block(self) -> int:
+        if self._free:
+            b = self._free.pop()
+        else:
+            b, _ = self._evictable.popitem(last=False)  # least recently used
+            del self._cached[self._hash_of[b]]
+            self._hash_of[b] = None
+            self.evictions += 1
+        self._ref[b] = 1
+        return b

@@ -4,8 +4,10 @@ Each ``step()`` asks the scheduler what to compute, runs one ragged forward (``m
 samples the next token of every request whose prompt is fully in the cache, and reports
 ``TokenEvent``s. Requests join and leave the running batch at every step.
 
-The engine knows token ids only: no tokenizer, no chat template, no stop strings, no threads
-or asyncio (``streaming.py`` runs it in a thread; ``text.py`` holds the text edge).
+The engine knows token ids only: no tokenizer, no chat template, no threads or asyncio
+(``streaming.py`` runs it in a thread; ``text.py`` holds the text edge). A request may carry a
+``text.TextStream``: the step feeds it each sampled token and ends the request in that same step
+when a stop string completes (a caller cancelling from its own thread would be a step late).
 """
 
 from __future__ import annotations
@@ -38,14 +40,22 @@ class TokenEvent:
     timings: RequestTimings | None = None  # set on the finishing event
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    text: str | None = None  # text safe to show after this token (requests with a text_stream only)
 
 
 @dataclass(frozen=True)
 class EngineStats:
     running: int
     waiting: int
-    kv_used_tokens: int  # reserved, in whole blocks
+    kv_used_tokens: int  # held by requests, in whole blocks
     kv_capacity_tokens: int
+    kv_block_size: int
+    kv_in_use_blocks: int  # held by running requests (a shared prefix block counts once)
+    kv_cached_blocks: int  # full blocks registered in the prefix cache (in use or evictable)
+    kv_evictable_blocks: int  # cached blocks no request holds: reusable, evicted LRU when space is needed
+    kv_free_blocks: int  # neither held nor cached
+    prefix_cache_hit_tokens: int  # prompt tokens taken from the prefix cache since start
+    preemptions: int  # running requests sent back to the queue for lack of KV blocks since start
     steps: int
     prompt_tokens: int  # prompt tokens computed (prefilled) since start
     generated_tokens: int  # sampled since start
@@ -78,7 +88,7 @@ class Engine:
         param = next(model.parameters())
         num_blocks = max(1, settings.kv_cache_tokens // settings.kv_block_size)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.allocator = BlockAllocator(num_blocks, settings.kv_block_size)
+        self.allocator = BlockAllocator(num_blocks, settings.kv_block_size, prefix_caching=settings.prefix_caching)
         self.cache = PagedKVCache(
             cfg.num_hidden_layers, num_blocks, settings.kv_block_size, cfg.num_key_value_heads, head_dim,
             dtype=param.dtype, device=param.device,
@@ -90,6 +100,7 @@ class Engine:
                 max_step_tokens=settings.max_step_tokens,
                 max_waiting=settings.max_waiting,
                 queue_policy=settings.queue_policy,
+                kv_allocation=settings.kv_allocation,
             ),
             self.allocator,
         )
@@ -109,10 +120,12 @@ class Engine:
         params: SamplingParams = SamplingParams(),
         priority: Priority = Priority.INTERACTIVE,
         request_id: str | None = None,
+        text_stream: Any = None,
     ) -> tuple[Admission, Request]:
         """Queue a request. Refusals (OVERLOADED, TOO_LARGE) come back as the Admission result
         (``refusal_error`` turns one into an error); a request that can never run raises
-        ``InvalidRequestError``."""
+        ``InvalidRequestError``. ``text_stream`` (a ``text.TextStream``) makes the step produce the
+        request's text and end it at the step whose token completes a stop string."""
         ids = [int(t) for t in prompt_token_ids]
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
@@ -124,6 +137,7 @@ class Engine:
             prompt_token_ids=ids,
             params=params,
             priority=priority,
+            text_stream=text_stream,
         )
         return self.scheduler.add_request(req), req
 
@@ -154,6 +168,9 @@ class Engine:
         events = [self._finished_event(r, None) for r in out.finished]
         for r in out.finished:
             self.sampler.remove(r.request_id)
+            self.runner.forget(r.request_id)
+        for r in out.preempted:  # its blocks are gone; its generator stays (output unchanged)
+            self.runner.forget(r.request_id)
         for r in out.admitted:
             self.sampler.add(r.request_id, r.params)
         if not out.chunks:
@@ -172,12 +189,28 @@ class Engine:
         self._count(prompt_computed, len(sampled))
         for rid, tok in sampled.items():
             req = by_id[rid]
+            text = self._text(req, tok)
             if req.is_finished:
                 self.sampler.remove(rid)
-                events.append(self._finished_event(req, tok))
+                self.runner.forget(rid)
+                events.append(self._finished_event(req, tok, text))
             else:
-                events.append(TokenEvent(rid, tok, finished=False))
+                events.append(TokenEvent(rid, tok, finished=False, text=text))
         return events
+
+    def _text(self, req: Request, token: int) -> str | None:
+        """Feed the request's text stream; a completed stop string ends the request now."""
+        ts = req.text_stream
+        if ts is None:
+            return None
+        text = ts.push(token)
+        if ts.stopped:
+            self.scheduler.finish(req, FinishReason.STOP)
+        elif req.is_finished:
+            text += ts.finish()
+            if ts.stopped:  # the held-back tail completed a stop string
+                req.finish_reason = FinishReason.STOP
+        return text
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams()) -> list[list[int]]:
         """Offline helper: run ``prompts`` to completion, return each one's output token ids."""
@@ -202,6 +235,13 @@ class Engine:
             waiting=self.scheduler.num_waiting,
             kv_used_tokens=self.allocator.used_tokens,
             kv_capacity_tokens=self.allocator.capacity_tokens,
+            kv_block_size=self.allocator.block_size,
+            kv_in_use_blocks=self.allocator.num_in_use_blocks,
+            kv_cached_blocks=self.allocator.num_cached_blocks,
+            kv_evictable_blocks=self.allocator.num_evictable_blocks,
+            kv_free_blocks=self.allocator.num_free_blocks - self.allocator.num_evictable_blocks,
+            prefix_cache_hit_tokens=self.allocator.hit_tokens,
+            preemptions=self.scheduler.num_preemptions,
             steps=self._steps,
             prompt_tokens=self._prompt_tokens,
             generated_tokens=self._generated,
@@ -215,9 +255,11 @@ class Engine:
         self._recent.append((time.monotonic(), generated))
 
     @staticmethod
-    def _finished_event(req: Request, token: int | None) -> TokenEvent:
+    def _finished_event(req: Request, token: int | None, text: str | None = None) -> TokenEvent:
+        if text is None and req.text_stream is not None:
+            text = req.text_stream.finish()  # cancelled: what was held back
         return TokenEvent(
             req.request_id, token, finished=True, finish_reason=req.finish_reason,
             timings=dataclasses.replace(req.timings),
-            num_prompt_tokens=len(req.prompt_token_ids), num_output_tokens=len(req.output_token_ids),
+            num_prompt_tokens=len(req.prompt_token_ids), num_output_tokens=len(req.output_token_ids), text=text,
         )  # fmt: skip

@@ -3,13 +3,18 @@
 Storage is one pool of token slots per layer and KV head, ``[kv_heads, num_blocks * block_size, head_dim]``
 for K and for V. Head-major, so a gather of blocks comes out as ``[kv_heads, B, K, head_dim]``,
 already contiguous for attention: SDPA on CPU ran about 2x slower on the strided view a
-slot-major layout gives (1.17 ms vs 0.65 ms per layer for 16 requests x 304 tokens). A request's tokens live in the blocks ``block_allocator.BlockAllocator`` gave it;
-token position ``p`` of a request sits in slot ``table[p // block_size] * block_size + p % block_size``.
+slot-major layout gives (1.17 ms vs 0.65 ms per layer for 16 requests x 304 tokens). A request's
+tokens live in the blocks ``block_allocator.BlockAllocator`` gave it (full blocks may be shared
+with other requests through the prefix cache; they are only read); token position ``p`` of a
+request sits in slot ``table[p // block_size] * block_size + p % block_size``.
 
 Why paged and not one fixed-length slot per request: the KV budget is then real memory counted in
 tokens, and short requests do not pay for ``max_seq_len``. The cost is a gather of each running
 request's context blocks per layer (``read_blocks``): indexing every token slot took 13% of the
-CPU time of a batch-16 SmolLM2 run (torch profiler), whole-block gathers cut that about 3x. Not done: prefix sharing, swapping to host memory, a fused paged-attention kernel.
+CPU time of a batch-16 SmolLM2 run (torch profiler), whole-block gathers cut that about 3x.
+``DeviceBlockTables`` keeps the block tables on the device so building a step's indices is host
+work per request, not per token of context. Not done: swapping to host memory, a kernel that
+reads the pool in place (FlexAttention's paged form).
 """
 
 from __future__ import annotations
@@ -65,14 +70,33 @@ def slots_for_positions(block_table: list[int], positions: range, block_size: in
     return [block_table[p // block_size] * block_size + p % block_size for p in positions]
 
 
-def block_table_tensor(block_tables: list[list[int]], context_len: int, block_size: int, device: torch.device) -> torch.Tensor:
-    """Blocks holding positions ``0 .. context_len-1`` of each request -> [B, ceil(context_len/block_size)] long.
+class DeviceBlockTables:
+    """Each running request's block table mirrored on the device, so that building a step's
+    attention indices is O(requests) host work, not O(context): a row is written only when the
+    request gets new blocks (every ``block_size`` tokens when decoding), and the step takes views
+    of the rows. ``forget`` when the request finishes or is preempted (its table is rebuilt)."""
 
-    Rows of shorter requests are padded with block 0 (real memory; the attention mask hides it).
-    """
-    nblocks = -(-context_len // block_size)
-    table = torch.zeros(len(block_tables), nblocks, dtype=torch.long)
-    for i, bt in enumerate(block_tables):
-        row = bt[:nblocks]
-        table[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return table.to(device, non_blocking=True)
+    def __init__(self, max_blocks_per_request: int, device: torch.device) -> None:
+        self.max_blocks = max_blocks_per_request
+        self.device = device
+        self._rows: dict[str, tuple[torch.Tensor, int]] = {}
+
+    def row(self, request_id: str, table: list[int]) -> torch.Tensor:
+        """The request's device row [max_blocks] long, updated with the blocks appended since."""
+        row, n = self._rows.get(request_id, (None, 0))
+        if row is None:
+            row = torch.zeros(self.max_blocks, dtype=torch.long, device=self.device)
+        if len(table) > n:
+            row[n : len(table)] = torch.tensor(table[n:], dtype=torch.long).to(self.device, non_blocking=True)
+            n = len(table)
+        self._rows[request_id] = (row, n)
+        return row
+
+    def gather(self, request_ids: list[str], tables: dict[str, list[int]], context_len: int, block_size: int) -> torch.Tensor:
+        """Blocks holding positions ``0 .. context_len-1`` of each request -> [B, ceil(context_len/block_size)].
+        Shorter requests' rows continue with stale or zero block ids (real memory; the mask hides it)."""
+        nblocks = -(-context_len // block_size)
+        return torch.stack([self.row(rid, tables[rid])[:nblocks] for rid in request_ids])
+
+    def forget(self, request_id: str) -> None:
+        self._rows.pop(request_id, None)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine.errors import UnsupportedModelError
-from inference.engine.kv_cache import PagedKVCache, block_table_tensor, slots_for_positions
+from inference.engine.kv_cache import DeviceBlockTables, PagedKVCache, slots_for_positions
 from inference.engine.scheduler import ScheduledChunk
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -72,12 +72,18 @@ class ModelRunner:
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.groups = self.num_heads // self.num_kv_heads  # query heads per KV head (GQA)
+        max_pos = getattr(cfg, "max_position_embeddings", None) or 1 << 16
+        self.tables = DeviceBlockTables(-(-min(max_pos, cache.num_slots) // cache.block_size), self.device)
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self._rope = apply_rotary_pos_emb
         if compile:
             for layer in model.model.layers:
                 layer.mlp.compile(dynamic=True)
+
+    def forget(self, request_id: str) -> None:
+        """The request finished or was preempted: drop its device block table."""
+        self.tables.forget(request_id)
 
     # -- building a step -------------------------------------------------------------------------
 
@@ -89,7 +95,7 @@ class ModelRunner:
         slots: list[int] = []
         sample_rows: list[int] = []
         sample_ids: list[str] = []
-        decode_tables: list[list[int]] = []
+        decode_ids: list[str] = []
         decode_lens: list[int] = []
         prefills: list[tuple[int, int, ScheduledChunk]] = []
         for chunk in chunks:
@@ -101,7 +107,7 @@ class ModelRunner:
             table = block_tables[req.request_id]
             slots.extend(slots_for_positions(table, positions, bs))
             if n == 1:
-                decode_tables.append(table)
+                decode_ids.append(req.request_id)
                 decode_lens.append(start + 1)
             else:
                 prefills.append((row0, row0 + n, chunk))
@@ -110,15 +116,15 @@ class ModelRunner:
                 sample_ids.append(req.request_id)
         dev = self.device
         decode_ctx = decode_mask = None
-        if decode_tables:
-            decode_ctx = block_table_tensor(decode_tables, max(decode_lens), bs, dev)
+        if decode_ids:
+            decode_ctx = self.tables.gather(decode_ids, block_tables, max(decode_lens), bs)
             kd = decode_ctx.shape[1] * bs  # context rounded up to whole blocks; the mask hides the tail
             lens = torch.tensor(decode_lens, device=dev)
             decode_mask = (torch.arange(kd, device=dev)[None, :] < lens[:, None])[:, None, None, :]
         spans = []
         for row0, row1, chunk in prefills:
             end = chunk.start + chunk.num_new_tokens
-            ctx = block_table_tensor([block_tables[chunk.request.request_id]], end, bs, dev)
+            ctx = self.tables.gather([chunk.request.request_id], block_tables, end, bs)
             q_pos = torch.arange(chunk.start, end, device=dev)
             # Causal; positions past `end` (the rest of the last block) are > every q_pos, so hidden.
             mask = torch.arange(ctx.shape[1] * bs, device=dev)[None, :] <= q_pos[:, None]  # [n, N*bs]
@@ -129,7 +135,7 @@ class ModelRunner:
             input_ids=as_long(ids),
             positions=as_long(pos),
             write_slots=as_long(slots),
-            num_decodes=len(decode_tables),
+            num_decodes=len(decode_ids),
             decode_ctx_blocks=decode_ctx,
             decode_mask=decode_mask,
             prefills=spans,
@@ -183,8 +189,9 @@ class ModelRunner:
             n = span.rows.stop - span.rows.start
             kc, vc = self.cache.read_blocks(layer_idx, span.ctx_blocks)  # [Hkv, 1, K, D]
             qp = q[span.rows].view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
+            # 4-D with a batch of 1: the shape CUDA's fused SDPA kernels take (3-D falls back to math).
             o = F.scaled_dot_product_attention(
-                qp, kc[:, 0], vc[:, 0], attn_mask=span.mask, scale=scale
-            )  # [Hkv, G*n, D]
+                qp[None], kc[:, 0][None], vc[:, 0][None], attn_mask=span.mask[None, None], scale=scale
+            )[0]  # [Hkv, G*n, D]
             out[span.rows] = o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
         return attn.o_proj(out.view(t, hq * d))

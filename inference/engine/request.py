@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from inference.engine.errors import InvalidRequestError
 
 
 class Priority(enum.IntEnum):
-    """Queue class; lower runs first. Running requests are never preempted by priority."""
+    """Queue class; lower runs first. When the KV cache runs out, the lowest class (then the most
+    recently admitted request) is preempted first; a new arrival never preempts anyone."""
 
     INTERACTIVE = 0
     BATCH = 1
@@ -112,14 +114,24 @@ class Request:
     finish_reason: FinishReason | None = None
     timings: RequestTimings = field(default_factory=lambda: RequestTimings(arrival=0.0))
     arrival_seq: int = 0  # set by the scheduler; breaks ties inside a priority class (FCFS)
+    admit_seq: int | None = None  # order of first admission; kept across preemptions (victim order)
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache (last admission)
+    block_hashes: list[bytes] = field(default_factory=list)  # hash chain of its full blocks (allocator)
+    # Text edge (``text.TextStream``): fed each sampled token in the engine's step; when it reports
+    # a stop string the request ends in that same step. None = token ids only.
+    text_stream: Any = None
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
     @property
     def max_tokens(self) -> int:
-        """Worst-case KV footprint in tokens, reserved at admission."""
+        """Worst-case KV footprint in tokens (reserved at admission only in ``reserve`` mode)."""
         return len(self.prompt_token_ids) + self.params.max_new_tokens
 
     @property

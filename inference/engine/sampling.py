@@ -25,7 +25,8 @@ class Sampler:
         self._seeder.seed()
 
     def add(self, request_id: str, params: SamplingParams) -> None:
-        if params.greedy:
+        """Idempotent: a preempted request that is admitted again keeps its generator's state."""
+        if params.greedy or request_id in self._generators:
             return
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seeder))
         self._generators[request_id] = torch.Generator(device=self.device).manual_seed(seed)

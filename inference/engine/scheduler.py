@@ -7,12 +7,21 @@ chunks and running requests' next tokens share one step. One step computes at mo
 
 Policy, in order, each ``schedule()``:
   1. cancellations requested since the last step are applied: their KV blocks are freed;
-  2. running requests get their missing tokens (1 when decoding, a prompt chunk when prefilling);
+  2. running requests get their missing tokens (1 when decoding, a prompt chunk when prefilling),
+     decodes first so a long prompt never stalls running generations. KV blocks are allocated
+     lazily, for the tokens computed this step; when there is no block left, the running request
+     with the lowest priority, most recently admitted, is *preempted*: its blocks are freed (full
+     ones stay in the prefix cache), it goes back to the head of its priority class in the
+     waiting queue, and later recomputes its prompt and the tokens it already produced (greedy
+     output is unchanged; a sampled request keeps its own generator);
   3. waiting requests are admitted in queue-policy order (interactive before batch, FCFS inside a
-     class) while there is a free batch slot, KV room for their worst case, and step budget.
-     The head of the queue is never skipped for a smaller request behind it (no starvation).
+     class, preempted requests first in their class by admission order) while there is a free
+     batch slot, KV room and step budget. A new request reuses the longest cached prefix of its
+     tokens and computes only the rest. The head of the queue is never skipped for a smaller
+     request behind it, and a new arrival never preempts a running request (no starvation).
 
-Not done here: preemption (reservations are worst-case, see ``block_allocator.py``), prefix caching.
+``kv_allocation="reserve"`` keeps the old worst-case reservation (prompt + max_new_tokens at
+admission, never preempted): the baseline of ``bench/engine.py --multi-turn``.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ class SchedulerConfig:
     max_step_tokens: int = 512  # most tokens computed in one step (prompt chunks + decodes)
     max_waiting: int = 256  # waiting-queue bound; beyond it add_request answers OVERLOADED
     queue_policy: str = "priority"  # "priority" or "fcfs"
+    kv_allocation: str = "lazy"  # "lazy" (allocate as computed, preempt when out) or "reserve" (worst case)
 
 
 class QueuePolicy(abc.ABC):
@@ -43,6 +53,10 @@ class QueuePolicy(abc.ABC):
 
     @abc.abstractmethod
     def push(self, request: Request) -> None: ...
+
+    @abc.abstractmethod
+    def push_preempted(self, request: Request) -> None:
+        """Back to the head (of its class), behind preempted requests admitted before it."""
 
     @abc.abstractmethod
     def peek(self) -> Request | None: ...
@@ -68,6 +82,9 @@ class FcfsQueue(QueuePolicy):
 
     def push(self, request: Request) -> None:
         self._q.append(request)
+
+    def push_preempted(self, request: Request) -> None:
+        _insert_preempted(self._q, request)
 
     def peek(self) -> Request | None:
         return self._q[0] if self._q else None
@@ -98,6 +115,9 @@ class PriorityQueue(QueuePolicy):
     def push(self, request: Request) -> None:
         self._qs[request.priority].append(request)
 
+    def push_preempted(self, request: Request) -> None:
+        _insert_preempted(self._qs[request.priority], request)
+
     def peek(self) -> Request | None:
         return next((q[0] for q in self._qs.values() if q), None)
 
@@ -122,6 +142,13 @@ class PriorityQueue(QueuePolicy):
             yield from q
 
 
+def _insert_preempted(q: collections.deque[Request], request: Request) -> None:
+    i = 0
+    while i < len(q) and q[i].admit_seq is not None and q[i].admit_seq < request.admit_seq:
+        i += 1
+    q.insert(i, request)
+
+
 def make_queue_policy(name: str) -> QueuePolicy:
     policies: dict[str, Callable[[], QueuePolicy]] = {"priority": PriorityQueue, "fcfs": FcfsQueue}
     if name not in policies:
@@ -141,10 +168,12 @@ class ScheduledChunk:
 class SchedulerOutput:
     # What the model computes this step; decodes (1 token) first, then prompt chunks.
     chunks: list[ScheduledChunk] = field(default_factory=list)
-    # Requests moved from waiting to running by this call (their KV blocks are now reserved).
+    # Requests moved from waiting to running by this call (they now hold KV blocks).
     admitted: list[Request] = field(default_factory=list)
     # Requests retired by this call (cancellations); their KV blocks are already freed.
     finished: list[Request] = field(default_factory=list)
+    # Running requests sent back to the waiting queue for lack of KV blocks (recomputed later).
+    preempted: list[Request] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -152,7 +181,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """Owns the waiting queue, the running set and the KV reservations. Thread-safe: the engine's
+    """Owns the waiting queue, the running set and their KV blocks. Thread-safe: the engine's
     step thread calls ``schedule``/``update_from_output``, callers may ``add_request``/``abort``
     from elsewhere."""
 
@@ -167,6 +196,8 @@ class Scheduler:
         self._by_id: dict[str, Request] = {}
         self._pending_aborts: list[str] = []
         self._arrivals = 0
+        self._admissions = 0
+        self.num_preemptions = 0
         self._lock = threading.RLock()
 
     # -- callers ---------------------------------------------------------------------------------
@@ -204,33 +235,87 @@ class Scheduler:
             out = SchedulerOutput()
             self._apply_aborts(out)
             budget = self.config.max_step_tokens
-            decodes: list[ScheduledChunk] = []
-            prefills: list[ScheduledChunk] = []
-            # Decodes first so that a long prompt never stalls running generations.
-            for req in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens):
+            scheduled: dict[str, ScheduledChunk] = {}
+            # Most protected first: decodes before prompt chunks, then priority and admission order.
+            order = sorted(self.running, key=lambda r: (r.num_tokens - r.num_computed_tokens > 1, self._rank(r)))
+            for req in order:
+                if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
+                    continue
                 missing = req.num_tokens - req.num_computed_tokens
                 n = min(missing, budget)
                 if n <= 0:
                     continue
+                while not self._grow(req, req.num_computed_tokens + n):
+                    victim = max(self.running, key=self._rank)
+                    self._preempt(victim, out)
+                    undone = scheduled.pop(victim.request_id, None)
+                    if undone is not None:
+                        budget += undone.num_new_tokens
+                    if victim is req:
+                        break
+                if req.status is not RequestStatus.RUNNING:
+                    continue
                 budget -= n
-                chunk = ScheduledChunk(req, req.num_computed_tokens, n, sample=n == missing)
-                (decodes if n == 1 else prefills).append(chunk)
-            while budget > 0 and len(self.running) < self.config.max_batch:
+                scheduled[req.request_id] = ScheduledChunk(req, req.num_computed_tokens, n, sample=n == missing)
+            # A step that had to preempt admits nobody: the room it made is for the running requests.
+            while not out.preempted and budget > 0 and len(self.running) < self.config.max_batch:
                 req = self.waiting.peek()
-                if req is None or not self.allocator.can_allocate(req.max_tokens):
+                if req is None:
+                    break
+                chunk = self._admit(req, budget)
+                if chunk is None:
                     break
                 self.waiting.pop()
-                self.allocator.allocate(req.request_id, req.max_tokens)
-                req.status = RequestStatus.RUNNING
-                req.timings.admitted = self.clock()
-                self.running.append(req)
                 out.admitted.append(req)
-                n = min(req.num_tokens, budget)
-                budget -= n
-                chunk = ScheduledChunk(req, 0, n, sample=n == req.num_tokens)
-                (decodes if n == 1 else prefills).append(chunk)
-            out.chunks = decodes + prefills
+                budget -= chunk.num_new_tokens
+                scheduled[req.request_id] = chunk
+            chunks = list(scheduled.values())
+            out.chunks = [c for c in chunks if c.num_new_tokens == 1] + [c for c in chunks if c.num_new_tokens > 1]
             return out
+
+    def _rank(self, req: Request) -> tuple[int, int]:
+        """Preemption order: the largest is preempted first (lowest priority, most recently admitted)."""
+        return (int(req.priority), req.admit_seq or 0)
+
+    def _grow(self, req: Request, num_tokens: int) -> bool:
+        return self.allocator.allocate_slots(req.request_id, num_tokens)
+
+    def _admit(self, req: Request, budget: int) -> ScheduledChunk | None:
+        """Take the request's cached prefix and blocks for its first chunk; None if they do not fit."""
+        alloc = self.allocator
+        cached: list[int] = []
+        if alloc.prefix_caching:
+            alloc.hashes_of(req.token_at, req.num_tokens, req.block_hashes)
+            # At least the last token is computed: its logits give the next token.
+            cached = alloc.cached_prefix(req.block_hashes, (req.num_tokens - 1) // alloc.block_size)
+        start = len(cached) * alloc.block_size
+        n = min(req.num_tokens - start, budget)
+        if self.config.kv_allocation == "reserve":
+            target, headroom = req.max_tokens, 0
+        else:
+            # Leave one block per running request so next step's decodes do not preempt at once.
+            target, headroom = start + n, len(self.running)
+        if not alloc.fits(target, cached, headroom) or not alloc.allocate_slots(req.request_id, target, cached):
+            return None
+        req.num_computed_tokens = start
+        req.num_cached_tokens = start
+        req.status = RequestStatus.RUNNING
+        if req.admit_seq is None:
+            req.admit_seq = self._admissions
+            self._admissions += 1
+            req.timings.admitted = self.clock()
+        self.running.append(req)
+        return ScheduledChunk(req, start, n, sample=start + n == req.num_tokens)
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.running.remove(req)
+        self.allocator.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push_preempted(req)
+        out.preempted.append(req)
 
     def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
         """Record a step's result: advance computed tokens, append sampled tokens, retire finished
@@ -243,6 +328,10 @@ class Scheduler:
                 if req.is_finished:  # aborted while the step ran
                     continue
                 req.num_computed_tokens += chunk.num_new_tokens
+                if self.allocator.prefix_caching:
+                    full = req.num_computed_tokens
+                    hashes = self.allocator.hashes_of(req.token_at, full, req.block_hashes)
+                    self.allocator.register(req.request_id, hashes, full // self.allocator.block_size)
                 if not chunk.sample:
                     continue
                 token = sampled[req.request_id]
@@ -274,6 +363,12 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    def finish(self, req: Request, reason: FinishReason) -> None:
+        """End a request now (the engine's stop-string check): it is not scheduled again."""
+        with self._lock:
+            if not req.is_finished:
+                self._finish(req, reason)
 
     def _apply_aborts(self, out: SchedulerOutput) -> None:
         pending, self._pending_aborts = self._pending_aborts, []

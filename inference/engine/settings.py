@@ -38,6 +38,14 @@ class EngineSettings(BaseSettings):
     max_step_tokens: int = Field(512, ge=1, description="Most tokens computed per step (prompt chunks + decodes)")
     max_waiting: int = Field(256, ge=0, description="Waiting-queue bound; beyond it requests are refused")
     queue_policy: Literal["priority", "fcfs"] = Field("priority", description="Waiting-queue order")
+    prefix_caching: bool = Field(
+        True, description="Reuse cached KV blocks of equal prompt prefixes across requests (CHATPIPE_PREFIX_CACHING)"
+    )
+    kv_allocation: Literal["lazy", "reserve"] = Field(
+        "lazy",
+        description="lazy: KV blocks as tokens are computed, preempt when out; reserve: prompt + max_new_tokens "
+        "at admission (CHATPIPE_KV_ALLOCATION)",
+    )
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch's default")
     compile: bool = Field(False, description="torch.compile the per-layer dense math (CUDA; unverified)")
 

@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Sequence
 from inference.engine.engine import Engine, TokenEvent
 from inference.engine.errors import EngineFailed, EngineStopped, RequestRefused
 from inference.engine.request import Admission, FinishReason, Priority, RequestTimings, SamplingParams
-from inference.engine.text import IncrementalDetokenizer, StopStringMatcher
+from inference.engine.text import TextStream
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +88,13 @@ class AsyncEngine:
 
     def submit(
         self, prompt_token_ids: Sequence[int], params: SamplingParams = SamplingParams(),
-        priority: Priority = Priority.INTERACTIVE, request_id: str | None = None,
+        priority: Priority = Priority.INTERACTIVE, request_id: str | None = None, text_stream: Any = None,
     ) -> RequestStream:  # fmt: skip
         """Queue a request; look at ``.admission`` (or ``.refusal``) before iterating (a refused
         stream is empty). Raises ``EngineFailed`` / ``EngineStopped`` when the engine is no longer
-        serving, ``InvalidRequestError`` for a request it can never run."""
+        serving, ``InvalidRequestError`` for a request it can never run. With a ``text.TextStream``
+        each event carries its ``text`` and a stop string ends the request in the step that
+        completes it."""
         queue: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         with self._lock:  # registered before the engine can produce its first event
@@ -100,7 +102,7 @@ class AsyncEngine:
                 raise EngineFailed(str(self._failure)) from self._failure.__cause__
             if self._stopped:
                 raise EngineStopped("the engine was stopped; it takes no more requests")
-            admission, req = self.engine.add_request(prompt_token_ids, params, priority, request_id)
+            admission, req = self.engine.add_request(prompt_token_ids, params, priority, request_id, text_stream)
             if admission is Admission.ACCEPTED:
                 self._queues[req.request_id] = (loop, queue)
         self._wake.set()
@@ -218,23 +220,17 @@ async def stream_text(
     Raises ``RequestRefused`` (with the prompt's token count and the limit) when the engine refuses
     the request, ``InvalidRequestError`` for a request it can never run, ``EngineFailed`` /
     ``EngineStopped`` when the engine fails or stops before the end."""
-    stream = aengine.submit(prompt_token_ids, params, priority)
+    text_stream = TextStream(tokenizer, stop)
+    stream = aengine.submit(prompt_token_ids, params, priority, text_stream=text_stream)
     if stream.refusal is not None:
         raise stream.refusal
-    detok, stops = IncrementalDetokenizer(tokenizer), StopStringMatcher(stop)
     events = stream.__aiter__()
     try:
         async for ev in events:
-            text = stops.feed(detok.push(ev.token_id)) if ev.token_id is not None else ""
-            if ev.finished and not stops.stopped:
-                text += stops.feed(detok.flush())  # an incomplete last character shows as U+FFFD
-            if stops.stopped:
-                stream.cancel()
-                yield TextDelta(text, True, FinishReason.STOP, ev.timings, ev.num_prompt_tokens, len(detok.token_ids))
-                return
+            # The engine's step built the text and ended the request at the token completing a stop string.
+            text = ev.text or ""
             if ev.finished:
-                yield TextDelta(text + stops.flush(), True, ev.finish_reason, ev.timings,
-                                ev.num_prompt_tokens, ev.num_output_tokens)  # fmt: skip
+                yield TextDelta(text, True, ev.finish_reason, ev.timings, ev.num_prompt_tokens, ev.num_output_tokens)
                 return
             if text:
                 yield TextDelta(text)

@@ -101,3 +101,30 @@ class StopStringMatcher:
         """At the end of generation the held-back text was not a stop string after all."""
         held, self._held = self._held, ""
         return "" if self.stopped else held
+
+
+class TextStream:
+    """One request's text, built inside the engine's step: incremental text cut at the first stop
+    string. The engine feeds it each sampled token (``Engine.add_request(..., text_stream=...)``)
+    and ends the request in the same step when ``stopped`` turns true, so no token is computed
+    after the one that completes a stop string; each ``TokenEvent.text`` is what is safe to show.
+    """
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), skip_special_tokens: bool = True) -> None:
+        self.detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens)
+        self.matcher = StopStringMatcher(stop)
+
+    @property
+    def stopped(self) -> bool:
+        return self.matcher.stopped
+
+    def push(self, token_id: int) -> str:
+        return self.matcher.feed(self.detokenizer.push(token_id))
+
+    def finish(self) -> str:
+        """At the end of generation: the held-back tail (an incomplete last character shows as
+        U+FFFD, as in the full decode; text held as a possible stop-string start comes out)."""
+        if self.stopped:
+            return ""
+        text = self.matcher.feed(self.detokenizer.flush())
+        return text if self.stopped else text + self.matcher.flush()

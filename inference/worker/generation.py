@@ -5,9 +5,9 @@ hides the stream, so a Cancel arriving from Kafka could not reach it. This adapt
 an id of ours, keeps the ``RequestStream`` (``cancel()`` stops it at the next engine step and
 frees its cache) and reports the first token (the request is running, no longer waiting).
 
-Text comes from the engine's ``IncrementalDetokenizer`` and ``StopStringMatcher``; the
-Response's text is the concatenation of exactly the increments streamed, so a reader's assembled
-stream equals it by construction.
+Text comes from the engine's ``TextStream`` (built in the engine's step, which also ends the
+request at the token completing a stop string); the Response's text is the concatenation of
+exactly the increments streamed, so a reader's assembled stream equals it by construction.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Callable
 
 from inference.engine.request import Admission, FinishReason
 from inference.engine.streaming import AsyncEngine
-from inference.engine.text import IncrementalDetokenizer, StopStringMatcher
+from inference.engine.text import TextStream
 from inference.worker.errors import InvalidRequestError, PromptTooLongError
 from inference.worker.prompts import PreparedRequest
 
@@ -59,8 +59,10 @@ class Generation:
 
     async def deltas(self) -> AsyncIterator[Delta]:
         p = self.prepared
+        text_stream = TextStream(self.tokenizer, p.stop)  # the engine's step builds the text and stops on it
         try:
-            stream = self.aengine.submit(p.prompt_ids, p.params, p.priority, request_id=self.engine_request_id)
+            stream = self.aengine.submit(p.prompt_ids, p.params, p.priority, request_id=self.engine_request_id,
+                                         text_stream=text_stream)
         except ValueError as exc:  # the engine's InvalidRequestError: it can never run this request
             raise InvalidRequestError(str(exc)) from None
         if stream.admission is Admission.OVERLOADED:
@@ -70,7 +72,6 @@ class Generation:
         self._stream = stream
         if self.cancelled:  # a cancel came while we were submitting
             stream.cancel()
-        detok, stops = IncrementalDetokenizer(self.tokenizer), StopStringMatcher(p.stop)
         first = True
         events = stream.__aiter__()
         try:
@@ -80,15 +81,10 @@ class Generation:
                     if first:
                         first = False
                         self.on_first_token()
-                text = stops.feed(detok.push(ev.token_id)) if ev.token_id is not None else ""
-                if ev.finished and not stops.stopped:
-                    text += stops.feed(detok.flush())  # the held-back tail (an incomplete last character)
-                if stops.stopped:
-                    stream.cancel()
-                    yield self._final(text, FinishReason.STOP, ev, len(detok.token_ids))
-                    return
+                # A stop string ends the request in the engine's step that completes it (reason STOP).
+                text = ev.text or ""
                 if ev.finished:
-                    yield self._final(text + stops.flush(), ev.finish_reason, ev, ev.num_output_tokens)
+                    yield self._final(text, ev.finish_reason, ev, ev.num_output_tokens)
                     return
                 yield Delta(text, ev.token_id)
         finally:

@@ -65,3 +65,34 @@ def test_cli_generate_streams_an_answer(default_model):
     result = CliRunner().invoke(app, ["generate", "What is the capital of France?", "-n", "12", "--no-stats"])
     assert result.exit_code == 0, result.output
     assert "Paris" in result.output
+
+
+def test_multi_turn_and_shared_system_prompt_with_prefix_cache_equal_cache_off(default_model):
+    """Guards against the prefix cache changing a token of the real model's greedy output: a
+    3-turn conversation (each turn resends the history through the chat template) and two requests
+    sharing a long system prompt give the same tokens with the cache on as off, and as HF alone."""
+    model, tokenizer = default_model
+    eos = model.generation_config.eos_token_id
+    system = "You are a terse assistant for a data-pipeline team. Answer in one short sentence. " * 2
+    settings = dict(device="cpu", dtype="float32", max_batch=4, max_step_tokens=128, kv_block_size=16, kv_cache_tokens=2048)
+    params = SamplingParams(max_new_tokens=8)
+
+    def conversation(engine: Engine) -> list[list[int]]:
+        messages, outs = [{"role": "system", "content": system}], []
+        for question in ("What is Kafka?", "And a topic?", "Name one consumer setting."):
+            messages.append({"role": "user", "content": question})
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            prompt = tokenizer.encode(text, add_special_tokens=False)
+            out = engine.generate([prompt], params)[0]
+            outs.append((prompt, out))
+            messages.append({"role": "assistant", "content": tokenizer.decode(out, skip_special_tokens=True)})
+        shared = [encode_prompt(tokenizer, q, system=system) for q in ("Hi", "What is a partition?")]
+        return outs + list(zip(shared, engine.generate(shared, params)))
+
+    cached = Engine(model, EngineSettings(**settings))
+    on = conversation(cached)
+    off = conversation(Engine(model, EngineSettings(**settings, prefix_caching=False)))
+    assert [o for _, o in on] == [o for _, o in off]
+    assert cached.stats().prefix_cache_hit_tokens > 3 * 32  # later turns and the shared prompt hit
+    for prompt, out in (on[2], on[4]):  # the last turn and a shared-prompt request, against HF alone
+        assert out == hf_greedy(model, prompt, params.max_new_tokens, eos=eos), tokenizer.decode(prompt)

@@ -10,11 +10,12 @@ from inference.engine.request import Admission, FinishReason, Priority, Request,
 from inference.engine.scheduler import Scheduler, SchedulerConfig
 
 
-def make_scheduler(kv_tokens=64, block=4, **cfg) -> Scheduler:
+def make_scheduler(kv_tokens=64, block=4, prefix_caching=True, **cfg) -> Scheduler:
     base = dict(max_batch=2, max_seq_len=64, max_step_tokens=16, max_waiting=3)
     base.update(cfg)
     ticks = iter(range(10_000))
-    return Scheduler(SchedulerConfig(**base), BlockAllocator(kv_tokens // block, block), clock=lambda: float(next(ticks)))
+    allocator = BlockAllocator(kv_tokens // block, block, prefix_caching=prefix_caching)
+    return Scheduler(SchedulerConfig(**base), allocator, clock=lambda: float(next(ticks)))
 
 
 def req(rid: str, prompt_len=4, max_new=3, priority=Priority.INTERACTIVE, stop=frozenset()) -> Request:
@@ -88,8 +89,8 @@ def test_finished_requests_retire_and_waiting_ones_refill_the_batch():
 
 
 def test_waits_for_kv_room_instead_of_overcommitting():
-    """Guards against admitting more worst-case reservations than the KV budget holds."""
-    s = make_scheduler(kv_tokens=16, block=4, max_batch=4)
+    """Guards against admitting more worst-case reservations than the KV budget holds (reserve mode)."""
+    s = make_scheduler(kv_tokens=16, block=4, max_batch=4, kv_allocation="reserve")
     s.add_request(req("a", prompt_len=4, max_new=4))  # 8 tokens
     s.add_request(req("b", prompt_len=4, max_new=4))  # 8 tokens
     s.add_request(req("c", prompt_len=4, max_new=4))  # must wait
@@ -129,7 +130,8 @@ def test_cancel_waiting_request_removes_it_from_the_queue():
 
 def test_long_prompt_is_chunked_and_decodes_keep_running():
     """Guards against a long prompt taking the whole step and stalling running generations."""
-    s = make_scheduler(kv_tokens=256, max_step_tokens=8, max_batch=2, max_seq_len=256)
+    # No prefix cache: both prompts start 1, 2, 3, 4 and "long" would reuse that block.
+    s = make_scheduler(kv_tokens=256, max_step_tokens=8, max_batch=2, max_seq_len=256, prefix_caching=False)
     s.add_request(req("running", prompt_len=4, max_new=20))
     step(s)
     s.add_request(req("long", prompt_len=30, max_new=2))

@@ -164,3 +164,27 @@ def test_interactive_request_is_not_stuck_behind_a_batch_backlog(service, svc_re
     print(f"interactive answered after {done_before} of {len(backlog)} batch requests")
     assert done_before <= len(backlog) // 2, "the interactive request waited for the batch backlog"
     svc_reader.wait_responses(batch_ids, 180)  # and the backlog is still served
+
+
+def test_a_stop_string_ends_the_answer_before_it(service, svc_reader):
+    """Guards against the worker ignoring stop strings (the engine's text stream not wired in): the
+    answer must end right before the stop string, with reason STOP, fewer tokens than the free
+    run, and the streamed chunks equal to the Response's text."""
+    kafka, _, _ = service
+    free = make_request(60, max_tokens=32, reply_to=kafka.topic(REPLIES), reply_partition=2,
+                        text="List the days of the week, separated by commas.")
+    send_requests(kafka, [free])
+    svc_reader.wait_responses([free.request_id], 120)
+    full, _ = svc_reader.seen.first_response(free.request_id)
+    words = [w for w in full.text.split() if len(w.strip(".,")) >= 4]
+    assert len(words) >= 3, f"answer too short to pick a stop string from: {full.text!r}"
+    stop = words[2].strip(".,")
+    stopped = make_request(61, max_tokens=32, reply_to=kafka.topic(REPLIES), reply_partition=2,
+                           text="List the days of the week, separated by commas.", stop=[stop])
+    send_requests(kafka, [stopped])
+    svc_reader.wait_responses([stopped.request_id], 120)
+    response, attempt = svc_reader.seen.first_response(stopped.request_id)
+    assert response.text == full.text[:full.text.index(stop)], (stop, full.text, response.text)
+    assert response.finish_reason is FinishReason.STOP
+    assert response.tokens_out < full.tokens_out
+    assert svc_reader.seen.assembler.text(stopped.request_id, attempt) == response.text
