@@ -64,6 +64,10 @@ _client_log = logging.getLogger("transport.librdkafka")
 _client_log.addHandler(logging.NullHandler())
 
 
+# Errors of a topic whose metadata is still settling (just created): worth asking again shortly.
+_SETTLING = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
+
+
 class TopicAdmin:
     def __init__(self, settings: KafkaSettings, timeout_s: float = 30.0) -> None:
         self.settings = settings
@@ -254,22 +258,24 @@ class TopicAdmin:
         while not set(names) <= set(self.topic_partitions()) and time.monotonic() < deadline:
             time.sleep(0.1)
 
-    def _configs(self, topics: list[str]) -> dict[str, dict[str, str]]:
-        resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
+    def _while_settling(self, call):
+        """``call()``, again while a new topic's metadata is still settling: brokers learn of a topic
+        one by one, and its partitions get leaders a moment after it is listed (describing it right
+        after its creation failed with NOT_LEADER_FOR_PARTITION in CI)."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                results = self._wait(self._admin.describe_configs(resources), "describe config of")
-                break
+                return call()
             except TransportError as exc:
-                # A cluster's brokers learn of a new topic one by one: the broker asked here may
-                # not know yet a topic that another one has just listed.
                 cause = exc.__cause__
-                unknown = (isinstance(cause, KafkaException) and cause.args
-                           and cause.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
-                if not unknown or time.monotonic() > deadline:
+                code = cause.args[0].code() if isinstance(cause, KafkaException) and cause.args else None
+                if code not in _SETTLING or time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+
+    def _configs(self, topics: list[str]) -> dict[str, dict[str, str]]:
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
+        results = self._while_settling(lambda: self._wait(self._admin.describe_configs(resources), "describe config of"))
         return {res.name: {k: e.value for k, e in entries.items()} for res, entries in results.items()}
 
     def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None,
@@ -281,6 +287,8 @@ class TopicAdmin:
         except TopicExistsError:
             if not exist_ok:
                 raise
+        self._wait_listed([name])
+        self.describe([name])  # returns once every partition has a leader: the topic is usable
 
     def set_share_group_config(self, group_id: str, config: dict[str, str]) -> None:
         """Set group-level configs of share group ``group_id`` (e.g. ``share.auto.offset.reset``).
@@ -299,7 +307,7 @@ class TopicAdmin:
         if not names:
             return []
         request = {TopicPartition(n, p): OffsetSpec.latest() for n in names for p in range(partitions[n])}
-        offsets = self._wait(self._admin.list_offsets(request), "list offsets of")
+        offsets = self._while_settling(lambda: self._wait(self._admin.list_offsets(request), "list offsets of"))
         ends: dict[str, list[int]] = {n: [0] * partitions[n] for n in names}
         for tp, info in offsets.items():
             ends[tp.topic][tp.partition] = info.offset
