@@ -9,7 +9,9 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_MODEL = "smollm2-135m-instruct"  # same as inference.engine.settings.DEFAULT_MODEL_NAME (not imported: no torch here)
+# The worker answers under inference.engine.settings.DEFAULT_MODEL_NAME; not imported, so the gateway
+# does not depend on the engine package (tests/gateway/test_gateway_units.py keeps the two equal).
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 class GatewaySettings(BaseSettings):

@@ -52,3 +52,13 @@ def test_a_retried_attempt_continues_where_the_client_is_and_the_dead_one_is_ign
     retry = [answer.feed(Reply(chunk(i, t, final=(i == 2)), "retry")) for i, t in enumerate(["He", "llo w", "orld"])]
     assert retry == ["", " w", "orld"]
     assert answer.feed(Reply(chunk(2, " there"), "dead")) is None
+
+
+def test_the_gateway_serves_the_model_name_the_worker_answers_under():
+    """The gateway keeps its own copy of the default model's name (it does not import the engine):
+    a rename on one side only would make every request a 404 model_not_found."""
+    from inference.engine.settings import DEFAULT_MODEL_NAME
+    from inference.gateway.settings import DEFAULT_MODEL, GatewaySettings
+
+    assert DEFAULT_MODEL == DEFAULT_MODEL_NAME
+    assert GatewaySettings().models == [DEFAULT_MODEL_NAME]
