@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from spark_jobs import reference  # noqa: E402
+import finetune_reference as reference  # noqa: E402  (bench/, beside this script)
 from spark_jobs.settings import FinetuneSettings, SparkSettings  # noqa: E402
-from spark_jobs.synthetic import generate, to_messages  # noqa: E402
+from tests.spark.synthetic_log import generate, to_messages  # noqa: E402
 from transport.archive import write_messages  # noqa: E402
 
 

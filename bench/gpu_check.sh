@@ -5,7 +5,8 @@
 #   bash bench/gpu_check.sh prep     # here: wheels for python3.12 into .whl/ (git-ignored)
 #   device run, carry [".whl"], timeout_s 560, command:  bash bench/gpu_check.sh run
 #
-# `run` prints the engine vs HF generate tokens/s and the batch-1 decode bandwidth as a share of
+# `run` first checks engine == HF generate token for token on CUDA (bench/gpu_exactness.py), then
+# prints the engine vs HF generate tokens/s and the batch-1 decode bandwidth as a share of
 # the GPU's memory bandwidth for random-init Llama-1B and Llama-8B shapes in bf16; the log is
 # also written to $OUT/gpu.log. Put the figures in README ("GPU") and docs/engine.md.
 set -euo pipefail
@@ -26,6 +27,7 @@ case "${1:-}" in
     export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
     nvidia-smi -L
     python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
-    timeout 520 python3 bench/engine.py --device cuda --shapes llama-1b,llama-8b 2>&1 | tee "${OUT:-/tmp}/gpu.log" ;;
+    timeout 60 python3 bench/gpu_exactness.py --device cuda 2>&1 | tee "${OUT:-/tmp}/exactness.log" || true
+    timeout 470 python3 bench/engine.py --device cuda --shapes llama-1b,llama-8b 2>&1 | tee "${OUT:-/tmp}/gpu.log" ;;
   *) echo "usage: bash bench/gpu_check.sh prep|run" >&2; exit 2 ;;
 esac

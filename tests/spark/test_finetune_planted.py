@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from spark_jobs.synthetic import LUHN_INVALID, PII
+from tests.spark.synthetic_log import LUHN_INVALID, PII
 
 pytestmark = pytest.mark.spark
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_jobs.settings import FinetuneSettings
-from spark_jobs.synthetic import generate, to_messages
+from tests.spark.synthetic_log import generate, to_messages
 from transport.archive import ArchivedMessage, write_messages
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from spark_jobs.settings import UsageReportSettings
-from spark_jobs.synthetic import to_messages
+from tests.spark.synthetic_log import to_messages
 from transport.archive import write_messages
 
 pytestmark = pytest.mark.spark
