@@ -4,16 +4,17 @@ Same inputs (Kafka-shaped messages), same rules and parameters as the Spark job:
 ``schemas.codec``, redact with ``pii.redact_text``, ``filters.quality_reason_py``, 13-gram
 decontamination, latest-feedback ratings, exact dedup on normalised text, MinHash LSH near-dup
 (``near_dup_hash_tables`` one-hash tables, exact Jaccard check of candidates, like pyspark.ml),
-history within the token budget, split by conversation hash, chat JSONL. Its MinHash hash
-functions differ from Spark's, so near-duplicate recall may differ slightly; everything else
-matches rule for rule. Not a product path: it exists to be measured against.
+history within the token budget and up to a missing turn, split by conversation hash, chat
+JSONL. Its MinHash hash functions are the Spark job's
+(``spark_jobs.dedup.minhash_coefficients``: CRC-32 of a shingle, ``(a*h+b) mod 2**31-1``), so
+both drop the same near-duplicates; everything else matches rule for rule. Not a product
+path: it exists to be measured against.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import random
 import re
 import time
 import zlib
@@ -22,6 +23,7 @@ from pathlib import Path
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 from spark_jobs.decontam import eval_texts, ngrams_py
+from spark_jobs.dedup import minhash_coefficients
 from spark_jobs.filters import quality_reason_py
 from spark_jobs.pii import redact_text
 from spark_jobs.settings import FinetuneSettings
@@ -113,8 +115,7 @@ def run(messages, s: FinetuneSettings, out: Path) -> tuple[dict, dict[str, float
     secs["exact_dedup"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    rng = random.Random(s.seed)
-    coeffs = [(rng.randrange(1, _P), rng.randrange(0, _P)) for _ in range(s.near_dup_hash_tables)]
+    coeffs = minhash_coefficients(s.seed, s.near_dup_hash_tables)  # the Spark job's hash functions
     tables = [dict() for _ in coeffs]
     shingle_sets, final = [], []
     for r in kept:
@@ -145,7 +146,10 @@ def run(messages, s: FinetuneSettings, out: Path) -> tuple[dict, dict[str, float
     for r in sorted(final, key=lambda r: (r["conversation_id"], r["turn_index"], r["created_at"], r["event_id"])):
         budget = s.max_context_tokens - _tok(r["system_prompt"]) - _tok(r["prompt"]) - _tok(r["answer"])
         history = []
-        for idx in sorted((i for i in pool.get(r["conversation_id"], {}) if i < r["turn_index"]), reverse=True):
+        for n, idx in enumerate(sorted((i for i in pool.get(r["conversation_id"], {}) if i < r["turn_index"]),
+                                       reverse=True), start=1):
+            if idx != r["turn_index"] - n:
+                break  # a missing turn: history stops at the gap (spark_jobs/chat_format.py)
             h = pool[r["conversation_id"]][idx]
             budget -= _tok(h["prompt"]) + _tok(h["answer"])
             if budget < 0:

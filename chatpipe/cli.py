@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from chatpipe.commands import chat, cluster, demo, engine, gateway, inference, jobs, stack, streams, tail, topics
+from chatpipe.commands import chat, cluster, demo, engine, gateway, inference, jobs, spark, stack, streams, tail, topics
 from chatpipe.commands.common import err_console
 from schemas.errors import ChatpipeError
 
@@ -24,7 +24,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for group in (stack, topics, engine, jobs, streams, inference, gateway, tail, chat, demo, cluster):
+for group in (stack, topics, engine, jobs, streams, inference, gateway, tail, chat, demo, cluster, spark):
     group.register(app)
 
 

@@ -7,6 +7,13 @@ the *history pool*: turns that passed redaction, quality and decontamination and
 rated down, one per turn index (the latest, so a regeneration replaces what it regenerated).
 Dropped turns never reach an output as history.
 
+History stops at a gap: only the unbroken run of turn indexes just before the example's own
+(n-1, n-2, ...) is used, up to the first index missing from the pool (dropped, rated down, or
+outside the time range). Why not skip the hole: the later turns were answered in a conversation
+that contained the missing one, so a history without it would teach answers to questions that
+refer to something the example never shows (and the missing turn may be the very thing that
+was dropped for PII or quality reasons).
+
 Tokens are estimated as ceil(chars / 4) + 4 per message (no tokenizer dependency; about
 right for English BPE vocabularies). The current turn is always kept, even when alone over
 the budget (``too_long`` bounds it).
@@ -37,15 +44,22 @@ def history_pool(turns: DataFrame) -> DataFrame:
 
 def with_history(examples: DataFrame, pool: DataFrame, id_col: str, own_tokens: Column,
                  budget: int) -> DataFrame:
-    """``examples`` plus ``history``: array<struct<h_index, h_prompt, h_answer>> in turn order."""
+    """``examples`` plus ``history``: array<struct<h_index, h_prompt, h_answer>> in turn order.
+
+    The history is the unbroken run of turns just before the example (module doc: it stops at
+    the first missing turn index), newest first while it fits ``budget``.
+    """
     ex = examples.withColumn("_own", own_tokens)
     cands = ex.select(id_col, "conversation_id", "turn_index", "_own").join(pool, "conversation_id").where(
         F.col("h_index") < F.col("turn_index"))
-    newest_first = Window.partitionBy(id_col).orderBy(F.desc("h_index")).rowsBetween(
-        Window.unboundedPreceding, Window.currentRow)
+    newest = Window.partitionBy(id_col).orderBy(F.desc("h_index"))
+    newest_first = newest.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    # The pool has one turn per index, so the k-th newest candidate is turn n-k exactly while no
+    # index is missing; both conditions keep a prefix of the newest-first order.
     fitting = (
         cands.withColumn("_cum", F.sum("h_tokens").over(newest_first))
-        .where(F.col("_cum") + F.col("_own") <= budget)
+        .withColumn("_back", F.row_number().over(newest))
+        .where((F.col("turn_index") - F.col("h_index") == F.col("_back")) & (F.col("_cum") + F.col("_own") <= budget))
         .groupBy(id_col)
         .agg(F.sort_array(F.collect_list(F.struct("h_index", "h_prompt", "h_answer"))).alias("history"))
     )

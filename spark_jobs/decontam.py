@@ -3,10 +3,11 @@
 Eval files: ``.jsonl`` (every string value of every object is eval text) or any other text
 file (one example per line). Text on both sides is normalised like the dedup key (lower
 case, runs of non-letters/digits -> one space) and cut into word ``n``-grams (13 by default,
-as in GPT-3's decontamination). The eval n-grams are hashed (xxhash64) into a small
-DataFrame that is broadcast; each turn's n-gram hashes are exploded and semi-joined against
-it. Reason ``eval_contamination``, detail ``eval=<file name>`` (the first file, by name,
-that it shares an n-gram with). A 64-bit hash collision could drop a clean turn (odds about
+as in GPT-3's decontamination; pyspark.ml's ``NGram`` cuts them, see ``dedup.word_ngrams``).
+The eval n-grams are hashed (xxhash64) into a small DataFrame that is broadcast; each turn's
+n-gram hashes are exploded and joined against it (words from the text normalised once per
+turn, ``dedup.norm_column``). Reason ``eval_contamination``, detail ``eval=<file name>`` (the
+first file, by name, that it shares an n-gram with). A 64-bit hash collision could drop a clean turn (odds about
 n-grams^2 / 2^64: nil at our sizes) but never keeps a leaked one.
 
 Turns with fewer than ``n`` words cannot share an n-gram and pass.
@@ -21,7 +22,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.dedup import normalized_text
+from spark_jobs.dedup import norm_column, word_ngrams
 from spark_jobs.errors import InputError
 from spark_jobs.steps import is_live, tag
 
@@ -56,21 +57,23 @@ def eval_texts(path: Path) -> list[str]:
     return texts
 
 
-def _ngrams(words, n: int):
-    return F.transform(F.sequence(F.lit(0), F.size(words) - n),
-                       lambda i: F.xxhash64(F.array_join(F.slice(words, i + 1, n), " ")))
+def _words(df: DataFrame, key: str, text, n: int) -> DataFrame:
+    """(``key``, _w): ``text`` normalised like the dedup key and split, rows of at least ``n`` words."""
+    words = F.split(F.trim(F.regexp_replace(F.lower(text), r"[^\p{L}\p{N}]+", " ")), " ")
+    return df.select(key, words.alias("_w")).where(F.size("_w") >= n)
+
+
+def _ngram_hashes(words: DataFrame, key: str, n: int) -> DataFrame:
+    """(``key``, h): one row per word ``n``-gram of ``_words`` rows, h its xxhash64."""
+    grams = word_ngrams(words, "_w", n, "_g")
+    return grams.select(key, F.explode("_g").alias("_gram")).select(key, F.xxhash64("_gram").alias("h"))
 
 
 def eval_ngrams(spark: SparkSession, files: tuple[Path, ...], n: int) -> DataFrame:
     """One row per distinct (n-gram hash) with the first eval file name holding it."""
     rows = [(Path(f).name, text) for f in files for text in eval_texts(f)]
-    df = spark.createDataFrame(rows, "eval string, text string")
-    words = F.split(F.trim(F.regexp_replace(F.lower("text"), r"[^\p{L}\p{N}]+", " ")), " ")
-    return (
-        df.where(F.size(words) >= n)
-        .select("eval", F.explode(_ngrams(words, n)).alias("h"))
-        .groupBy("h").agg(F.min("eval").alias("eval"))
-    )
+    words = _words(spark.createDataFrame(rows, "eval string, text string"), "eval", F.col("text"), n)
+    return _ngram_hashes(words, "eval", n).groupBy("h").agg(F.min("eval").alias("eval"))
 
 
 def decontaminate(df: DataFrame, spark: SparkSession, files: tuple[Path, ...], n: int) -> DataFrame:
@@ -78,14 +81,15 @@ def decontaminate(df: DataFrame, spark: SparkSession, files: tuple[Path, ...], n
     if not files:
         return df
     evals = eval_ngrams(spark, files, n)
-    words = F.split(normalized_text(), " ")
+    words = F.split(norm_column(df), " ")
     hits = (
-        df.where(is_live() & (F.size(words) >= n))
-        .select("event_id", F.explode(_ngrams(words, n)).alias("h"))
+        _ngram_hashes(df.where(is_live()).select("event_id", words.alias("_w")).where(F.size("_w") >= n),
+                      "event_id", n)
         .join(F.broadcast(evals), "h")
         .groupBy("event_id").agg(F.min("eval").alias("_eval"))
     )
-    tagged = tag(df.join(hits, "event_id", "left"), "decontam",
+    # Contaminated turns are few: broadcast them rather than shuffle every turn for the join.
+    tagged = tag(df.join(F.broadcast(hits), "event_id", "left"), "decontam",
                  F.when(F.col("_eval").isNotNull(), F.lit("eval_contamination")),
                  F.concat(F.lit("eval="), F.col("_eval")))
     return tagged.drop("_eval")

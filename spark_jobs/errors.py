@@ -19,3 +19,7 @@ class OutputExistsError(SparkJobError):
 
 class InputError(SparkJobError):
     """The job's input (archive folder, eval file, time range) cannot be used."""
+
+
+class OptionError(SparkJobError):
+    """A job option (flag or CHATPIPE_* variable) has a value its settings field cannot take."""

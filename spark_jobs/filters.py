@@ -10,8 +10,13 @@ Reasons, checked in this order (step ``quality``):
 - ``too_short``: answer under ``min_answer_chars`` or prompt under ``min_prompt_chars``
   characters, whitespace stripped.
 - ``too_long``: system prompt + prompt + answer over ``max_chars`` characters.
-- ``mostly_non_text``: under ``min_text_ratio`` of the answer's characters are letters or
-  whitespace (base64 blobs, hex dumps, symbol soup).
+- ``mostly_non_text``: under ``min_text_ratio`` of the answer's characters are text. Text is
+  letters (any script), ASCII digits, whitespace and the punctuation of ordinary prose
+  (:data:`PROSE_PUNCT`: ``. , ; : ! ? ' " ( ) [ ] - / % $ & * # @ + = ~`` and typographic
+  quotes, dashes, currency signs), so "In 2023, revenue rose 12.5% to $4.2M (Q3: 1,204 units)."
+  is all text. Non-text: every character of a run of :data:`LONG_RUN_CHARS` or more characters
+  without whitespace that is not a URL (base64 blobs, minified code, binary garbage), and any
+  other symbol or control character (``{ } < > _ | \\ ^``, replacement characters, ...).
 - ``repeated_lines``: over ``max_dup_line_ratio`` of the answer's non-empty lines repeat an
   earlier line (degenerate loops).
 
@@ -35,6 +40,27 @@ ERROR_TEXT = (
 _WS = " \t\n\r"
 _ERROR_TEXT_RE = re.compile(ERROR_TEXT)
 
+#: Punctuation that ordinary prose uses, counted as text by ``mostly_non_text``.
+PROSE_PUNCT = ".,;:!?'\"()[]-/%$&*#@+=~\u20ac\u00a3\u00a5\u00b0\u2013\u2014\u2018\u2019\u201c\u201d\u2026"
+#: A whitespace-free run this long is a blob, not words (the longest English words are ~30).
+LONG_RUN_CHARS = 40
+#: Same regex for Python and Java: whitespace-free runs of LONG_RUN_CHARS+ characters, unless
+#: they hold ``://`` (a URL is text).
+LONG_RUN = rf"(?<![^ \t\n\r])(?![^ \t\n\r]*://)[^ \t\n\r]{{{LONG_RUN_CHARS},}}"
+_LONG_RUN_RE = re.compile(LONG_RUN)
+_TEXT_CHARS = frozenset("0123456789" + _WS + PROSE_PUNCT)
+#: Java class of the characters that are *not* text (``[`` ``]`` escaped: Java nests classes;
+#: ``-`` escaped: no range).
+_NON_TEXT_CLASS = "[^\\p{L}0-9" + _WS + re.sub(r"([\[\]\-])", r"\\\1", PROSE_PUNCT) + "]"
+
+
+def text_ratio(answer: str) -> float:
+    """Share of ``answer``'s characters that are text (see the module docstring); 1.0 when empty."""
+    if not answer:
+        return 1.0
+    rest = _LONG_RUN_RE.sub("", answer)
+    return sum(1 for c in rest if c.isalpha() or c in _TEXT_CHARS) / len(answer)
+
 
 def quality_reason_py(turn: dict, s: FinetuneSettings) -> str | None:
     prompt, answer = turn["prompt"] or "", turn["answer"] or ""
@@ -49,8 +75,7 @@ def quality_reason_py(turn: dict, s: FinetuneSettings) -> str | None:
         return "too_short"
     if len(turn.get("system_prompt") or "") + len(prompt) + len(answer) > s.max_chars:
         return "too_long"
-    text_chars = sum(1 for c in answer if c.isalpha() or c in _WS)
-    if text_chars / len(answer) < s.min_text_ratio:
+    if text_ratio(answer) < s.min_text_ratio:
         return "mostly_non_text"
     lines = [line.strip(" \t\r") for line in answer.split("\n")]
     lines = [line for line in lines if line]
@@ -69,7 +94,7 @@ def quality_reason(s: FinetuneSettings):
     p_len = F.length(F.trim(prompt, F.lit(_WS)))
     a_len = F.length(F.trim(answer, F.lit(_WS)))
     total = F.length(F.coalesce(F.col("system_prompt"), F.lit(""))) + F.length(prompt) + F.length(answer)
-    non_text = F.length(F.regexp_replace(answer, r"[\p{L} \t\n\r]", ""))
+    text_chars = F.length(F.regexp_replace(F.regexp_replace(answer, LONG_RUN, ""), _NON_TEXT_CLASS, ""))
     lines = F.filter(F.transform(F.split(answer, "\n"), lambda x: F.trim(x, F.lit(" \t\r"))), lambda x: x != "")
     dup_ratio = 1 - F.size(F.array_distinct(lines)) / F.size(lines)
     return first_reason(
@@ -78,6 +103,6 @@ def quality_reason(s: FinetuneSettings):
         ((p_len == 0) | (a_len == 0), "empty"),
         ((a_len < s.min_answer_chars) | (p_len < s.min_prompt_chars), "too_short"),
         (total > s.max_chars, "too_long"),
-        ((F.length(answer) - non_text) / F.length(answer) < s.min_text_ratio, "mostly_non_text"),
+        (text_chars / F.length(answer) < s.min_text_ratio, "mostly_non_text"),
         ((F.size(lines) >= 2) & (dup_ratio > s.max_dup_line_ratio), "repeated_lines"),
     )

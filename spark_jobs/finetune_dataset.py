@@ -24,17 +24,19 @@ from spark_jobs import card as card_mod
 from spark_jobs.chat_format import est_tokens, history_pool, prompt_messages, sft_messages, with_history
 from spark_jobs.decode import decode_tagged
 from spark_jobs.decontam import decontaminate
-from spark_jobs.dedup import exact_dedup, near_dedup
+from spark_jobs.dedup import exact_dedup, near_dedup, normalized_text
 from spark_jobs.feedback import drop_rated_down, join_ratings, latest_ratings, preference_pairs, redact_feedback
 from spark_jobs.filters import quality_reason
 from spark_jobs.pii import redact_column
+from spark_jobs.preflight import check_inputs, job_output
 from spark_jobs.progress import StepTimer
 from spark_jobs.settings import FinetuneSettings
 from spark_jobs.sources import read_archive, read_kafka
 from spark_jobs.split import split_column
-from spark_jobs.steps import as_dropped, is_live, live, tag
+from spark_jobs.steps import (as_dropped, is_live, live, materialize, persistent_rdd_ids, release_materialized,
+                              tag)
 from spark_jobs.tally import fill_card, tally
-from spark_jobs.writers import atomic_output, check_output, write_json, write_jsonl, write_parquet
+from spark_jobs.writers import write_json, write_jsonl, write_parquet
 
 
 @dataclass
@@ -67,12 +69,14 @@ def _histograms(df: DataFrame, cols: dict[str, str]) -> dict[str, dict[str, int]
 
 
 def decoded_inputs(spark: SparkSession, s: FinetuneSettings, kafka) -> tuple[DataFrame, DataFrame]:
-    """(turns, feedback): decoded, redacted, tagged with decode drops; cached (both are read more than once)."""
+    """(turns, feedback): decoded, redacted, tagged with decode drops; materialised (both are read
+    more than once, and later plans start from them, see ``steps.materialize``)."""
     t = decode_tagged(read_topic(spark, s, kafka, s.turns_topic), "ConversationTurn")
     for name in ("system_prompt", "prompt", "answer"):
         t = t.withColumn(name, redact_column(F.col(name)))
+    t = t.withColumn("_norm", normalized_text())  # the dedup/decontam key, once (``dedup.norm_column``)
     f = redact_feedback(decode_tagged(read_topic(spark, s, kafka, s.feedback_topic), "Feedback"))
-    return t.persist(), f.persist()
+    return materialize(t), materialize(f)
 
 
 def sft_candidates(spark: SparkSession, s: FinetuneSettings, turns: DataFrame, feedback: DataFrame) -> DataFrame:
@@ -85,12 +89,11 @@ def sft_candidates(spark: SparkSession, s: FinetuneSettings, turns: DataFrame, f
 def tagged_turns(spark: SparkSession, s: FinetuneSettings, turns: DataFrame, feedback: DataFrame) -> DataFrame:
     """Decoded, redacted turns through every filter step, each record tagged with what dropped it.
 
-    Lazy; cached where a frame is read twice, so nothing upstream is computed twice:
-    ``turns`` (decontamination joins its own n-gram hits back) and the frame before near-dedup
-    (MinHash reads the live rows, the result is joined back).
+    Lazy after the frame before near-dedup, which is materialised (MinHash reads its live rows
+    several times, the result is joined back; ``steps.materialize``).
     """
-    t = exact_dedup(sft_candidates(spark, s, turns, feedback)).persist()
-    return near_dedup(t, s.near_dup_threshold, s.near_dup_ngram, s.near_dup_hash_tables, s.seed)
+    t = materialize(exact_dedup(sft_candidates(spark, s, turns, feedback)))
+    return near_dedup(t, s.near_dup_threshold, s.near_dup_ngram, s.near_dup_hash_tables, s.seed).drop("_norm")
 
 
 def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp: Path) -> dict:
@@ -103,7 +106,7 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
 
     with timer.step("decode+filters+dedup"):
         decoded, feedback = decoded_inputs(spark, s, kafka)
-        turns = tagged_turns(spark, s, decoded, feedback).persist()
+        turns = materialize(tagged_turns(spark, s, decoded, feedback))
         fill_card(card, tally(turns, feedback), s.source, s.since, s.until)
 
     with timer.step("format"):
@@ -118,7 +121,7 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
             split_column(s.validation_fraction).alias("split"))
         sft_rows = sft_rows.withColumn("example_tokens", F.aggregate(
             "messages", F.lit(0).cast("long"), lambda acc, m: acc + F.ceil(F.length(m["content"]) / 4) + 4).cast("int"))
-        sft_rows = sft_rows.persist()
+        sft_rows = materialize(sft_rows)
         pairs = preference_pairs(rated).withColumn("pair_id", F.concat_ws("|", "chosen_event_id", "rejected_event_id"))
         own_pair = est_tokens(F.col("system_prompt")) + est_tokens(F.col("prompt")) + F.greatest(
             est_tokens(F.col("chosen")), est_tokens(F.col("rejected")))
@@ -127,7 +130,8 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
             "created_at", prompt_messages(s.default_system_prompt).alias("prompt_messages"),
             F.array(F.struct(F.lit("assistant").alias("role"), F.col("chosen").alias("content"))).alias("chosen"),
             F.array(F.struct(F.lit("assistant").alias("role"), F.col("rejected").alias("content"))).alias("rejected"),
-            split_column(s.validation_fraction).alias("split")).persist()
+            split_column(s.validation_fraction).alias("split"))
+        pair_rows = materialize(pair_rows)
 
     with timer.step("write"):
         order = ["conversation_id", "turn_index", "created_at", "event_id"]
@@ -158,12 +162,14 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
 
 def run(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer | None = None) -> FinetuneResult:
     timer = timer or StepTimer(enabled=False)
-    check_output(s.out, s.overwrite)
-    with atomic_output(s.out, s.overwrite) as tmp:
+    check_inputs(s, kafka)  # one-line errors before any Spark work (spark_jobs.preflight)
+    with job_output(s.out, s.overwrite, "finetune-dataset") as tmp:
+        stored_before = persistent_rdd_ids(spark)
         try:
             doc = build(spark, s, kafka, timer, tmp)
         finally:
             spark.catalog.clearCache()
+            release_materialized(spark, stored_before)
     return FinetuneResult(Path(s.out).resolve(), doc, dict(timer.seconds))
 
 

@@ -36,12 +36,18 @@ def spark_version() -> str:
     return pyspark.__version__
 
 
-def connector_jars(cache_dir: Path, version: str | None = None) -> list[Path]:
+def connector_jars(cache_dir: Path, version: str | None = None, pom: Path = POM) -> list[Path]:
     """Paths of the connector jars for ``version`` (default: installed pyspark), fetching if needed."""
     version = version or spark_version()
     target = Path(cache_dir).expanduser() / version
     if target.is_dir() and (target / ".complete").exists():
         return sorted(target.glob("*.jar"))
+    if not pom.is_file():  # an install without its package data: say so, not "Maven Central failed"
+        raise JarsUnavailableError(
+            f"{pom} is missing, so the Spark {version} connector jars cannot be fetched: this chatpipe "
+            "install lacks its package data (infra/spark/pom.xml); reinstall chatpipe, or put the jars of "
+            f"{', '.join(ARTIFACTS)} {version} into {target} and create an empty .complete file there."
+        )
     mvn = shutil.which("mvn")
     if mvn is None:
         raise JarsUnavailableError(
@@ -52,7 +58,7 @@ def connector_jars(cache_dir: Path, version: str | None = None) -> list[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=target.parent))
     cmd = [
-        mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+        mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
         f"-Dspark.version={version}", f"-DoutputDirectory={tmp}", "-DincludeScope=runtime",
         f"-DincludeArtifactIds={','.join(ARTIFACTS)}",
     ]

@@ -49,10 +49,10 @@ class SparkSettings(BaseSettings):
 class _InputSettings(BaseSettings):
     source: Source = Field("kafka", description="Read from Kafka (bounded batch) or from the Avro archive")
     archive_dir: Path | None = Field(None, description="Root folder of the Avro archive (source=archive)")
-    since: int | None = Field(None, description="Start of the time range, epoch ms (Kafka timestamp), inclusive")
-    until: int | None = Field(None, description="End of the time range, epoch ms, exclusive")
+    since: int | None = Field(None, description="Start of the time range (Kafka timestamp), ISO-8601 (UTC) or epoch ms, inclusive")
+    until: int | None = Field(None, description="End of the time range, ISO-8601 (UTC) or epoch ms, exclusive")
     out: Path = Field(..., description="Output folder, written atomically")
-    overwrite: bool = Field(False, description="Replace an existing output folder")
+    overwrite: bool = Field(False, description="Replace an existing output folder, if it holds a previous output of the same job")
 
     @field_validator("since", "until", mode="before")
     @classmethod
@@ -80,7 +80,7 @@ class FinetuneSettings(_InputSettings):
     min_answer_chars: int = Field(8, ge=0, description="Shorter answers are dropped (too_short)")
     min_prompt_chars: int = Field(2, ge=0, description="Shorter prompts are dropped (too_short)")
     max_chars: int = Field(20_000, gt=0, description="Longer prompt+answer is dropped (too_long)")
-    min_text_ratio: float = Field(0.6, ge=0, le=1, description="Least share of letters+whitespace in the answer")
+    min_text_ratio: float = Field(0.6, ge=0, le=1, description="Least share of text (letters, digits, whitespace, prose punctuation) in the answer")
     max_dup_line_ratio: float = Field(0.3, ge=0, le=1, description="Most share of repeated non-empty lines")
     near_dup_threshold: float = Field(0.8, gt=0, le=1, description="Jaccard similarity at or above which turns are near-duplicates")
     near_dup_ngram: int = Field(3, ge=1, description="Words per shingle for MinHash")

@@ -90,19 +90,45 @@ def tag(df: DataFrame, step: str, reason: Column, detail: Column | None = None) 
     ``reason`` goes into a column first so that it is evaluated once per row, not once per tag.
     """
     hit = F.col("_new").isNotNull()
-    df = df.withColumn("_new", F.when(is_live(), reason))
     new_detail = F.when(hit, detail) if detail is not None else F.lit(None).cast("string")
-    return (
-        df.withColumn("_step", F.when(hit, F.lit(step)).otherwise(F.col("_step")))
-        .withColumn("_detail", F.when(hit, new_detail).otherwise(F.col("_detail")))
-        .withColumn("_reason", F.coalesce(F.col("_reason"), F.col("_new")))
-        .drop("_new")
-    )
+    tags = {
+        "_step": F.when(hit, F.lit(step)).otherwise(F.col("_step")),
+        "_detail": F.when(hit, new_detail).otherwise(F.col("_detail")),
+        "_reason": F.coalesce(F.col("_reason"), F.col("_new")),
+    }
+    # Two projections, not one per column: every DataFrame call re-analyses the whole plan, and
+    # the plan of the job is long (the driver's planning time grew with each withColumn).
+    return df.select("*", F.when(is_live(), reason).alias("_new")).select(
+        *[tags[c].alias(c) if c in tags else F.col(c) for c in df.columns])
 
 
 def live(df: DataFrame) -> DataFrame:
     """The rows of ``df`` no step has dropped, without the tag columns."""
     return df.where(is_live()).drop("_step", "_reason", "_detail")
+
+
+def materialize(df: DataFrame) -> DataFrame:
+    """``df`` computed now and kept on the executors, as a DataFrame whose plan is one node.
+
+    ``localCheckpoint`` rather than ``persist``: a cached frame keeps its whole logical plan,
+    and every later DataFrame call re-analysed that plan (the job's plan grew to megabytes of
+    text; analysis cost more CPU than the rows at 5k turns, see docs/spark_jobs.md). The price:
+    the blocks are not replicated, so losing an executor fails the job instead of recomputing
+    (a batch job to rerun; on one machine nothing changes). :func:`release_materialized` frees them.
+    """
+    return df.localCheckpoint(eager=True)
+
+
+def persistent_rdd_ids(spark) -> set[int]:
+    return {int(i) for i in spark.sparkContext._jsc.getPersistentRDDs().keySet()}
+
+
+def release_materialized(spark, before: set[int]) -> None:
+    """Unpersist the RDDs stored since ``before`` (``persistent_rdd_ids``): checkpoints included,
+    which ``spark.catalog.clearCache()`` does not touch."""
+    rdds = spark.sparkContext._jsc.getPersistentRDDs()
+    for rdd_id in persistent_rdd_ids(spark) - before:
+        rdds.get(rdd_id).unpersist(False)
 
 
 def first_reason(*checks: tuple[Column, str]) -> Column:

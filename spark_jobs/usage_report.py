@@ -5,7 +5,12 @@ latency p50/p95/p99 (exact percentiles; TTFT only from turns written with schema
 v1 did not record it), errors (finish reason ERROR/TIMEOUT/OVERLOADED), cancelled, active
 users (distinct user_id). Per day: dead letters by component (chat.dlq) and undecodable
 turns. Outputs: ``usage.parquet``, ``dlq.parquet``, ``usage_report.md``, and PNG charts
-(requests, tokens, p95 latency per day and model).
+(requests, tokens, p95 latency per day and model) when there is data to chart; the Markdown
+links only the charts written, and says "no data" otherwise.
+
+A turn or dead letter delivered more than once (at-least-once producers, a redelivery after a
+crash) is counted once: one row per ``event_id``, the earliest by ``created_at`` (the dataset
+job's exact dedup keeps one copy the same way).
 
 Also runnable as ``spark-submit spark_jobs/usage_report.py --out DIR [--source ...]``.
 """
@@ -15,7 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.decode import decode_records
@@ -23,13 +28,26 @@ from spark_jobs.filters import ERROR_FINISH
 from spark_jobs.finetune_dataset import read_topic
 from spark_jobs.progress import StepTimer
 from spark_jobs.settings import UsageReportSettings
-from spark_jobs.writers import atomic_output, check_output, write_parquet
+from spark_jobs.preflight import check_inputs, job_output
+from spark_jobs.writers import write_parquet
+
+JOB = "usage-report"
 
 PCTS = (0.5, 0.95, 0.99)
 
 
 def _day(col) -> F.Column:
     return F.date_format(F.timestamp_millis(col), "yyyy-MM-dd")
+
+
+def one_per_event(df: DataFrame) -> DataFrame:
+    """``df`` with one row per ``event_id``: the earliest (created_at, then Kafka timestamp).
+
+    Copies of one delivery are the same record, so which one is kept changes no figure. (Not the
+    Kafka position columns: a DeadLetter has record fields of the same names.)
+    """
+    order = Window.partitionBy("event_id").orderBy("created_at", "kafka_ts")
+    return df.withColumn("_copy", F.row_number().over(order)).where("_copy = 1").drop("_copy")
 
 
 def usage_table(turns: DataFrame) -> DataFrame:
@@ -53,24 +71,39 @@ def dlq_table(dead: DataFrame, undecodable_turns: DataFrame) -> DataFrame:
     return a.unionByName(b).withColumnRenamed("count", "dead_letters")
 
 
-def _markdown(usage, dlq) -> str:
+def _markdown(usage, dlq, charts: list[str]) -> str:
+    """The report; links exactly the ``charts`` written (names without .png)."""
     lines = ["# Usage report", "", "Per UTC day and model (latencies in ms).", ""]
-    cols = list(usage.columns)
-    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in usage.iterrows():
-        lines.append("| " + " | ".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in r) + " |")
-    lines += ["", "## Dead letters per day", "", "| day | component | dead_letters |", "|---|---|---:|"]
-    lines += [f"| {r.day} | {r.component} | {r.dead_letters} |" for r in dlq.itertuples()]
-    lines += ["", "![requests](requests.png) ![tokens](tokens.png) ![latency](latency_p95.png)", ""]
+    if len(usage):
+        cols = list(usage.columns)
+        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for _, r in usage.iterrows():
+            lines.append("| " + " | ".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in r) + " |")
+    else:
+        lines.append("No data: no turns in the time range.")
+    lines += ["", "## Dead letters per day", ""]
+    if len(dlq):
+        lines += ["| day | component | dead_letters |", "|---|---|---:|"]
+        lines += [f"| {r.day} | {r.component} | {r.dead_letters} |" for r in dlq.itertuples()]
+    else:
+        lines.append("No data: no dead letters in the time range.")
+    lines += ["", "## Charts", ""]
+    if charts:
+        lines.append(" ".join(f"![{name}]({name}.png)" for name in charts))
+    else:
+        lines.append("No charts: " + ("no data to chart." if not len(usage) else "not asked for (--no-charts)."))
+    lines.append("")
     return "\n".join(lines)
 
 
-def _charts(usage, folder: Path) -> None:
+def _charts(usage, folder: Path) -> list[str]:
+    """Write the PNG charts of ``usage`` (not empty) into ``folder``; returns their names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    written = []
     for name, cols, title in (("requests", ["requests"], "requests per day"),
                               ("tokens", ["tokens_in", "tokens_out"], "tokens per day"),
                               ("latency_p95", ["ttft_p95_ms", "total_p95_ms"], "p95 latency (ms)")):
@@ -83,25 +116,26 @@ def _charts(usage, folder: Path) -> None:
         fig.autofmt_xdate()
         fig.savefig(folder / f"{name}.png", dpi=100)
         plt.close(fig)
+        written.append(name)
+    return written
 
 
 def run(spark: SparkSession, s: UsageReportSettings, kafka, timer: StepTimer | None = None) -> Path:
     timer = timer or StepTimer(enabled=False)
-    check_output(s.out, s.overwrite)
-    with atomic_output(s.out, s.overwrite) as tmp:
+    check_inputs(s, kafka)  # one-line errors before any Spark work (spark_jobs.preflight)
+    with job_output(s.out, s.overwrite, JOB) as tmp:
         with timer.step("read+decode"):
             t = decode_records(read_topic(spark, s, kafka, s.turns_topic), "ConversationTurn")
             d = decode_records(read_topic(spark, s, kafka, s.dlq_topic), "DeadLetter")
         with timer.step("aggregate"):
-            usage = usage_table(t.kept).orderBy("day", "model")
-            dlq = dlq_table(d.kept, t.dropped).orderBy("day", "component")
+            usage = usage_table(one_per_event(t.kept)).orderBy("day", "model")
+            dlq = dlq_table(one_per_event(d.kept), t.dropped).orderBy("day", "component")
             usage_pd, dlq_pd = usage.toPandas(), dlq.toPandas()
         with timer.step("write"):
             write_parquet(usage, ["day", "model"], tmp / "usage.parquet")
             write_parquet(dlq, ["day", "component"], tmp / "dlq.parquet")
-            (tmp / "usage_report.md").write_text(_markdown(usage_pd, dlq_pd), encoding="utf-8")
-            if s.charts and len(usage_pd):
-                _charts(usage_pd, tmp)
+            charts = _charts(usage_pd, tmp) if s.charts and len(usage_pd) else []
+            (tmp / "usage_report.md").write_text(_markdown(usage_pd, dlq_pd, charts), encoding="utf-8")
     return Path(s.out).resolve()
 
 
@@ -110,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     from spark_jobs.session import build_session
 
     spark_s, job_s, kafka = parse_job_args(UsageReportSettings, argv)
+    for line in check_inputs(job_s, kafka):
+        print(line, file=sys.stderr)
     out = run(build_session(spark_s), job_s, kafka, StepTimer(enabled=spark_s.progress))
     print(f"wrote {out}")
     return 0

@@ -1,37 +1,72 @@
 """``chatpipe job ...``: the Spark batch jobs (fine-tuning dataset, usage report).
 
-Builds SparkSettings, the job's settings and KafkaSettings from flags + CHATPIPE_* environment,
-then runs the job; pyspark is imported inside the commands so ``chatpipe --help`` stays instant.
+The options are not written out here: each command's parameters are built from
+``spark_jobs.cli_args.job_options`` (one flag per settings field, the same flags as
+``spark-submit spark_jobs/<job>.py``). A run checks its inputs and output folder first
+(``spark_jobs.preflight``: one-line errors in seconds), then starts Spark. pyspark is imported
+inside the commands so ``chatpipe --help`` stays instant.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+import inspect
+import time
+from typing import Callable, Optional
 
 import typer
 
-from chatpipe.commands.common import SettingsError, build_settings, console, err_console
+from chatpipe.commands.common import console, err_console
+
+FINETUNE, USAGE = "finetune-dataset", "usage-report"
 
 
-def _conf(pairs: list[str]) -> dict[str, str] | None:
-    out = {}
-    for kv in pairs:
-        if "=" not in kv:
-            raise SettingsError(f"--conf {kv!r}: expected key=value")
-        k, v = kv.split("=", 1)
-        out[k] = v
-    return out or None
+def _parameters(job_cls) -> list[inspect.Parameter]:
+    from spark_jobs.cli_args import QUIET_FLAG, job_options
+
+    params = []
+    for opt in job_options(job_cls):
+        help_ = opt.help
+        if opt.kind == "switch":
+            no = "--no-" + opt.flag[2:]
+            default, annotation = typer.Option(None, f"{opt.flag}/{no}", help=help_, show_default=False), Optional[bool]
+        elif opt.kind in ("repeat", "pairs"):
+            default = typer.Option([], opt.flag, help=help_, show_default=False, metavar=opt.metavar)
+            annotation = list[str]
+        else:
+            default = typer.Option(None, opt.flag, help=help_, show_default=False, metavar=opt.metavar)
+            annotation = Optional[str]
+        params.append(inspect.Parameter(opt.field, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=annotation))
+    params.append(inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                                    default=typer.Option(False, QUIET_FLAG, help="No progress display (= --no-progress)")))
+    return params
 
 
-def _common(master, conf, bootstrap_servers, topic_prefix, shuffle_partitions, quiet):
-    from spark_jobs.settings import SparkSettings
-    from transport.settings import KafkaSettings
+def _command(job_cls, body: Callable) -> Callable:
+    """A function typer can read: keyword parameters from the job's options, calling ``body(**values)``."""
+    params = _parameters(job_cls)
 
-    spark_s = build_settings(SparkSettings, master=master, conf=_conf(conf),
-                             shuffle_partitions=shuffle_partitions, progress=None if not quiet else False)
-    kafka = build_settings(KafkaSettings, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix)
-    return spark_s, kafka
+    def command(**values) -> None:
+        body(**values)
+
+    command.__signature__ = inspect.Signature(params)
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__doc__ = body.__doc__
+    return command
+
+
+def _prepare(job: str, job_cls, values: dict):
+    """Settings from the options, then the checks that need no Spark (errors raise, warnings print)."""
+    from spark_jobs.cli_args import settings_from_options
+    from spark_jobs.preflight import check_inputs, check_output
+
+    quiet = values.pop("quiet", False)
+    spark_s, s, kafka = settings_from_options(job_cls, values, quiet=quiet)
+    check_output(s.out, s.overwrite, job)
+    warnings = check_inputs(s, kafka)
+    for line in warnings:
+        err_console.print(f"[yellow]{line}[/]", highlight=False, soft_wrap=True)
+    return spark_s, s, kafka, warnings
 
 
 def _run(job_run, spark_s, settings, kafka):
@@ -42,69 +77,42 @@ def _run(job_run, spark_s, settings, kafka):
     return job_run(build_session(spark_s), settings, kafka, StepTimer(enabled=spark_s.progress, console=err_console))
 
 
-SOURCE = typer.Option(None, help="kafka | archive (default kafka)")
-ARCHIVE = typer.Option(None, "--archive-dir", help="Root of the Avro archive (source=archive)")
-SINCE = typer.Option(None, help="Start, ISO-8601 (UTC) or epoch ms, inclusive")
-UNTIL = typer.Option(None, help="End, ISO-8601 (UTC) or epoch ms, exclusive")
-MASTER = typer.Option(None, help="Spark master (default local[*])")
-CONF = typer.Option([], "--conf", help="Spark conf key=value (repeat)")
-BOOTSTRAP = typer.Option(None, help="Kafka bootstrap servers")
-PREFIX = typer.Option(None, help="Topic prefix of the deployment")
-SHUFFLE = typer.Option(None, help="spark.sql.shuffle.partitions")
-OVERWRITE = typer.Option(None, "--overwrite/--no-overwrite", help="Replace an existing output folder")
-QUIET = typer.Option(False, "--quiet", help="No progress display")
+def _parquet_rows(folder) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(p).num_rows for p in folder.rglob("*.parquet"))
 
 
 def register(app: typer.Typer) -> None:
+    from spark_jobs.settings import FinetuneSettings, UsageReportSettings
+
     job = typer.Typer(help="Spark batch jobs over the logged turns and feedback.", no_args_is_help=True)
     app.add_typer(job, name="job")
 
-    @job.command("finetune-dataset")
-    def finetune_dataset(
-        out: Path = typer.Option(..., help="Output folder (written atomically)"),
-        source: Optional[str] = SOURCE, archive_dir: Optional[Path] = ARCHIVE,
-        since: Optional[str] = SINCE, until: Optional[str] = UNTIL,
-        eval_file: list[Path] = typer.Option([], "--eval-file", help="Eval set to decontaminate against (repeat)"),
-        near_dup_threshold: Optional[float] = typer.Option(None, help="Jaccard similarity that makes a near-duplicate (0.8)"),
-        decontam_ngram: Optional[int] = typer.Option(None, help="Words per shared n-gram that marks a leak (13)"),
-        validation_fraction: Optional[float] = typer.Option(None, help="Share of conversations in validation (0.05)"),
-        max_context_tokens: Optional[int] = typer.Option(None, help="Token budget per example incl. history (2048)"),
-        default_system_prompt: Optional[str] = typer.Option(None, help="System message for turns without one"),
-        overwrite: Optional[bool] = OVERWRITE, master: Optional[str] = MASTER, conf: list[str] = CONF,
-        bootstrap_servers: Optional[str] = BOOTSTRAP, topic_prefix: Optional[str] = PREFIX,
-        shuffle_partitions: Optional[int] = SHUFFLE, quiet: bool = QUIET,
-    ) -> None:
+    def finetune_dataset(**values) -> None:
         """Build SFT (chat JSONL) and preference-pair datasets, with a dataset card."""
         from spark_jobs.finetune_dataset import run
-        from spark_jobs.settings import FinetuneSettings
+        from spark_jobs.preflight import no_data_warning
 
-        spark_s, kafka = _common(master, conf, bootstrap_servers, topic_prefix, shuffle_partitions, quiet)
-        s = build_settings(FinetuneSettings, out=out, source=source, archive_dir=archive_dir, since=since,
-                           until=until, eval_files=tuple(eval_file) or None, near_dup_threshold=near_dup_threshold,
-                           decontam_ngram=decontam_ngram, validation_fraction=validation_fraction,
-                           max_context_tokens=max_context_tokens, default_system_prompt=default_system_prompt,
-                           overwrite=overwrite)
+        spark_s, s, kafka, warned = _prepare(FINETUNE, FinetuneSettings, values)
+        started = time.monotonic()
         result = _run(run, spark_s, s, kafka)
         for name, n in result.card["outputs"].items():
             console.print(f"{n:>9}  {result.out / name}")
-        console.print(f"card: {result.out / 'dataset_card.md'}")
+        console.print(f"card: {result.out / 'dataset_card.md'}  ({time.monotonic() - started:.0f} s)")
+        if not warned and result.card["input"]["turns_read"] == 0:
+            err_console.print(f"[yellow]{no_data_warning(s, kafka)}[/]", highlight=False, soft_wrap=True)
 
-    @job.command("usage-report")
-    def usage_report(
-        out: Path = typer.Option(..., help="Output folder (written atomically)"),
-        source: Optional[str] = SOURCE, archive_dir: Optional[Path] = ARCHIVE,
-        since: Optional[str] = SINCE, until: Optional[str] = UNTIL,
-        charts: Optional[bool] = typer.Option(None, "--charts/--no-charts", help="Write PNG charts"),
-        overwrite: Optional[bool] = OVERWRITE, master: Optional[str] = MASTER, conf: list[str] = CONF,
-        bootstrap_servers: Optional[str] = BOOTSTRAP, topic_prefix: Optional[str] = PREFIX,
-        shuffle_partitions: Optional[int] = SHUFFLE, quiet: bool = QUIET,
-    ) -> None:
+    def usage_report(**values) -> None:
         """Per day and model: requests, tokens, latency percentiles, errors, DLQ counts, active users."""
-        from spark_jobs.settings import UsageReportSettings
+        from spark_jobs.preflight import no_data_warning
         from spark_jobs.usage_report import run
 
-        spark_s, kafka = _common(master, conf, bootstrap_servers, topic_prefix, shuffle_partitions, quiet)
-        s = build_settings(UsageReportSettings, out=out, source=source, archive_dir=archive_dir, since=since,
-                           until=until, charts=charts, overwrite=overwrite)
+        spark_s, s, kafka, warned = _prepare(USAGE, UsageReportSettings, values)
         result = _run(run, spark_s, s, kafka)
         console.print(f"report: {result / 'usage_report.md'}")
+        if not warned and _parquet_rows(result / "usage.parquet") == 0:
+            err_console.print(f"[yellow]{no_data_warning(s, kafka)}[/]", highlight=False, soft_wrap=True)
+
+    job.command(FINETUNE)(_command(FinetuneSettings, finetune_dataset))
+    job.command(USAGE)(_command(UsageReportSettings, usage_report))

@@ -98,7 +98,7 @@ def test_topics_apply_without_a_broker_fails_fast_in_one_line():
     (["up"], "[env CHATPIPE_STATE_DIR; default .chatpipe]"),
     (["up"], "[env CHATPIPE_GATEWAY_PORT; default 8000]"),
     (["inference"], "[env CHATPIPE_WORKER_INTAKE]"),
-    (["job", "finetune-dataset"], "(default local[*])"),
+    (["job", "finetune-dataset"], "[env CHATPIPE_SPARK_MASTER; default local[*]]"),
     (["topics", "apply"], "[env CHATPIPE_BOOTSTRAP_SERVERS; default 127.0.0.1:9092]"),
 ])
 def test_help_shows_bracketed_env_and_defaults(command, shown):

@@ -37,3 +37,27 @@ def planted_run(spark, planted_log, tmp_path_factory):
     settings = FinetuneSettings(source="archive", archive_dir=root / "archive", out=root / "out",
                                 eval_files=(eval_file,), validation_fraction=0.2)
     return settings, run(spark, settings, KafkaSettings())
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """A Spark standalone cluster (master + 2 workers, 1 core / 1g each) on free loopback ports, started
+    and stopped with `chatpipe spark up|down` in a temporary state folder: yields the ``SparkCluster``."""
+    import subprocess
+    import sys
+
+    from infra.services import alive
+    from infra.spark_cluster import SparkCluster
+    from infra.spark_cluster_settings import SparkClusterSettings
+
+    state = tmp_path_factory.mktemp("spark-cluster")
+    cli = [sys.executable, "-m", "chatpipe.cli", "spark"]
+    subprocess.run(cli + ["up", "--state-dir", str(state), "--workers", "2", "--worker-cores", "1",
+                          "--worker-memory", "1g"], check=True, capture_output=True, timeout=300)
+    cluster = SparkCluster(SparkClusterSettings(state_dir=state))
+    pids = [cluster.status().master_pid] + [w.pid for w in cluster.status().workers]
+    yield cluster
+    down = subprocess.run(cli + ["down", "--state-dir", str(state)], capture_output=True, text=True, timeout=120)
+    assert "stopped: master, worker-1, worker-2" in down.stdout, "a Spark daemon had died before the end of the session"
+    assert not any(alive(pid) for pid in pids)  # a zombie not yet reaped by init counts as gone
+    assert (state / "spark" / "master" / "master.log").stat().st_size > 0, "down must keep the logs"

@@ -77,11 +77,12 @@ def test_no_planted_pii_anywhere_in_the_output(planted_run):
 
 
 def test_luhn_invalid_numbers_are_not_cards(planted_run, planted_log):
-    """Catches card redaction without the Luhn check (any long digit run called a card)."""
+    """Catches card redaction without the Luhn check (any long digit run called a card), or the
+    number redacted in part as a phone (its first three groups used to become ``[PHONE]``)."""
     eid = next(p for p in planted_log.planted if p.case == "luhn-invalid number").event_id
     sft = pd.read_parquet(planted_run[1].out / "parquet" / "sft").set_index("event_id")
     answer = sft.loc[eid, "messages"][-1]["content"]
-    assert "[CARD]" not in answer and LUHN_INVALID[-4:] in answer
+    assert "[CARD]" not in answer and "[PHONE]" not in answer and LUHN_INVALID in answer
 
 
 def test_preference_pairs_from_regenerations_and_edits(planted_run, planted_log):
