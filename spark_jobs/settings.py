@@ -44,6 +44,7 @@ class SparkSettings(BaseSettings):
     jars_cache_dir: Path = Field(Path("~/.cache/chatpipe/spark-jars").expanduser(),
                                  description="Where the connector jars from Maven Central are kept")
     progress: bool = Field(True, description="Show a progress display per step")
+    class_data_sharing: bool = Field(True, description="Map the driver JVM's classes from a cached CDS archive (faster start)")
 
 
 class _InputSettings(BaseSettings):
