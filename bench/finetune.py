@@ -69,14 +69,17 @@ def jvm_cpu_seconds(spark) -> float:
 
 def spark_run(master: str, s, conf: dict[str, str] | None = None):
     """(session, session start s, job s, result) of the finetune job on a fresh session on
-    ``master``; ``result.seconds["jvm cpu"]`` is the JVM's CPU time during the job."""
+    ``master``, started as ``chatpipe job`` starts it (``jit=auto`` by the archive's size);
+    ``result.seconds["jvm cpu"]`` is the JVM's CPU time during the job."""
     from spark_jobs.finetune_dataset import run
+    from spark_jobs.preflight import input_bytes
     from spark_jobs.session import build_session
     from transport.settings import KafkaSettings
 
     t = time.perf_counter()
     spark = build_session(SparkSettings(master=master, progress=False, conf=conf or {},
-                                        shuffle_partitions=max(4, (os.cpu_count() or 2) * 2)))
+                                        shuffle_partitions=max(4, (os.cpu_count() or 2) * 2)),
+                          input_bytes(s, KafkaSettings()))
     start_s = time.perf_counter() - t
     cpu = jvm_cpu_seconds(spark)
     t = time.perf_counter()
@@ -97,7 +100,10 @@ def main() -> None:
                     help="also run on local[1] and local[2] (default: on in full mode)")
     ap.add_argument("--dedup-alone", action=argparse.BooleanOptionalAction, default=None,
                     help="time exact/near dedup alone after the run (default: on in --quick)")
+    ap.add_argument("--conf", action="append", default=[], metavar="K=V",
+                    help="extra Spark conf for every session of the run (repeatable)")
     args = ap.parse_args()
+    extra_conf = dict(kv.split("=", 1) for kv in args.conf)
     n = args.turns or (5_000 if args.quick else 200_000)
     scaling = (not args.quick) if args.scaling is None else args.scaling
     dedup_alone = args.quick if args.dedup_alone is None else args.dedup_alone
@@ -115,7 +121,7 @@ def main() -> None:
 
         from transport.settings import KafkaSettings
 
-        conf = event_log_conf(args.stages) if args.stages else None
+        conf = {**(event_log_conf(args.stages) if args.stages else {}), **extra_conf}
         spark, start_s, spark_s, res = spark_run(args.master, s, conf)
         if args.stages:
             spark.stop()  # flushes the event log
@@ -137,7 +143,7 @@ def main() -> None:
             print("WARNING: spark and pure-python disagree on the number of SFT examples")
         if dedup_alone:
             if args.stages:
-                spark, _, _, _ = spark_run(args.master, s.model_copy(update={"out": work / "spark2"}))
+                spark, _, _, _ = spark_run(args.master, s.model_copy(update={"out": work / "spark2"}), extra_conf)
             exact_s, near_s = spark_dedup_seconds(spark, s, KafkaSettings())
             print(f"spark dedup steps alone: exact_dedup={exact_s:.2f}s, near_dedup={near_s:.2f}s")
             print(f"near-dup vs exact-dedup time ratio: spark = "
@@ -148,7 +154,7 @@ def main() -> None:
             took = {}
             for master in ("local[1]", "local[2]"):
                 spark.stop()
-                spark, _, took[master], _ = spark_run(master, s.model_copy(update={"out": work / master}))
+                spark, _, took[master], _ = spark_run(master, s.model_copy(update={"out": work / master}), extra_conf)
             print(f"scaling: local[1] {took['local[1]']:.2f} s, local[2] {took['local[2]']:.2f} s "
                   f"(speed-up {took['local[1]'] / took['local[2]']:.2f}x; load average "
                   f"{' '.join(f'{x:.2f}' for x in os.getloadavg())})")

@@ -50,7 +50,11 @@ def with_history(examples: DataFrame, pool: DataFrame, id_col: str, own_tokens: 
     the first missing turn index), newest first while it fits ``budget``.
     """
     ex = examples.withColumn("_own", own_tokens)
-    cands = ex.select(id_col, "conversation_id", "turn_index", "_own").join(pool, "conversation_id").where(
+    # Which earlier turns fit is decided on narrow rows (ids, indexes, token counts); only the turns
+    # that fit are joined with their text. Joining the texts first shuffled every (example, earlier
+    # turn) pair with both texts, the format step's largest cost.
+    cands = ex.select(id_col, "conversation_id", "turn_index", "_own").join(
+        pool.select("conversation_id", "h_index", "h_tokens"), "conversation_id").where(
         F.col("h_index") < F.col("turn_index"))
     newest = Window.partitionBy(id_col).orderBy(F.desc("h_index"))
     newest_first = newest.rowsBetween(Window.unboundedPreceding, Window.currentRow)
@@ -60,6 +64,8 @@ def with_history(examples: DataFrame, pool: DataFrame, id_col: str, own_tokens: 
         cands.withColumn("_cum", F.sum("h_tokens").over(newest_first))
         .withColumn("_back", F.row_number().over(newest))
         .where((F.col("turn_index") - F.col("h_index") == F.col("_back")) & (F.col("_cum") + F.col("_own") <= budget))
+        .select(id_col, "conversation_id", "h_index")
+        .join(pool.select("conversation_id", "h_index", "h_prompt", "h_answer"), ["conversation_id", "h_index"])
         .groupBy(id_col)
         .agg(F.sort_array(F.collect_list(F.struct("h_index", "h_prompt", "h_answer"))).alias("history"))
     )

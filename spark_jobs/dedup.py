@@ -27,12 +27,17 @@ import random
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from spark_jobs import jvm_functions
 from spark_jobs.steps import is_live, materialize, tag
+
+def normalize(text: Column) -> Column:
+    """Lower case, every run of characters other than letters and digits -> one space, trimmed."""
+    return F.trim(F.regexp_replace(F.lower(text), r"[^\p{L}\p{N}]+", " "))
+
 
 def normalized_text() -> Column:
     """Normalised prompt + answer (the dedup key)."""
-    text = F.concat_ws(" ", F.col("prompt"), F.col("answer"))
-    return F.trim(F.regexp_replace(F.lower(text), r"[^\p{L}\p{N}]+", " "))
+    return normalize(F.concat_ws(" ", F.col("prompt"), F.col("answer")))
 
 
 def norm_column(df: DataFrame) -> Column:
@@ -99,6 +104,20 @@ def _shingle_sets(docs: DataFrame, ngram: int) -> DataFrame:
                                         .otherwise(F.col("_grams"))).alias("_shingles"))
 
 
+def minhash_signatures(docs: DataFrame, ngram: int, coeffs: list[tuple[int, int]]) -> DataFrame:
+    """(event_id, created_at, _sigs): per table ``k`` the minimum over the distinct shingles' CRC-32
+    values ``h`` of ``(a_k*h + b_k) mod P``."""
+    if jvm_functions.registered(docs.sparkSession):  # the same values, one call per document
+        spec = ",".join(f"{a}:{b}" for a, b in coeffs)
+        sig = F.call_function(jvm_functions.MINHASH_SIGNATURE, norm_column(docs).cast("binary"), F.lit(ngram),
+                              F.lit(spec))
+        return docs.select("event_id", "created_at", sig.alias("_sigs"))
+    h = F.crc32(F.col("_shingle").cast("binary"))
+    return (_shingle_sets(docs, ngram).select("event_id", "created_at", F.explode("_shingles").alias("_shingle"))
+            .groupBy("event_id", "created_at")
+            .agg(F.array(*[F.min((h * a + b) % MINHASH_PRIME) for a, b in coeffs]).alias("_sigs")))
+
+
 def near_dedup(df: DataFrame, threshold: float, ngram: int, hash_tables: int, seed: int) -> DataFrame:
     """``df`` (tagged; materialise it, ``steps.materialize``: it is read more than once) with live
     near-duplicates of an earlier live turn dropped.
@@ -114,11 +133,8 @@ def near_dedup(df: DataFrame, threshold: float, ngram: int, hash_tables: int, se
     coeffs = minhash_coefficients(seed, hash_tables)
     live_docs = df.where(is_live()).select("event_id", "created_at", *(
         ["_norm"] if "_norm" in df.columns else ["prompt", "answer"]))
-    h = F.crc32(F.col("_shingle").cast("binary"))
-    sigs = (_shingle_sets(live_docs, ngram).select("event_id", "created_at", F.explode("_shingles").alias("_shingle"))
-            .groupBy("event_id", "created_at")
-            .agg(F.array(*[F.min((h * a + b) % MINHASH_PRIME) for a, b in coeffs]).alias("_sigs"))
-            .select("event_id", "created_at", F.posexplode("_sigs").alias("_table", "_sig")))
+    sigs = minhash_signatures(live_docs, ngram, coeffs).select(
+        "event_id", "created_at", F.posexplode("_sigs").alias("_table", "_sig"))
     # Shuffle join on (table, signature): both sides are the same exchange (Spark reuses it).
     a, b = sigs.alias("a"), sigs.hint("shuffle_hash").alias("b")
     pairs = materialize(  # small, and read three times below

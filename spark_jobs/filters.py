@@ -84,8 +84,22 @@ def quality_reason_py(turn: dict, s: FinetuneSettings) -> str | None:
     return None
 
 
-def quality_reason(s: FinetuneSettings):
-    """A Column: the quality drop reason of a turn row, or null."""
+def text_char_count(answer, spark=None):
+    """A Column: how many characters of ``answer`` are text (:func:`text_ratio`'s numerator);
+    ``spark``: the session the column is for (default: the active one)."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from spark_jobs import jvm_functions
+
+    spark = spark or SparkSession.getActiveSession()
+    if spark is not None and jvm_functions.registered(spark):  # the same count in one pass (jvm_functions)
+        return F.call_function(jvm_functions.TEXT_CHARS, answer, F.lit(PROSE_PUNCT), F.lit(LONG_RUN_CHARS))
+    return F.length(F.regexp_replace(F.regexp_replace(answer, LONG_RUN, ""), _NON_TEXT_CLASS, ""))
+
+
+def quality_reason(s: FinetuneSettings, spark=None):
+    """A Column: the quality drop reason of a turn row, or null (``spark``: as :func:`text_char_count`)."""
     from pyspark.sql import functions as F
 
     from spark_jobs.steps import first_reason
@@ -94,7 +108,7 @@ def quality_reason(s: FinetuneSettings):
     p_len = F.length(F.trim(prompt, F.lit(_WS)))
     a_len = F.length(F.trim(answer, F.lit(_WS)))
     total = F.length(F.coalesce(F.col("system_prompt"), F.lit(""))) + F.length(prompt) + F.length(answer)
-    text_chars = F.length(F.regexp_replace(F.regexp_replace(answer, LONG_RUN, ""), _NON_TEXT_CLASS, ""))
+    text_chars = text_char_count(answer, spark)
     lines = F.filter(F.transform(F.split(answer, "\n"), lambda x: F.trim(x, F.lit(" \t\r"))), lambda x: x != "")
     dup_ratio = 1 - F.size(F.array_distinct(lines)) / F.size(lines)
     return first_reason(

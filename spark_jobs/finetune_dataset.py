@@ -14,6 +14,7 @@ Also runnable as ``spark-submit spark_jobs/finetune_dataset.py --out DIR [--sour
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from spark_jobs.dedup import exact_dedup, near_dedup, normalized_text
 from spark_jobs.feedback import drop_rated_down, join_ratings, latest_ratings, preference_pairs, redact_feedback
 from spark_jobs.filters import quality_reason
 from spark_jobs.pii import redact_column
-from spark_jobs.preflight import check_inputs, job_output
+from spark_jobs.preflight import check_inputs, input_bytes, job_output
 from spark_jobs.progress import StepTimer
 from spark_jobs.settings import FinetuneSettings
 from spark_jobs.sources import read_archive, read_kafka
@@ -68,6 +69,11 @@ def _histograms(df: DataFrame, cols: dict[str, str]) -> dict[str, dict[str, int]
             for j, name in enumerate(cols)}
 
 
+def _write_threads(spark: SparkSession) -> int:
+    """Tables written at once: one per core Spark has (at least 2), so single-task writes overlap."""
+    return max(2, spark.sparkContext.defaultParallelism)
+
+
 def decoded_inputs(spark: SparkSession, s: FinetuneSettings, kafka) -> tuple[DataFrame, DataFrame]:
     """(turns, feedback): decoded, redacted, tagged with decode drops; materialised (both are read
     more than once, and later plans start from them, see ``steps.materialize``)."""
@@ -81,8 +87,8 @@ def decoded_inputs(spark: SparkSession, s: FinetuneSettings, kafka) -> tuple[Dat
 
 def sft_candidates(spark: SparkSession, s: FinetuneSettings, turns: DataFrame, feedback: DataFrame) -> DataFrame:
     """Tagged turns through quality, decontamination and feedback (lazy)."""
-    t = tag(turns, "quality", quality_reason(s))
-    t = decontaminate(t, spark, s.eval_files, s.decontam_ngram)
+    t = tag(turns, "quality", quality_reason(s, spark))
+    t = decontaminate(t, spark, s.eval_files, s.decontam_ngram, hashed=turns)
     return drop_rated_down(join_ratings(t, latest_ratings(live(feedback))))
 
 
@@ -137,23 +143,34 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
         order = ["conversation_id", "turn_index", "created_at", "event_id"]
         pair_order = ["conversation_id", "turn_index", "pair_id"]
         splits = ("train", "validation")
-        sft_n = write_jsonl(sft_rows, order, ["messages"], {sp: tmp / "sft" / f"{sp}.jsonl" for sp in splits})
         ppairs = pair_rows.select(
             "*", F.struct(F.col("prompt_messages").alias("messages")).alias("input"),
             F.col("chosen").alias("preferred_output"), F.col("rejected").alias("non_preferred_output"))
-        pref_n = write_jsonl(ppairs, pair_order, ["input", "preferred_output", "non_preferred_output"],
-                             {sp: tmp / "preference" / f"{sp}.jsonl" for sp in splits})
-        for sp in splits:  # the card's order, as before: per split, SFT then preference
-            card.outputs[f"sft/{sp}.jsonl"], card.outputs[f"preference/{sp}.jsonl"] = sft_n[sp], pref_n[sp]
-        write_parquet(sft_rows, order, tmp / "parquet" / "sft", partition_by="split")
-        write_parquet(pair_rows, pair_order, tmp / "parquet" / "preference", partition_by="split")
-        if s.write_dropped:
-            dropped = as_dropped(turns.where(~is_live()), None, "ConversationTurn").unionByName(
-                as_dropped(feedback.where(~is_live()), None, "Feedback"))
-            write_parquet(dropped, ["step", "reason", "source_topic", "source_partition", "source_offset", "event_id"],
-                          tmp / "parquet" / "dropped")
-        card.histograms = _histograms(sft_rows, {"sft prompt": "prompt_tokens", "sft answer": "answer_tokens",
-                                                 "sft example incl. history": "example_tokens"})
+        dropped = as_dropped(turns.where(~is_live()), None, "ConversationTurn").unionByName(
+            as_dropped(feedback.where(~is_live()), None, "Feedback"))
+        # Each table is written by one task (one sorted partition, ``writers``): the tables go side
+        # by side, each Spark job from a thread of its own, so every core has a table to write.
+        with ThreadPoolExecutor(max_workers=_write_threads(spark)) as pool:
+            sft_n = pool.submit(write_jsonl, sft_rows, order, ["messages"],
+                                {sp: tmp / "sft" / f"{sp}.jsonl" for sp in splits})
+            pref_n = pool.submit(write_jsonl, ppairs, pair_order, ["input", "preferred_output", "non_preferred_output"],
+                                 {sp: tmp / "preference" / f"{sp}.jsonl" for sp in splits})
+            parquet = [pool.submit(write_parquet, sft_rows, order, tmp / "parquet" / "sft", partition_by="split"),
+                       pool.submit(write_parquet, pair_rows, pair_order, tmp / "parquet" / "preference",
+                                   partition_by="split")]
+            if s.write_dropped:
+                parquet.append(pool.submit(
+                    write_parquet, dropped, ["step", "reason", "source_topic", "source_partition", "source_offset",
+                                             "event_id"], tmp / "parquet" / "dropped"))
+            histograms = pool.submit(_histograms, sft_rows, {
+                "sft prompt": "prompt_tokens", "sft answer": "answer_tokens",
+                "sft example incl. history": "example_tokens"})
+            for sp in splits:  # the card's order, as before: per split, SFT then preference
+                card.outputs[f"sft/{sp}.jsonl"] = sft_n.result()[sp]
+                card.outputs[f"preference/{sp}.jsonl"] = pref_n.result()[sp]
+            for done in parquet:
+                done.result()  # re-raises a failed write
+            card.histograms = histograms.result()
         doc = card.to_json()
         write_json(doc, tmp / "dataset_card.json")
         (tmp / "dataset_card.md").write_text(card.to_markdown(), encoding="utf-8")
@@ -179,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     from spark_jobs.session import build_session
 
     spark_s, job_s, kafka = parse_job_args(FinetuneSettings, argv)
-    spark = build_session(spark_s)
+    spark = build_session(spark_s, input_bytes(job_s, kafka))
     result = run(spark, job_s, kafka, StepTimer(enabled=spark_s.progress))
     print(f"wrote {result.out}: " + ", ".join(f"{k}={v}" for k, v in result.card["outputs"].items()))
     return 0

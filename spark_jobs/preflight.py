@@ -50,6 +50,15 @@ def archived_files(root: Path, topic: str, since: int | None, until: int | None)
     return files
 
 
+def input_bytes(s, kafka) -> int | None:
+    """Bytes of archive files the job will read (every ``*_topic`` of its settings, in its time
+    range); None for a Kafka source (unknown before reading)."""
+    if s.source != "archive" or not Path(s.archive_dir).is_dir():
+        return None
+    topics = [getattr(s, name) for name in type(s).model_fields if name.endswith("_topic")]
+    return sum(f.stat().st_size for t in topics for f in archived_files(s.archive_dir, kafka.topic(t), s.since, s.until))
+
+
 def no_data_warning(s, kafka) -> str:
     """The one-line warning for a run that found no turns in its range."""
     where = f"archive {s.archive_dir}" if s.source == "archive" else f"Kafka at {kafka.bootstrap_servers}"

@@ -13,6 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
+from spark_jobs import jvm_functions
 from spark_jobs.jars import connector_jars
 from spark_jobs.jvm_archive import driver_java_options
 from spark_jobs.settings import SparkSettings
@@ -20,9 +21,25 @@ from spark_jobs.settings import SparkSettings
 log = logging.getLogger(__name__)
 
 
-def session_conf(settings: SparkSettings) -> dict[str, str]:
-    """The Spark conf this project sets, overridden by ``settings.conf``."""
-    jars = ",".join(str(p) for p in connector_jars(settings.jars_cache_dir))
+#: ``jit=auto`` picks the server JIT (C2) from this much archive input. Measured on 2 cores (bench/
+#: finetune.py, JVM CPU seconds): C1 alone used 40% less at 5k turns (1.7 MB) and 20% less at 40k
+#: (12 MB); at 200k turns (62 MB) the job ran 62 s with C1 alone, 56 s with C2.
+SERVER_JIT_FROM_BYTES = 32 << 20
+
+
+def client_jit(settings: SparkSettings, input_bytes: int | None) -> bool:
+    """Whether the driver JVM runs with the client JIT only (``-XX:TieredStopAtLevel=1``)."""
+    if settings.jit != "auto":
+        return settings.jit == "client"
+    return input_bytes is None or input_bytes < SERVER_JIT_FROM_BYTES
+
+
+def session_conf(settings: SparkSettings, input_bytes: int | None = None) -> dict[str, str]:
+    """The Spark conf this project sets, overridden by ``settings.conf``; ``input_bytes``: the size of
+    the job's input when known (archive files), for ``jit=auto``."""
+    jar_paths = connector_jars(settings.jars_cache_dir)
+    functions = jvm_functions.functions_jar(settings.jars_cache_dir) if settings.jvm_functions else None
+    jars = ",".join(str(p) for p in [*jar_paths, *([functions] if functions else [])])
     conf = {
         "spark.app.name": settings.app_name,
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
@@ -32,12 +49,11 @@ def session_conf(settings: SparkSettings) -> dict[str, str]:
         "spark.driver.memory": "4g",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.adaptive.enabled": "true",
-        # The driver JVM with the client JIT only (C1): the job's generated code is large and
-        # short-lived, C2 spent more CPU compiling it than it saved on 2 cores (measured: JVM
-        # CPU -40% at 5k turns, -20% at 40k, but +20% at 200k; docs/spark_jobs.md "Figures").
+        # Small inputs: the driver JVM with the client JIT only (C1): the job's generated code is
+        # large and short-lived, C2 spent more CPU compiling it than it saved (SERVER_JIT_FROM_BYTES).
         # Plus a class-data-sharing archive of Spark's classes (jvm_archive: faster start).
         "spark.driver.extraJavaOptions": " ".join(filter(None, [
-            "-XX:TieredStopAtLevel=1",
+            "-XX:TieredStopAtLevel=1" if client_jit(settings, input_bytes) else "",
             driver_java_options(settings.jars_cache_dir) if settings.class_data_sharing else "",
         ])),
     }
@@ -47,13 +63,13 @@ def session_conf(settings: SparkSettings) -> dict[str, str]:
     return conf
 
 
-def build_session(settings: SparkSettings):
-    """Get or create the SparkSession for a job."""
+def build_session(settings: SparkSettings, input_bytes: int | None = None):
+    """Get or create the SparkSession for a job (``input_bytes``: see :func:`session_conf`)."""
     from pyspark.sql import SparkSession
 
     from spark_jobs import shipping
 
-    conf = session_conf(settings)
+    conf = session_conf(settings, input_bytes)
     submitted = shipping.under_spark_submit()
     builder = SparkSession.builder
     if submitted:
@@ -68,6 +84,8 @@ def build_session(settings: SparkSettings):
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     shipping.ship_project(spark, conf, settings.jars_cache_dir, submitted=submitted)
+    if settings.jvm_functions:
+        jvm_functions.register(spark)  # a warning and the Spark SQL path when the jar is not loadable
     spark.sparkContext.setLogLevel("WARN")
     log.info("spark %s on %s", spark.version, spark.sparkContext.master)
     return spark

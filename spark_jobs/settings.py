@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Source = Literal["kafka", "archive"]
+Jit = Literal["auto", "client", "server"]
 
 
 def parse_time_ms(value: str | int | datetime | None) -> int | None:
@@ -45,6 +46,8 @@ class SparkSettings(BaseSettings):
                                  description="Where the connector jars from Maven Central are kept")
     progress: bool = Field(True, description="Show a progress display per step")
     class_data_sharing: bool = Field(True, description="Map the driver JVM's classes from a cached CDS archive (faster start)")
+    jvm_functions: bool = Field(True, description="Compute n-gram hashes (decontam, MinHash) and quality's text count with the project's Java functions (built with javac on first use); off: the same results in Spark SQL, slower")
+    jit: Jit = Field("auto", description="JIT of the driver JVM (in local mode it runs the tasks too): client = C1 only (compiles less; small inputs), server = C1+C2 (faster code; long jobs), auto = server from 32 MiB of archive input")
 
 
 class _InputSettings(BaseSettings):

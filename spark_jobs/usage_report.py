@@ -28,7 +28,7 @@ from spark_jobs.filters import ERROR_FINISH
 from spark_jobs.finetune_dataset import read_topic
 from spark_jobs.progress import StepTimer
 from spark_jobs.settings import UsageReportSettings
-from spark_jobs.preflight import check_inputs, job_output
+from spark_jobs.preflight import check_inputs, input_bytes, job_output
 from spark_jobs.writers import write_parquet
 
 JOB = "usage-report"
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     spark_s, job_s, kafka = parse_job_args(UsageReportSettings, argv)
     for line in check_inputs(job_s, kafka):
         print(line, file=sys.stderr)
-    out = run(build_session(spark_s), job_s, kafka, StepTimer(enabled=spark_s.progress))
+    out = run(build_session(spark_s, input_bytes(job_s, kafka)), job_s, kafka, StepTimer(enabled=spark_s.progress))
     print(f"wrote {out}")
     return 0
 

@@ -71,10 +71,12 @@ def _prepare(job: str, job_cls, values: dict):
 
 def _run(job_run, spark_s, settings, kafka):
     """Start the Spark session and run one job with a progress display."""
+    from spark_jobs.preflight import input_bytes
     from spark_jobs.progress import StepTimer
     from spark_jobs.session import build_session
 
-    return job_run(build_session(spark_s), settings, kafka, StepTimer(enabled=spark_s.progress, console=err_console))
+    spark = build_session(spark_s, input_bytes(settings, kafka))
+    return job_run(spark, settings, kafka, StepTimer(enabled=spark_s.progress, console=err_console))
 
 
 def _parquet_rows(folder) -> int:
