@@ -44,7 +44,8 @@ def history_pool(turns: DataFrame) -> DataFrame:
 
 def with_history(examples: DataFrame, pool: DataFrame, id_col: str, own_tokens: Column,
                  budget: int) -> DataFrame:
-    """``examples`` plus ``history``: array<struct<h_index, h_prompt, h_answer>> in turn order.
+    """``examples`` plus ``history``: array<struct<h_index, h_prompt, h_answer>> in turn order, and
+    ``history_tokens``: the estimated tokens of those turns (0 without history).
 
     The history is the unbroken run of turns just before the example (module doc: it stops at
     the first missing turn index), newest first while it fits ``budget``.
@@ -64,14 +65,15 @@ def with_history(examples: DataFrame, pool: DataFrame, id_col: str, own_tokens: 
         cands.withColumn("_cum", F.sum("h_tokens").over(newest_first))
         .withColumn("_back", F.row_number().over(newest))
         .where((F.col("turn_index") - F.col("h_index") == F.col("_back")) & (F.col("_cum") + F.col("_own") <= budget))
-        .select(id_col, "conversation_id", "h_index")
+        .select(id_col, "conversation_id", "h_index", "h_tokens")
         .join(pool.select("conversation_id", "h_index", "h_prompt", "h_answer"), ["conversation_id", "h_index"])
         .groupBy(id_col)
-        .agg(F.sort_array(F.collect_list(F.struct("h_index", "h_prompt", "h_answer"))).alias("history"))
+        .agg(F.sort_array(F.collect_list(F.struct("h_index", "h_prompt", "h_answer"))).alias("history"),
+             F.sum("h_tokens").alias("history_tokens"))
     )
     return ex.join(fitting, id_col, "left").withColumn(
         "history", F.coalesce(F.col("history"), F.array().cast("array<struct<h_index:int,h_prompt:string,h_answer:string>>"))
-    ).drop("_own")
+    ).withColumn("history_tokens", F.coalesce(F.col("history_tokens"), F.lit(0).cast("long"))).drop("_own")
 
 
 def _msg(role: str, content: Column) -> Column:

@@ -3,10 +3,11 @@
 Eval files: ``.jsonl`` (every string value of every object is eval text) or any other text
 file (one example per line). Text on both sides is normalised like the dedup key (lower
 case, runs of non-letters/digits -> one space) and cut into word ``n``-grams (13 by default,
-as in GPT-3's decontamination; pyspark.ml's ``NGram`` cuts them, see ``dedup.word_ngrams``).
-The eval n-grams are hashed (xxhash64) into a small DataFrame that is broadcast; each turn's
-n-gram hashes are exploded and joined against it (words from the text normalised once per
-turn, ``dedup.norm_column``). Reason ``eval_contamination``, detail ``eval=<file name>`` (the
+as in GPT-3's decontamination). The eval n-grams are hashed (xxhash64) into a small DataFrame
+that is broadcast; each turn's n-gram hashes are exploded and joined against it (the text
+normalised once per turn, ``dedup.norm_column``). The hashes come from the project's Java
+function ``chatpipe_ngram_xxhash64`` (``jvm_functions``: each n-gram hashed in place) or, without
+it, from pyspark.ml's ``NGram`` + ``xxhash64`` (``dedup.word_ngrams``): the same values. Reason ``eval_contamination``, detail ``eval=<file name>`` (the
 first file, by name, that it shares an n-gram with). A 64-bit hash collision could drop a clean turn (odds about
 n-grams^2 / 2^64: nil at our sizes) but never keeps a leaked one.
 

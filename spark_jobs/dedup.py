@@ -123,7 +123,7 @@ def near_dedup(df: DataFrame, threshold: float, ngram: int, hash_tables: int, se
     near-duplicates of an earlier live turn dropped.
 
     MinHash LSH in Spark SQL: per document, the distinct shingles' CRC-32 values ``h`` and, per
-    table ``k``, the signature ``min((a_k*h + b_k) mod P)`` (shingles exploded, one aggregate);
+    table ``k``, the signature ``min((a_k*h + b_k) mod P)`` (:func:`minhash_signatures`);
     one row per (table, signature); a join on (table, signature) restricted to earlier -> later
     pairs gives the candidates; the exact Jaccard of their shingle sets decides. Why not
     pyspark.ml's ``approxSimilarityJoin``: it joined and ``distinct``-ed whole rows with their

@@ -98,25 +98,60 @@ def text_char_count(answer, spark=None):
     return F.length(F.regexp_replace(F.regexp_replace(answer, LONG_RUN, ""), _NON_TEXT_CLASS, ""))
 
 
-def quality_reason(s: FinetuneSettings, spark=None):
-    """A Column: the quality drop reason of a turn row, or null (``spark``: as :func:`text_char_count`)."""
+def _measures(spark=None) -> dict:
+    """The per-turn numbers the quality rules compare, as Columns by name."""
+    from pyspark.sql import functions as F
+
+    prompt, answer = F.coalesce(F.col("prompt"), F.lit("")), F.coalesce(F.col("answer"), F.lit(""))
+    answer_len = F.length(answer)
+    lines = F.filter(F.transform(F.split(answer, "\n"), lambda x: F.trim(x, F.lit(" \t\r"))), lambda x: x != "")
+    return {
+        "_q_prompt_chars": F.length(F.trim(prompt, F.lit(_WS))),
+        "_q_answer_chars": F.length(F.trim(answer, F.lit(_WS))),
+        "_q_answer_len": answer_len,
+        "_q_total_len": F.length(F.coalesce(F.col("system_prompt"), F.lit(""))) + F.length(prompt) + answer_len,
+        "_q_text_chars": text_char_count(answer, spark),
+        "_q_lines": F.size(lines),
+        "_q_distinct_lines": F.size(F.array_distinct(lines)),
+    }
+
+
+def _reason(s: FinetuneSettings, m: dict):
+    """The first quality rule that holds, over the measures ``m`` (:func:`_measures`)."""
     from pyspark.sql import functions as F
 
     from spark_jobs.steps import first_reason
 
-    prompt, answer = F.coalesce(F.col("prompt"), F.lit("")), F.coalesce(F.col("answer"), F.lit(""))
-    p_len = F.length(F.trim(prompt, F.lit(_WS)))
-    a_len = F.length(F.trim(answer, F.lit(_WS)))
-    total = F.length(F.coalesce(F.col("system_prompt"), F.lit(""))) + F.length(prompt) + F.length(answer)
-    text_chars = text_char_count(answer, spark)
-    lines = F.filter(F.transform(F.split(answer, "\n"), lambda x: F.trim(x, F.lit(" \t\r"))), lambda x: x != "")
-    dup_ratio = 1 - F.size(F.array_distinct(lines)) / F.size(lines)
+    answer = F.coalesce(F.col("answer"), F.lit(""))
+    p_len, a_len = m["_q_prompt_chars"], m["_q_answer_chars"]
+    dup_ratio = 1 - m["_q_distinct_lines"] / m["_q_lines"]
     return first_reason(
         (F.col("finish_reason").isin(*ERROR_FINISH) | answer.rlike(ERROR_TEXT), "error_response"),
         (F.col("finish_reason") == "CANCELLED", "incomplete"),
         ((p_len == 0) | (a_len == 0), "empty"),
         ((a_len < s.min_answer_chars) | (p_len < s.min_prompt_chars), "too_short"),
-        (total > s.max_chars, "too_long"),
-        (text_chars / F.length(answer) < s.min_text_ratio, "mostly_non_text"),
-        ((F.size(lines) >= 2) & (dup_ratio > s.max_dup_line_ratio), "repeated_lines"),
+        (m["_q_total_len"] > s.max_chars, "too_long"),
+        (m["_q_text_chars"] / m["_q_answer_len"] < s.min_text_ratio, "mostly_non_text"),
+        ((m["_q_lines"] >= 2) & (dup_ratio > s.max_dup_line_ratio), "repeated_lines"),
     )
+
+
+def quality_reason(s: FinetuneSettings, spark=None):
+    """A Column: the quality drop reason of a turn row, or null (``spark``: as :func:`text_char_count`)."""
+    return _reason(s, _measures(spark))
+
+
+def tag_quality(df, s: FinetuneSettings, spark=None):
+    """``df`` (tagged, ``steps.tag``) with its live turns that fail a quality rule dropped.
+
+    The measures are columns of their own first, each computed once per turn: inside the rules'
+    CASE WHEN, Spark evaluates a shared expression again in every branch that names it (the
+    trims and lengths of prompt and answer were a large share of the step's CPU time).
+    """
+    from pyspark.sql import functions as F
+
+    from spark_jobs.steps import tag
+
+    m = _measures(spark)
+    measured = df.select("*", *[col.alias(name) for name, col in m.items()])
+    return tag(measured, "quality", _reason(s, {name: F.col(name) for name in m})).drop(*m)

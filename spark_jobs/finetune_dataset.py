@@ -27,15 +27,14 @@ from spark_jobs.decode import decode_tagged
 from spark_jobs.decontam import decontaminate
 from spark_jobs.dedup import exact_dedup, near_dedup, normalized_text
 from spark_jobs.feedback import drop_rated_down, join_ratings, latest_ratings, preference_pairs, redact_feedback
-from spark_jobs.filters import quality_reason
+from spark_jobs.filters import tag_quality
 from spark_jobs.pii import redact_column
 from spark_jobs.preflight import check_inputs, input_bytes, job_output
 from spark_jobs.progress import StepTimer
 from spark_jobs.settings import FinetuneSettings
 from spark_jobs.sources import read_archive, read_kafka
 from spark_jobs.split import split_column
-from spark_jobs.steps import (as_dropped, is_live, live, materialize, persistent_rdd_ids, release_materialized,
-                              tag)
+from spark_jobs.steps import as_dropped, is_live, live, materialize, persistent_rdd_ids, release_materialized
 from spark_jobs.tally import fill_card, tally
 from spark_jobs.writers import write_json, write_jsonl, write_parquet
 
@@ -87,7 +86,7 @@ def decoded_inputs(spark: SparkSession, s: FinetuneSettings, kafka) -> tuple[Dat
 
 def sft_candidates(spark: SparkSession, s: FinetuneSettings, turns: DataFrame, feedback: DataFrame) -> DataFrame:
     """Tagged turns through quality, decontamination and feedback (lazy)."""
-    t = tag(turns, "quality", quality_reason(s, spark))
+    t = tag_quality(turns, s, spark)
     t = decontaminate(t, spark, s.eval_files, s.decontam_ngram, hashed=turns)
     return drop_rated_down(join_ratings(t, latest_ratings(live(feedback))))
 
@@ -120,13 +119,16 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
         pool = history_pool(rated)
         sft = live(turns)
         own = est_tokens(F.col("system_prompt")) + est_tokens(F.col("prompt")) + est_tokens(F.col("answer"))
+        # Every message's estimate summed: system (or the default), the history (``history_tokens``,
+        # summed when it was fitted), prompt, answer. Not a lambda over ``messages``: Spark runs
+        # lambdas interpreted, and that one measured every text again.
+        example_tokens = (est_tokens(F.coalesce(F.col("system_prompt"), F.lit(s.default_system_prompt)))
+                          + est_tokens(F.col("prompt")) + est_tokens(F.col("answer")) + F.col("history_tokens")).cast("int")
         sft_rows = with_history(sft, pool, "event_id", own, s.max_context_tokens).select(
             "event_id", "conversation_id", "turn_index", "request_id", "model", "created_at",
             F.size("history").alias("history_turns"), sft_messages(s.default_system_prompt).alias("messages"),
             est_tokens(F.col("prompt")).alias("prompt_tokens"), est_tokens(F.col("answer")).alias("answer_tokens"),
-            split_column(s.validation_fraction).alias("split"))
-        sft_rows = sft_rows.withColumn("example_tokens", F.aggregate(
-            "messages", F.lit(0).cast("long"), lambda acc, m: acc + F.ceil(F.length(m["content"]) / 4) + 4).cast("int"))
+            split_column(s.validation_fraction).alias("split"), example_tokens.alias("example_tokens"))
         sft_rows = materialize(sft_rows)
         pairs = preference_pairs(rated).withColumn("pair_id", F.concat_ws("|", "chosen_event_id", "rejected_event_id"))
         own_pair = est_tokens(F.col("system_prompt")) + est_tokens(F.col("prompt")) + F.greatest(

@@ -77,3 +77,20 @@ def test_missing_pom_is_named_not_maven_central(installed, tmp_path):
     assert f"{broken / 'infra' / 'spark' / 'pom.xml'} is missing" in message
     assert "Maven Central" not in message and "published" not in message
     assert not (tmp_path / "cache" / "4.2.0").exists()
+
+
+def test_wheel_ships_the_java_functions(installed, tmp_path):
+    """Catches the Java sources missing from the package data: an installed chatpipe would then fall
+    back to the slower Spark SQL path for n-gram hashes without anyone noticing but a warning."""
+    wheel, site = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"infra/spark/udf/TextHashes.java", "infra/spark/udf/TextQuality.java"} <= names
+    proc = _run_installed(site, (
+        "from pathlib import Path\n"
+        "from spark_jobs import jvm_functions\n"
+        f"print(jvm_functions.functions_jar(Path({str(tmp_path / 'cache')!r})))\n"))
+    assert proc.returncode == 0, proc.stderr
+    jar = Path(proc.stdout.strip())
+    assert jar.is_relative_to(tmp_path / "cache") and jar.suffix == ".jar"
+    classes = set(zipfile.ZipFile(jar).namelist())
+    assert {"chatpipe/spark/TextHashes$NgramXxhash64.class", "chatpipe/spark/TextQuality$TextChars.class"} <= classes

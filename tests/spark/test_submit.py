@@ -42,7 +42,9 @@ def test_print_shows_a_complete_spark_submit_command(tmp_path):
     assert words[0] == f"SPARK_HOME={spark_home()}"
     assert words[1] == str(spark_home() / "bin" / "spark-submit") and Path(words[1]).is_file()
     assert words[words.index("--master") + 1] == "local[*]"  # no cluster runs in that state folder
-    assert words[words.index("--jars") + 1].split(",")[:5] == [str(j) for j in _connector_jars()]
+    jars = words[words.index("--jars") + 1].split(",")
+    assert jars[:5] == [str(j) for j in _connector_jars()]
+    assert len(jars) == 6 and Path(jars[5]).name.startswith("chatpipe-functions-") and Path(jars[5]).is_file()
     assert f"spark.pyspark.python={sys.executable}" in words
     assert words[-7:] == [str(REPO / "spark_jobs" / "finetune_dataset.py"), "--out", str(tmp_path / "ft"),
                           "--source", "archive", "--archive-dir", "/data/x y"]
