@@ -55,6 +55,8 @@ def _other_value(name: str, cls, tmp_path) -> list[str]:
         inner = next(a for a in typing.get_args(ann) if a is not type(None))
     if inner is bool:
         return [("--no-" + flag[2:]) if info.default else flag]
+    if typing.get_origin(inner) is typing.Literal:  # a choice other than the default
+        return [flag, next(str(c) for c in typing.get_args(inner) if c != info.default)]
     if typing.get_origin(inner) is dict:
         return [flag, "spark.a=1", flag, "spark.b=2"]
     if typing.get_origin(inner) is tuple:
