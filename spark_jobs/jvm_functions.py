@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "infra" / "spark" / "udf"
 
+JAR_PREFIX = "chatpipe-functions-"
+
 NGRAM_XXHASH64 = "chatpipe_ngram_xxhash64"
 MINHASH_SIGNATURE = "chatpipe_minhash_signature"
 TEXT_CHARS = "chatpipe_text_chars"
@@ -67,7 +69,7 @@ def functions_jar(cache_dir: Path) -> Path | None:
     digest = hashlib.sha256(pyspark.__version__.encode())
     for src in sources:
         digest.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
-    target = Path(cache_dir).expanduser() / "functions" / f"chatpipe-functions-{digest.hexdigest()[:16]}.jar"
+    target = Path(cache_dir).expanduser() / "functions" / f"{JAR_PREFIX}{digest.hexdigest()[:16]}.jar"
     if target.exists():
         return target
     javac = _javac()

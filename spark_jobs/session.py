@@ -70,6 +70,8 @@ def build_session(settings: SparkSettings, input_bytes: int | None = None):
     from spark_jobs import shipping
 
     conf = session_conf(settings, input_bytes)
+    # Registered only when the jar is on its way (it could not be built: that was said already).
+    with_functions = settings.jvm_functions and jvm_functions.JAR_PREFIX in conf["spark.jars"]
     submitted = shipping.under_spark_submit()
     builder = SparkSession.builder
     if submitted:
@@ -84,8 +86,8 @@ def build_session(settings: SparkSettings, input_bytes: int | None = None):
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     shipping.ship_project(spark, conf, settings.jars_cache_dir, submitted=submitted)
-    if settings.jvm_functions:
-        jvm_functions.register(spark)  # a warning and the Spark SQL path when the jar is not loadable
+    if with_functions:
+        jvm_functions.register(spark)  # a warning and the Spark SQL path when the JVM cannot load them
     spark.sparkContext.setLogLevel("WARN")
     log.info("spark %s on %s", spark.version, spark.sparkContext.master)
     return spark
