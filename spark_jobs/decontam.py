@@ -7,8 +7,10 @@ as in GPT-3's decontamination). The eval n-grams are hashed (xxhash64) into a sm
 that is broadcast; each turn's n-gram hashes are exploded and joined against it (the text
 normalised once per turn, ``dedup.norm_column``). The hashes come from the project's Java
 function ``chatpipe_ngram_xxhash64`` (``jvm_functions``: each n-gram hashed in place) or, without
-it, from pyspark.ml's ``NGram`` + ``xxhash64`` (``dedup.word_ngrams``): the same values. Reason ``eval_contamination``, detail ``eval=<file name>`` (the
-first file, by name, that it shares an n-gram with). A 64-bit hash collision could drop a clean turn (odds about
+it, from pyspark.ml's ``NGram`` + ``xxhash64`` (``dedup.word_ngrams``): the same values.
+
+Reason ``eval_contamination``, detail ``eval=<file name>`` (the first file, by name, that it
+shares an n-gram with). A 64-bit hash collision could drop a clean turn (odds about
 n-grams^2 / 2^64: nil at our sizes) but never keeps a leaked one.
 
 Turns with fewer than ``n`` words cannot share an n-gram and pass.

@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from spark_jobs import jvm_functions
 from spark_jobs.steps import is_live, materialize, tag
 
+
 def normalize(text: Column) -> Column:
     """Lower case, every run of characters other than letters and digits -> one space, trimmed."""
     return F.trim(F.regexp_replace(F.lower(text), r"[^\p{L}\p{N}]+", " "))
