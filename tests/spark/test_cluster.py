@@ -66,7 +66,11 @@ def test_executors_run_the_venv_python_and_the_shipped_code(spark_cluster, tmp_p
         "import json, sys\n"
         "from spark_jobs.session import build_session\n"
         "from spark_jobs.settings import SparkSettings\n"
-        "spark = build_session(SparkSettings(master=sys.argv[1], progress=False))\n"
+        # Wait for both executors before the first job (else a late second executor gets no task):
+        # standalone mode counts expected cores only with spark.cores.max.
+        "conf = {'spark.cores.max': '2', 'spark.scheduler.minRegisteredResourcesRatio': '1.0',\n"
+        "        'spark.scheduler.maxRegisteredResourcesWaitingTime': '120s'}\n"
+        "spark = build_session(SparkSettings(master=sys.argv[1], progress=False, conf=conf))\n"
         "def where(_):\n"
         "    import os, sys, spark_jobs, schemas.records\n"
         "    yield [spark_jobs.__file__, schemas.records.__file__, sys.executable, os.getcwd(),\n"
