@@ -97,7 +97,10 @@ class PromptRequest:
     reply_to: str | None = None
     reply_partition: int | None = None
     priority: Priority = Priority.INTERACTIVE
-    schema_version: int = 2
+    # v3: when the asker stops waiting (epoch ms); None = no deadline. A tier that takes the
+    # request after it answers "expired" instead of serving it.
+    deadline_at: int | None = None
+    schema_version: int = 3
 
 
 @dataclass(slots=True, kw_only=True)
@@ -116,7 +119,8 @@ class InferenceRequest:
     reply_partition: int | None = None
     context_tokens: int = 0
     recalled_turn_ids: list[str] = field(default_factory=list)
-    schema_version: int = 1
+    deadline_at: int | None = None  # v2: carried over from the PromptRequest
+    schema_version: int = 2
 
 
 @dataclass(slots=True, kw_only=True)

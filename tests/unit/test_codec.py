@@ -73,6 +73,25 @@ def test_prompt_request_v1_gets_default_priority():
     assert codec.decode(codec.encode_dict("PromptRequest", old, version=1)).priority == records.Priority.INTERACTIVE
 
 
+@pytest.mark.parametrize("name, old_version", [("PromptRequest", 2), ("InferenceRequest", 1)])
+def test_requests_without_deadline_read_as_no_deadline(name, old_version):
+    """Producers of the versions before deadlines (PromptRequest v2, InferenceRequest v1) must still be
+    read, as requests without a deadline (None), not rejected or given a deadline of 0 (= expired)."""
+    from schemas.codec import to_avro_dict
+
+    req = next(r for r in sample_records() if type(r).__name__ == name)
+    old = {k: v for k, v in to_avro_dict(req).items() if k != "deadline_at"}
+    old["schema_version"] = old_version
+    decoded = codec.decode(codec.encode_dict(name, old, version=old_version))
+    assert decoded.deadline_at is None and decoded.request_id == req.request_id
+    with_deadline = codec.decode(codec.encode(type(req)(**{**_fields(req), "deadline_at": 1_700_000_000_123})))
+    assert with_deadline.deadline_at == 1_700_000_000_123
+
+
+def _fields(record) -> dict:
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
 def test_named_errors_for_bad_bytes():
     """Each way bytes can be wrong raises DecodeError (never a fastavro/struct exception)."""
     good = codec.encode(sample_records()[0])
@@ -236,10 +255,11 @@ def test_symbol_unknown_to_the_record_enum_is_a_decode_error(tmp_path):
 
     for path in SCHEMA_DIR.glob("*.avsc"):
         shutil.copy(path, tmp_path)
-    v3 = json.loads((SCHEMA_DIR / "PromptRequest.v2.avsc").read_text())
-    priority = next(f for f in v3["fields"] if f["name"] == "priority")
+    latest = default_registry().latest("PromptRequest").version
+    newer_schema = json.loads((SCHEMA_DIR / f"PromptRequest.v{latest}.avsc").read_text())
+    priority = next(f for f in newer_schema["fields"] if f["name"] == "priority")
     priority["type"]["symbols"].append("BULK")
-    (tmp_path / "PromptRequest.v3.avsc").write_text(json.dumps(v3))
+    (tmp_path / f"PromptRequest.v{latest + 1}.avsc").write_text(json.dumps(newer_schema))
     newer = AvroCodec(SchemaRegistry(tmp_path))
     data = newer.encode_dict("PromptRequest", {**to_avro_dict(_prompt()), "priority": "BULK"})
     with pytest.raises(DecodeError, match="BULK"):
