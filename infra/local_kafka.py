@@ -21,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from infra.services import alive
 from infra.settings import StackSettings
@@ -113,9 +114,9 @@ class LocalKafka:
     # --- inspection ------------------------------------------------------------------------
     def pid(self) -> int | None:
         """Pid of this state folder's broker if it is alive (and really is our broker)."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
+        try:  # "<pid>" (LocalKafka.up) or "<pid> <start time>" (the stack's supervisor)
+            pid = int(self.pid_file.read_text().split()[0])
+        except (FileNotFoundError, ValueError, IndexError):
             return None
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
@@ -136,31 +137,45 @@ class LocalKafka:
     def up(self) -> bool:
         """Start the broker and wait until it answers. Returns False if it was already running."""
         if self.pid() is not None:
-            self._wait_ready(self.pid())
+            self.wait_ready(self.pid())
             return False
+        self.check_ports()
+        command = self.prepare()
+        with open(self.stdout_file, "ab") as out:
+            proc = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.dir, start_new_session=True,  # survives the CLI; `down` stops it
+            )
+        self.pid_file.write_text(str(proc.pid))
+        try:
+            self.wait_ready(proc.pid, lambda: None if proc.poll() is None else f"exited with code {proc.returncode}")
+        except BrokerStartError:
+            if proc.poll() is not None:
+                self.pid_file.unlink(missing_ok=True)
+            raise
+        return True
+
+    def check_ports(self) -> None:
+        """Fail at once, naming the port, when another program holds the client or controller port."""
         for port in (self.settings.kafka_port, self.settings.controller_port):
             if port_open(self.settings.host, port):
                 raise PortInUseError(
                     f"port {port} on {self.settings.host} is already in use by another program; "
                     "stop it or choose other ports with --kafka-port/--controller-port "
                     "(CHATPIPE_KAFKA_PORT/CHATPIPE_CONTROLLER_PORT)")
+
+    def prepare(self) -> list[str]:
+        """Jars, ``server.properties`` and a formatted log dir; returns the broker's command line
+        (run it in ``self.dir`` with stdout to ``self.stdout_file``)."""
         lib = ensure_jars(self.settings)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         props = self._write_config()
         if not (self.data_dir / "meta.properties").exists():
             self._format_storage(lib, props)
-        with open(self.stdout_file, "ab") as out:
-            proc = subprocess.Popen(
-                [self.settings.java, f"-Xmx{self.settings.kafka_heap}", "-Xms128m", "-XX:+UseG1GC",
-                 "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.logs_dir}",
-                 f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
-                 "-cp", f"{lib}/*", "kafka.Kafka", str(props)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.dir, start_new_session=True,  # survives the CLI; `down` stops it
-            )
-        self.pid_file.write_text(str(proc.pid))
-        self._wait_ready(proc.pid, proc)
-        return True
+        return [self.settings.java, f"-Xmx{self.settings.kafka_heap}", "-Xms128m", "-XX:+UseG1GC",
+                "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.logs_dir}",
+                f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+                "-cp", f"{lib}/*", "kafka.Kafka", str(props)]
 
     def _write_config(self) -> Path:
         s = self.settings
@@ -212,19 +227,20 @@ class LocalKafka:
         if proc.returncode != 0:
             raise BrokerStartError(f"formatting {self.data_dir} failed:\n{proc.stdout}{proc.stderr}")
 
-    def _wait_ready(self, pid: int, proc: subprocess.Popen | None = None) -> None:
+    def wait_ready(self, pid: int | None, exited: Callable[[], str | None] = lambda: None) -> None:
+        """Wait until the broker answers; ``exited()`` says how it ended once it has ("exited with code 1")."""
         deadline = time.monotonic() + self.settings.start_timeout_s
         while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                self.pid_file.unlink(missing_ok=True)
+            if (reason := exited()) is not None:
+                said = f"was {reason}" if reason.startswith("killed") else reason
                 raise BrokerStartError(
-                    f"the Kafka broker exited with code {proc.returncode} while starting. "
+                    f"the Kafka broker {said} while starting. "
                     f"Last lines of {self.logs_dir}:\n{_tail(self.stdout_file)}\n{_tail(self.logs_dir / 'server.log')}")
             if port_open(self.settings.host, self.settings.kafka_port) and self.answers():
                 return
             time.sleep(0.3)
         raise BrokerStartError(
-            f"the Kafka broker (pid {pid}) did not answer on {self.settings.bootstrap_servers} within "
+            f"the Kafka broker{f' (pid {pid})' if pid else ''} did not answer on {self.settings.bootstrap_servers} within "
             f"{self.settings.start_timeout_s:.0f}s. Last lines of its log:\n{_tail(self.logs_dir / 'server.log')}")
 
     def answers(self) -> bool:

@@ -1,19 +1,20 @@
-"""One background service of the local stack: a detached ``python -m chatpipe.cli <cmd>`` process.
+"""One background service of the local stack: its pid file, its log, how it is stopped.
 
-``ServiceProcess`` starts it (its own session, so it outlives ``chatpipe up``; stdout and stderr
-to ``<state>/logs/<name>.log``), remembers it in ``<state>/run/<name>.pid`` and stops it
-(SIGTERM, SIGKILL only after a timeout). Whether it is *healthy* is not known here: the stack
-(``infra.stack``) asks each service in its own way.
+A service is a detached ``python -m chatpipe.cli <cmd>`` process that the stack's supervisor
+(``infra.supervisor``) starts in its own session, with stdout and stderr appended to
+``<state>/logs/<name>.log`` and ``"<pid> <start time>"`` in ``<state>/run/<name>.pid``.
+``ServiceProcess`` finds it from those files alone (any process may ask: ``status``, ``down``) and
+stops it (SIGTERM, SIGKILL only after a timeout). Whether it is *healthy* is not known here: the
+stack (``infra.stack``) asks each service in its own way.
 
-Not here: what each service is started with (``infra.stack``), the Kafka broker (``infra.local_kafka``).
+Not here: what each service is started with (``infra.stack``), starting and restarting
+(``infra.supervisor``), the Kafka broker (``infra.local_kafka``).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ class StopResult:
     seconds: float
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the pid,
     it names one process for good, so a recycled pid is never taken for our service."""
     try:
@@ -53,6 +54,33 @@ def alive(pid: int) -> bool:
     return True
 
 
+def write_pid_file(path: Path, pid: int) -> None:
+    """``"<pid> <start time>"``, replaced atomically (a reader never sees half a line)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(f"{pid} {start_time(pid) or '0'}\n")
+    tmp.replace(path)
+
+
+def pid_in(path: Path) -> int | None:
+    """The pid a pid file names, running or not (``"<pid>"`` or ``"<pid> <start time>"``)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
+def read_pid_file(path: Path) -> int | None:
+    """The pid a ``write_pid_file`` file names, if that very process still runs."""
+    try:
+        pid_text, started = path.read_text().split()
+        pid = int(pid_text)
+    except (FileNotFoundError, ValueError):
+        return None
+    if start_time(pid) != started or not alive(pid):
+        return None
+    return pid
+
+
 def tail(path: Path, lines: int = 20) -> str:
     if not path.exists():
         return f"({path} does not exist)"
@@ -68,40 +96,10 @@ class ServiceProcess:
         self.settings = settings
         self.pid_file = settings.run_dir / f"{name}.pid"
         self.log_file = settings.logs_dir / f"{name}.log"
-        self._proc: subprocess.Popen | None = None
 
     def pid(self) -> int | None:
         """The service's pid if the process the pid file names still runs."""
-        if self._proc is not None and self._proc.poll() is not None:
-            return None  # our own child has exited; poll() reaped it and kept its exit code
-        try:
-            pid_text, started = self.pid_file.read_text().split()
-            pid = int(pid_text)
-        except (FileNotFoundError, ValueError):
-            return None
-        if _start_time(pid) != started or not alive(pid):
-            return None
-        return pid
-
-    def start(self, command: list[str], env: dict[str, str] | None = None) -> int:
-        """Start ``chatpipe <command...>`` in the background (``env`` added to ours); returns its pid."""
-        self.settings.logs_dir.mkdir(parents=True, exist_ok=True)
-        self.settings.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "ab") as log:
-            log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} chatpipe {' '.join(command)}\n".encode())
-            log.flush()
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "chatpipe.cli", *command],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
-                start_new_session=True,  # outlives `chatpipe up`, not hit by its Ctrl-C; `down` stops it
-            )
-        started = _start_time(self._proc.pid) or "0"
-        self.pid_file.write_text(f"{self._proc.pid} {started}\n")
-        return self._proc.pid
-
-    def exit_code(self) -> int | None:
-        """The exit code if this object started the process and it has exited."""
-        return self._proc.poll() if self._proc is not None else None
+        return read_pid_file(self.pid_file)
 
     def stop(self, timeout_s: float) -> StopResult:
         pid = self.pid()

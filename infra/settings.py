@@ -19,7 +19,7 @@ _EVERY_SERVICE = ("kafka", "streams", "inference", "gateway")
 PERSISTED_FIELDS: dict[str, tuple[str, ...]] = {
     "host": _EVERY_SERVICE, "topic_prefix": _EVERY_SERVICE,
     "kafka_port": ("kafka",), "controller_port": ("kafka",), "kafka_heap": ("kafka",), "brokers": ("kafka",),
-    "gateway_port": ("gateway",), "worker_metrics_port": ("inference",),
+    "gateway_port": ("gateway",), "worker_metrics_port": ("inference",), "qdrant_url": ("streams",),
 }
 
 
@@ -51,11 +51,21 @@ class StackSettings(BaseSettings):
     gateway_port: int = Field(8000, ge=1, le=65535, description="Gateway HTTP port (OpenAI API, /healthz)")
     worker_metrics_port: int = Field(9464, ge=1, le=65535, description="Inference worker's /metrics port")
     topic_prefix: str = Field("", description="Topic name prefix of every service of the stack")
+    qdrant_url: str | None = Field(None, description="Qdrant server URL(s) for the streams worker's memory "
+                                                     "(`chatpipe streams --qdrant-url`); empty = Qdrant local "
+                                                     "mode in <state>/qdrant")
     start_timeout_s: float = Field(90.0, gt=0, description="How long `up` waits for the broker to answer")
     service_start_timeout_s: float = Field(
         300.0, gt=0, description="How long `up` waits for one service (streams, inference, gateway) to be healthy; "
                                  "the first start loads models on a busy machine")
     stop_timeout_s: float = Field(30.0, gt=0, description="How long `down` waits after SIGTERM before SIGKILL")
+    # The supervisor (`infra.supervisor`): a service that exits is started again after a delay that
+    # doubles per exit, from restart_backoff_s up to restart_backoff_max_s, and falls back to
+    # restart_backoff_s once the service has run restart_backoff_reset_s without exiting.
+    restart_backoff_s: float = Field(1.0, gt=0, description="Delay before the first restart of a service that exited")
+    restart_backoff_max_s: float = Field(30.0, gt=0, description="Longest delay between restarts")
+    restart_backoff_reset_s: float = Field(60.0, gt=0, description="A service that ran this long restarts after "
+                                                                   "restart_backoff_s again")
 
     @field_validator("state_dir")
     @classmethod
@@ -64,6 +74,14 @@ class StackSettings(BaseSettings):
         if value.exists() and not value.is_dir():
             raise ValueError(f"{value} is a file, not a folder; choose another --state-dir / CHATPIPE_STATE_DIR")
         return value
+
+    @field_validator("qdrant_url")
+    @classmethod
+    def _empty_url_is_local_mode(cls, value: str | None) -> str | None:
+        # `--qdrant-url ''` takes a stack back to local mode (a saved URL would be used otherwise).
+        if value is None or not value.strip():
+            return None
+        return value.strip()
 
     @property
     def bootstrap_servers(self) -> str:
@@ -80,7 +98,7 @@ class StackSettings(BaseSettings):
 
     @property
     def run_dir(self) -> Path:
-        """``<service>.pid`` of every service but Kafka."""
+        """``<service>.pid`` of every service but Kafka; the supervisor's pid, spec and state files."""
         return self.state_dir.resolve() / "run"
 
     @property

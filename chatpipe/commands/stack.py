@@ -1,6 +1,8 @@
-"""``chatpipe up | down | status``: the local stack (Kafka, streams, inference worker, gateway).
+"""``chatpipe up | down | status | restart | stop``: the local stack (Kafka, streams, inference worker,
+gateway), and ``chatpipe supervise``, the supervisor ``up`` starts in the background.
 
-The work is in ``infra.stack``; this module turns flags into ``StackSettings`` and prints.
+The work is in ``infra.stack`` and ``infra.supervisor``; this module turns flags into ``StackSettings``
+and prints.
 """
 
 from __future__ import annotations
@@ -19,18 +21,29 @@ ControllerPort = Annotated[Optional[int], typer.Option("--controller-port", help
 GatewayPort = Annotated[Optional[int], typer.Option("--gateway-port", help="Gateway HTTP port [env CHATPIPE_GATEWAY_PORT; default 8000]")]
 MetricsPort = Annotated[Optional[int], typer.Option("--worker-metrics-port", help="Inference worker /metrics port [env CHATPIPE_WORKER_METRICS_PORT; default 9464]")]
 Brokers = Annotated[Optional[int], typer.Option("--brokers", help="Kafka nodes: 1 = one broker; 3 = a KRaft cluster (nodes on CHATPIPE_CLUSTER_BASE_PORT, default 9192-9197; catalog replicated 3 ways, min.insync.replicas 2) [env CHATPIPE_BROKERS; default 1]")]
+QdrantUrl = Annotated[Optional[str], typer.Option("--qdrant-url", help="Qdrant server URL(s) for the streams worker's memory, instead of local mode in <state>/qdrant; kept with the state folder, '' goes back to local mode [env CHATPIPE_QDRANT_URL; default: local mode]")]
+Names = Annotated[list[str], typer.Argument(help="Services: kafka, streams, inference, gateway", show_default=False)]
 Only = Annotated[Optional[str], typer.Option("--only", help="Start only these, comma-separated: kafka (broker + topics), streams, inference, gateway; Kafka always [default: all]")]
 
 
 def _open(state_dir, kafka_port=None, controller_port=None, gateway_port=None, worker_metrics_port=None,
-          brokers=None):
+          brokers=None, qdrant_url=None):
     from infra.settings import StackSettings
     from infra.stack import LocalStack
 
     settings = build_settings(StackSettings, state_dir=state_dir, kafka_port=kafka_port,
                               controller_port=controller_port, gateway_port=gateway_port,
-                              worker_metrics_port=worker_metrics_port, brokers=brokers)
+                              worker_metrics_port=worker_metrics_port, brokers=brokers, qdrant_url=qdrant_url)
     return LocalStack.open(settings)
+
+
+def _parse_names(names: list[str]) -> list[str]:
+    from infra.stack import ALL, StackError
+
+    unknown = [n for n in names if n not in ALL]
+    if unknown or not names:
+        raise StackError(f"no service {', '.join(unknown) or 'named'}; choose from {', '.join(ALL)}")
+    return [n for n in ALL if n in names]  # in start order
 
 
 def _parse_only(only: str | None) -> list[str] | None:
@@ -45,22 +58,24 @@ def _parse_only(only: str | None) -> list[str] | None:
     return names
 
 
+def _on_ready(health, started, seconds):
+    verb = "started" if started else "already running"
+    console.print(f"[green]✓[/] {health.name:9} {verb}: pid {health.pid}, {health.address}  "
+                  f"[dim]({seconds:.1f} s, log {health.log})[/]")
+
+
 def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port: ControllerPort = None,
        gateway_port: GatewayPort = None, worker_metrics_port: MetricsPort = None, only: Only = None,
-       brokers: Brokers = None) -> None:
-    """Start the stack in the background (what is not running yet) and wait until each service is healthy."""
+       brokers: Brokers = None, qdrant_url: QdrantUrl = None) -> None:
+    """Start the stack in the background (what is not running yet) under its supervisor, which starts a
+    service again when it exits; wait until each service is healthy."""
     import time
 
     wanted = _parse_only(only)
-    stack = _open(state_dir, kafka_port, controller_port, gateway_port, worker_metrics_port, brokers)
+    stack = _open(state_dir, kafka_port, controller_port, gateway_port, worker_metrics_port, brokers, qdrant_url)
     s = stack.settings
     began = time.monotonic()
     with console.status(f"starting Kafka on {stack.bootstrap_servers} (first run fetches jars with mvn)...") as spinner:
-
-        def on_ready(health, started, seconds):
-            verb = "started" if started else "already running"
-            console.print(f"[green]✓[/] {health.name:9} {verb}: pid {health.pid}, {health.address}  "
-                          f"[dim]({seconds:.1f} s, log {health.log})[/]")
 
         def on_topics(changes):
             console.print(f"  topic catalog applied: {len(changes)} change(s)")
@@ -72,7 +87,7 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
             spinner.update(f"waiting for {waiting} ... {seconds:.0f} s")
 
         try:
-            stack.up(wanted, on_ready=on_ready, on_topics=on_topics, on_wait=on_wait)
+            stack.up(wanted, on_ready=_on_ready, on_topics=on_topics, on_wait=on_wait)
         except KeyboardInterrupt:
             # The services run in their own sessions: Ctrl-C stopped the waiting, not them.
             console.print("interrupted: what was started keeps running; `chatpipe status` / `chatpipe down`")
@@ -81,41 +96,140 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
         from infra.local_keys import first_key
 
         console.print(f"gateway: {s.gateway_url}/v1  API key {first_key(s.keys_file)}  (in {s.keys_file})")
+    _print_supervisor(stack)
     console.print(f"stack up in {time.monotonic() - began:.1f} s; `chatpipe status` shows it, `chatpipe down` stops it")
+
+
+def _print_supervisor(stack) -> None:
+    from infra.stack import ALL
+
+    pid, supervised, running = stack.supervisor.pid(), stack.supervised(), stack.running_services()
+    unsupervised = [n for n in ALL if n in running and not (n in supervised and supervised[n].wanted)]
+    if stack.settings.brokers > 1 and "kafka" in unsupervised:
+        unsupervised.remove("kafka")  # a cluster's nodes are never supervised (`chatpipe cluster node ...`)
+    if pid is not None:
+        console.print(f"supervisor: pid {pid}, starts a service again when it exits  [dim](log {stack.supervisor.log_file})[/]")
+    elif (last := stack.supervisor.state()) is not None and last.phase not in ("idle", "released"):
+        why = {"running": "it ended without stopping its services: killed?",
+               "stopped": "SIGTERM stopped it and its services"}.get(last.phase, last.phase)
+        console.print(f"[yellow]supervisor: not running[/] ({why}; see {stack.supervisor.log_file}); a service "
+                      "that exits is not started again until `chatpipe up` starts the supervisor")
+    if unsupervised and (pid is not None or stack.supervisor.state() is None):
+        console.print(f"[yellow]not supervised:[/] {', '.join(unsupervised)} (started without the supervisor, e.g. by "
+                      "an older chatpipe; `chatpipe down` then `chatpipe up` puts them under it)")
+
+
+def _on_stopped(result):
+    if result.outcome == "not running":
+        console.print(f"{result.name:9} was not running")
+    else:
+        how = "stopped (SIGTERM)" if result.outcome == "stopped" else "[red]killed (SIGKILL after SIGTERM timeout)[/]"
+        console.print(f"{result.name:9} {how}: pid {result.pid}, {result.seconds:.1f} s")
 
 
 def down(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port: ControllerPort = None,
          gateway_port: GatewayPort = None, worker_metrics_port: MetricsPort = None, brokers: Brokers = None) -> None:
-    """Stop gateway, inference, streams, then Kafka (SIGTERM; SIGKILL only after the stop timeout)."""
+    """Stop the supervisor (nothing is restarted), then gateway, inference, streams, then Kafka (SIGTERM;
+    SIGKILL only after the stop timeout)."""
     stack = _open(state_dir, kafka_port, controller_port, gateway_port, worker_metrics_port, brokers)
 
-    def on_stopped(result):
-        if result.outcome == "not running":
-            console.print(f"{result.name:9} was not running")
-        else:
-            how = "stopped (SIGTERM)" if result.outcome == "stopped" else "[red]killed (SIGKILL after SIGTERM timeout)[/]"
-            console.print(f"{result.name:9} {how}: pid {result.pid}, {result.seconds:.1f} s")
+    def on_released(pid):
+        console.print(f"supervisor stopped: pid {pid} (services are no longer restarted)" if pid
+                      else "supervisor was not running")
 
-    stack.down(on_stopped)
+    stack.down(_on_stopped, on_released)
+
+
+def restart(names: Names, state_dir: StateDir = None) -> None:
+    """Stop (SIGTERM) and start again the named services through the supervisor, and wait until each is
+    healthy; a service stopped by `chatpipe stop` is started. Not counted as a restart, no backoff."""
+    wanted = _parse_names(names)
+    stack = _open(state_dir)
+    with console.status(f"restarting {', '.join(wanted)} ...") as spinner:
+
+        def on_wait(pending, seconds):
+            spinner.update(f"waiting for {', '.join(f'{n} ({why})' for n, why in pending.items())} ... {seconds:.0f} s")
+
+        stack.restart(wanted, on_ready=lambda h, started, s: _on_ready(h, True, s), on_wait=on_wait)
+
+
+def stop(names: Names, state_dir: StateDir = None) -> None:
+    """Stop the named services through the supervisor and keep them stopped (SIGTERM; SIGKILL after the
+    stop timeout) while the rest runs on; `chatpipe restart NAME` or `chatpipe up` starts one again."""
+    wanted = _parse_names(names)
+    _open(state_dir).stop(wanted, _on_stopped)
+
+
+def supervise(state_dir: StateDir = None) -> None:
+    """Run the stack's supervisor in the foreground (`chatpipe up` starts it in the background): start and
+    restart the services of <state>/run/supervisor-spec.json until SIGTERM (stops them all) or SIGUSR1
+    (leaves them running)."""
+    from infra.settings import StackSettings
+    from infra.supervisor import main
+
+    raise typer.Exit(code=main(build_settings(StackSettings, state_dir=state_dir)))
+
+
+AsJson = Annotated[bool, typer.Option("--json", help="One JSON object on stdout instead of tables: supervisor, services (health, pid, restarts, last exit with its log lines), groups, topics")]
+
+
+def _status_json(stack, healths) -> dict:
+    from dataclasses import asdict
+
+    from transport.errors import TransportError
+
+    state = stack.supervisor.state()
+    data = {"state_dir": str(stack.settings.state_dir),
+            "supervisor": {"pid": stack.supervisor.pid(), "phase": state.phase if state else None,
+                           "log": str(stack.supervisor.log_file)},
+            "services": [{"name": h.name, "healthy": h.healthy, "state": h.state, "detail": h.detail, "pid": h.pid,
+                          "supervised": h.supervised, "restarts": h.restarts,
+                          "last_exit": asdict(h.last_exit) if h.last_exit else None,
+                          "address": h.address, "log": str(h.log)} for h in healths],
+            "groups": [], "topics": []}
+    if healths[0].healthy:
+        try:
+            data["groups"] = [asdict(g) for g in stack.admin().group_lags()]
+            data["topics"] = [{**asdict(t), "messages": t.messages} for t in stack.admin().describe()]
+        except TransportError as exc:
+            data["error"] = str(exc)
+    return data
 
 
 def status(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port: ControllerPort = None,
-           gateway_port: GatewayPort = None, worker_metrics_port: MetricsPort = None, brokers: Brokers = None) -> None:
-    """Each service's health, pid, address and log; on a cluster each node, the controller leader and every
-    partition's leader and in-sync replicas; consumer groups with their lag; topics. Exit 1 if one is down."""
+           gateway_port: GatewayPort = None, worker_metrics_port: MetricsPort = None, brokers: Brokers = None,
+           as_json: AsJson = False) -> None:
+    """Each service's health, pid, restarts, last exit, address and log; on a cluster each node, the controller
+    leader and every partition's leader and in-sync replicas; consumer groups with their lag; topics. Exit 1
+    if one is down."""
+    import json
+
     from transport.errors import TransportError
 
     stack = _open(state_dir, kafka_port, controller_port, gateway_port, worker_metrics_port, brokers)
     healths = stack.status()
+    down = [h.name for h in healths if not h.healthy and h.state != "not started"]
+    if as_json:
+        data = _status_json(stack, healths)
+        typer.echo(json.dumps(data, indent=1))
+        if down or "error" in data:
+            raise typer.Exit(code=1)
+        return
     table = Table(title=f"chatpipe local stack ({stack.settings.state_dir})")
-    for col in ("service", "health", "pid", "address", "log"):
+    for col in ("service", "health", "pid", "restarts", "last exit", "address", "log"):
         table.add_column(col, overflow="fold")  # a path cut with "…" cannot be copied
     colour = {"healthy": "green", "not started": "dim"}
     for h in healths:
         state = h.state + (f": {h.detail}" if h.detail else "")
-        table.add_row(h.name, f"[{colour.get(h.state, 'red')}]{state}[/]", str(h.pid or "-"), h.address, str(h.log))
+        restarts = "-" if h.restarts is None else str(h.restarts)
+        table.add_row(h.name, f"[{colour.get(h.state, 'red')}]{state}[/]", str(h.pid or "-"), restarts,
+                      _last_exit(h.last_exit), h.address, str(h.log))
     console.print(table)
-    down = [h.name for h in healths if not h.healthy and h.state != "not started"]
+    _print_supervisor(stack)
+    for h in healths:  # a service that is down now: why it went, from the end of its log
+        if not h.healthy and h.last_exit is not None and not h.last_exit.requested and h.last_exit.log_tail:
+            console.print(f"[dim]{h.name}: last lines of its log at that exit:[/]")
+            console.print("\n".join(f"  {line}" for line in h.last_exit.log_tail[-8:]), markup=False, highlight=False)
     if stack.settings.brokers > 1:
         from chatpipe.commands.cluster import print_cluster_status
         from infra.cluster_broker import cluster_settings
@@ -146,7 +260,22 @@ def status(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_
         raise typer.Exit(code=1)
 
 
+def _last_exit(exit_) -> str:
+    """"killed by SIGKILL, 12 s ago (ran 40 s)"; "-" when it never exited."""
+    import time
+
+    if exit_ is None:
+        return "-"
+    ago = time.time() - exit_.at
+    when = f"{ago:.0f} s" if ago < 120 else f"{ago / 60:.0f} min" if ago < 7200 else f"{ago / 3600:.0f} h"
+    asked = ", on request" if exit_.requested else ""
+    return f"{exit_.reason}{asked}, {when} ago (ran {exit_.ran_s:.0f} s)"
+
+
 def register(app: typer.Typer) -> None:
     app.command()(up)
     app.command()(down)
     app.command()(status)
+    app.command()(restart)
+    app.command()(stop)
+    app.command(hidden=True)(supervise)
