@@ -59,6 +59,7 @@ class WorkerState(StrEnum):
     SERVING = "SERVING"
     DRAINING = "DRAINING"
     STOPPED = "STOPPED"
+    FAILED = "FAILED"  # v2 of WorkerStatus: an infrastructure fault or a dead thread; the process exits
 
 
 @dataclass(slots=True)
@@ -234,7 +235,7 @@ class WorkerStatus:
     kv_cache_total_tokens: int
     tokens_per_s: float
     created_at: int = field(default_factory=now_ms)
-    schema_version: int = 1
+    schema_version: int = 2  # v2: WorkerState FAILED
 
 
 @dataclass(slots=True, kw_only=True)

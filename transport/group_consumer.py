@@ -9,13 +9,34 @@ whole. A service with many messages in flight (the inference worker) instead nee
 - ``pause`` / ``resume`` per partition (backpressure: the fetcher stops, memory stays bounded);
 - ``commit_offsets`` of explicit positions (its own per-partition "lowest unfinished offset").
 
-One thread owns an instance: librdkafka calls the rebalance hooks from inside ``poll_messages``.
-Decoding is the caller's business (raw ``ConsumedMessage``s come out).
+One thread owns an instance: librdkafka calls the rebalance hooks (and ``on_commit``, with the
+broker's answer to each commit) from inside ``poll_messages``. Decoding is the caller's business
+(raw ``ConsumedMessage``s come out).
+
+Consumer errors, by code (``KafkaError.retriable()`` says False for nearly all of them, e.g.
+``UNKNOWN_TOPIC_OR_PART`` while a topic is recreated, so it cannot decide). ``ShareGroupConsumer``
+uses the same table:
+
+| errors | what happens |
+|---|---|
+| ``_PARTITION_EOF`` | ignored (not an error) |
+| broker unreachable: ``_TRANSPORT``, ``_ALL_BROKERS_DOWN``, ``_RESOLVE``, ``_TIMED_OUT``, ``REQUEST_TIMED_OUT``, ``NETWORK_EXCEPTION``, ``BROKER_NOT_AVAILABLE`` | transient |
+| topic or leader moving: ``UNKNOWN_TOPIC_OR_PART``, ``_UNKNOWN_TOPIC``, ``_UNKNOWN_PARTITION``, ``UNKNOWN_TOPIC_ID``, ``INCONSISTENT_TOPIC_ID``, ``LEADER_NOT_AVAILABLE``, ``NOT_LEADER_FOR_PARTITION``, ``FENCED_LEADER_EPOCH``, ``UNKNOWN_LEADER_EPOCH``, ``REPLICA_NOT_AVAILABLE``, ``OFFSET_NOT_AVAILABLE``, ``KAFKA_STORAGE_ERROR`` | transient |
+| group moving: ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS``, ``REBALANCE_IN_PROGRESS``, ``UNKNOWN_MEMBER_ID``, ``ILLEGAL_GENERATION``, ``FENCED_MEMBER_EPOCH``, ``STALE_MEMBER_EPOCH``, ``_ASSIGNMENT_LOST``, ``_MAX_POLL_EXCEEDED`` (librdkafka rejoins at the next poll; the lost partitions go through ``on_lost``) | transient |
+| share sessions: ``SHARE_SESSION_NOT_FOUND``, ``INVALID_SHARE_SESSION_EPOCH``, ``SHARE_SESSION_LIMIT_REACHED``, ``FETCH_SESSION_ID_NOT_FOUND``, ``INVALID_FETCH_SESSION_EPOCH``; quotas: ``THROTTLING_QUOTA_EXCEEDED`` | transient |
+| ``err.fatal()``; authentication / authorisation (``_AUTHENTICATION``, ``SASL_AUTHENTICATION_FAILED``, ``_SSL``, ``TOPIC_/GROUP_AUTHORIZATION_FAILED``); configuration (``INVALID_GROUP_ID``, ``INCONSISTENT_GROUP_PROTOCOL``: e.g. a share group named like a consumer group, ``GROUP_MAX_SIZE_REACHED``, ``UNSUPPORTED_VERSION``, ``_INVALID_ARG``); a lost position (``OFFSET_OUT_OF_RANGE``, ``_AUTO_OFFSET_RESET``); every code not named above | ``TransportError`` |
+
+A transient error is logged and polled through: librdkafka reconnects, refreshes metadata and
+rejoins by itself. ``ErrorBudget`` bounds it: transient errors that keep coming (each less than
+``quiet_s`` after the previous one, no message in between) for longer than ``budget_s`` raise
+``TransportError`` (the infrastructure is away past the retry budget: the caller exits and is
+restarted, docs/architecture.md "Failure policy").
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -27,6 +48,70 @@ from transport.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 PartitionsHook = Callable[[list[tuple[str, int]]], None]
+# The broker's answer to a commit: {(topic, partition): offset} confirmed, and the same of those
+# that failed.
+CommitHook = Callable[[dict[tuple[str, int], int], dict[tuple[str, int], int]], None]
+
+E = KafkaError
+TRANSIENT_CODES = frozenset({
+    # broker unreachable
+    E._TRANSPORT, E._ALL_BROKERS_DOWN, E._RESOLVE, E._TIMED_OUT, E._TIMED_OUT_QUEUE, E.REQUEST_TIMED_OUT,
+    E.NETWORK_EXCEPTION, E.BROKER_NOT_AVAILABLE,
+    # a topic recreated, a leader moving
+    E.UNKNOWN_TOPIC_OR_PART, E._UNKNOWN_TOPIC, E._UNKNOWN_PARTITION, E.UNKNOWN_TOPIC_ID, E.INCONSISTENT_TOPIC_ID,
+    E.LEADER_NOT_AVAILABLE, E.NOT_LEADER_FOR_PARTITION, E.FENCED_LEADER_EPOCH, E.UNKNOWN_LEADER_EPOCH,
+    E.REPLICA_NOT_AVAILABLE, E.OFFSET_NOT_AVAILABLE, E.KAFKA_STORAGE_ERROR,
+    # the group moving (librdkafka rejoins by itself)
+    E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS, E.REBALANCE_IN_PROGRESS,
+    E.UNKNOWN_MEMBER_ID, E.ILLEGAL_GENERATION, E.FENCED_MEMBER_EPOCH, E.STALE_MEMBER_EPOCH, E._ASSIGNMENT_LOST,
+    E._MAX_POLL_EXCEEDED,
+    # share sessions, quotas
+    E.SHARE_SESSION_NOT_FOUND, E.INVALID_SHARE_SESSION_EPOCH, E.SHARE_SESSION_LIMIT_REACHED,
+    E.FETCH_SESSION_ID_NOT_FOUND, E.INVALID_FETCH_SESSION_EPOCH, E.THROTTLING_QUOTA_EXCEEDED,
+})
+
+
+def is_transient(err: KafkaError) -> bool:
+    """True for a consumer error worth polling through (see the table in the module docstring)."""
+    return not err.fatal() and err.code() in TRANSIENT_CODES
+
+
+class ErrorBudget:
+    """How long transient consumer errors may go on before they count as the infrastructure away.
+
+    A streak is a run of transient errors each less than ``quiet_s`` after the previous one, with
+    no message in between (``ok``). librdkafka retries reconnects every ``reconnect.backoff.max.ms``
+    (10 s) at most, so an outage keeps the streak going; errors minutes apart are separate blips.
+    """
+
+    def __init__(self, budget_s: float = 60.0, quiet_s: float = 15.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget_s = budget_s
+        self.quiet_s = quiet_s
+        self._clock = clock
+        self._since: float | None = None  # first error of the current streak
+        self._last = 0.0
+
+    def ok(self) -> None:
+        """A message came: whatever went wrong has recovered."""
+        self._since = None
+
+    def transient(self, where: str, err: KafkaError) -> None:
+        """Log a transient error; ``TransportError`` once the streak is longer than the budget."""
+        now = self._clock()
+        if self._since is None or now - self._last > self.quiet_s:
+            self._since = now
+        self._last = now
+        if now - self._since > self.budget_s:
+            raise TransportError(f"{where}: {err.name()} ({err.str()}) for {now - self._since:.0f} s, past the "
+                                 f"retry budget of {self.budget_s:.0f} s")
+        log.warning("%s: transient consumer error %s (%s); polling on", where, err.name(), err.str())
+
+    def check(self, where: str, err: KafkaError) -> None:
+        """Pass a transient ``err`` (within the budget); raise ``TransportError`` for any other."""
+        if is_transient(err):
+            self.transient(where, err)
+        else:
+            raise TransportError(f"{where}: {err.name()} ({err.str()})")
 
 
 class GroupConsumer:
@@ -39,18 +124,24 @@ class GroupConsumer:
         on_assign: PartitionsHook | None = None,
         on_revoke: PartitionsHook | None = None,
         on_lost: PartitionsHook | None = None,
+        on_commit: CommitHook | None = None,
+        error_budget_s: float = 60.0,
         extra_config: dict[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self._hooks = (on_assign, on_revoke, on_lost or on_revoke)
+        self._on_commit = on_commit
+        self.errors = ErrorBudget(error_budget_s)
         self.assignment: set[tuple[str, int]] = set()
         self._consumer = Consumer({
             **settings.client_config(),
             "group.id": group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
+            # A new group reads what waits from the start (docs/worker.md, "Start position").
             "auto.offset.reset": "earliest",
             "partition.assignment.strategy": "cooperative-sticky",
+            **({"on_commit": self._committed} if on_commit else {}),
             **(extra_config or {}),
         })
         self.topics = list(topics)
@@ -76,6 +167,17 @@ class GroupConsumer:
             self._hooks[2](pairs)
         self.assignment.difference_update(pairs)
 
+    def _committed(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if err is not None and err.code() == KafkaError._NO_OFFSET:
+            return  # nothing was there to commit
+        done, failed = {}, {}
+        for tp in partitions:
+            ((failed if err is not None or tp.error is not None else done))[(tp.topic, tp.partition)] = tp.offset
+        if failed:
+            log.warning("commit failed for %s: %s", sorted(failed), err.str() if err is not None else
+                        "; ".join(tp.error.str() for tp in partitions if tp.error is not None))
+        self._on_commit(done, failed)
+
     def poll_messages(self, max_messages: int, timeout_s: float) -> list[ConsumedMessage]:
         """Up to ``max_messages``; returns as soon as one is there (waits at most ``timeout_s``).
 
@@ -92,12 +194,10 @@ class GroupConsumer:
             err = msg.error()
             if err is None:
                 out.append(ConsumedMessage(msg))
-            elif err.code() == KafkaError._PARTITION_EOF:
-                continue
-            elif err.fatal() or not err.retriable():
-                raise TransportError(f"consumer error on {msg.topic()}: {err.str()}")
-            else:
-                log.warning("retriable consumer error: %s", err.str())
+            elif err.code() != KafkaError._PARTITION_EOF:
+                self.errors.check(f"consumer error on {msg.topic() or self.topics}", err)
+        if out:
+            self.errors.ok()
         return out
 
     def pause(self, partitions: Iterable[tuple[str, int]]) -> None:
@@ -117,14 +217,20 @@ class GroupConsumer:
         self._consumer.seek(TopicPartition(topic, partition, offset))
 
     def commit_offsets(self, offsets: dict[tuple[str, int], int], *, asynchronous: bool = True) -> None:
-        """Commit ``{(topic, partition): next offset to read}``."""
+        """Commit ``{(topic, partition): next offset to read}``. Asynchronous: the broker's answer
+        comes to ``on_commit`` inside a later poll. Synchronous: returns once every partition is
+        committed, else raises ``TransportError``."""
         if not offsets:
             return
         tps = [TopicPartition(t, p, off) for (t, p), off in offsets.items()]
         try:
-            self._consumer.commit(offsets=tps, asynchronous=asynchronous)
+            result = self._consumer.commit(offsets=tps, asynchronous=asynchronous)
         except KafkaException as exc:
             raise TransportError(f"commit of {offsets} failed: {exc}") from exc
+        failed = [tp for tp in (result or []) if tp.error is not None]
+        if failed:
+            raise TransportError("commit failed for " + ", ".join(
+                f"{tp.topic}[{tp.partition}]@{tp.offset}: {tp.error.str()}" for tp in failed))
 
     def committed(self, partitions: Iterable[tuple[str, int]], timeout_s: float = 10.0) -> dict[tuple[str, int], int]:
         tps = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout_s)

@@ -14,6 +14,14 @@ confluent-kafka 2.16's ``ShareConsumer`` is marked preview. What was seen on our
 - acquisitions of released records count as deliveries;
 - records held by a member that dies are redelivered to another member within seconds.
 
+Errors are classified by code as in ``transport.group_consumer`` (its table): transient ones are
+polled through within an ``ErrorBudget``, every other one raises ``TransportError``.
+
+No lock renewal: KIP-1222's ``AcknowledgeType.RENEW`` is not in confluent-kafka 2.16
+(``AcknowledgeType`` has ACCEPT, RELEASE, REJECT only; librdkafka 2.16 has no renew either), so a
+record is held for the group's ``share.record.lock.duration.ms`` at most, and the caller must
+finish within it (the worker sizes and bounds its generations to it, docs/worker.md).
+
 One thread owns an instance. Not here: decoding, dead letters (the caller's policy).
 """
 
@@ -22,9 +30,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable
 
-from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
+from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, ShareConsumer
 
 from transport.errors import TransportError
+from transport.group_consumer import ErrorBudget
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 
@@ -57,10 +66,12 @@ class ShareGroupConsumer:
         group_id: str,
         topics: Iterable[str],
         fetch_max_bytes: int = 16384,
+        error_budget_s: float = 60.0,
         extra_config: dict[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self.group_id = group_id
+        self.errors = ErrorBudget(error_budget_s)
         self._consumer = ShareConsumer({
             **settings.client_config(),
             "group.id": group_id,
@@ -72,19 +83,24 @@ class ShareGroupConsumer:
         self._consumer.subscribe(self.topics)
 
     def poll_messages(self, timeout_s: float) -> list[SharedMessage]:
+        where = f"share consumer {self.group_id} on {self.topics}"
         try:
             batch = self._consumer.poll(timeout_s)
         except KafkaException as exc:
-            raise TransportError(f"share consumer poll on {self.topics}: {exc}") from exc
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is None:
+                raise TransportError(f"{where}: poll failed: {exc}") from exc
+            self.errors.check(where, err)  # raises TransportError unless transient and within the budget
+            return []
         out = []
         for msg in batch:
             err = msg.error()
             if err is None:
                 out.append(SharedMessage(msg))
-            elif err.fatal() or not err.retriable():
-                raise TransportError(f"share consumer error on {msg.topic()}: {err.str()}")
-            else:
-                log.warning("retriable share consumer error: %s", err.str())
+            elif err.code() != KafkaError._PARTITION_EOF:
+                self.errors.check(where, err)
+        if out:
+            self.errors.ok()
         return out
 
     def acknowledge(self, message: SharedMessage, ack: AcknowledgeType) -> None:

@@ -156,8 +156,8 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         except ClientGone:
             service.cancel(sub, "client_disconnected")
             return PlainTextResponse("", status_code=499)
-        except OpenAIError:
-            service.finish(sub, "error")
+        except OpenAIError as exc:
+            service.finish(sub, outcome_of(exc))
             raise
         if not body.stream:
             service.finish(sub, "ok")
@@ -179,6 +179,11 @@ def conversation_of(request: Request, body: ChatCompletionRequest) -> str:
         raise OpenAIError(400, f"conversation id {given[:40]!r}: use 1-128 characters of A-Z a-z 0-9 . _ : @ -",
                           param="metadata.conversation_id", code="invalid_value")
     return given
+
+
+def outcome_of(exc: OpenAIError) -> str:
+    """The ``requests`` metric's outcome of a request answered with ``exc``."""
+    return "expired" if exc.code == "expired" else "error"
 
 
 async def drain(texts: AsyncIterator[str]) -> None:
@@ -227,7 +232,7 @@ async def events(service: GatewayService, sub: Submitted, first: str | None, tex
         yield sse(exc.body())
         yield sse("[DONE]")
         finished = True
-        service.finish(sub, "error")
+        service.finish(sub, outcome_of(exc))
     finally:
         if not finished:  # Starlette cancelled us: the client went away
             service.cancel(sub, "client_disconnected")

@@ -149,6 +149,9 @@ def error_for_chunk(error_code: str | None, error: str | None) -> OpenAIError:
                                 "of the messages or max_tokens.", param="messages", code="context_length_exceeded")
     if error_code == "invalid_request":
         return OpenAIError(400, message, param="messages", code="invalid_value")
+    if error_code == "expired":  # a tier took it after its deadline (the gateway's own 504 time)
+        return OpenAIError(504, f"the request passed its deadline before it was served: {message}",
+                           type="server_error", code="expired")
     if error_code == "cancelled":
         return OpenAIError(503, f"the generation was cancelled: {message}", type="server_error", code="cancelled")
     return OpenAIError(500, message, type="server_error", code=error_code or "internal_error")

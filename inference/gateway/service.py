@@ -1,10 +1,13 @@
 """One request's path through the gateway: a PromptRequest out, its TokenChunks back.
 
 ``submit`` produces the ``PromptRequest`` (keyed by conversation id, reply address = this
-gateway's reply topic) and waits for the broker's acknowledgement; ``replies`` yields the text
-increments as they come; ``cancel`` sends a ``Cancel`` (the client went away, or it timed out)
-so the worker stops generating. ``admit`` refuses new work with 429 while ``max_pending``
-requests are in flight: the backlog is bounded here instead of queueing without limit.
+gateway's reply topic, deadline = when this gateway stops waiting for its first token) and waits
+for the broker's acknowledgement, at most ``delivery_timeout_s`` (then 503: a broker that is away
+frees the request's backlog slot in seconds). ``replies`` yields the text increments as they come
+(``transport.dedupe.AnswerText``: the newest serving attempt wins). ``cancel`` sends a ``Cancel``
+(the client went away, or it timed out) so the worker stops generating. ``admit`` refuses new
+work with 429 while ``max_pending`` requests are in flight: the backlog is bounded here instead
+of queueing without limit.
 
 Not here: HTTP (``app.py``), OpenAI's shapes (``openai_api.py``).
 """
@@ -34,50 +37,15 @@ from schemas.records import (
     SamplingParams,
     TokenChunk,
     new_id,
+    now_ms,
 )
 from transport.acked_producer import AckedProducer
+from transport.dedupe import AnswerText
 from transport.errors import DeliveryError
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 PROMPTS, CANCELS, FEEDBACK = "chat.prompts", "chat.cancels", "chat.feedback"
-
-
-@dataclass
-class AnswerText:
-    """The text to show from a request's chunks, across serving attempts.
-
-    A worker that crashes mid-answer has the request served again (a new attempt, chunks from
-    index 0). The newest attempt wins; what was already shown is not repeated: the new
-    attempt's text is shown from the same character count on (identical for greedy decoding;
-    with sampling the answer continues from the retry's text). Chunks of a retired attempt and
-    duplicates are ignored.
-    """
-
-    attempt: str | None = None
-    retired: set = field(default_factory=set)
-    next_index: int = 0
-    attempt_chars: int = 0
-    shown_chars: int = 0
-
-    def feed(self, reply: Reply) -> str | None:
-        """New text to show ("" for none); None when the chunk is not part of the answer."""
-        chunk = reply.chunk
-        if reply.attempt in self.retired:
-            return None
-        if reply.attempt != self.attempt:
-            if self.attempt is not None or self.next_index:
-                self.retired.add(self.attempt)
-            self.attempt, self.next_index, self.attempt_chars = reply.attempt, 0, 0
-        if chunk.index < self.next_index:
-            return None
-        self.next_index = chunk.index + 1
-        self.attempt_chars += len(chunk.text)
-        new = self.attempt_chars - self.shown_chars
-        if new <= 0:
-            return ""
-        self.shown_chars += new
-        return chunk.text[len(chunk.text) - new:]
 
 
 @dataclass
@@ -87,6 +55,7 @@ class Submitted:
     model: str
     queue: asyncio.Queue
     received_at: float  # perf_counter when the HTTP request arrived
+    deadline_at: int  # epoch ms: no first token by then -> 504 (the PromptRequest's deadline_at)
     created: int = field(default_factory=lambda: int(time.time()))
     final: TokenChunk | None = None
     text_parts: list[str] = field(default_factory=list)
@@ -117,7 +86,8 @@ class GatewayService:
         loop = asyncio.get_running_loop()
         self.reply_topic = await asyncio.to_thread(ensure_reply_topic, self.kafka, self.gateway_id,
                                                    self.settings.reply_retention_ms)
-        self.producer = AckedProducer(self.kafka, codec=self.codec, linger_ms=1.0)
+        self.producer = AckedProducer(self.kafka, codec=self.codec, linger_ms=1.0,
+                                      delivery_timeout_s=self.settings.delivery_timeout_s)
         self.reader = ReplyReader(self.kafka, self.reply_topic, self.codec)
         await asyncio.to_thread(self.reader.start, loop)
         log.info("gateway %s: replies on %s", self.gateway_id, self.reply_topic)
@@ -153,12 +123,18 @@ class GatewayService:
             sampling.temperature = body.temperature
         if body.top_p is not None:
             sampling.top_p = body.top_p
+        # The client gets its 504 at the deadline; a tier that takes the request later answers it
+        # as expired instead of generating for nobody (e.g. work re-read after an outage).
+        created_at = now_ms()
+        deadline_at = created_at + round(self.settings.first_chunk_timeout_s * 1000)
         prompt = PromptRequest(
             request_id=request_id, conversation_id=conversation_id, user_id=body.user or principal.user_id,
-            tenant=principal.tenant, model=body.model,
+            tenant=principal.tenant, created_at=created_at, model=body.model,
             messages=[ChatMessage("system" if m.role == "developer" else m.role, m.text()) for m in body.messages],
-            sampling=sampling, stream=body.stream, reply_to=self.reply_topic, reply_partition=0)
-        sub = Submitted(request_id, conversation_id, body.model, self.reader.register(request_id), received_at)
+            sampling=sampling, stream=body.stream, reply_to=self.reply_topic, reply_partition=0,
+            deadline_at=deadline_at)
+        sub = Submitted(request_id, conversation_id, body.model, self.reader.register(request_id), received_at,
+                        deadline_at)
         self.pending[request_id] = sub
         self.metrics.pending.set(len(self.pending))
         try:
@@ -183,14 +159,17 @@ class GatewayService:
         """
         answer = AnswerText()
         while True:
-            timeout = self.settings.first_chunk_timeout_s if sub.first_token_at is None else self.settings.chunk_timeout_s
+            if sub.first_token_at is None:  # until the deadline the PromptRequest carries
+                timeout, waited = max(0.0, (sub.deadline_at - now_ms()) / 1000), self.settings.first_chunk_timeout_s
+            else:
+                timeout = waited = self.settings.chunk_timeout_s
             try:
                 reply: Reply = await asyncio.wait_for(sub.queue.get(), timeout)
             except asyncio.TimeoutError:
                 self.cancel(sub, "gateway_timeout")
-                raise OpenAIError(504, f"no answer from the pipeline within {timeout:.0f} s", type="server_error",
+                raise OpenAIError(504, f"no answer from the pipeline within {waited:g} s", type="server_error",
                                   code="timeout") from None
-            text = answer.feed(reply)
+            text = answer.feed(reply.chunk, reply.attempt)
             if text is None:
                 continue
             chunk = reply.chunk

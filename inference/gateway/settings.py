@@ -26,8 +26,11 @@ class GatewaySettings(BaseSettings):
     models: list[str] = Field(default_factory=lambda: [DEFAULT_MODEL], description="Model ids served")
     max_pending: int = Field(32, ge=1, description="Requests in flight before new ones get 429")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")
-    first_chunk_timeout_s: float = Field(300.0, gt=0, description="Give up (504) when no token came by then")
+    first_chunk_timeout_s: float = Field(300.0, gt=0, description="Give up (504) when no token came by then; "
+                                         "also each PromptRequest's deadline (created_at + this)")
     chunk_timeout_s: float = Field(120.0, gt=0, description="Give up when the stream stalls this long")
+    delivery_timeout_s: float = Field(5.0, gt=0, description="Answer 503 when the broker has not acknowledged "
+                                      "a prompt by then (librdkafka's own default is 300 s)")
     reply_retention_ms: int = Field(60 * 60 * 1000, gt=0, description="Retention of the reply topic")
     log_level: str = Field("info", description="debug, info, warning")
 

@@ -47,13 +47,15 @@ class Generation:
         self.prepared = prepared
         self.on_first_token = on_first_token
         self.cancelled = False
+        self.stop_reason: str | None = None  # why it was cancelled: "cancelled", "deadline", "lock", ...
         self.tokens = 0  # token events received so far
         self.tokens_at_cancel: int | None = None
         self._stream = None
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop at the engine's next step; the first reason given is the one kept."""
         if not self.cancelled:
-            self.cancelled, self.tokens_at_cancel = True, self.tokens
+            self.cancelled, self.tokens_at_cancel, self.stop_reason = True, self.tokens, reason
         if self._stream is not None:
             self._stream.cancel()
 

@@ -7,6 +7,9 @@ from inference.engine.engine import EngineStats
 from schemas.records import WorkerState, WorkerStatus
 
 WORKERS_STATUS = "chat.workers.status"
+# The state a worker reports once a part it cannot serve without has died (it exits right after).
+# WorkerStatus v2: a failed worker says FAILED (readers of later versions read an unknown state as STOPPED, the enum default), never SERVING.
+FAILED_STATE = WorkerState.FAILED
 
 
 def worker_status(worker_id: str, model: str, state: WorkerState, stats: EngineStats, in_flight: int) -> WorkerStatus:

@@ -4,6 +4,9 @@ An intake runs its consumer(s) in its own thread(s): it takes records only while
 says there is room, decodes them, and passes ``WorkItem``s to the event loop. The worker calls
 ``finish(item, outcome)`` once the item's Response (or dead letter) is durable; the intake turns
 that into an offset commit (partition) or an acknowledgement (share).
+
+A thread of an intake that dies reports it through ``failed(exc)`` (on the event loop): the worker
+cannot serve without it and stops (docs/worker.md, "Failure policy").
 """
 
 from __future__ import annotations
@@ -35,9 +38,14 @@ class WorkItem:
     message: ConsumedMessage
     priority: Priority
     record: InferenceRequest | None = None
-    error: Exception | None = None  # DecodeError or TooManyDeliveriesError: dead-letter it
+    # DecodeError (no record) or TooManyDeliveriesError (record when it decodes): dead-letter it
+    error: Exception | None = None
     delivery_count: int | None = None  # share intake only
     taken_at_ms: int = 0
+    # share intake: when the record's acquisition lock runs out (epoch ms, less a margin for the
+    # Response and the ACCEPT): a generation still running then is stopped (finish TIMEOUT), else
+    # the broker would give the record to another worker while it still runs here.
+    lock_until_ms: int | None = None
     revoked: bool = False  # partition taken away: stop, answer nothing, commit nothing
     handed_back: bool = False  # shutdown: stop, answer nothing
     handle: Any = None  # the intake's own bookkeeping
@@ -49,7 +57,7 @@ class WorkItem:
 
 class Intake(Protocol):
     def start(self, loop: asyncio.AbstractEventLoop, dispatch: Callable[[WorkItem], None],
-              revoked: Callable[[list[WorkItem]], None]) -> None: ...
+              revoked: Callable[[list[WorkItem]], None], failed: Callable[[BaseException], None]) -> None: ...
     def finish(self, item: WorkItem, outcome: Outcome) -> None: ...
     def stop_taking(self) -> None: ...
     def close(self) -> None: ...

@@ -6,10 +6,12 @@ prefetched into memory), so memory stays bounded however deep the backlog. The b
 partitions are paused whenever ``Capacity`` gives batch work no room (interactive first).
 
 Offsets: each partition commits up to its lowest unfinished offset (``OffsetTracker``), only for
-items whose Response is durable. On revoke, finished work is committed, then the items of the
-revoked partitions are flagged and handed to the worker to stop, uncommitted: the new owner
-serves them again. Both consumers (one group per priority class) are owned by one thread;
-rebalance hooks run inside their polls.
+items whose Response is durable; a position counts as committed once the broker confirms it
+(``on_commit``), and a failed commit is sent again. On revoke, finished work is committed, then
+the items of the revoked partitions are flagged and handed to the worker to stop, uncommitted:
+the new owner serves them again. Both consumers (one group per priority class) are owned by one
+thread; rebalance hooks run inside their polls. If that thread dies, ``failed`` tells the worker,
+which stops (it cannot take or commit anything more).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from inference.worker.offsets import OffsetTracker
 from inference.worker.settings import WorkerSettings
 from schemas.codec import AvroCodec
 from schemas.records import Priority, now_ms
+from transport.errors import TransportError
 from transport.group_consumer import GroupConsumer
 from transport.settings import KafkaSettings
 
@@ -41,6 +44,7 @@ LAG_EVERY_S = 2.0
 # the window once a record was taken from it (it had its turn) or after WINDOW_S without one (it was
 # empty); the least recently visited partitions fill the free places.
 WINDOW_S = 1.0
+COMMIT_RETRY_S = 1.0  # after a commit that failed at once, wait this long before the next try
 
 
 def partition_group_ids(settings: WorkerSettings) -> dict[Priority, str]:
@@ -68,19 +72,21 @@ class PartitionIntake:
         self._thread: threading.Thread | None = None
         self._consumers: dict[Priority, GroupConsumer] = {}
         self._error: BaseException | None = None
+        self._commit_after = 0.0  # monotonic; commits wait until then after a failed one
 
     # -- called from the event loop ----------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop, dispatch: Callable[[WorkItem], None],
-              revoked: Callable[[list[WorkItem]], None]) -> None:
-        self._loop, self._dispatch, self._revoked_cb = loop, dispatch, revoked
+              revoked: Callable[[list[WorkItem]], None], failed: Callable[[BaseException], None]) -> None:
+        self._loop, self._dispatch, self._revoked_cb, self._failed_cb = loop, dispatch, revoked, failed
         # One group per priority class: a group's assignor balances partition counts over all
         # its topics, so one group on both topics could give one worker every interactive
         # partition and the other every batch partition.
         self._consumers = {
             priority: GroupConsumer(
                 self.kafka, group_id=group, topics=[topic],
-                on_assign=self._on_assign, on_revoke=self._on_revoke,
+                on_assign=self._on_assign, on_revoke=self._on_revoke, on_commit=self._on_commit,
+                error_budget_s=self.settings.kafka_error_budget_s,
                 extra_config={
                     "session.timeout.ms": self.settings.session_timeout_ms,
                     "heartbeat.interval.ms": max(500, self.settings.session_timeout_ms // 6),
@@ -122,6 +128,7 @@ class PartitionIntake:
         try:
             while not self._stop.is_set():
                 self._apply_finished()
+                self._commit_finished()
                 plan = self.capacity.plan()
                 room_i = plan.interactive if self._taking else 0
                 room_b = plan.batch if self._taking else 0
@@ -146,16 +153,55 @@ class PartitionIntake:
                     self._lag = interactive.lag() + batch.lag()
             self._apply_finished()
             for consumer in self._consumers.values():
-                consumer.commit_offsets(self._committable(consumer), asynchronous=False)
-        except BaseException as exc:  # noqa: BLE001 - surfaced by close()
+                self._commit(consumer, asynchronous=False)
+        except BaseException as exc:  # noqa: BLE001 - reported to the worker now, raised again by close()
             log.exception("partition intake failed")
             self._error = exc
+            if not self._stop.is_set():
+                self._report_failure(exc)
         finally:
             for consumer in self._consumers.values():
                 consumer.close()
 
-    def _committable(self, consumer: GroupConsumer) -> dict[tuple[str, int], int]:
-        return self.tracker.committable(consumer.topics)
+    def _report_failure(self, exc: BaseException) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._failed_cb, exc)
+        except RuntimeError:  # the loop is closed: the worker has gone already
+            pass
+
+    # -- commits (intake thread) -------------------------------------------------------------------
+
+    def _commit(self, consumer: GroupConsumer, *, asynchronous: bool) -> None:
+        """Commit the positions of ``consumer``'s partitions that moved. Synchronous: marked committed
+        on return; asynchronous: when the broker's answer comes (``_on_commit``, inside a poll)."""
+        offsets = self.tracker.committable(consumer.topics)
+        if not offsets:
+            return
+        try:
+            consumer.commit_offsets(offsets, asynchronous=asynchronous)
+        except TransportError:
+            for tp, offset in offsets.items():
+                self.tracker.commit_failed(tp, offset)
+            raise
+        if not asynchronous:
+            for tp, offset in offsets.items():
+                self.tracker.commit_succeeded(tp, offset)
+
+    def _commit_finished(self) -> None:
+        if time.monotonic() < self._commit_after:
+            return
+        for consumer in self._consumers.values():
+            try:
+                self._commit(consumer, asynchronous=True)
+            except TransportError:  # offered again after COMMIT_RETRY_S; the group's troubles show in polls
+                log.warning("commit failed; trying again in %.0f s", COMMIT_RETRY_S, exc_info=True)
+                self._commit_after = time.monotonic() + COMMIT_RETRY_S
+
+    def _on_commit(self, done: dict[tuple[str, int], int], failed: dict[tuple[str, int], int]) -> None:
+        for tp, offset in done.items():
+            self.tracker.commit_succeeded(tp, offset)
+        for tp, offset in failed.items():
+            self.tracker.commit_failed(tp, offset)  # offered again on the next loop turn
 
     def _take(self, message, priority: Priority) -> None:
         log.debug("took %s[%s]@%s", message.topic, message.partition, message.offset)
@@ -171,19 +217,19 @@ class PartitionIntake:
         self._loop.call_soon_threadsafe(self._dispatch, item)
 
     def _apply_finished(self) -> None:
-        moved = False
         while True:
             try:
                 item, outcome = self._finished.get_nowait()
             except queue.Empty:
                 break
-            if self._items.pop(item.handle, None) is None or item.revoked:
+            # Identity, not the key: after a revoke and a re-assign the same offset can be taken
+            # again by a new item before the old one finishes; the old finish must not remove the
+            # new item (its own finish would then be dropped and the position never move again).
+            if item.revoked or self._items.get(item.handle) is not item:
                 continue  # its partition was revoked: not ours to commit
+            del self._items[item.handle]
             if outcome is not Outcome.HAND_BACK:
-                moved |= self.tracker.finished(item.partition, item.message.offset)
-        if moved:
-            for consumer in self._consumers.values():
-                consumer.commit_offsets(self._committable(consumer), asynchronous=True)
+                self.tracker.finished(item.partition, item.message.offset)
 
     def _window(self, priority: Priority, room: int) -> set[tuple[str, int]]:
         """The partitions of ``priority`` to fetch from now (see ``WINDOW_S``): none without room, all
@@ -258,7 +304,7 @@ class PartitionIntake:
         consumer = next(c for c in self._consumers.values() if partitions[0][0] in c.topics) if partitions else None
         try:
             if consumer is not None:
-                consumer.commit_offsets(self._committable(consumer), asynchronous=False)
+                self._commit(consumer, asynchronous=False)
         except Exception:  # noqa: BLE001 - the group moved on; the new owner re-serves them
             log.warning("commit on revoke failed; the new owner will serve those requests again", exc_info=True)
         stopped = [item for key, item in self._items.items() if (key[0], key[1]) in gone]

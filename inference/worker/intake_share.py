@@ -8,8 +8,16 @@ Acknowledgements are explicit and per record:
   shutdown for what was not finished, so another worker takes them. Each release costs the
   record a delivery attempt, so a member holds a few over-delivered records (``hold_limit``) for
   up to ``share_hold_s`` and starts them as slots free, and releases the rest at once;
-- a record delivered more than ``max_delivery_attempts`` times goes to the DLQ with the count,
+- a record delivered more than ``max_delivery_attempts`` times is answered (an error final chunk
+  to its reply address when it decodes, an error Response), goes to the DLQ with the count,
   then REJECT.
+
+The record lock: a record is acquired for the group's ``share.record.lock.duration.ms``
+(``share_record_lock_ms``, 60 s) and the client cannot renew it (``transport.share_consumer``).
+A generation still running when the lock runs out would be handed to another worker while it
+still runs here. So each item carries ``lock_until_ms`` (acquisition + lock - ``LOCK_MARGIN_MS``)
+and the worker stops a generation at that moment (finish TIMEOUT); see docs/worker.md for the
+measured longest generation.
 
 librdkafka refuses a poll while records of the previous poll are unacknowledged, and a
 generation holds its record for seconds. So each priority class has a small pool of share
@@ -19,8 +27,9 @@ nothing while an interactive request waits (interactive first). ``fetch.max.byte
 small so a poll brings few records beyond what is taken: every release costs the record a
 delivery attempt.
 
-The group configs (``share.auto.offset.reset=earliest``, a longer record lock, a broker-side
-delivery limit above ours) are set through the admin API at start.
+The group configs (``share.auto.offset.reset=earliest``, the record lock, a broker-side
+delivery limit above ours) are set through the admin API at start. A member thread that dies
+reports it through ``failed``: the worker stops.
 """
 
 from __future__ import annotations
@@ -45,12 +54,16 @@ from transport.share_consumer import ACCEPT, REJECT, RELEASE, ShareGroupConsumer
 log = logging.getLogger(__name__)
 
 ACK_OF = {Outcome.DONE: ACCEPT, Outcome.DEAD: REJECT, Outcome.HAND_BACK: RELEASE}
+# Of the record lock, what is kept for the end of a generation: its Response's broker ack and the
+# ACCEPT's round trip (milliseconds each on a healthy broker; seconds leave room for a slow one).
+LOCK_MARGIN_MS = 5_000
 
 
 def share_group_config(settings: WorkerSettings) -> dict[str, str]:
     return {
         "share.auto.offset.reset": "earliest",  # else a new group skips what already waits
-        "share.record.lock.duration.ms": "60000",  # a generation may hold a record this long
+        # How long a generation may hold its record (the worker stops one that would outlive it).
+        "share.record.lock.duration.ms": str(settings.share_record_lock_ms),
         # The broker archives a record silently at its own limit: keep it above ours, so we
         # dead-letter first (with the count) instead.
         "share.delivery.count.limit": str(min(10, settings.max_delivery_attempts + 2)),
@@ -58,7 +71,9 @@ def share_group_config(settings: WorkerSettings) -> dict[str, str]:
 
 
 def share_group_ids(settings: WorkerSettings) -> dict[Priority, str]:
-    return {Priority.INTERACTIVE: settings.group_id, Priority.BATCH: f"{settings.group_id}.batch"}
+    """Not the partition intake's consumer group ids: Kafka refuses a share group whose id is (or
+    was) a consumer group's, so a switch of ``--intake`` with the same ``group_id`` failed."""
+    return {Priority.INTERACTIVE: f"{settings.group_id}.share", Priority.BATCH: f"{settings.group_id}.share.batch"}
 
 
 class _Member:
@@ -71,7 +86,8 @@ class _Member:
         self.acks: queue.SimpleQueue[tuple[SharedMessage, Outcome]] = queue.SimpleQueue()
         self.wake = threading.Event()
         self.outstanding = 0  # records of the last poll dispatched and not acknowledged yet
-        self.held: list[tuple[SharedMessage, float]] = []  # polled, not started yet (monotonic time)
+        # polled, not started yet: (record, when it was polled (monotonic), when its lock ends (epoch ms))
+        self.held: list[tuple[SharedMessage, float, int]] = []
         self.consumer: ShareGroupConsumer | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self.run, name=f"chatpipe-share-{priority.value.lower()}-{n}",
@@ -82,6 +98,7 @@ class _Member:
         try:
             self.consumer = ShareGroupConsumer(o.kafka, group_id=share_group_ids(o.settings)[self.priority],
                                                topics=[self.topic], fetch_max_bytes=o.settings.share_fetch_max_bytes,
+                                               error_budget_s=o.settings.kafka_error_budget_s,
                                                extra_config={"fetch.wait.max.ms": 5})
             while not o.stopping.is_set():
                 self.apply_acks()
@@ -111,9 +128,11 @@ class _Member:
             self.apply_acks()
             self.release_held(all_of_them=True)
             self.consumer.commit(asynchronous=False)
-        except BaseException as exc:  # noqa: BLE001 - surfaced by close()
+        except BaseException as exc:  # noqa: BLE001 - reported to the worker now, raised again by close()
             log.exception("share intake member %s failed", self.thread.name)
             self.error = exc
+            if not o.stopping.is_set():
+                o.report_failure(exc)
         finally:
             if self.consumer is not None:
                 self.consumer.close()
@@ -121,37 +140,34 @@ class _Member:
     def take(self, messages: list[SharedMessage]) -> None:
         o = self.owner
         released = 0
+        lock_until = now_ms() + o.settings.share_record_lock_ms - LOCK_MARGIN_MS  # acquired just now
         for message in messages:
             count = message.delivery_count
             if count > o.settings.max_delivery_attempts:
-                o.capacity.take(self.priority)  # a dead letter to write: tiny, always taken
-                item = WorkItem(message, self.priority, delivery_count=count, taken_at_ms=now_ms(),
-                                error=TooManyDeliveriesError(
-                                    f"delivered {count} times (limit {o.settings.max_delivery_attempts}); "
-                                    "it failed or was handed back every time"))
+                o.capacity.take(self.priority)  # an answer and a dead letter to write: tiny, always taken
+                self.dispatch(message, lock_until, TooManyDeliveriesError(
+                    f"delivered {count} times (limit {o.settings.max_delivery_attempts}); "
+                    "it failed or was handed back every time"))
             elif o.taking and o.capacity.try_take(self.priority):
-                self.dispatch(message)
-                continue
+                self.dispatch(message, lock_until)
             elif o.taking and len(self.held) < o.hold_limit:
                 # A poll hands out whole producer batches (asked 3, got 30): each record released
                 # now costs it a delivery attempt when it is acquired again, so a few are held for
                 # a moment, to start here as slots free up.
-                self.held.append((message, time.monotonic()))
-                continue
+                self.held.append((message, time.monotonic(), lock_until))
             else:
                 self.consumer.acknowledge(message, RELEASE)  # beyond our free slots: someone else's
                 released += 1
-                continue
-            item.handle = self
-            self.outstanding += 1
-            o.loop.call_soon_threadsafe(o.dispatch, item)
         if released:
             o.released += released
             self.consumer.commit(asynchronous=True)
 
-    def dispatch(self, message: SharedMessage) -> None:
+    def dispatch(self, message: SharedMessage, lock_until_ms: int, error: Exception | None = None) -> None:
         item = decode_item(self.owner.codec, message, self.priority, now_ms())
         item.delivery_count = message.delivery_count
+        item.lock_until_ms = lock_until_ms
+        if error is not None:  # the worker answers it (when it decoded) and dead-letters it with this reason
+            item.error = error
         item.handle = self
         self.outstanding += 1
         self.owner.loop.call_soon_threadsafe(self.owner.dispatch, item)
@@ -159,15 +175,16 @@ class _Member:
     def start_held(self) -> None:
         o = self.owner
         while self.held and o.taking and o.capacity.try_take(self.priority):
-            self.dispatch(self.held.pop(0)[0])
+            message, _, lock_until = self.held.pop(0)
+            self.dispatch(message, lock_until)
         self.release_held(all_of_them=not o.taking)
 
     def release_held(self, *, all_of_them: bool = False) -> None:
         """RELEASE held records: all of them, or those held longer than ``share_hold_s`` (another
         worker may be free; the lock must not run out while they wait here)."""
         limit = time.monotonic() - self.owner.settings.share_hold_s
-        keep = [(m, t) for m, t in self.held if not all_of_them and t > limit]
-        gone = [m for m, t in self.held if all_of_them or t <= limit]
+        keep = [held for held in self.held if not all_of_them and held[1] > limit]
+        gone = [held[0] for held in self.held if all_of_them or held[1] <= limit]
         for message in gone:
             self.consumer.acknowledge(message, RELEASE)
         self.held = keep
@@ -210,13 +227,19 @@ class ShareIntake:
         return (plan.interactive if priority is Priority.INTERACTIVE else plan.batch) > 0
 
     def start(self, loop: asyncio.AbstractEventLoop, dispatch: Callable[[WorkItem], None],
-              revoked: Callable[[list[WorkItem]], None]) -> None:
-        self.loop, self.dispatch = loop, dispatch
+              revoked: Callable[[list[WorkItem]], None], failed: Callable[[BaseException], None]) -> None:
+        self.loop, self.dispatch, self._failed_cb = loop, dispatch, failed
         admin = TopicAdmin(self.kafka)
         for group in share_group_ids(self.settings).values():
             admin.set_share_group_config(group, share_group_config(self.settings))
         for member in self.members:
             member.thread.start()
+
+    def report_failure(self, exc: BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._failed_cb, exc)
+        except RuntimeError:  # the loop is closed: the worker has gone already
+            pass
 
     def finish(self, item: WorkItem, outcome: Outcome) -> None:
         member: _Member = item.handle

@@ -3,10 +3,11 @@ workers in one process (tests) do not collide. ``serve(port)`` exposes ``/metric
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, start_http_server
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1)
+STATES = ("STARTING", "SERVING", "DRAINING", "STOPPED", "FAILED")
 
 
 class WorkerMetrics:
@@ -26,6 +27,9 @@ class WorkerMetrics:
                                   "(-1: not known, share intake)", registry=r)
         self.requests = Counter("chatpipe_worker_requests", "Requests by outcome", ["outcome"], registry=r)
         self.tokens = Counter("chatpipe_worker_generated_tokens", "Output tokens streamed", registry=r)
+        # A scraper must not read "serving" from a worker that has stopped consuming: FAILED from the
+        # moment a thread it needs dies until the process exits.
+        self.state = Enum("chatpipe_worker_state", "Worker state", states=list(STATES), registry=r)
 
     def serve(self, port: int) -> None:
         if port:

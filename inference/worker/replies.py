@@ -11,10 +11,15 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from schemas.records import DeadLetter, FinishReason, Header, InferenceRequest, Response, TokenChunk, now_ms
-from schemas.topics import DLQ
+from confluent_kafka import KafkaException
+
+from inference.worker.errors import ReplyAddressError
+from inference.worker.reply_address import is_reply_fault
+from schemas.records import FinishReason, InferenceRequest, Response, TokenChunk, now_ms
+from transport import dead_letters
 from transport.acked_producer import AckedProducer
 from transport.dedupe import ATTEMPT_HEADER
+from transport.errors import DeliveryError
 from transport.message import ConsumedMessage
 
 RESPONSES = "chat.responses"
@@ -65,12 +70,34 @@ class ReplyStream:
                            index=self.index, text=text, token_ids=[] if token_id is None else [token_id],
                            is_final=final, worker_id=self.worker_id, finish_reason=finish_reason,
                            tokens_in=tokens_in, tokens_out=tokens_out, error_code=error_code, error=error)
-        ack = self.producer.send(self.request.reply_to, chunk, key=self.request.request_id,
-                                 partition=self.request.reply_partition, headers=self.headers(),
-                                 parent_trace=self.parent_trace, want_ack=final)
+        try:
+            ack = self.producer.send(self.request.reply_to, chunk, key=self.request.request_id,
+                                     partition=self.request.reply_partition, headers=self.headers(),
+                                     parent_trace=self.parent_trace, want_ack=final)
+        except KafkaException as exc:  # refused before it was queued (e.g. a partition outside the topic)
+            if not is_reply_fault(exc):
+                raise
+            raise self._fault(exc) from exc
         if final:  # chunks of one partition land in order: the last one's ack covers them all
             self.last_ack = ack
         self.index += 1
+
+    async def delivered(self) -> None:
+        """Wait until the broker has the whole stream. A refusal that is the request's fault (the
+        reply address, the record) raises ``ReplyAddressError``; any other ``DeliveryError`` is the
+        broker's and propagates as it is."""
+        if self.last_ack is None:
+            return
+        try:
+            await self.last_ack
+        except DeliveryError as exc:
+            if not is_reply_fault(exc):
+                raise
+            raise self._fault(exc) from exc
+
+    def _fault(self, exc: BaseException) -> ReplyAddressError:
+        where = f"{self.request.reply_to}[{self.request.reply_partition}]"
+        return ReplyAddressError(f"the reply address {where} refused a chunk: {exc}")
 
     def send_error(self, error_code: str, error: str, finish_reason: FinishReason = FinishReason.ERROR) -> None:
         """A lone final chunk for a request that is not served, so the asker is not left waiting."""
@@ -98,11 +125,4 @@ def send_response(producer: AckedProducer, response: Response, *, attempt: str, 
 def send_dead_letter(producer: AckedProducer, message: ConsumedMessage, error: BaseException,
                      *, delivery_count: int | None = None) -> asyncio.Future:
     """The original record byte for byte, with the reason (and the delivery count when known)."""
-    reason = str(error)
-    headers = [Header(k, v) for k, v in message.headers]
-    if delivery_count is not None:
-        headers.append(Header("chatpipe-delivery-count", str(delivery_count).encode("ascii")))
-    letter = DeadLetter(source_topic=message.topic, source_partition=message.partition, source_offset=message.offset,
-                        key=message.key, value=message.value, headers=headers, error_type=type(error).__name__,
-                        error_message=reason, component=COMPONENT)
-    return producer.send(producer.settings.topic(DLQ), letter, key=message.topic, parent_trace=message.traceparent)
+    return dead_letters.send_dead_letter(producer, message, error, COMPONENT, delivery_count=delivery_count)

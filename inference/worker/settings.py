@@ -24,7 +24,8 @@ class WorkerSettings(BaseSettings):
     worker_id: str = Field(default_factory=_default_worker_id, description="Name in Responses, chunks, heartbeats")
     intake: Literal["partition", "share"] = Field(
         "partition", description="partition: consumer group (conversation affinity); share: share group (any free worker)")
-    group_id: str = Field("chatpipe-inference", description="Consumer group / share group of the workers")
+    group_id: str = Field("chatpipe-inference", description="Consumer group of the workers (partition); share "
+                          "groups are named <group_id>.share (a broker refuses a share group named like a consumer group)")
     max_in_flight: int = Field(0, ge=0, description="Requests taken at once (in the engine); 0 = 2 x engine max_batch")
     interactive_reserve: int = Field(0, ge=0,
                                      description="In-flight slots batch requests may not take; 0 = max_in_flight // 4 (>= 1)")
@@ -33,6 +34,11 @@ class WorkerSettings(BaseSettings):
                                        "(at most 8: the broker's own limit, kept 2 above, caps at 10)")
     share_hold_s: float = Field(3.0, ge=0, description="share: how long over-delivered records wait here for a "
                                 "free slot before they are RELEASEd to other workers")
+    share_record_lock_ms: int = Field(
+        60_000, ge=15_000, le=3_600_000,
+        description="share: the group's record lock (share.record.lock.duration.ms); a generation still running "
+        "shortly before it runs out is stopped (TIMEOUT). Above 60000 the broker's "
+        "group.share.max.record.lock.duration.ms must be raised too")
     share_fetch_max_bytes: int = Field(512, ge=1, description="share: bound on one poll (max.poll.records is not)")
     share_consumers: int = Field(0, ge=0, description="share: consumers per priority class; 0 = max_in_flight // 2 "
                                  "(each holds one poll's records until all are acknowledged)")
@@ -43,6 +49,8 @@ class WorkerSettings(BaseSettings):
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off")
     session_timeout_ms: int = Field(6000, ge=1000, description="partition: group session timeout (crash detection)")
     cancel_memory: int = Field(10_000, ge=0, description="Cancels remembered for requests not seen yet")
+    kafka_error_budget_s: float = Field(60.0, gt=0, description="How long transient consumer errors (broker "
+                                        "away, topic recreated) may go on before the worker exits non-zero")
 
     @model_validator(mode="after")
     def _check(self) -> "WorkerSettings":

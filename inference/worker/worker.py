@@ -1,11 +1,19 @@
 """The inference worker: requests from Kafka into the engine, tokens and answers back to Kafka.
 
-One asyncio loop serves every request as a task: prepare (chat template, checks), generate,
-stream ``TokenChunk``s to the request's reply address, produce the ``Response``, wait until the
-broker has it, and only then tell the intake the request is finished (commit / ACCEPT). Bad
-input is dead-lettered (and answered with an error Response when it decodes); the worker never
-stops on it. Consumers live in the intake's and the cancel listener's threads, the engine in
-its step thread; this loop only moves small records between them.
+One asyncio loop serves every request as a task: check it (reply address, deadline, chat
+template), generate, stream ``TokenChunk``s to the request's reply address, produce the
+``Response``, wait until the broker has it, and only then tell the intake the request is
+finished (commit / ACCEPT). Consumers live in the intake's and the cancel listener's threads,
+the engine in its step thread; this loop only moves small records between them.
+
+Failure policy (docs/worker.md), decided in ``_serve``:
+- the record's fault (``BadRequestError``: undecodable, invalid, unanswerable reply address,
+  expired, delivered too often) is answered: dead letter with the reason, an error final chunk
+  where the reply address works, an error Response; the input is committed / REJECTed and the
+  worker goes on;
+- anything else (engine, broker past librdkafka's retries, a thread of ours that died) is the
+  infrastructure's: the request is handed back uncommitted, the worker reports FAILED, stops at
+  once and exits 1, for a supervisor to restart it.
 
 Shutdown (``request_stop``, wired to SIGTERM by the CLI): stop taking work, let in-flight
 requests finish for ``grace_s``, hand the rest back uncommitted (partition) or RELEASEd (share),
@@ -25,25 +33,30 @@ from inference.engine.request import FinishReason as EngineFinish
 from inference.engine.streaming import AsyncEngine
 from inference.worker.cancels import CancelListener, RecentCancels
 from inference.worker.capacity import Capacity
-from inference.worker.errors import BadRequestError, PromptTooLongError
+from inference.worker.errors import (BadRequestError, ReplyAddressError, RequestExpiredError, TooManyDeliveriesError,
+                                     WorkerFailed)
 from inference.worker.generation import EngineBusy, Generation
-from inference.worker.heartbeat import WORKERS_STATUS, worker_status
-from inference.worker.intake import Intake, Outcome, WorkItem
+from inference.worker.heartbeat import FAILED_STATE, WORKERS_STATUS, worker_status
+from inference.worker.intake import Intake, Outcome, WorkItem, request_topics
 from inference.worker.intake_partition import PartitionIntake
 from inference.worker.intake_share import ShareIntake
 from inference.worker.metrics import WorkerMetrics
-from inference.worker.prompts import prepare
+from inference.worker.prompts import PreparedRequest, prepare
 from inference.worker.replies import ReplyStream, response_for, send_dead_letter, send_response
+from inference.worker.reply_address import ReplyAddresses
 from inference.worker.settings import WorkerSettings
 from schemas.codec import default_codec
-from schemas.records import Cancel, FinishReason, WorkerState, now_ms
+from schemas.records import Cancel, FinishReason, InferenceRequest, WorkerState, now_ms
 from transport.acked_producer import AckedProducer
+from transport.admin import TopicAdmin
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
 FINISH = {EngineFinish.STOP: FinishReason.STOP, EngineFinish.LENGTH: FinishReason.LENGTH,
           EngineFinish.ABORTED: FinishReason.CANCELLED}
+# Why the worker itself stopped a generation (Generation.stop_reason) -> how the request ended.
+STOPPED_BY = {"deadline": FinishReason.TIMEOUT, "lock": FinishReason.TIMEOUT}
 
 
 class Worker:
@@ -62,12 +75,15 @@ class Worker:
         intake_cls = ShareIntake if settings.intake == "share" else PartitionIntake
         self.intake: Intake = intake_cls(kafka, settings, self.capacity, self.codec)
         self.producer = AckedProducer(kafka, codec=self.codec, linger_ms=settings.chunk_linger_ms)
+        admin = TopicAdmin(kafka, timeout_s=settings.kafka_error_budget_s)
+        self.reply_addresses = ReplyAddresses(admin.topic_partitions, own_topics=request_topics(kafka))
         self.metrics = WorkerMetrics()
         self.cancels = CancelListener(kafka, self.codec)
         self.recent_cancels = RecentCancels(settings.cancel_memory)
         self.active: dict[str, tuple[WorkItem, Generation]] = {}  # request_id -> what runs it
         self.tasks: dict[asyncio.Task, WorkItem] = {}
         self.state = WorkerState.STARTING
+        self.failure: BaseException | None = None  # what stopped the worker, when something did
         self.exit_code = 0
         self._stopping: asyncio.Event | None = None
 
@@ -78,46 +94,77 @@ class Worker:
             self._stopping.set()
 
     async def run(self) -> int:
-        """Serve until ``request_stop``; returns the process exit code (1 after an engine failure)."""
+        """Serve until ``request_stop``; returns the process exit code (1 after a failure)."""
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self.aengine = AsyncEngine(self.engine, idle_wait_s=0.01)
         self.aengine.start()
+        self._set_state(WorkerState.STARTING)
         self.metrics.serve(self.settings.metrics_port)
-        self.cancels.start(loop, self._on_cancel)
+        self.cancels.start(loop, self._on_cancel, self._thread_failed("cancel listener"), self._on_bad_cancel)
         await asyncio.to_thread(self.cancels.ready.wait, 10.0)
-        self.intake.start(loop, self._dispatch, self._on_revoked)
-        self.state = WorkerState.SERVING
+        self.intake.start(loop, self._dispatch, self._on_revoked, self._thread_failed("intake"))
+        if self.failure is None:
+            self._set_state(WorkerState.SERVING)
         heartbeat = asyncio.create_task(self._heartbeat())
         log.info("worker %s serving (intake=%s, in flight <= %d)", self.settings.worker_id, self.settings.intake,
                  self.capacity.max_in_flight)
         await self._stopping.wait()
-        self.state = WorkerState.DRAINING
+        if self.failure is None:
+            self._set_state(WorkerState.DRAINING)
         self._send_status()
         await self._drain()
         heartbeat.cancel()
-        await asyncio.to_thread(self.intake.close)
-        await asyncio.to_thread(self.cancels.close)
-        self.state = WorkerState.STOPPED
+        for name, close in (("intake", self.intake.close), ("cancel listener", self.cancels.close)):
+            try:
+                await asyncio.to_thread(close)
+            except Exception as exc:  # noqa: BLE001 - already reported through _fail; shut down the rest
+                self._fail(f"{name} closed with an error", exc)
+        if self.failure is None:
+            self._set_state(WorkerState.STOPPED)
         self._send_status()
         await asyncio.to_thread(self.producer.close)
         await asyncio.to_thread(self.aengine.stop)
-        log.info("worker %s stopped", self.settings.worker_id)
+        log.info("worker %s stopped (exit code %d)", self.settings.worker_id, self.exit_code)
         return self.exit_code
 
     async def _drain(self) -> None:
         self.intake.stop_taking()
         pending = set(self.tasks)
-        if pending and self.settings.grace_s > 0:
-            _, pending = await asyncio.wait(pending, timeout=self.settings.grace_s)
+        grace = 0.0 if self.failure is not None else self.settings.grace_s  # failed: nothing can be committed
+        if pending and grace > 0:
+            _, pending = await asyncio.wait(pending, timeout=grace)
         for task in pending:  # out of time: hand back, uncommitted / RELEASEd
             item = self.tasks[task]
             item.handed_back = True
             if item.record is not None and item.record.request_id in self.active:
-                self.active[item.record.request_id][1].cancel()
+                self.active[item.record.request_id][1].cancel("handed_back")
         if pending:
             log.info("handing back %d unfinished request(s)", len(pending))
             await asyncio.wait(pending, timeout=30)
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        """The infrastructure's fault: report FAILED, stop at once, exit 1 (the first cause is kept)."""
+        self.exit_code = 1
+        if self.failure is not None:
+            return
+        log.error("worker %s failed: %s: %s; stopping", self.settings.worker_id, what, exc, exc_info=exc)
+        self.failure = exc
+        self._set_state(FAILED_STATE)
+        try:
+            self._send_status()
+        except Exception:  # noqa: BLE001 - the status is best effort; the exit code is what counts
+            log.warning("could not send the FAILED status", exc_info=True)
+        self.request_stop()
+
+    def _thread_failed(self, name: str):
+        def failed(exc: BaseException) -> None:  # on the loop, from the dying thread
+            self._fail(f"the {name} thread died", WorkerFailed(f"the {name} thread died: {exc}"))
+        return failed
+
+    def _set_state(self, state: WorkerState) -> None:
+        self.state = state
+        self.metrics.state.state("FAILED" if self.failure is not None else state.value)
 
     # -- events from the intake and the cancel listener (on the loop) ------------------------------
 
@@ -131,7 +178,7 @@ class Worker:
             item.revoked = True
             running = self.active.get(item.record.request_id) if item.record is not None else None
             if running is not None and running[0] is item:
-                running[1].cancel()
+                running[1].cancel("revoked")
 
     def _on_cancel(self, cancel: Cancel) -> None:
         running = self.active.get(cancel.request_id)
@@ -140,48 +187,69 @@ class Worker:
         else:
             self.recent_cancels.add(cancel.request_id, cancel.reason)
 
+    def _on_bad_cancel(self, message: Any, exc: Exception) -> None:
+        """A record on chat.cancels that is not a Cancel: dead-letter it (a record fault; nothing to stop)."""
+        letter = send_dead_letter(self.producer, message, exc)
+
+        def delivered(future: asyncio.Future) -> None:
+            if not future.cancelled() and future.exception() is not None:  # a broker fault: the log says so
+                log.warning("dead letter of an undecodable cancel not delivered: %s", future.exception())
+
+        letter.add_done_callback(delivered)
+
     # -- one request -------------------------------------------------------------------------------
 
     async def _serve(self, item: WorkItem) -> None:
         outcome, started = Outcome.HAND_BACK, [False]
         label = "handed_back"
         try:
-            if item.error is not None:
+            if item.record is None:  # undecodable: nobody to answer, only the dead letter
                 await send_dead_letter(self.producer, item.message, item.error, delivery_count=item.delivery_count)
                 outcome, label = Outcome.DEAD, "dead_letter"
                 return
             outcome, label = await self._answer(item, started)
-        except Exception:  # noqa: BLE001 - engine or broker failure: hand back, stop the worker
-            # Not the request's fault (bad input never gets here): another worker, or this one
-            # restarted, serves it again. Exit non-zero so a supervisor restarts the process.
-            log.exception("serving %s failed; handing it back and stopping", item.message)
+        except Exception as exc:  # noqa: BLE001 - not the request's fault (those are answered in _answer)
+            # Engine or broker failure: another worker, or this one restarted, serves it again.
             outcome, label = Outcome.HAND_BACK, "failed"
-            self.exit_code = 1
-            self.request_stop()
+            self._fail(f"serving {item.message}", exc)
         finally:
             self.capacity.release(item.priority, started[0])
             self.intake.finish(item, outcome)
             self.metrics.requests.labels(label).inc()
 
     async def _answer(self, item: WorkItem, started: list[bool]) -> tuple[Outcome, str]:
+        """Serve or answer ``item``; a ``BadRequestError`` anywhere is answered by ``_reject``."""
         started_at = time.perf_counter()  # the worker's own time on the request starts here
         req = item.record
         attempt = uuid.uuid4().hex[:16]
         trace = item.message.traceparent
-        cancelled = self.recent_cancels.pop(req.request_id)
-        if cancelled is not None:
-            replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace)
-            replies.send_error("cancelled", f"cancelled: {cancelled}", FinishReason.CANCELLED)
-            response = response_for(req, text="", worker_id=self.settings.worker_id, model=self.model_name,
-                                    tokens_in=0, tokens_out=0, queue_ms=0, ttft_ms=0,
-                                    finish_reason=FinishReason.CANCELLED, error=f"cancelled: {cancelled}")
-            await asyncio.gather(send_response(self.producer, response, attempt=attempt, parent_trace=trace),
-                                 *([replies.last_ack] if replies.last_ack is not None else []))
-            return Outcome.DONE, "cancelled"
         try:
+            await self.reply_addresses.check(req)  # before anything is sent there
+            if item.error is not None:  # e.g. delivered too often: answered with that reason
+                raise item.error
+            check_deadline(req, item.taken_at_ms, "the worker took it")
+            cancelled = self.recent_cancels.pop(req.request_id)
+            if cancelled is not None:
+                return await self._answer_cancelled(req, cancelled, attempt, trace), "cancelled"
             prepared = prepare(req, self.tokenizer, self.max_seq_len)
+            return await self._generate(item, prepared, started, started_at, attempt, trace)
         except BadRequestError as exc:
-            return await self._reject(item, exc, attempt, trace), "bad_request"
+            label = "expired" if isinstance(exc, RequestExpiredError) else "bad_request"
+            return await self._reject(item, exc, attempt, trace), label
+
+    async def _answer_cancelled(self, req: InferenceRequest, reason: str, attempt: str, trace: str | None) -> Outcome:
+        replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace)
+        replies.send_error("cancelled", f"cancelled: {reason}", FinishReason.CANCELLED)
+        response = response_for(req, text="", worker_id=self.settings.worker_id, model=self.model_name,
+                                tokens_in=0, tokens_out=0, queue_ms=0, ttft_ms=0,
+                                finish_reason=FinishReason.CANCELLED, error=f"cancelled: {reason}")
+        await replies.delivered()
+        await send_response(self.producer, response, attempt=attempt, parent_trace=trace)
+        return Outcome.DONE
+
+    async def _generate(self, item: WorkItem, prepared: PreparedRequest, started: list[bool], started_at: float,
+                        attempt: str, trace: str | None) -> tuple[Outcome, str]:
+        req = item.record
         first_token_ms = [0]
 
         def on_first_token() -> None:
@@ -192,20 +260,18 @@ class Worker:
         gen = Generation(self.aengine, self.tokenizer, f"{req.request_id}#{attempt}", prepared, on_first_token)
         self.active[req.request_id] = (item, gen)
         replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace, started_at=started_at)
+        timer = self._stop_timer(item, gen)
         final = None
         try:
             while final is None:
+                check_deadline(req, now_ms(), "the engine could take it")  # after any wait for the engine
                 try:
                     async for delta in gen.deltas():
                         if item.revoked or item.handed_back:
-                            gen.cancel()
+                            gen.cancel("handed_back")
                             continue
                         if delta.finished:
                             final = delta
-                            reason = FINISH.get(delta.finish_reason, FinishReason.STOP)
-                            replies.send(delta.text, delta.token_id, final=True, finish_reason=reason,
-                                         tokens_in=delta.num_prompt_tokens, tokens_out=delta.num_output_tokens,
-                                         error_code="cancelled" if reason is FinishReason.CANCELLED else None)
                         elif delta.text:
                             replies.send(delta.text, delta.token_id)
                 except EngineBusy:  # only when max_in_flight exceeds the engine's waiting queue
@@ -213,42 +279,80 @@ class Worker:
                     continue
                 if final is None:  # revoked or handed back: answer nothing
                     return Outcome.HAND_BACK, "revoked" if item.revoked else "handed_back"
-        except BadRequestError as exc:  # the engine refused it (TOO_LARGE for the KV budget)
-            return await self._reject(item, exc, attempt, trace), "bad_request"
+        except ReplyAddressError:
+            gen.cancel("reply_address")
+            raise
         finally:
+            if timer is not None:
+                timer.cancel()
             if self.active.get(req.request_id, (None,))[0] is item:
                 del self.active[req.request_id]
         if item.revoked or item.handed_back:
             return Outcome.HAND_BACK, "revoked" if item.revoked else "handed_back"
+        reason = FINISH.get(final.finish_reason, FinishReason.STOP)
+        if final.finish_reason is EngineFinish.ABORTED and gen.stop_reason in STOPPED_BY:
+            reason = STOPPED_BY[gen.stop_reason]  # stopped by us, not by a Cancel
+        if reason is FinishReason.TIMEOUT and gen.stop_reason == "deadline" and final.num_output_tokens == 0:
+            raise RequestExpiredError(f"the deadline passed while it waited for the engine (deadline_at "
+                                      f"{req.deadline_at})")
+        error, error_code = self._stop_error(reason, gen)
+        replies.send(final.text, final.token_id, final=True, finish_reason=reason,
+                     tokens_in=final.num_prompt_tokens, tokens_out=final.num_output_tokens, error_code=error_code)
         queue_ms = (item.taken_at_ms - req.enqueued_at) + (final.queue_s or 0.0) * 1000
         ttft_ms = (first_token_ms[0] - req.enqueued_at) if first_token_ms[0] else 0.0
-        reason = FINISH.get(final.finish_reason, FinishReason.STOP)
-        error = None
-        if reason is FinishReason.CANCELLED:  # when it stopped tells whether the cancel was prompt
-            error = f"cancelled at token {gen.tokens_at_cancel}"
         response = response_for(req, text=replies.text, worker_id=self.settings.worker_id, model=self.model_name,
                                 tokens_in=final.num_prompt_tokens, tokens_out=final.num_output_tokens,
                                 queue_ms=queue_ms, ttft_ms=ttft_ms, finish_reason=reason, error=error)
-        if replies.last_ack is not None:
-            # The stream first: a Response that is durable always has its whole stream durable
-            # (they go to different partitions, which Kafka does not order against each other).
-            await replies.last_ack
+        # The stream first: a Response that is durable always has its whole stream durable
+        # (they go to different partitions, which Kafka does not order against each other).
+        await replies.delivered()
         await send_response(self.producer, response, attempt=attempt, parent_trace=trace)
         self._observe(response, final)
         return Outcome.DONE, reason.value.lower()
 
+    def _stop_timer(self, item: WorkItem, gen: Generation) -> asyncio.TimerHandle | None:
+        """Stop the generation at the request's deadline, or (share) before its record lock runs out."""
+        limits = [(at, why) for at, why in ((item.record.deadline_at, "deadline"), (item.lock_until_ms, "lock"))
+                  if at is not None]
+        if not limits:
+            return None
+        at, why = min(limits)
+        return asyncio.get_running_loop().call_later(max(0.0, (at - now_ms()) / 1000), gen.cancel, why)
+
+    def _stop_error(self, reason: FinishReason, gen: Generation) -> tuple[str | None, str | None]:
+        """(Response.error, final chunk's error_code) of a generation that ended with ``reason``."""
+        if reason is FinishReason.CANCELLED:  # when it stopped tells whether the cancel was prompt
+            return f"cancelled at token {gen.tokens_at_cancel}", "cancelled"
+        if reason is not FinishReason.TIMEOUT:
+            return None, None
+        if gen.stop_reason == "deadline":
+            return f"the deadline passed at token {gen.tokens_at_cancel}", None
+        if gen.stop_reason == "lock":
+            # A partial answer, not an error: the text so far is kept (OpenAI: finish_reason "length").
+            return (f"stopped at token {gen.tokens_at_cancel}: the share record lock "
+                    f"({self.settings.share_record_lock_ms / 1000:.0f} s) was running out"), None
+        return None, None
+
     async def _reject(self, item: WorkItem, exc: BadRequestError, attempt: str, trace: str | None) -> Outcome:
-        """Dead letter with the reason, and an error Response so the asker is not left waiting."""
+        """Dead letter with the reason, an error final chunk where the reply address works, and an
+        error Response, so the asker is not left waiting."""
         req = item.record
-        code = "context_length_exceeded" if isinstance(exc, PromptTooLongError) else "invalid_request"
         replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace)
-        replies.send_error(code, str(exc))
+        if not isinstance(exc, ReplyAddressError):
+            try:
+                replies.send_error(exc.error_code, str(exc), exc.finish_reason)
+            except ReplyAddressError as refused:
+                log.warning("request %s: no error chunk: %s", req.request_id, refused)
         response = response_for(req, text="", worker_id=self.settings.worker_id, model=self.model_name,
                                 tokens_in=0, tokens_out=0, queue_ms=item.taken_at_ms - req.enqueued_at, ttft_ms=0,
-                                finish_reason=FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
-        await asyncio.gather(send_dead_letter(self.producer, item.message, exc),
-                             send_response(self.producer, response, attempt=attempt, parent_trace=trace),
-                             *([replies.last_ack] if replies.last_ack is not None else []))
+                                finish_reason=exc.finish_reason, error=f"{type(exc).__name__}: {exc}")
+        count = item.delivery_count if isinstance(exc, TooManyDeliveriesError) else None
+        await asyncio.gather(send_dead_letter(self.producer, item.message, exc, delivery_count=count),
+                             send_response(self.producer, response, attempt=attempt, parent_trace=trace))
+        try:
+            await replies.delivered()
+        except ReplyAddressError as refused:  # the dead letter and the Response are the answer then
+            log.warning("request %s: error chunk not delivered: %s", req.request_id, refused)
         return Outcome.DEAD
 
     def _observe(self, response: Any, final: Any) -> None:
@@ -274,5 +378,14 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         while True:
+            if self.aengine.failed:  # an idle worker would only find out at its next request
+                self._fail("the engine failed", self.aengine.failure)
             self._send_status()
             await asyncio.sleep(self.settings.heartbeat_s)
+
+
+def check_deadline(req: InferenceRequest, at_ms: int, when: str) -> None:
+    """``RequestExpiredError`` when ``req``'s deadline is at or before ``at_ms`` (epoch ms)."""
+    if req.deadline_at is not None and at_ms >= req.deadline_at:
+        raise RequestExpiredError(f"the deadline passed {at_ms - req.deadline_at} ms before {when} "
+                                  f"(deadline_at {req.deadline_at})")

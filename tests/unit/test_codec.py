@@ -324,3 +324,20 @@ def test_property_fast_encode_agrees_with_validate_then_write(record, data):
             codec.encode(record)
         return
     assert codec.encode(record) == MARKER + schema.fingerprint + buf.getvalue()
+
+
+def test_a_failed_worker_status_round_trips_and_v1_statuses_still_read():
+    """WorkerStatus v2 adds FAILED (a worker that stopped consuming must never look SERVING); heartbeats
+    written with v1 still read. The v2 enum names STOPPED as its default, so readers of a later
+    version with more symbols read STOPPED, not an error."""
+    from schemas.codec import to_avro_dict
+
+    status = records.WorkerStatus(worker_id="w1", model="m", state=records.WorkerState.FAILED, running=0, waiting=0,
+                                  kv_cache_used_tokens=0, kv_cache_total_tokens=1, tokens_per_s=0.0)
+    assert codec.decode(codec.encode(status)).state is records.WorkerState.FAILED
+    old = {**to_avro_dict(status), "state": "SERVING", "schema_version": 1}
+    decoded = codec.decode(codec.encode_dict("WorkerStatus", old, version=1))
+    assert decoded.state is records.WorkerState.SERVING and decoded.schema_version == 1
+    v2 = json.loads((SCHEMA_DIR / "WorkerStatus.v2.avsc").read_text())
+    enum = next(f["type"] for f in v2["fields"] if f["name"] == "state")
+    assert enum["symbols"][-1] == "FAILED" and enum["default"] == "STOPPED"

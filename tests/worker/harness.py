@@ -18,8 +18,8 @@ from inference.worker.replies import ENGINE_TIME_HEADER
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, InferenceRequest, Priority, SamplingParams, now_ms
 from schemas.topics import inference_requests_topic
-from transport.dedupe import FirstSeen, StreamAssembler, attempt_of
-from transport.producer import RecordProducer
+from tests.kafka_helpers import FirstSeen, RecordProducer, StreamAssembler
+from transport.dedupe import attempt_of
 from transport.settings import KafkaSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,6 +107,7 @@ class Seen:
     chunk_count: dict[str, int] = field(default_factory=dict)
     chunk_workers: dict[str, set] = field(default_factory=dict)
     engine_us: dict[str, int] = field(default_factory=dict)  # request_id -> the first chunk's engine time
+    final_chunks: dict[str, list] = field(default_factory=dict)  # request_id -> its final TokenChunks
 
     def first_response(self, request_id: str):
         """Reader-side dedupe: the first Response of a request wins."""
@@ -153,6 +154,8 @@ class Reader:
                 self.seen.assembler.add(record, attempt)
                 self.seen.chunk_count[record.request_id] = self.seen.chunk_count.get(record.request_id, 0) + 1
                 self.seen.chunk_workers.setdefault(record.request_id, set()).add(record.worker_id)
+                if record.is_final:
+                    self.seen.final_chunks.setdefault(record.request_id, []).append(record)
                 if record.index == 0:
                     engine_us = dict(msg.headers() or []).get(ENGINE_TIME_HEADER)
                     if engine_us is not None:

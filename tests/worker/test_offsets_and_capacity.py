@@ -80,3 +80,35 @@ def test_try_take_is_bounded_by_capacity():
     assert capacity.try_take(Priority.INTERACTIVE) is False
     capacity.release(Priority.BATCH, started=True)
     assert capacity.in_flight == 2
+
+
+def test_a_failed_commit_is_offered_again():
+    """Guards against a commit that failed being taken for done: ``committable`` used to mark a
+    position committed when it handed it out, so after a failed (async) commit the position was
+    never committed unless a later finish moved it; a restart then served those requests again."""
+    tracker = OffsetTracker()
+    tracker.taken(P, 5)
+    tracker.finished(P, 5)
+    assert tracker.committable() == {P: 6}
+    assert tracker.committable() == {}  # in flight: not sent twice
+    tracker.commit_failed(P, 6)
+    assert tracker.committable() == {P: 6}  # sent again
+    tracker.commit_succeeded(P, 6)
+    assert tracker.committable() == {} and tracker.uncommitted() == {}
+
+
+def test_a_position_is_committed_only_once_the_broker_confirms_it():
+    tracker = OffsetTracker()
+    for offset in (1, 2):
+        tracker.taken(P, offset)
+    tracker.finished(P, 1)
+    assert tracker.committable() == {P: 2}
+    assert tracker.uncommitted() == {P: 2}  # handed out, not confirmed
+    tracker.finished(P, 2)
+    assert tracker.committable() == {P: 3}  # a newer position goes out while the older is in flight
+    tracker.commit_succeeded(P, 2)  # the older confirmation arrives late
+    assert tracker.uncommitted() == {P: 3}
+    tracker.commit_succeeded(P, 3)
+    assert tracker.uncommitted() == {}
+    tracker.commit_succeeded(P, 2)  # a late duplicate does not move the mark back
+    assert tracker.committable() == {}

@@ -35,8 +35,8 @@ async def test_partitions_paused_then_revoked_and_returned_are_served(worker_kaf
     settings = WorkerSettings(group_id=f"{kafka.topic_prefix}g", max_in_flight=2, poll_timeout_s=0.05)
     capacity = Capacity(2, 1)
     intake = PartitionIntake(kafka, settings, capacity, default_codec())
-    taken, revoked = [], []
-    intake.start(asyncio.get_running_loop(), taken.append, revoked.extend)
+    taken, revoked, failures = [], [], []
+    intake.start(asyncio.get_running_loop(), taken.append, revoked.extend, failures.append)
     try:
         # Fill the two slots: the intake pauses every partition it owns.
         first = [make_request(i, conversation=f"conv-{i}") for i in range(12)]
@@ -78,7 +78,7 @@ async def test_a_backlog_on_every_partition_is_served_fairly_with_few_slots(work
     twelve taken must come from every partition. Without the fair window, librdkafka refetches after
     each pause/resume and hands out the lowest partitions first, so partitions 4-5 waited until the
     others were drained (under sustained load: for ever)."""
-    from transport.producer import RecordProducer
+    from tests.kafka_helpers import RecordProducer
 
     kafka = worker_kafka
     settings = WorkerSettings(group_id=f"{kafka.topic_prefix}fair", max_in_flight=2, poll_timeout_s=0.05)
@@ -92,8 +92,8 @@ async def test_a_backlog_on_every_partition_is_served_fairly_with_few_slots(work
     producer.flush()
     producer.close()
     intake = PartitionIntake(kafka, settings, capacity, default_codec())
-    taken = []
-    intake.start(asyncio.get_running_loop(), taken.append, lambda items: None)
+    taken, failures = [], []
+    intake.start(asyncio.get_running_loop(), taken.append, lambda items: None, failures.append)
     try:
         served = 0
         deadline = time.monotonic() + 120

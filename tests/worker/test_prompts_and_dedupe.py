@@ -9,7 +9,7 @@ import pytest
 from inference.worker.errors import InvalidRequestError, InvalidSamplingError, PromptTooLongError
 from inference.worker.prompts import prepare
 from schemas.records import ChatMessage, InferenceRequest, SamplingParams
-from transport.dedupe import FirstSeen, StreamAssembler
+from tests.kafka_helpers import FirstSeen, StreamAssembler
 
 
 @pytest.fixture(scope="module")

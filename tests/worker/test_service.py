@@ -16,7 +16,7 @@ from schemas.records import Cancel, FinishReason, Priority, WorkerState
 from schemas.topics import inference_requests_topic
 from tests.conftest import _free_port
 from tests.worker.harness import REPLIES, Reader, make_request, rss_mb, send_requests, start_worker
-from transport.producer import RecordProducer
+from tests.kafka_helpers import RecordProducer
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
@@ -120,7 +120,8 @@ def test_heartbeats_and_metrics_report_load(service, svc_reader):
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     for name in ("chatpipe_worker_ttft_seconds_bucket", "chatpipe_worker_tpot_seconds", "chatpipe_worker_queue_seconds",
                  "chatpipe_worker_tokens_per_second", "chatpipe_worker_batch_size", "chatpipe_worker_consumer_lag",
-                 'chatpipe_worker_requests_total{outcome="dead_letter"}'):
+                 'chatpipe_worker_requests_total{outcome="dead_letter"}',
+                 'chatpipe_worker_state{chatpipe_worker_state="SERVING"} 1.0'):
         assert name in body, name
 
 

@@ -1,0 +1,155 @@
+"""The intakes' bookkeeping and thread failures, without a broker: fake consumers, a fake loop.
+
+Each test names the bug it guards against; the rebalance hooks and finishes are called in the
+order librdkafka and the worker would call them.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from inference.worker.cancels import CancelListener
+from inference.worker.capacity import Capacity
+from inference.worker.intake import Outcome
+from inference.worker.intake_partition import PartitionIntake, partition_group_ids
+from inference.worker.intake_share import share_group_ids
+from inference.worker.settings import WorkerSettings
+from schemas.codec import default_codec
+from schemas.records import Priority
+from tests.worker.harness import make_request
+from transport.errors import TransportError
+from transport.settings import KafkaSettings
+
+KAFKA = KafkaSettings(bootstrap_servers="127.0.0.1:9", topic_prefix="u.")
+TOPIC = KAFKA.topic("chat.inference.requests")
+P = (TOPIC, 0)
+
+
+class FakeLoop:
+    """Runs what the intake hands to the event loop at once, on the calling thread."""
+
+    def call_soon_threadsafe(self, fn, *args):
+        fn(*args)
+
+
+class FakeMessage:
+    def __init__(self, offset: int, value: bytes, partition: int = 0) -> None:
+        self.topic, self.partition, self.offset, self.value = TOPIC, partition, offset, value
+        self.key, self.headers, self.traceparent = b"c1", [], None
+
+
+class FakeGroupConsumer:
+    def __init__(self) -> None:
+        self.topics = [TOPIC]
+        self.assignment: set = set()
+        self.commits: list[tuple[dict, bool]] = []
+
+    def commit_offsets(self, offsets, *, asynchronous=True):
+        if offsets:
+            self.commits.append((dict(offsets), asynchronous))
+
+
+@pytest.fixture
+def intake():
+    codec = default_codec()
+    intake = PartitionIntake(KAFKA, WorkerSettings(group_id="g"), Capacity(4, 3), codec)
+    intake._loop = FakeLoop()
+    intake.taken, intake.failures = [], []
+    intake._dispatch, intake._revoked_cb, intake._failed_cb = intake.taken.append, lambda items: None, intake.failures.append
+    intake._consumers = {Priority.INTERACTIVE: FakeGroupConsumer()}
+    intake.value = codec.encode(make_request(1))
+    return intake
+
+
+def _take(intake, offset):
+    intake._take(FakeMessage(offset, intake.value), Priority.INTERACTIVE)
+    return intake.taken[-1]
+
+
+def test_an_old_finish_does_not_remove_the_item_that_re_took_its_offset(intake):
+    """Guards against a partition whose commit position never moves again: the partition is revoked
+    and assigned back, offset 5 is read again (item B) before the old item A's finish is applied;
+    A's finish used to pop the entry by (topic, partition, offset), i.e. B's, so B's own finish was
+    dropped and the position stayed at 5 for good (every later answer served again after a restart)."""
+    intake._on_assign([P])
+    a = _take(intake, 5)
+    intake._on_revoke([P])
+    assert a.revoked
+    intake._on_assign([P])
+    b = _take(intake, 5)
+    intake.finish(a, Outcome.HAND_BACK)  # the worker stops the revoked item and hands it back
+    intake._apply_finished()
+    intake.finish(b, Outcome.DONE)
+    intake._apply_finished()
+    assert intake.tracker.position(P) == 6
+
+
+def test_a_failed_async_commit_is_sent_again(intake):
+    """Guards against a commit that the broker refused being counted as done (the position stayed
+    uncommitted until some later finish moved it, or for ever on a quiet partition)."""
+    consumer = intake._consumers[Priority.INTERACTIVE]
+    intake._on_assign([P])
+    intake.finish(_take(intake, 5), Outcome.DONE)
+    intake._apply_finished()
+    intake._commit_finished()
+    assert consumer.commits == [({P: 6}, True)]
+    intake._commit_finished()
+    assert len(consumer.commits) == 1  # in flight: not sent again
+    intake._on_commit({}, {P: 6})  # the broker's answer, inside a later poll: failed
+    intake._commit_finished()
+    assert consumer.commits[-1] == ({P: 6}, True) and len(consumer.commits) == 2
+    intake._on_commit({P: 6}, {})
+    intake._commit_finished()
+    assert len(consumer.commits) == 2 and intake.tracker.uncommitted() == {}
+
+
+def test_a_dying_partition_intake_thread_tells_the_worker(intake):
+    """Guards against an intake thread that stores its error and stops while the worker goes on
+    heartbeating SERVING: the failure must reach the worker at once, not only at close()."""
+
+    class Broken(FakeGroupConsumer):
+        def poll_messages(self, max_messages, timeout_s):
+            raise TransportError("consumer error on t: INCONSISTENT_GROUP_PROTOCOL")
+
+        lag = close = pause = resume = lambda self, *a: 0
+
+    intake._consumers = {Priority.INTERACTIVE: Broken(), Priority.BATCH: Broken()}
+    thread = threading.Thread(target=intake._run)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(intake.failures) == 1 and "INCONSISTENT_GROUP_PROTOCOL" in str(intake.failures[0])
+    with pytest.raises(TransportError):
+        intake.close()
+
+
+def test_a_dying_cancel_listener_tells_the_worker():
+    """Guards against a worker that no longer hears Cancels (its listener thread died) and runs
+    cancelled generations to the end while it looks healthy."""
+
+    class BrokenTail:
+        closed = False
+
+        def poll_messages(self, max_messages, timeout_s):
+            raise RuntimeError("tail consumer broke")
+
+        def close(self):
+            self.closed = True
+
+    listener = CancelListener(KAFKA, default_codec())
+    failures = []
+    listener._loop, listener._on_cancel, listener._on_failure = FakeLoop(), lambda c: None, failures.append
+    listener._consumer = BrokenTail()
+    listener._run()
+    assert len(failures) == 1 and "tail consumer broke" in str(failures[0])
+    assert listener._consumer.closed
+
+
+def test_share_and_consumer_group_ids_never_collide():
+    """Guards against both intake modes defaulting to one group id: Kafka refuses a share group whose
+    id is a consumer group's (GROUP_ID_NOT_FOUND on the share heartbeat), so a share worker started
+    after a partition worker with the same --group-id took nothing."""
+    settings = WorkerSettings(group_id="chatpipe-inference")
+    assert not set(partition_group_ids(settings).values()) & set(share_group_ids(settings).values())

@@ -1,0 +1,45 @@
+"""share intake: a generation never outlives its record's acquisition lock.
+
+Guards against a generation longer than the lock (``share.record.lock.duration.ms``; the client
+cannot renew it) being redelivered while it still runs: the broker hands the record to another
+member, the request is served twice, and the first worker's ACCEPT comes too late. With the
+shortest lock the broker allows (15 s) the worker must stop the generation at lock - 5 s, answer
+it (TIMEOUT, the text so far) and ACCEPT it: one Response, no second delivery.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from schemas.records import FinishReason
+from tests.worker.harness import REPLIES, make_request, send_requests, start_worker
+
+pytestmark = [pytest.mark.integration, pytest.mark.model]
+
+
+def test_a_long_generation_is_stopped_before_its_record_lock_runs_out(worker_kafka, reader, tmp_path):
+    kafka = worker_kafka
+    worker = start_worker(kafka, tmp_path, intake="share", worker_id="locked",
+                          CHATPIPE_WORKER_SHARE_RECORD_LOCK_MS="15000")
+    try:
+        worker.wait_serving()
+        req = make_request(1, max_tokens=420, reply_to=kafka.topic(REPLIES), reply_partition=5,
+                           text="Write a very long story about a lighthouse keeper, with many chapters.")
+        send_requests(kafka, [req])
+        started = time.monotonic()
+        reader.wait_responses([req.request_id], 120)
+        took = time.monotonic() - started
+        response, attempt = reader.seen.first_response(req.request_id)
+        print(f"answered after {took:.1f} s with {response.tokens_out} tokens: {response.error}")
+        assert response.finish_reason is FinishReason.TIMEOUT and "share record lock (15 s)" in response.error
+        assert 0 < response.tokens_out < 420
+        reader.wait_for(lambda s: s.assembler.text(req.request_id, attempt) is not None, 30, "the whole stream")
+        assert reader.seen.assembler.text(req.request_id, attempt) == response.text
+        time.sleep(15)  # past the lock: a redelivery would show as a second serving attempt
+        reader.poll(1.0)
+        assert len(reader.seen.responses[req.request_id]) == 1, "the record was delivered again"
+        assert worker.terminate() == 0, worker.log()[-3000:]
+    finally:
+        worker.kill()
