@@ -41,7 +41,7 @@ from schemas.codec import default_codec  # noqa: E402
 from schemas.records import ChatMessage, PromptRequest, SamplingParams  # noqa: E402
 from schemas.topics import spec  # noqa: E402
 from transport.admin import TopicAdmin  # noqa: E402
-from transport.producer import RecordProducer  # noqa: E402
+from tests.kafka_helpers import RecordProducer  # noqa: E402
 from transport.settings import KafkaSettings  # noqa: E402
 
 from local_broker import bench_broker  # noqa: E402  (bench/, beside this script)

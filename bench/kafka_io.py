@@ -1,16 +1,20 @@
-"""Throughput of chatpipe's Kafka adapters vs a raw confluent-kafka loop, same broker, same run.
+"""Throughput of the Kafka adapters the services use vs a raw confluent-kafka loop, same broker, same run.
 
-Produces N messages of 1 KB with (a) a raw ``confluent_kafka.Producer`` loop using the same
-producer config (idempotence, linger, lz4) and (b) ``RecordProducer.send_bytes`` (a fresh child
-traceparent per message, delivery checks). Both put the same records on the wire: the raw loop
-sends one fixed traceparent header of the same size, since every chatpipe hop must carry one;
-the ratio is therefore what the adapter's own Python work costs. (A raw loop without any header
-is printed too, for reference.) Then both consumers read the same topic: (a) a raw
-``consume()`` loop and (b) ``BatchConsumer.poll_messages``. Each side runs ``--repeats`` times,
-alternating who goes first, and the median run counts (robust to one lucky run on a busy
-machine); the ratio of every alternated pair is printed too, as the noise. Also reports the Avro
-record path (encode + produce, consume + decode) and the codec against raw fastavro on the same
-record (``codec_vs_fastavro``).
+Produce: N ~1 KB ``PromptRequest`` records (a) encoded and produced by a raw
+``confluent_kafka.Producer`` loop with the same producer config (idempotence, linger, lz4,
+delivery timeout) and one fixed ``traceparent`` header of the same size, since every chatpipe hop
+must carry one, and (b) sent by ``AckedProducer`` (transport/acked_producer.py: the gateway's,
+worker's and streams' producer) from an event loop, as the services do: a fresh child
+traceparent per record, delivery reports on its own thread, an acknowledgement future on every
+32nd record (as a worker acks the final chunk of a stream), the loop yielding every 1,000
+records. The ratio is what the adapter's own Python work costs; a raw loop of the same records
+already encoded is printed too (what encoding costs). Consume: both read the adapter's topic,
+(a) a raw ``consume()`` loop and (b) ``GroupConsumer.poll_messages`` (transport/group_consumer.py:
+the worker's intake), from the first batch on (the group join is left out of both). Each side runs
+``--repeats`` times, alternating who goes first, and the median run counts (robust to one lucky
+run on a busy machine); the ratio of every alternated pair is printed too, as the noise. Also
+reports consume + decode, and the codec against raw fastavro on the same record
+(``codec_vs_fastavro``).
 
 Starts its own broker (the project's local Kafka, in a temporary folder) unless
 ``--bootstrap-servers`` is given. Prints wall-clock rates (median and best run) and client CPU
@@ -20,9 +24,9 @@ cost; the last line, the headline, is the CPU-based ratio, min of produce and co
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import io
-import os
 import statistics
 import time
 import uuid
@@ -33,19 +37,21 @@ from fastavro import schemaless_reader, schemaless_writer
 from schemas.codec import HEADER_LEN, AvroCodec, to_avro_dict
 from schemas.records import ChatMessage, PromptRequest
 from schemas.registry import default_registry
+from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
-from transport.consumer import BatchConsumer
-from transport.producer import RecordProducer
+from transport.group_consumer import GroupConsumer
 from transport.settings import KafkaSettings
 
 from local_broker import bench_broker  # bench/, beside this script
 
-PAYLOAD = os.urandom(1024)
+LINGER_MS = 1.0  # the gateway's (the worker lingers 0.5 ms, streams' reply producer 0)
+BATCH = 500  # messages per consume call, both sides
+ACK_EVERY = 32  # the adapter side awaits an acknowledgement on every 32nd record
 # CPU seconds of this process (all its threads, librdkafka's included) of the last measured loop:
 # the client's own cost, which the broker sharing the same 2 cores cannot blur.
 CPU_SECONDS: list[float] = []
-# Garbage collections started during each measured consume loop: they were most of what the
-# consume adapter cost over the raw loop (see transport.message.pause_gc).
+# Garbage collections started during each measured consume loop (they were most of what the old
+# BatchConsumer cost over the raw loop; tests/kafka_helpers/batches.py).
 GC_STARTS = [0]
 GC_PER_RUN: list[int] = []
 gc.callbacks.append(lambda phase, info: GC_STARTS.__setitem__(0, GC_STARTS[0] + (phase == "start")))
@@ -54,15 +60,28 @@ gc.callbacks.append(lambda phase, info: GC_STARTS.__setitem__(0, GC_STARTS[0] + 
 FIXED_HEADER = [("traceparent", b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01")]
 
 
-def raw_produce(settings: KafkaSettings, topic: str, n: int, headers: list | None = FIXED_HEADER) -> float:
-    producer = Producer({**settings.client_config(), "enable.idempotence": True,
-                         "linger.ms": settings.producer_linger_ms, "batch.size": settings.producer_batch_bytes,
-                         "compression.type": "lz4"})
+def prompt_record(i: int = 0) -> PromptRequest:
+    """The ~1 KB PromptRequest of every side (900 characters of text plus the other fields)."""
+    return PromptRequest(conversation_id=str(i % 64), user_id="u", tenant="t", model="m",
+                         messages=[ChatMessage("user", "x" * 900)])
+
+
+def raw_config(settings: KafkaSettings) -> dict:
+    """The config AckedProducer gives librdkafka."""
+    return {**settings.client_config(), "enable.idempotence": True, "linger.ms": LINGER_MS,
+            "compression.type": "lz4", "message.timeout.ms": round(settings.delivery_timeout_s * 1000)}
+
+
+def raw_produce(settings: KafkaSettings, topic: str, n: int, encoded: bytes | None = None) -> float:
+    """Encode and produce each record (or produce ``encoded`` n times: the reference without encoding)."""
+    producer = Producer(raw_config(settings))
+    encode = AvroCodec().encode
     start, cpu0 = time.perf_counter(), time.process_time()
     for i in range(n):
+        value = encoded if encoded is not None else encode(prompt_record(i))
         while True:
             try:
-                producer.produce(topic, PAYLOAD, key=str(i % 64), headers=headers)
+                producer.produce(topic, value, key=str(i % 64), headers=FIXED_HEADER)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -73,28 +92,24 @@ def raw_produce(settings: KafkaSettings, topic: str, n: int, headers: list | Non
 
 
 def adapter_produce(settings: KafkaSettings, topic: str, n: int) -> float:
-    producer = RecordProducer(settings)
-    start, cpu0 = time.perf_counter(), time.process_time()
-    for i in range(n):
-        producer.send_bytes(topic, PAYLOAD, key=str(i % 64))
-    producer.flush(60)
-    CPU_SECONDS.append(time.process_time() - cpu0)
-    return n / (time.perf_counter() - start)
+    async def run() -> float:
+        producer = AckedProducer(settings, linger_ms=LINGER_MS)
+        acks = []
+        start, cpu0 = time.perf_counter(), time.process_time()
+        for i in range(n):
+            ack = producer.send(topic, prompt_record(i), key=str(i % 64), want_ack=i % ACK_EVERY == ACK_EVERY - 1)
+            if ack is not None:
+                acks.append(ack)
+            if i % 1000 == 999:
+                await asyncio.sleep(0)  # a service's loop runs other work between sends
+        await asyncio.gather(*acks)
+        await asyncio.to_thread(producer.flush, 60)
+        CPU_SECONDS.append(time.process_time() - cpu0)
+        elapsed = time.perf_counter() - start
+        await asyncio.to_thread(producer.close, 10)
+        return n / elapsed
 
-
-def prompt_record(i: int = 0) -> PromptRequest:
-    """The ~1 KB PromptRequest of the record path (900 characters of text plus the other fields)."""
-    return PromptRequest(conversation_id=str(i % 64), user_id="u", tenant="t", model="m",
-                         messages=[ChatMessage("user", "x" * 900)])
-
-
-def record_produce(settings: KafkaSettings, topic: str, n: int) -> float:
-    producer = RecordProducer(settings)  # encode() checks every record; there is no unchecked mode
-    start = time.perf_counter()
-    for i in range(n):
-        producer.send(topic, prompt_record(i), key=str(i % 64))
-    producer.flush(60)
-    return n / (time.perf_counter() - start)
+    return asyncio.run(run())
 
 
 def raw_consume(settings: KafkaSettings, topic: str, n: int) -> float:
@@ -103,7 +118,7 @@ def raw_consume(settings: KafkaSettings, topic: str, n: int) -> float:
     consumer.subscribe([topic])
     got, start = 0, None
     while got < n:
-        batch = consumer.consume(settings.consumer_batch_size, 1.0)
+        batch = consumer.consume(BATCH, 1.0)
         if batch and start is None:
             start = time.perf_counter()  # exclude the group join from both sides
             cpu0, gc0 = time.process_time(), GC_STARTS[0]
@@ -116,14 +131,17 @@ def raw_consume(settings: KafkaSettings, topic: str, n: int) -> float:
 
 
 def adapter_consume(settings: KafkaSettings, topic: str, n: int, decode: bool = False) -> float:
-    consumer = BatchConsumer(settings, group_id=uuid.uuid4().hex, topics=[topic],
-                             on_decode_error=lambda exc, msg: None)
+    consumer = GroupConsumer(settings, group_id=uuid.uuid4().hex, topics=[topic])
+    codec = AvroCodec()
     got, start = 0, None
     while got < n:
-        batch = consumer.poll_records() if decode else consumer.poll_messages()
+        batch = consumer.poll_messages(BATCH, 1.0)
         if batch and start is None:
             start = time.perf_counter()
             cpu0, gc0 = time.process_time(), GC_STARTS[0]
+        if decode:
+            for message in batch:
+                codec.decode(message.value, PromptRequest)
         got += len(batch)
     elapsed = time.perf_counter() - start
     CPU_SECONDS.append(time.process_time() - cpu0)
@@ -211,8 +229,9 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
         return name
 
     adapter_topics = []
-    no_headers = lambda settings, t, n: raw_produce(settings, t, n, headers=None)  # noqa: E731
-    sides = (("raw", raw_produce), ("adapter", adapter_produce), ("raw-nohdr", no_headers))
+    encoded = AvroCodec().encode(prompt_record())
+    pre_encoded = lambda settings, t, n: raw_produce(settings, t, n, encoded=encoded)  # noqa: E731
+    sides = (("raw", raw_produce), ("adapter", adapter_produce), ("raw-bytes", pre_encoded))
     for r in range(repeats):
         for side, fn in sides if r % 2 == 0 else sides[::-1]:  # alternate who goes first
             t = topic()
@@ -221,7 +240,7 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
                 adapter_topics.append(t)
             runs.setdefault(f"produce/{side}", []).append(rate)
             runs.setdefault(f"produce-cpu/{side}", []).append(n / CPU_SECONDS[-1])
-            print(f"run {r + 1}: produce {side:9} {rate:10,.0f} msg/s")
+            print(f"run {r + 1}: produce {side:9} {rate:10,.0f} msg/s, {n / CPU_SECONDS[-1]:10,.0f} msg per CPU-second")
     sides = (("raw", raw_consume), ("adapter", adapter_consume))
     for r in range(repeats):
         for side, fn in sides if r % 2 == 0 else sides[::-1]:
@@ -233,16 +252,15 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
                   f"CPU-second, {GC_PER_RUN[-1]} garbage collections")
     results = {name: statistics.median(rates) for name, rates in runs.items()}
     best = {name: max(rates) for name, rates in runs.items()}
-    rec_topic = topic()
-    results["produce/records"] = record_produce(settings, rec_topic, n)
-    results["consume/records"] = adapter_consume(settings, rec_topic, n, decode=True)
+    results["consume/records"] = adapter_consume(settings, adapter_topics[0], n, decode=True)
 
     produce_ratio = results["produce/adapter"] / results["produce/raw"]
     consume_ratio = results["consume/adapter"] / results["consume/raw"]
-    print(f"\n{n:,} messages of 1 KB, median of {repeats}, broker {bootstrap}")
-    print(f"produce: raw {results['produce/raw']:,.0f} msg/s, adapter {results['produce/adapter']:,.0f} msg/s, "
-          f"ratio {produce_ratio:.2f} (raw without headers {results['produce/raw-nohdr']:,.0f} msg/s)")
-    print(f"consume: raw {results['consume/raw']:,.0f} msg/s, adapter {results['consume/adapter']:,.0f} msg/s, "
+    print(f"\n{n:,} PromptRequests of ~1 KB ({len(encoded)} bytes), median of {repeats}, broker {bootstrap}")
+    print(f"produce: raw (encode + produce) {results['produce/raw']:,.0f} msg/s, AckedProducer "
+          f"{results['produce/adapter']:,.0f} msg/s, ratio {produce_ratio:.2f} (raw of pre-encoded bytes "
+          f"{results['produce/raw-bytes']:,.0f} msg/s)")
+    print(f"consume: raw {results['consume/raw']:,.0f} msg/s, GroupConsumer {results['consume/adapter']:,.0f} msg/s, "
           f"ratio {consume_ratio:.2f}")
     print(f"best runs: produce ratio {best['produce/adapter'] / best['produce/raw']:.2f}, consume ratio "
           f"{best['consume/adapter'] / best['consume/raw']:.2f}")
@@ -252,16 +270,15 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
           f"{results['produce-cpu/raw']:,.0f}, adapter {results['produce-cpu/adapter']:,.0f} (ratio {cpu_p:.2f}); "
           f"consume raw {results['consume-cpu/raw']:,.0f}, adapter {results['consume-cpu/adapter']:,.0f} "
           f"(ratio {cpu_c:.2f})")
-    # The noise, run by run: each adapter run against the raw run next to it on the same topic.
-    for kind in ("consume", "consume-cpu"):
+    # The noise, run by run: each adapter run against the raw run next to it.
+    for kind in ("produce-cpu", "consume", "consume-cpu"):
         pairs = sorted(a / b for a, b in zip(runs[f"{kind}/adapter"], runs[f"{kind}/raw"]))
         print(f"{kind} ratio per alternated pair: {', '.join(f'{p:.2f}' for p in pairs)} "
               f"(median {statistics.median(pairs):.2f})")
     print(f"garbage collections per consume run: raw {runs['consume-gc/raw']}, adapter {runs['consume-gc/adapter']}")
     codec_vs_fastavro(*codec_sizes)
-    print(f"Avro records (~1 KB PromptRequest): encode+produce {results['produce/records']:,.0f} msg/s "
-          f"({results['produce/records'] / results['produce/raw']:.2f} of raw bytes), consume+decode "
-          f"{results['consume/records']:,.0f} msg/s ({results['consume/records'] / results['consume/raw']:.2f})")
+    print(f"consume + decode (GroupConsumer, AvroCodec): {results['consume/records']:,.0f} msg/s "
+          f"({results['consume/records'] / results['consume/raw']:.2f} of the raw consume loop)")
     # Headline on client CPU: with the broker on the same 2 cores, wall-clock rates swing with
     # what else runs; CPU per message is the adapters' own cost and swings less.
     return (f"transport/kafka_io adapter/raw throughput ratio (messages per client CPU-second, "

@@ -199,7 +199,7 @@ def run(bootstrap: str, quick: bool) -> None:
     requests = prompts(n, max_tokens, kafka)
     ttft_requests = prompts(n_ttft, 4, kafka)
 
-    from transport.producer import RecordProducer
+    from tests.kafka_helpers import RecordProducer
 
     producer = RecordProducer(kafka, extra_config={"linger.ms": 0})
     worker = start_worker(kafka, tmp, worker_id="bench", CHATPIPE_NUM_THREADS="2", **engine_env)

@@ -1,14 +1,25 @@
-"""A producer whose every send returns an awaitable acknowledgement: "this record is durable".
+"""The services' producer: every send can return an awaitable acknowledgement, "this record is durable".
 
 The inference worker must commit (or ACCEPT) a request only once *its* Response is acknowledged
-by the broker. ``RecordProducer.flush()`` waits for everything queued, which under a steady
-stream of token chunks may never be empty; here each ``send`` gets its own delivery callback
-and an ``asyncio.Future`` resolved on the caller's event loop.
+by the broker, and the gateway answers a request only once its prompt is; waiting for the whole
+queue to drain (``flush``) would never end under a steady stream of token chunks. So each
+``send`` may get its own delivery callback and an ``asyncio.Future`` resolved on the caller's
+event loop.
 
 A background thread serves librdkafka's delivery reports (``poll``), so the event loop never
 blocks on the broker. Idempotence is on (acks=all, no duplicates from retries, order kept per
-partition); ``linger.ms`` is the caller's choice (the worker uses ~0-1 ms: token chunks are
-latency-bound, not throughput-bound).
+partition); ``linger.ms`` is the caller's choice (token chunks are latency-bound, not
+throughput-bound). A record the broker has not acknowledged within the delivery timeout
+(``KafkaSettings.delivery_timeout_s`` unless the caller gives its own; librdkafka's
+``message.timeout.ms``, 300 s by default) fails with :class:`DeliveryError`: a broker that is away
+is reported in seconds, not minutes.
+
+When librdkafka's local queue is full (the broker has been away a while), a send made on an event
+loop does not wait there: the record joins a FIFO of records waiting for room that the loop
+retries every few milliseconds, and every later send of that loop joins it too, so the order of
+records is kept. Past the delivery timeout every waiting record fails with
+:class:`QueueFullError` (its future, or the ``failed`` count). A send from a thread without an
+event loop waits for room in place, at most the delivery timeout, then raises ``QueueFullError``.
 
 Not here: encoding choices beyond the codec, retries above librdkafka's own, transactions.
 """
@@ -19,16 +30,32 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
 from schemas.codec import AvroCodec, default_codec
 from transport import tracing
-from transport.errors import DeliveryError
+from transport.errors import DeliveryError, QueueFullError
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
+
+RETRY_S = 0.005  # how often a full local queue is tried again (the report thread drains it meanwhile)
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A record that found librdkafka's queue full, waiting on the event loop for room."""
+
+    topic: str
+    value: bytes
+    key: str | bytes | None
+    kwargs: dict[str, Any]
+    future: asyncio.Future | None
+    since: float  # time.monotonic() of the send
 
 
 class AckedProducer:
@@ -38,19 +65,29 @@ class AckedProducer:
         *,
         codec: AvroCodec | None = None,
         linger_ms: float = 1.0,
+        delivery_timeout_s: float | None = None,
         extra_config: dict[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self.codec = codec or default_codec()
+        extra = dict(extra_config or {})
+        timeout_ms = max(1, round(1000 * (settings.delivery_timeout_s if delivery_timeout_s is None
+                                          else delivery_timeout_s)))
+        # "delivery.timeout.ms" is librdkafka's alias of "message.timeout.ms" (a caller may give either).
+        timeout_ms = int(extra.pop("delivery.timeout.ms", extra.pop("message.timeout.ms", timeout_ms)))
+        self.delivery_timeout_s = timeout_ms / 1000
         self._producer = Producer({
             **settings.client_config(),
             "enable.idempotence": True,
             "linger.ms": linger_ms,
             "compression.type": "lz4",
-            **(extra_config or {}),
+            "message.timeout.ms": timeout_ms,
+            **extra,
         })
         self.delivered = 0
         self.failed = 0
+        self._waiting: deque[_Waiting] = deque()
+        self._waiting_loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve_reports, name="chatpipe-acks", daemon=True)
         self._thread.start()
@@ -58,6 +95,11 @@ class AckedProducer:
     def _serve_reports(self) -> None:
         while not self._stop.is_set():
             self._producer.poll(0.05)
+
+    @property
+    def waiting(self) -> int:
+        """Records waiting on the event loop for room in librdkafka's queue."""
+        return len(self._waiting)
 
     def send(
         self,
@@ -71,10 +113,13 @@ class AckedProducer:
         want_ack: bool = True,
     ) -> asyncio.Future | None:
         """Queue ``record``; with ``want_ack`` (called from a coroutine) returns a future resolved
-        once the broker has it, failing with :class:`DeliveryError` if librdkafka gives up.
+        once the broker has it, failing with :class:`DeliveryError` if it does not get there within
+        the delivery timeout (:class:`QueueFullError` when it never left this process).
 
         Without ``want_ack`` (e.g. a token chunk that is not the last) no future is made: the
         records of one partition are delivered in order, so acknowledging the last one is enough.
+        Never blocks an event loop; from a thread without one, waits for room in a full queue at
+        most the delivery timeout, then raises :class:`QueueFullError`.
         """
         value = self.codec.encode(record)
         if want_ack:
@@ -91,13 +136,68 @@ class AckedProducer:
         kwargs: dict[str, Any] = {"headers": all_headers, "on_delivery": on_delivery}
         if partition is not None:
             kwargs["partition"] = partition
+        if self._waiting and _running_loop() is self._waiting_loop:  # nothing overtakes a waiting record
+            self._waiting.append(_Waiting(topic, value, key, kwargs, future, time.monotonic()))
+            return future
+        try:
+            self._producer.produce(topic, value, key, **kwargs)
+        except BufferError:  # librdkafka's local queue is full
+            loop = _running_loop()
+            if loop is None:
+                self._produce_when_room(topic, value, key, kwargs)
+            else:
+                self._wait_on(loop, _Waiting(topic, value, key, kwargs, future, time.monotonic()))
+        return future
+
+    # -- a full local queue ------------------------------------------------------------------------
+
+    def _produce_when_room(self, topic: str, value: bytes, key: str | bytes | None, kwargs: dict[str, Any]) -> None:
+        """Off any event loop: wait here (the report thread drains the queue), at most the delivery timeout."""
+        deadline = time.monotonic() + self.delivery_timeout_s
         while True:
+            time.sleep(RETRY_S)
             try:
                 self._producer.produce(topic, value, key, **kwargs)
-                break
-            except BufferError:  # the local queue is full: the report thread drains it
-                time.sleep(0.005)
-        return future
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise QueueFullError(self._queue_full(topic), code=KafkaError._QUEUE_FULL) from None
+
+    def _wait_on(self, loop: asyncio.AbstractEventLoop, item: _Waiting) -> None:
+        self._waiting_loop = loop
+        self._waiting.append(item)
+        if len(self._waiting) == 1:
+            loop.call_later(RETRY_S, self._produce_waiting)
+
+    def _produce_waiting(self) -> None:
+        """On the event loop: hand the waiting records over in order while there is room."""
+        while self._waiting:
+            item = self._waiting[0]
+            try:
+                self._producer.produce(item.topic, item.value, item.key, **item.kwargs)
+            except BufferError:
+                if time.monotonic() - item.since > self.delivery_timeout_s:
+                    self._fail_waiting()
+                else:
+                    asyncio.get_running_loop().call_later(RETRY_S, self._produce_waiting)
+                return
+            self._waiting.popleft()
+
+    def _fail_waiting(self) -> None:
+        """The oldest waiting record is past the delivery timeout: the broker is away. Every waiting
+        record fails (the later ones would follow it, and none may overtake it)."""
+        items, self._waiting = list(self._waiting), deque()
+        self.failed += len(items)
+        log.error("%d record(s) failed: %s", len(items), self._queue_full(items[0].topic))
+        for item in items:
+            if item.future is not None and not item.future.done():
+                item.future.set_exception(QueueFullError(self._queue_full(item.topic), code=KafkaError._QUEUE_FULL))
+
+    def _queue_full(self, topic: str) -> str:
+        return (f"{topic}: the producer's local queue stayed full for {self.delivery_timeout_s:g} s; is the "
+                f"broker at {self.settings.bootstrap_servers} up?")
+
+    # -- delivery reports and shutdown -------------------------------------------------------------
 
     def _count(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
@@ -107,11 +207,18 @@ class AckedProducer:
             log.error("delivery to %s[%s] failed: %s", msg.topic(), msg.partition(), err.str())
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Wait for every queued record; raises DeliveryError if some are still queued."""
-        timeout = self.settings.delivery_timeout_s if timeout_s is None else timeout_s
-        remaining = self._producer.flush(timeout)
+        """Wait for every queued record; raises DeliveryError if some are still queued.
+
+        Call it off the event loop (``asyncio.to_thread``): records waiting for room are handed
+        over by the loop meanwhile.
+        """
+        timeout = self.delivery_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        while self._waiting and time.monotonic() < deadline:
+            time.sleep(RETRY_S)
+        remaining = self._producer.flush(max(0.0, deadline - time.monotonic())) + len(self._waiting)
         if remaining:
-            raise DeliveryError(f"{remaining} record(s) undelivered after {timeout:.0f}s "
+            raise DeliveryError(f"{remaining} record(s) undelivered after {timeout:g}s "
                                 f"(broker {self.settings.bootstrap_servers})")
 
     def close(self, timeout_s: float | None = None) -> None:
@@ -122,10 +229,17 @@ class AckedProducer:
             self._thread.join()
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def _settle(future: asyncio.Future, err: KafkaError | None, topic: str, partition: int) -> None:
     if future.done():
         return
     if err is None:
         future.set_result(None)
     else:
-        future.set_exception(DeliveryError(f"{topic}[{partition}]: {err.str()}"))
+        future.set_exception(DeliveryError(f"{topic}[{partition}]: {err.str()}", code=err.code()))

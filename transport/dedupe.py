@@ -1,20 +1,20 @@
-"""Reader-side helpers for at-least-once answers: keep each Response once, rebuild a stream.
+"""Serving attempts: the header that names one, and the text a reader shows across them.
 
-An inference worker that crashes after its Response is durable but before the request's input
-is committed gets the request served again by another worker: a second Response with the same
-``request_id`` (and, after sampling, possibly a different text). Readers keep the first one:
+Delivery is at-least-once: an inference worker that crashes mid-answer (or after its Response is
+durable but before the request's input is committed) has the request served again by another
+worker, a new *attempt* whose chunks start again at index 0 and, after sampling, may say
+something else. Every record of an attempt (its token chunks and its Response) carries the header
+``chatpipe-attempt`` (:data:`ATTEMPT_HEADER`, written by the worker, read by :func:`attempt_of`).
 
-    seen = FirstSeen(capacity=100_000)
-    if seen.add(response.request_id): handle(response)
+:class:`AnswerText` is the reader's rule for one request's chunks, used by the gateway: the newest
+attempt wins and what was already shown is not shown again.
 
-Token chunks of every serving attempt carry the header ``chatpipe-attempt`` (also on that
-attempt's Response); :class:`StreamAssembler` rebuilds the text of one attempt from its chunks,
-so a reader can show the stream that belongs to the Response it kept.
+Not here: remembering which Responses were recorded (streams keeps that per conversation, in its
+changelog-backed table, so it survives a restart).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,56 +28,39 @@ def attempt_of(headers: list[tuple[str, bytes | None]] | None) -> str | None:
     return None
 
 
-class FirstSeen:
-    """Bounded memory of ids: ``add`` is True the first time an id is seen (LRU beyond capacity)."""
-
-    def __init__(self, capacity: int = 100_000) -> None:
-        self.capacity = capacity
-        self._ids: OrderedDict[str, None] = OrderedDict()
-
-    def add(self, key: str) -> bool:
-        if key in self._ids:
-            self._ids.move_to_end(key)
-            return False
-        self._ids[key] = None
-        if len(self._ids) > self.capacity:
-            self._ids.popitem(last=False)
-        return True
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._ids
-
-
 @dataclass
-class _Attempt:
-    parts: dict[int, str] = field(default_factory=dict)
-    final_index: int | None = None
+class AnswerText:
+    """The text to show from one request's chunks, across serving attempts.
 
-    @property
-    def complete(self) -> bool:
-        return self.final_index is not None and all(i in self.parts for i in range(self.final_index + 1))
+    The newest attempt wins; what was already shown is not repeated: the new attempt's text is
+    shown from the same character count on (identical for greedy decoding; with sampling the
+    answer continues from the retry's text). Chunks of a retired attempt and duplicates are
+    ignored.
+    """
 
-    @property
-    def text(self) -> str:
-        return "".join(self.parts[i] for i in sorted(self.parts))
+    attempt: str | None = None
+    retired: set = field(default_factory=set)
+    next_index: int = 0
+    attempt_chars: int = 0
+    shown_chars: int = 0
 
+    def feed(self, chunk: Any, attempt: str | None) -> str | None:
+        """New text to show ("" for none); None when the chunk is not part of the answer.
 
-class StreamAssembler:
-    """Token chunks in, text per (request_id, attempt) out; duplicates of a chunk are harmless."""
-
-    def __init__(self) -> None:
-        self._attempts: dict[tuple[str, str | None], _Attempt] = {}
-
-    def add(self, chunk: Any, attempt: str | None) -> None:
-        state = self._attempts.setdefault((chunk.request_id, attempt), _Attempt())
-        state.parts[chunk.index] = chunk.text
-        if chunk.is_final:
-            state.final_index = chunk.index
-
-    def text(self, request_id: str, attempt: str | None) -> str | None:
-        """The assembled text of that attempt, or None until its final chunk (and all before) came."""
-        state = self._attempts.get((request_id, attempt))
-        return state.text if state is not None and state.complete else None
-
-    def attempts(self, request_id: str) -> list[str | None]:
-        return [a for (rid, a) in self._attempts if rid == request_id]
+        ``chunk`` is a ``TokenChunk`` (``index``, ``text``); ``attempt`` its attempt header.
+        """
+        if attempt in self.retired:
+            return None
+        if attempt != self.attempt:
+            if self.attempt is not None or self.next_index:
+                self.retired.add(self.attempt)
+            self.attempt, self.next_index, self.attempt_chars = attempt, 0, 0
+        if chunk.index < self.next_index:
+            return None
+        self.next_index = chunk.index + 1
+        self.attempt_chars += len(chunk.text)
+        new = self.attempt_chars - self.shown_chars
+        if new <= 0:
+            return ""
+        self.shown_chars += new
+        return chunk.text[len(chunk.text) - new:]

@@ -18,12 +18,12 @@ class KafkaSettings(BaseSettings):
     bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, host:port[,host:port]")
     topic_prefix: str = Field("", description="Put in front of every catalog topic name, e.g. 'staging.'")
     client_id: str = Field("chatpipe", description="Kafka client.id, shows up in broker logs and metrics")
-    producer_linger_ms: int = Field(5, ge=0, description="How long the producer waits to fill a batch")
-    producer_batch_bytes: int = Field(1_000_000, gt=0, description="Largest producer batch in bytes")
-    consumer_batch_size: int = Field(500, gt=0, description="Most messages one consumer poll returns")
-    consumer_poll_timeout_s: float = Field(1.0, gt=0, description="How long one poll waits for messages")
+    # Linger, batch and poll sizes are each service's own settings (the worker's chunk_linger_ms and
+    # poll_timeout_s, ...): what suits token chunks does not suit an archive batch.
+    consumer_poll_timeout_s: float = Field(1.0, gt=0, description="Read by no service; to be removed")
     replication_factor: int = Field(1, ge=1, description="Replication factor of topics created by `topics apply`")
-    delivery_timeout_s: float = Field(30.0, gt=0, description="flush() gives up after this and raises")
+    delivery_timeout_s: float = Field(30.0, gt=0, description="A record the broker has not acknowledged by then "
+                                      "fails (the services' producers; the gateway has its own, shorter one)")
 
     def topic(self, name: str) -> str:
         """The real topic name of catalog topic ``name`` under this deployment's prefix."""

@@ -44,7 +44,7 @@ def tail_kafka(kafka_stack, topic_admin):
 
 @pytest.fixture
 def producer(tail_kafka):
-    from transport.producer import RecordProducer
+    from tests.kafka_helpers import RecordProducer
 
     with RecordProducer(tail_kafka) as p:
         yield p

@@ -212,7 +212,7 @@ def test_two_of_three_down_fails_writes_loudly_and_loses_nothing_acknowledged(cl
     twice (a known limit, confluentinc/librdkafka#4953; only transactions avoid it). Measured in
     docs/cluster.md; consumers deduplicate (transport/dedupe.py)."""
     from transport.errors import DeliveryError
-    from transport.producer import RecordProducer
+    from tests.kafka_helpers import RecordProducer
 
     topic = _topic(cluster, "two-down")
     errors: Counter[str] = Counter()

@@ -1,5 +1,6 @@
-"""BatchConsumer through the real broker: a steady consume loop must not make the garbage
-collector promote every batch (the cost that kept the adapter at 0.70 of a raw loop)."""
+"""The tests' BatchConsumer (tests/kafka_helpers) through the real broker: a steady consume loop
+must not make the garbage collector promote every batch (the cost that kept it at 0.70 of a raw
+loop when it was a transport adapter)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import gc
 import pytest
 
 from schemas import records
-from transport.consumer import BatchConsumer
-from transport.producer import RecordProducer
+from tests.kafka_helpers import BatchConsumer, RecordProducer
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,9 @@ from schemas.codec import AvroCodec, to_avro_dict
 from schemas.errors import DecodeError, UnknownSchemaError
 from schemas.registry import SCHEMA_DIR
 from schemas.topics import DLQ
+from tests.kafka_helpers import BatchConsumer, DeadLetterWriter, RecordProducer
 from tests.samples import sample_records
 from transport import tracing
-from transport.consumer import BatchConsumer
-from transport.dead_letters import DeadLetterWriter
-from transport.producer import RecordProducer
 
 pytestmark = pytest.mark.integration
 
@@ -162,3 +160,49 @@ def test_producer_reports_undeliverable_messages(kafka_settings):
     producer.send(kafka_settings.topic("no.such.topic"), sample_records()[4], key="x")
     with pytest.raises(DeliveryError):
         producer.flush(timeout_s=10)
+
+
+async def test_records_that_waited_for_room_keep_their_order(kafka_settings, topic_factory, group_id):
+    """The services' producer, its local queue full, keeps later records waiting behind the first
+    that found no room (on the event loop, not blocking it): every record lands, in send order."""
+    import asyncio
+
+    from transport.acked_producer import AckedProducer
+
+    topic = topic_factory(partitions=1)
+    sent = [records.Cancel(request_id=f"r{i}", conversation_id="c", reason="order") for i in range(300)]
+    producer = AckedProducer(kafka_settings, linger_ms=0, extra_config={"queue.buffering.max.messages": 5})
+    try:
+        acks = [producer.send(topic, record, key="c") for record in sent]  # no await: the queue fills
+        assert producer.waiting > 0
+        await asyncio.wait_for(asyncio.gather(*acks), 60)
+        assert producer.waiting == 0 and producer.delivered == len(sent)
+    finally:
+        await asyncio.to_thread(producer.close, 10)
+    with _strict_consumer(kafka_settings, group_id, topic) as consumer:
+        got = _drain(consumer, len(sent), expected=records.Cancel)
+    assert [m.record.request_id for m in got] == [r.request_id for r in sent]
+
+
+async def test_acked_producer_fails_a_record_for_a_missing_topic_in_its_timeout(kafka_settings):
+    """A send to a topic the broker does not have (auto-create is off) fails its future with the
+    Kafka error code, within the producer's delivery timeout, instead of librdkafka's 300 s."""
+    import asyncio
+    import time
+
+    from confluent_kafka import KafkaError
+
+    from transport.acked_producer import AckedProducer
+    from transport.errors import DeliveryError
+
+    producer = AckedProducer(kafka_settings, delivery_timeout_s=3)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DeliveryError) as caught:
+            ack = producer.send(kafka_settings.topic("no.such.topic"), sample_records()[4], key="x")
+            await asyncio.wait_for(ack, 30)
+        assert time.monotonic() - started < 10
+        assert caught.value.code in (KafkaError._MSG_TIMED_OUT, KafkaError._UNKNOWN_TOPIC,
+                                     KafkaError.UNKNOWN_TOPIC_OR_PART)
+    finally:
+        await asyncio.to_thread(producer.close, 1)

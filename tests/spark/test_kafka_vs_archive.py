@@ -37,7 +37,7 @@ def test_kafka_and_archive_sources_give_identical_datasets(spark, kafka_settings
     """Catches a source that reads different records, offsets or timestamps than the other (bounded
     Kafka batch read vs the archive layout), which would make datasets depend on where they came from."""
     from spark_jobs.finetune_dataset import run
-    from transport.producer import RecordProducer
+    from tests.kafka_helpers import RecordProducer
 
     turns_topic, feedback_topic = topic_factory(partitions=3), topic_factory(partitions=3)
     log = generate(n_turns=150, seed=5)

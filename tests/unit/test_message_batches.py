@@ -1,5 +1,6 @@
-"""How consumers build batches: error events are never wrapped, and a batch is built without
-starting a garbage collection that would promote the previous batch (transport/message.py).
+"""How the tests' BatchConsumer builds batches: error events are never wrapped, and a batch is built
+without starting a garbage collection that would promote the previous batch
+(tests/kafka_helpers/batches.py).
 
 The ``Message`` objects are confluent-kafka's own, built the way its tests build them; no broker
 is needed to hand them out.
@@ -12,7 +13,8 @@ import gc
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from transport.message import ConsumedMessage, pause_gc, resume_gc, wrap_batch
+from tests.kafka_helpers import pause_gc, resume_gc, wrap_batch
+from transport.message import ConsumedMessage
 
 
 def _messages(n: int, start: int = 0) -> list[Message]:

@@ -44,8 +44,8 @@ def test_flags_override_env_and_env_overrides_defaults(monkeypatch):
 
 def test_bad_setting_is_a_named_error(monkeypatch):
     """A bad CHATPIPE_* value must produce an actionable SettingsError naming the field."""
-    monkeypatch.setenv("CHATPIPE_CONSUMER_BATCH_SIZE", "-3")
-    with pytest.raises(SettingsError, match="consumer_batch_size"):
+    monkeypatch.setenv("CHATPIPE_DELIVERY_TIMEOUT_S", "-3")
+    with pytest.raises(SettingsError, match="delivery_timeout_s"):
         build_settings(KafkaSettings)
 
 

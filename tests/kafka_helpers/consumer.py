@@ -1,11 +1,13 @@
-"""Batch consumer: poll many messages at once, decode them, dead-letter what does not decode.
+"""A batch consumer for tests and benches: poll many messages at once, decode them, dead-letter
+what does not decode, commit everything polled when told.
 
-Offsets are committed only when the caller says its batch is done (``commit()``), never
-automatically, so a crash re-delivers rather than loses work (at-least-once; consumers dedupe
-by ``request_id``/``event_id`` where it matters).
+The services consume with ``transport.group_consumer.GroupConsumer`` (out-of-order finishing,
+explicit offsets), ``transport.share_consumer.ShareGroupConsumer`` or Faust; a test that reads
+what a service wrote wants "give me the next records" instead.
 
 The error policy is an injected callback ``on_decode_error(exc, message)``: by default the
-message goes to the dead-letter topic and the consumer moves on to the next one.
+message goes to the dead-letter topic (:class:`DeadLetterWriter`, the same ``DeadLetter`` record
+the services write: ``transport.dead_letters.dead_letter_for``) and the consumer moves on.
 """
 
 from __future__ import annotations
@@ -17,14 +19,35 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
-from transport.dead_letters import DeadLetterWriter
+from schemas.records import DeadLetter
+from schemas.topics import DLQ
+from tests.kafka_helpers.batches import DecodedMessage, pause_gc, resume_gc, wrap_batch
+from tests.kafka_helpers.producer import RecordProducer
+from transport.dead_letters import dead_letter_for, dead_letter_headers, dead_letter_key
 from transport.errors import TransportError
-from transport.message import ConsumedMessage, DecodedMessage, pause_gc, resume_gc, wrap_batch
+from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
 DecodeErrorPolicy = Callable[[DecodeError, ConsumedMessage], None]
+
+
+class DeadLetterWriter:
+    """Dead letters through a :class:`RecordProducer` (flushed by ``BatchConsumer.commit``)."""
+
+    def __init__(self, producer: RecordProducer, *, component: str) -> None:
+        self.producer = producer
+        self.component = component
+        self.topic = producer.settings.topic(DLQ)
+        self.count = 0
+
+    def send(self, message: ConsumedMessage, error: BaseException) -> DeadLetter:
+        letter = dead_letter_for(message, error, self.component)
+        log.warning("dead-lettering %s[%s]@%s: %s", message.topic, message.partition, message.offset, error)
+        self.producer.send(self.topic, letter, key=dead_letter_key(message), headers=dead_letter_headers(message))
+        self.count += 1
+        return letter
 
 
 class BatchConsumer:
@@ -37,10 +60,13 @@ class BatchConsumer:
         codec: AvroCodec | None = None,
         dead_letters: DeadLetterWriter | None = None,
         on_decode_error: DecodeErrorPolicy | None = None,
+        batch_size: int = 500,
+        poll_timeout_s: float = 1.0,
         extra_config: dict[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self.codec = codec or default_codec()
+        self.batch_size, self.poll_timeout_s = batch_size, poll_timeout_s
         self._dead_letters = dead_letters
         if on_decode_error is None:
             if dead_letters is None:
@@ -59,10 +85,8 @@ class BatchConsumer:
 
     def poll_messages(self, max_messages: int | None = None, timeout_s: float | None = None) -> list[ConsumedMessage]:
         """Up to ``max_messages`` raw messages, waiting at most ``timeout_s`` for the first."""
-        raw = self._consumer.consume(
-            max_messages or self.settings.consumer_batch_size,
-            self.settings.consumer_poll_timeout_s if timeout_s is None else timeout_s,
-        )
+        raw = self._consumer.consume(max_messages or self.batch_size,
+                                     self.poll_timeout_s if timeout_s is None else timeout_s)
         clean = wrap_batch(raw)  # fast path: no error events in the batch
         if clean is not None:
             return clean

@@ -1,4 +1,8 @@
-"""Idempotent producer of chatpipe records (or raw bytes) with checked delivery.
+"""A synchronous producer for tests and benches: queue records (or raw bytes), ``flush()``, and
+know every one landed.
+
+The services produce with ``transport.acked_producer.AckedProducer`` (a future per record, on
+their event loop); a test that sets up its input wants "send these, then be sure" instead.
 
 ``enable.idempotence`` gives exactly-once, in-order writes per partition across librdkafka's
 retries; delivery reports are collected by one callback and ``flush()`` raises
@@ -21,6 +25,7 @@ from transport.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 Key = str | bytes | None
+LINGER_MS = 5  # batches of test input, not latency-bound token chunks
 
 
 class _DeliveryTracker:
@@ -54,8 +59,7 @@ class RecordProducer:
         config = {
             **settings.client_config(),
             "enable.idempotence": True,  # implies acks=all and bounded in-flight requests
-            "linger.ms": settings.producer_linger_ms,
-            "batch.size": settings.producer_batch_bytes,
+            "linger.ms": LINGER_MS,
             "compression.type": "lz4",
             "on_delivery": self._tracker,
             **(extra_config or {}),

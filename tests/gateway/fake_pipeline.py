@@ -1,0 +1,77 @@
+"""A stand-in for streams + the inference worker, for gateway tests that need no model: it reads the
+``PromptRequest``s a gateway puts on ``chat.prompts`` and answers each at its reply address the way
+the real tiers do (token chunks, the last one saying how the request ended), or not at all.
+
+What to answer is the test's ``answer(prompt) -> list[TokenChunk] | None`` (None: stay silent).
+Prompts of conversations the test does not know (other tests share the session's topics) are
+ignored by the test's ``answer``.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Callable
+
+from confluent_kafka import Consumer, TopicPartition
+
+from schemas.codec import default_codec
+from schemas.records import FinishReason, PromptRequest, TokenChunk
+from tests.kafka_helpers import RecordProducer
+from transport.dedupe import ATTEMPT_HEADER
+from transport.settings import KafkaSettings
+
+Answer = Callable[[PromptRequest], list[TokenChunk] | None]
+
+
+def final(prompt: PromptRequest, text: str = "", *, index: int = 0, finish_reason: FinishReason = FinishReason.STOP,
+          error_code: str | None = None, error: str | None = None) -> TokenChunk:
+    return TokenChunk(request_id=prompt.request_id, conversation_id=prompt.conversation_id, index=index, text=text,
+                      is_final=True, worker_id="fake-worker", finish_reason=finish_reason, tokens_in=3,
+                      tokens_out=len(text.split()), error_code=error_code, error=error)
+
+
+class FakePipeline:
+    def __init__(self, kafka: KafkaSettings, answer: Answer) -> None:
+        self.kafka = kafka
+        self.answer = answer
+        self.codec = default_codec()
+        self.prompts: dict[str, PromptRequest] = {}  # conversation id -> the last prompt seen
+        self._producer = RecordProducer(kafka, extra_config={"linger.ms": 0})
+        self._consumer = Consumer({**kafka.client_config(), "group.id": f"fake-pipeline-{uuid.uuid4().hex[:8]}",
+                                   "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+        topic = kafka.topic("chat.prompts")
+        partitions = self._consumer.list_topics(topic, timeout=15).topics[topic].partitions
+        ends = [self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1] for p in partitions]
+        self._consumer.assign([TopicPartition(topic, p, end) for p, end in zip(partitions, ends)])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-pipeline", daemon=True)
+        self.errors: list[BaseException] = []
+
+    def start(self) -> "FakePipeline":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for msg in self._consumer.consume(100, 0.1):
+                    if msg.error() is not None:  # partition EOF, or the broker away: librdkafka reconnects
+                        continue
+                    prompt = self.codec.decode(msg.value(), PromptRequest)
+                    self.prompts[prompt.conversation_id] = prompt
+                    chunks = self.answer(prompt)
+                    for chunk in chunks or ():
+                        self._producer.send(prompt.reply_to, chunk, key=prompt.request_id,
+                                            partition=prompt.reply_partition, headers=[(ATTEMPT_HEADER, b"fake-1")])
+                    if chunks:
+                        self._producer.flush(30)
+        except BaseException as exc:  # noqa: BLE001 - reported by stop(), in the test
+            self.errors.append(exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        self._consumer.close()
+        assert not self.errors, f"the fake pipeline failed: {self.errors!r}"

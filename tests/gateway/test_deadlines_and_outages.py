@@ -1,0 +1,157 @@
+"""The gateway process against a real broker, with a fake pipeline behind it (no model needed):
+every prompt carries its deadline, an answer that says "expired" is a 504, and a broker that goes
+away gives prompt 503s that free the backlog instead of holding each slot for five minutes.
+
+The gateway is the real ``chatpipe gateway`` process (tests/gateway/stack.py); what answers its
+prompts is tests/gateway/fake_pipeline.py. The outage test stops and restarts a broker of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import httpx
+import pytest
+
+from schemas.records import FinishReason
+from tests.gateway.fake_pipeline import FakePipeline, final
+from tests.gateway.stack import API_KEY, start_gateway
+from transport.settings import KafkaSettings
+
+pytestmark = pytest.mark.integration
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+MODEL = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def answer_by_conversation(prompt):
+    """ok-*: a two-chunk answer; expired-*: what a tier sends for a request taken after its deadline;
+    silent-*: nothing; anything else (other tests' prompts on the session's topics): nothing."""
+    kind = prompt.conversation_id.split("-")[0]
+    if kind == "ok":
+        first = final(prompt, "fine ")
+        first.is_final, first.finish_reason = False, None
+        return [first, final(prompt, "thanks", index=1)]
+    if kind == "expired":
+        return [final(prompt, finish_reason=FinishReason.TIMEOUT, error_code="expired",
+                      error="the request's deadline passed 2 s before a worker took it")]
+    return None
+
+
+async def chat(http: httpx.AsyncClient, conversation: str, *, stream: bool = False) -> tuple[httpx.Response, float]:
+    """One request and how long its answer took (s). A streamed one is read to the end."""
+    started = time.monotonic()
+    body = {"model": MODEL, "stream": stream, "messages": [{"role": "user", "content": "hello"}]}
+    headers = {**AUTH, "X-Chatpipe-Conversation-Id": conversation}
+    async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+        await response.aread()
+    return response, time.monotonic() - started
+
+
+def error_of(response: httpx.Response) -> tuple[int, str, str]:
+    error = response.json()["error"]
+    return response.status_code, error["type"], error["code"]
+
+
+async def test_prompts_carry_their_deadline_and_an_expired_answer_is_a_504(kafka_settings, catalog_topics, tmp_path):
+    """No request used to carry a deadline, so work re-read after an outage was served for clients
+    long gone. Each PromptRequest must say when its client stops waiting (the first-token timeout),
+    the client must get its 504 at that moment, and a tier's "expired" answer must be a 504 too,
+    streamed or not (it comes before any token, so it is a real HTTP status, not a broken stream)."""
+    fake = FakePipeline(kafka_settings, answer_by_conversation).start()
+    gateway = start_gateway(kafka_settings, tmp_path, CHATPIPE_GATEWAY_FIRST_CHUNK_TIMEOUT_S="6")
+    try:
+        gateway.wait_healthy(90)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+            ok, _ = await chat(http, "ok-1")
+            assert ok.status_code == 200, ok.text
+            assert ok.json()["choices"][0]["message"]["content"] == "fine thanks"
+            prompt = fake.prompts["ok-1"]
+            assert prompt.deadline_at == prompt.created_at + 6000
+            assert prompt.reply_to.startswith(kafka_settings.topic("chat.replies.")) and prompt.reply_partition == 0
+
+            for conversation, stream in (("expired-1", False), ("expired-2", True)):
+                response, took = await chat(http, conversation, stream=stream)
+                assert error_of(response) == (504, "server_error", "expired"), response.text
+                assert "deadline passed" in response.json()["error"]["message"]
+                assert took < 5, "an expired answer must come at once, not at the gateway's own timeout"
+
+            silent, _ = await chat(http, "silent-1")
+            answered_at_ms = time.time() * 1000
+            assert error_of(silent) == (504, "server_error", "timeout"), silent.text
+            deadline = fake.prompts["silent-1"].deadline_at
+            assert deadline - 100 <= answered_at_ms <= deadline + 2000, \
+                f"504 {answered_at_ms - deadline:.0f} ms after the deadline the prompt carried"
+
+            health = (await http.get("/healthz")).json()
+            assert health["pending"] == 0
+            metrics = (await http.get("/metrics")).text
+            assert 'chatpipe_gateway_requests_total{outcome="expired"} 2.0' in metrics
+        assert gateway.terminate() == 0, gateway.log()[-3000:]
+    finally:
+        gateway.terminate()
+        fake.stop()
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    """A broker of this test's own (it is stopped and restarted), on free ports."""
+    from infra.local_kafka import LocalKafka
+    from infra.settings import StackSettings
+
+    broker = LocalKafka(StackSettings(state_dir=tmp_path / "state", kafka_port=free_port(),
+                                      controller_port=free_port()))
+    broker.up()
+    yield broker
+    broker.down()
+
+
+async def test_with_the_broker_away_requests_get_a_prompt_503_and_free_the_backlog(own_broker, tmp_path):
+    """The gateway kept librdkafka's 300 s delivery timeout: with the broker down every request held
+    a backlog slot for five minutes before its 503, and the gateway answered 429 to everybody
+    meanwhile. Now each gets 503 kafka_unavailable within the gateway's delivery timeout (default
+    5 s), its slot is free again, and once the broker is back requests are served as before."""
+    from transport.admin import TopicAdmin
+
+    kafka = KafkaSettings(bootstrap_servers=own_broker.settings.bootstrap_servers, topic_prefix="away.")
+    TopicAdmin(kafka).apply()
+    fake = FakePipeline(kafka, answer_by_conversation).start()
+    gateway = start_gateway(kafka, tmp_path, CHATPIPE_GATEWAY_MAX_PENDING="3")
+    try:
+        gateway.wait_healthy(90)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+            before, _ = await chat(http, "ok-before")
+            assert before.status_code == 200, before.text
+
+            own_broker.down()
+            held = [asyncio.create_task(chat(http, f"ok-away-{i}")) for i in range(3)]
+            await asyncio.sleep(1.0)
+            busy, _ = await chat(http, "ok-busy")
+            assert error_of(busy)[::2] == (429, "backlog_full"), "the three in flight hold the backlog"
+            for response, took in await asyncio.gather(*held):
+                assert error_of(response) == (503, "server_error", "kafka_unavailable"), response.text
+                assert took < 12, f"503 after {took:.1f} s (the delivery timeout is 5 s)"
+            assert (await http.get("/healthz")).json()["pending"] == 0
+            again, took = await chat(http, "ok-again")
+            assert error_of(again)[::2] == (503, "kafka_unavailable") and took < 12, "the slots must be free"
+
+            own_broker.up()
+            deadline = time.monotonic() + 120
+            while True:  # the producer reconnects with backoff: the first tries may still 503
+                back, _ = await chat(http, "ok-back")
+                if back.status_code != 503 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(1)
+            assert back.status_code == 200, back.text
+            assert back.json()["choices"][0]["message"]["content"] == "fine thanks"
+        assert gateway.terminate() == 0, gateway.log()[-3000:]
+    finally:
+        gateway.terminate()
+        fake.stop()

@@ -1,0 +1,73 @@
+"""Reader-side helpers of the tests: keep each Response once, rebuild each attempt's full text.
+
+A test that reads everything the workers wrote (tests/worker/harness.py) keeps the first Response
+of a request and compares it with the chunks of the same serving attempt:
+
+    seen = FirstSeen(capacity=100_000)
+    if seen.add(response.request_id): handle(response)
+
+The services do these jobs their own way: the gateway shows one request's answer as it streams
+(``transport.dedupe.AnswerText``), and streams remembers recorded request ids per conversation in
+its changelog-backed table (they must survive a restart; an in-memory set would not).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class FirstSeen:
+    """Bounded memory of ids: ``add`` is True the first time an id is seen (LRU beyond capacity)."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, key: str) -> bool:
+        if key in self._ids:
+            self._ids.move_to_end(key)
+            return False
+        self._ids[key] = None
+        if len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+        return True
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._ids
+
+
+@dataclass
+class _Attempt:
+    parts: dict[int, str] = field(default_factory=dict)
+    final_index: int | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.final_index is not None and all(i in self.parts for i in range(self.final_index + 1))
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts[i] for i in sorted(self.parts))
+
+
+class StreamAssembler:
+    """Token chunks in, text per (request_id, attempt) out; duplicates of a chunk are harmless."""
+
+    def __init__(self) -> None:
+        self._attempts: dict[tuple[str, str | None], _Attempt] = {}
+
+    def add(self, chunk: Any, attempt: str | None) -> None:
+        state = self._attempts.setdefault((chunk.request_id, attempt), _Attempt())
+        state.parts[chunk.index] = chunk.text
+        if chunk.is_final:
+            state.final_index = chunk.index
+
+    def text(self, request_id: str, attempt: str | None) -> str | None:
+        """The assembled text of that attempt, or None until its final chunk (and all before) came."""
+        state = self._attempts.get((request_id, attempt))
+        return state.text if state is not None and state.complete else None
+
+    def attempts(self, request_id: str) -> list[str | None]:
+        return [a for (rid, a) in self._attempts if rid == request_id]
