@@ -8,5 +8,8 @@
 - ``archive``: ``chat.turns`` + ``chat.feedback`` -> the Avro archive that ``spark_jobs`` reads.
 
 Pure logic (context assembly, batching bounds, conversation state) has no I/O and is unit
-tested on its own; ``app.py`` wires it into Faust. Design notes: docs/streams.md.
+tested on its own; ``app.py`` wires it into Faust. The failure policy: ``faults.py`` (what is
+retried, how the process exits unacked), ``acks.py`` (batches acked by the agents),
+``outbox.py`` (a batch's records durable before its ack), ``refusals.py`` and
+``reply_address.py`` (prompts refused where they enter). Design notes: docs/streams.md.
 """

@@ -9,7 +9,10 @@ admin client, since the broker refuses auto-created topics. Their names start wi
 which carries the deployment's topic prefix, and ``chatpipe status`` lists them.
 
 Each agent runs with concurrency 1 (faust issue #606: concurrent agents can commit an offset
-past an event still being processed).
+past an event still being processed), acks its batches itself once their effects are durable
+(``acks.py``), and an exception escaping it ends the process without acking
+(``faults.exit_without_ack``): Faust's own handling would restart the agent on the next batch
+and commit past the failed one.
 """
 
 from __future__ import annotations
@@ -20,12 +23,16 @@ from typing import Any
 from schemas.topics import DLQ, INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH, spec
 from streams.archive import ArchiveAgent, Archiver
 from streams.dead_letters import DeadLetters
+from streams.faults import Retrier, exit_without_ack
 from streams.forget import Forget
 from streams.intake import Intake
 from streams.record import Record
+from streams.refusals import Refusals
+from streams.reply_address import ReplyAddresses
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from transport.acked_producer import AckedProducer
+from transport.admin import TopicAdmin
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -63,6 +70,7 @@ class StreamsApp:
             topic_allow_declare=True,
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=settings.commit_interval_s,
+            broker_session_timeout=settings.session_timeout_s,
             web_enabled=settings.web_port is not None,
             web_port=settings.web_port or 6066,
             autodiscover=False,
@@ -76,20 +84,26 @@ class StreamsApp:
         # (a value_type of dict breaks Faust's changelog recovery, which expects a faust.Record).
         self.table = app.Table(TABLE, default=None, partitions=partitions, use_partitioner=True)
         dlq = topic(DLQ)
-        # Error chunks for refused prompts (streams/intake.py says why not through Faust's producer).
+        retrier = Retrier(settings.retry_budget_s, settings.retry_backoff_s, settings.retry_max_backoff_s)
+        # Error chunks for refused prompts (streams/refusals.py says why not through Faust's producer).
         # A reply topic that does not exist fails within 10 s instead of librdkafka's 5 minutes.
         self.reply_producer = AckedProducer(kafka, codec=services.codec, linger_ms=0,
                                             extra_config={"message.timeout.ms": 10_000})
+        replies = ReplyAddresses(TopicAdmin(kafka, timeout_s=10.0).topic_partitions, settings.reply_topics_cache_s)
         codec = services.codec
+        intake_letters = DeadLetters(dlq, codec, "streams.intake")
+        self.refusals = Refusals(intake_letters, retrier, self.reply_producer, replies)
         self.intake = Intake(settings, services, self.table,
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
-                             DeadLetters(dlq, codec, "streams.intake"), reply_producer=self.reply_producer)
+                             intake_letters, self.refusals, retrier)
         self.record = Record(settings, services, self.table, topic("chat.turns"),
-                             DeadLetters(dlq, codec, "streams.record"))
+                             DeadLetters(dlq, codec, "streams.record"), retrier)
         self.forget = Forget(services, self.table, topic("chat.deletions.audit"),
-                             DeadLetters(dlq, codec, "streams.forget"))
-        self.archive = ArchiveAgent(Archiver(settings.archive_dir), settings.archive_batch_size,
-                                    settings.archive_flush_s)
+                             DeadLetters(dlq, codec, "streams.forget"), retrier)
+        archive_retrier = Retrier(settings.archive_retry_budget_s, settings.retry_backoff_s,
+                                  settings.retry_max_backoff_s)
+        self.archive = ArchiveAgent(Archiver(settings.archive_dir, codec, settings.archive_dedupe_window),
+                                    settings.archive_batch_size, settings.archive_flush_s, archive_retrier)
         archive_source = app.topic(kafka.topic("chat.turns"), kafka.topic("chat.feedback"), **RAW)
         for name, channel, agent in (
             ("intake", topic("chat.prompts"), self.intake),
@@ -101,9 +115,17 @@ class StreamsApp:
 
 
 def _as_function(agent: Any, name: str):
-    """Faust wants a plain ``async def fn(stream)``; each agent is an object with ``__call__``."""
+    """Faust wants a plain ``async def fn(stream)``; each agent is an object with ``__call__``.
+
+    An exception escaping the agent (an outage past the retry budget, or a bug) ends the process
+    with the batch unacked. CancelledError is no Exception: Faust cancels agents to stop them and
+    on a rebalance, and an unacked batch then is read again where the partition is assigned next.
+    """
     async def run(stream: Any) -> None:
-        await agent(stream)
+        try:
+            await agent(stream)
+        except Exception as exc:  # noqa: BLE001 - every failure gets the same answer: exit unacked
+            exit_without_ack(f"streams.{name}", exc)
 
     run.__name__ = run.__qualname__ = name
     return run

@@ -1,8 +1,11 @@
-"""Dead letters from Faust events: the same ``DeadLetter`` record ``transport.dead_letters`` writes.
+"""Dead letters from Faust events: the one ``DeadLetter`` builder of ``transport.dead_letters``.
 
-``transport.DeadLetterWriter`` sends through a confluent-kafka producer; the Faust worker sends
-through its own (aiokafka) producer, so this is the same record built from a Faust event: the
-original key, value and headers byte for byte, the error's type and message as the reason.
+The record is the same whichever tier refuses a message (``transport.dead_letters.dead_letter_for``:
+original key, value and headers byte for byte, the error's type and message as the reason, an
+``event_id`` derived from component, topic, partition and offset, so a record refused again after
+a re-read is the same fact on ``chat.dlq``). The inference worker sends it through its
+``AckedProducer``; streams sends it through Faust's producer, in the batch's ``Outbox``: the
+refused record is acked with its batch, and only once its dead letter is on the broker.
 """
 
 from __future__ import annotations
@@ -11,18 +14,16 @@ import logging
 from typing import Any
 
 from schemas.codec import AvroCodec
-from schemas.records import DeadLetter, Header
+from schemas.records import DeadLetter
 from transport import tracing
+from transport.dead_letters import dead_letter_for, dead_letter_headers, dead_letter_key, source_headers
 
 log = logging.getLogger(__name__)
 
 
 def event_headers(message: Any) -> list[tuple[str, bytes | None]]:
     """A Faust message's headers as (key, value) pairs (Faust may hand a mapping or a list)."""
-    headers = message.headers or []
-    if hasattr(headers, "items"):
-        headers = list(headers.items())
-    return [(k, v) for k, v in headers]
+    return source_headers(message)
 
 
 def child_headers(message: Any) -> list[tuple[str, bytes]]:
@@ -38,15 +39,12 @@ class DeadLetters:
         self.component = component
         self.count = 0
 
-    async def send(self, event: Any, error: BaseException) -> DeadLetter:
+    async def send(self, event: Any, error: BaseException, outbox: Any) -> DeadLetter:
+        """Dead-letter ``event`` through ``outbox`` (a ``streams.outbox.Outbox``)."""
         m = event.message
-        letter = DeadLetter(
-            source_topic=m.topic, source_partition=m.partition, source_offset=m.offset,
-            key=m.key, value=m.value, headers=[Header(k, v) for k, v in event_headers(m)],
-            error_type=type(error).__name__, error_message=str(error), component=self.component,
-        )
+        letter = dead_letter_for(m, error, self.component)
         log.warning("dead-lettering %s[%s]@%s: %s: %s", m.topic, m.partition, m.offset, type(error).__name__, error)
-        # Keyed by source topic, like transport's DeadLetterWriter.
-        await self.topic.send(key=m.topic.encode(), value=self.codec.encode(letter), headers=child_headers(m))
+        await outbox.send(self.topic, key=dead_letter_key(m), value=self.codec.encode(letter),
+                          headers=dead_letter_headers(m))
         self.count += 1
         return letter

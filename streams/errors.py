@@ -1,4 +1,9 @@
-"""Named errors of the streams tier; each one becomes a dead letter with its message as the reason."""
+"""Named errors of the streams tier.
+
+A fault of the record (every error here but ``InfrastructureUnavailableError`` and
+``TokenizerNotFoundError``) becomes a dead letter with its message as the reason; the
+infrastructure's is retried, then stops the process unacknowledged (``streams/faults.py``).
+"""
 
 from __future__ import annotations
 
@@ -27,3 +32,20 @@ class InvalidDeletionError(StreamsError):
 
 class TokenizerNotFoundError(StreamsError):
     """No chat-model tokenizer where the settings point."""
+
+
+class InvalidReplyAddressError(StreamsError):
+    """A PromptRequest whose ``reply_to`` is not a topic on the broker, or whose ``reply_partition``
+    is outside it: nobody can be answered there, so only the dead letter says why."""
+
+
+class ExpiredRequestError(StreamsError):
+    """A PromptRequest taken after its ``deadline_at``: the asker has stopped waiting."""
+
+
+class InfrastructureUnavailableError(StreamsError):
+    """Qdrant, the broker or the archive's disk kept failing for the whole retry budget.
+
+    Not a fault of any record: the batch in hand is not acknowledged and the process exits
+    (``streams.faults.EXIT_INFRASTRUCTURE``), so the batch is read again after the restart.
+    """

@@ -1,13 +1,19 @@
 """The intake agent: ``chat.prompts`` -> ``InferenceRequest``s with assembled context.
 
-Per batch (``take_events(n, within)``, then split by prompt tokens, see ``batching.py``):
+Per batch (``acks.Batches``: n prompts or what came within the window, then split by prompt
+tokens, see ``batching.py``):
 decode and validate every prompt (a bad one is dead-lettered and the rest go on), embed all
 prompts of the run in one call, recall memory for all of them in one call, assemble each
 context (``context.py``), remember each request as pending in its conversation's state (record
 needs the prompt text when the answer comes back; each conversation's state is written to the
 table once per batch, before any of the batch's requests is produced) and produce the
-``InferenceRequest`` keyed by conversation id to the topic of its priority. Reply address and
-priority are carried over.
+``InferenceRequest`` keyed by conversation id to the topic of its priority. Reply address,
+priority and deadline are carried over.
+
+Before that, a prompt whose reply address cannot be answered or whose deadline has passed is
+refused (``refusals.py``). The batch is acked only once every record it produced (requests, dead
+letters, error chunks) is on the broker; Qdrant and broker faults are retried, and past the
+retry budget the batch stays unacked and the process exits (``faults.py``), so it is read again.
 """
 
 from __future__ import annotations
@@ -18,18 +24,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.errors import DecodeError
-from schemas.records import FinishReason, InferenceRequest, PromptRequest, TokenChunk
+from schemas.records import InferenceRequest, PromptRequest
 from schemas.topics import inference_requests_topic
+from streams.acks import Batches
 from streams.batching import split_by_tokens
 from streams.context import Segment, assemble_context
 from streams.dead_letters import DeadLetters, child_headers
 from streams.errors import InvalidPromptError, PromptTooLongError
+from streams.faults import Retrier
+from streams.outbox import Outbox
 from streams.prompts import ParsedPrompt, parse_prompt
+from streams.refusals import Refusals
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.state import ConversationState, PendingRequest, state_key
-from transport.acked_producer import AckedProducer
-from transport.errors import DeliveryError
 
 log = logging.getLogger(__name__)
 
@@ -43,27 +51,28 @@ class _Prompt:
 
 class Intake:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any,
-                 out_topics: dict[str, Any], dead_letters: DeadLetters,
-                 reply_producer: AckedProducer | None = None) -> None:
+                 out_topics: dict[str, Any], dead_letters: DeadLetters, refusals: Refusals,
+                 retrier: Retrier) -> None:
         self.settings = settings
         self.services = services
         self.table = table  # conversations: state_key -> ConversationState value
         self.out_topics = out_topics  # catalog name -> Faust topic
         self.dead_letters = dead_letters
-        # Error chunks to an asker's reply address go through a transport producer, not Faust's: the
-        # first send of aiokafka's producer to a topic it has no metadata for narrows its metadata to
-        # that topic, after which Faust's changelog writes fail for good (reply topics are created
-        # by their readers at any time, so that would happen on the first refusal to a new gateway).
-        self.reply_producer = reply_producer
+        self.refusals = refusals
+        self.retrier = retrier
         self.served = 0
         self.batches = 0
 
     async def __call__(self, stream: Any) -> None:
         s = self.settings
-        async for events in stream.take_events(s.intake_batch_size, s.intake_batch_window_s):
+        batches = Batches(stream, s.intake_batch_size, s.intake_batch_window_s)
+        async for events in batches:
             await self.handle(events)
+            await batches.ack(events)
 
     async def handle(self, events: list[Any]) -> None:
+        """Serve or refuse every prompt of ``events``; returns once all they produced is durable."""
+        outbox = Outbox(self.retrier)
         prompts: list[_Prompt] = []
         for event in events:
             m = event.message
@@ -71,19 +80,24 @@ class Intake:
                 request = self.services.codec.decode(m.value, PromptRequest, topic=m.topic,
                                                      partition=m.partition, offset=m.offset)
             except DecodeError as exc:
-                await self.dead_letters.send(event, exc)
+                await self.dead_letters.send(event, exc, outbox)
+                continue
+            if not await self.refusals.admit(event, request, outbox):
                 continue
             try:
                 prompts.append(_Prompt(event, request, parse_prompt(request)))
             except InvalidPromptError as exc:
-                await self._refuse(event, request, exc, "invalid_request")
-        if not prompts:
-            return
-        tokens = self.services.counter.text_tokens([p.parsed.prompt for p in prompts])
-        for run in split_by_tokens(prompts, tokens, self.settings.intake_batch_tokens):
-            await self.serve(run)
+                await self.refusals.refuse(event, request, exc, "invalid_request", outbox)
+        if prompts:
+            tokens = self.services.counter.text_tokens([p.parsed.prompt for p in prompts])
+            for run in split_by_tokens(prompts, tokens, self.settings.intake_batch_tokens):
+                await self.serve(run, outbox)
+        sent = time.perf_counter()
+        await outbox.deliver()
+        log.debug("intake batch of %d prompt(s) on the broker %.1f ms after its last send", len(events),
+                  (time.perf_counter() - sent) * 1e3)
 
-    async def serve(self, run: list[_Prompt]) -> None:
+    async def serve(self, run: list[_Prompt], outbox: Outbox) -> None:
         """One batch: one embedding call, one recall call, one InferenceRequest per prompt."""
         from streams.memory import RecallQuery
 
@@ -97,17 +111,18 @@ class Intake:
             queries = [RecallQuery(tenant=p.request.tenant, user_id=p.request.user_id, vector=vectors[i],
                                    exclude_turn_ids=[t.turn_id for t in states[i].recent])
                        for i, p in enumerate(run)]
-            recalled = await services.in_memory_thread(services.memory.recall_many, queries)
+            recalled = await self.retrier.call("memory recall", services.in_memory_thread,
+                                               services.memory.recall_many, queries)
             recalled_at = time.perf_counter()
             ready = [(prompt, state, out) for prompt, state, hits in zip(run, states, recalled)
-                     if (out := await self._prepare(prompt, state, hits)) is not None]
+                     if (out := await self._prepare(prompt, state, hits, outbox)) is not None]
             # State first, then the requests: a response can never find its conversation without its
             # pending entry. One changelog write per conversation per batch, not one per prompt (each
             # write serialises the whole state, pending requests included, to the changelog).
             for key in dict.fromkeys(state.key for _, state, _ in ready):
                 self.table[key] = by_key[key].to_value()
             for prompt, _, out in ready:
-                await self._send(prompt, out)
+                await self._send(prompt, out, outbox)
         self.batches += 1
         log.debug("intake batch of %d: embed %.1f ms, recall %.1f ms, assemble+produce %.1f ms", len(run),
                   (embedded - started) * 1e3, (recalled_at - embedded) * 1e3, (time.perf_counter() - recalled_at) * 1e3)
@@ -120,7 +135,8 @@ class Intake:
                            if value is None else ConversationState.from_value(value))
         return by_key[key]
 
-    async def _prepare(self, prompt: _Prompt, state: ConversationState, hits: list[Any]) -> InferenceRequest | None:
+    async def _prepare(self, prompt: _Prompt, state: ConversationState, hits: list[Any],
+                       outbox: Outbox) -> InferenceRequest | None:
         """The request's context, and its pending entry in ``state`` (not yet written to the table);
         None when the prompt cannot fit the context (it is dead-lettered)."""
         request, parsed = prompt.request, prompt.parsed
@@ -135,7 +151,7 @@ class Intake:
             context = assemble_context(system_prompt=system_prompt, prompt=parsed.prompt, recent=recent,
                                        recalled=recalled, budget=budget, counter=self.services.counter)
         except PromptTooLongError as exc:
-            await self._refuse(prompt.event, request, exc, "context_length_exceeded")
+            await self.refusals.refuse(prompt.event, request, exc, "context_length_exceeded", outbox)
             return None
         evicted = state.add_pending(
             PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at),
@@ -149,28 +165,13 @@ class Intake:
             messages=context.messages, sampling=request.sampling, priority=request.priority,
             reply_to=request.reply_to, reply_partition=request.reply_partition,
             context_tokens=context.tokens, recalled_turn_ids=context.recalled_turn_ids,
+            deadline_at=request.deadline_at,
         )
 
-    async def _send(self, prompt: _Prompt, out: InferenceRequest) -> None:
-        # Awaiting Faust's send only hands the record to the producer's buffer; delivery is awaited
-        # by Faust before it commits the consumed offsets (producer.flush in the commit), so a
-        # request is never committed as served before it is on the broker.
+    async def _send(self, prompt: _Prompt, out: InferenceRequest, outbox: Outbox) -> None:
+        # Handed to the producer here; the batch is acked only after outbox.deliver(), so a prompt
+        # is never committed as served before its request is on the broker.
         topic = self.out_topics[inference_requests_topic(out.priority)]
-        await topic.send(key=out.conversation_id.encode(), value=self.services.codec.encode(out),
-                         headers=child_headers(prompt.event.message))
+        await outbox.send(topic, key=out.conversation_id.encode(), value=self.services.codec.encode(out),
+                          headers=child_headers(prompt.event.message))
         self.served += 1
-
-    async def _refuse(self, event: Any, request: PromptRequest, exc: Exception, error_code: str) -> None:
-        """Dead letter with the reason, and a lone final error chunk to the asker's reply address
-        (when it gave one), so a client waiting on its reply topic gets the reason, not silence."""
-        await self.dead_letters.send(event, exc)
-        if not request.reply_to or self.reply_producer is None:
-            return
-        chunk = TokenChunk(request_id=request.request_id, conversation_id=request.conversation_id, index=0,
-                           text="", is_final=True, worker_id="streams.intake", finish_reason=FinishReason.ERROR,
-                           tokens_in=0, tokens_out=0, error_code=error_code, error=str(exc))
-        try:  # awaited: the chunk is durable before the prompt's offset can be committed
-            await self.reply_producer.send(request.reply_to, chunk, key=request.request_id,
-                                           partition=request.reply_partition, headers=child_headers(event.message))
-        except DeliveryError as err:  # e.g. the reply topic does not exist: the dead letter is the record
-            log.warning("request %s: error chunk to %s not delivered: %s", request.request_id, request.reply_to, err)

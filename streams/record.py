@@ -9,8 +9,12 @@ conversation states back to the table.
 That order makes a crash anywhere in between safe: the redelivered responses find the state as
 it was and produce the same turns again, and the turn id is derived from the request id
 (uuid5), so the Qdrant upsert and the ``chat.turns`` record (same ``event_id``) are repeats of
-the same facts, not new ones. Answers that failed (ERROR, TIMEOUT, OVERLOADED, CANCELLED) are
-emitted as turns for analytics but neither remembered nor put in the recent window.
+the same facts, not new ones. The batch is acked only after every turn and dead letter is on
+the broker; a Qdrant or broker fault is retried, and past the retry budget the batch stays
+unacked and the process exits (``faults.py``).
+
+Answers that failed (ERROR, TIMEOUT, OVERLOADED, CANCELLED) are emitted as turns for analytics
+but neither remembered nor put in the recent window.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from typing import Any
 
 from schemas.errors import DecodeError
 from schemas.records import ConversationTurn, FinishReason, Response
+from streams.acks import Batches
 from streams.dead_letters import DeadLetters, child_headers
 from streams.errors import UnknownRequestError
+from streams.faults import Retrier
+from streams.outbox import Outbox
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.state import ConversationState, RecentTurn, state_key
@@ -40,8 +47,9 @@ def turn_id_for(request_id: str) -> str:
 
 class Record:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any, turns_topic: Any,
-                 dead_letters: DeadLetters) -> None:
+                 dead_letters: DeadLetters, retrier: Retrier) -> None:
         self.settings = settings
+        self.retrier = retrier
         self.services = services
         self.table = table
         self.turns_topic = turns_topic
@@ -51,14 +59,19 @@ class Record:
 
     async def __call__(self, stream: Any) -> None:
         s = self.settings
-        async for events in stream.take_events(s.record_batch_size, s.record_batch_window_s):
+        batches = Batches(stream, s.record_batch_size, s.record_batch_window_s)
+        async for events in batches:
             await self.handle(events)
+            await batches.ack(events)
 
     async def handle(self, events: list[Any]) -> None:
+        """Record every response of ``events``; returns once all they produced is durable."""
+        outbox = Outbox(self.retrier)
         async with self.services.state_lock:
-            await self._handle_locked(events)
+            await self._handle_locked(events, outbox)
+        await outbox.deliver()
 
-    async def _handle_locked(self, events: list[Any]) -> None:
+    async def _handle_locked(self, events: list[Any], outbox: Outbox) -> None:
         from streams.embeddings import turn_text
         from streams.memory import StoredTurn
 
@@ -72,7 +85,7 @@ class Record:
                 response = services.codec.decode(m.value, Response, topic=m.topic, partition=m.partition,
                                                  offset=m.offset)
             except DecodeError as exc:
-                await self.dead_letters.send(event, exc)
+                await self.dead_letters.send(event, exc, outbox)
                 continue
             key = state_key(response.tenant, response.user_id, response.conversation_id)
             if key not in states:
@@ -88,7 +101,7 @@ class Record:
             if pending is None:
                 await self.dead_letters.send(event, UnknownRequestError(
                     f"response {response.request_id} of conversation {response.conversation_id}: no pending "
-                    "request (never seen by intake, or the conversation was forgotten meanwhile)"))
+                    "request (never seen by intake, or the conversation was forgotten meanwhile)"), outbox)
                 continue
             turn_id = turn_id_for(response.request_id)
             remembered = response.finish_reason in REMEMBERED
@@ -112,10 +125,11 @@ class Record:
                                          prompt=turn.prompt, answer=turn.answer, created_at=turn.created_at))
         if stored:
             vectors = await services.embedder.aencode([turn_text(t) for t in stored])
-            await services.in_memory_thread(services.memory.upsert, stored, vectors)
+            await self.retrier.call("memory upsert", services.in_memory_thread, services.memory.upsert, stored,
+                                    vectors)
         for turn, event in turns:
-            await self.turns_topic.send(key=turn.conversation_id.encode(), value=services.codec.encode(turn),
-                                        headers=child_headers(event.message))
+            await outbox.send(self.turns_topic, key=turn.conversation_id.encode(), value=services.codec.encode(turn),
+                              headers=child_headers(event.message))
         for key, state in states.items():
             self.table[key] = state.to_value()
         self.recorded += len(turns)

@@ -43,5 +43,23 @@ class StreamsSettings(BaseSettings):
                                                             "torch's default (all cores). 1 keeps a busy shared "
                                                             "machine from stalling on thread barriers")
     commit_interval_s: float = Field(1.0, gt=0, description="How often Faust commits consumed offsets")
+    session_timeout_s: float = Field(
+        10.0, ge=6, le=300, description="Consumer group session timeout: how soon a worker that died (SIGKILL, "
+                                        "an exit past the retry budget) is dropped from the group, so its "
+                                        "restart gets the partitions back (broker minimum 6 s)")
+    # Faults of the infrastructure (Qdrant, broker, disk): retried with backoff for the budget, then the
+    # process exits without acking the batch in hand (streams/faults.py).
+    retry_budget_s: float = Field(60.0, gt=0, description="How long intake, record and forget retry Qdrant "
+                                                          "or the broker before the process exits unacked")
+    retry_backoff_s: float = Field(0.5, gt=0, description="First wait between retries; doubles per retry")
+    retry_max_backoff_s: float = Field(5.0, gt=0, description="Longest wait between retries")
+    archive_retry_budget_s: float = Field(
+        300.0, gt=0, description="How long the archive retries a failed write (disk full, folder unwritable) "
+                                 "before the process exits unacked; longer than retry_budget_s because a "
+                                 "stalled archive holds up only itself, while an exit stops every agent")
+    archive_dedupe_window: int = Field(10_000, ge=1, description="Event ids per partition the archive "
+                                                                 "remembers to drop a repeated record")
+    reply_topics_cache_s: float = Field(30.0, gt=0, description="How long intake trusts its list of topics "
+                                                                "when checking reply addresses")
     web_port: int | None = Field(None, ge=1, le=65535, description="Faust's web server port; empty = off")
     log_level: str = Field("info", description="Worker log level")

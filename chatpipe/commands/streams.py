@@ -3,6 +3,11 @@
 Builds ``KafkaSettings``, ``StreamsSettings`` and ``MemorySettings`` from flags and ``CHATPIPE_*``
 variables, finds the chat model's tokenizer (the pulled default model unless
 ``CHATPIPE_STREAMS_TOKENIZER_PATH`` says otherwise) and runs until SIGTERM or Ctrl-C.
+
+Exit codes, for the supervisor that restarts it: 0 after SIGTERM/Ctrl-C; 75 when Qdrant, the
+broker or the archive's disk failed for longer than the retry budget (the batch in hand was not
+acknowledged and is read again after the restart); 70 when an agent raised something unexpected
+(a bug; its batch is not acknowledged either); 1 for a configuration error at start.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ def streams(
                                                         "(env CHATPIPE_STREAMS_TOKENIZER_PATH)"),
     log_level: Optional[str] = typer.Option(None, help="debug|info|warning (env CHATPIPE_STREAMS_LOG_LEVEL)"),
 ) -> None:
-    """Run the streams worker: prompts -> context -> inference requests; responses -> turns, memory, archive."""
+    """Run the streams worker: prompts -> context -> inference requests; responses -> turns, memory, archive.
+
+    Exits 75 when an outage outlasts the retry budget (restart it: nothing was acknowledged), 70 on a bug.
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local folders only
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from chatpipe.commands.common import build_settings

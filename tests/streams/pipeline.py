@@ -20,7 +20,7 @@ from typing import Any, Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from schemas.codec import default_codec
-from schemas.records import FinishReason, InferenceRequest, Response
+from schemas.records import ChatMessage, FinishReason, InferenceRequest, PromptRequest, Response, SamplingParams
 from schemas.topics import spec
 from transport.settings import KafkaSettings
 
@@ -139,3 +139,39 @@ def answer(request: InferenceRequest, text: str, finish: FinishReason = FinishRe
                     worker_id="test-worker", tokens_in=request.context_tokens, tokens_out=len(text.split()),
                     queue_ms=1.5, ttft_ms=12.0, total_ms=40.0, finish_reason=finish,
                     created_at=request.created_at)
+
+
+def prompt(tenant: str, user: str, conversation: str, text: str, *, reply_to: str, reply_partition: int | None = 1,
+           **kw) -> PromptRequest:
+    """A prompt answered at ``reply_partition`` of ``reply_to`` (a topic that exists: intake checks)."""
+    return PromptRequest(conversation_id=conversation, user_id=user, tenant=tenant, model="smollm2",
+                         messages=[ChatMessage("user", text)], sampling=SamplingParams(max_tokens=64),
+                         reply_to=reply_to, reply_partition=reply_partition, **kw)
+
+
+class Conversation:
+    """Drives one conversation through the worker, playing the inference worker."""
+
+    def __init__(self, producer, requests_tap, turns_tap, tenant, user, conversation):
+        self.producer, self.requests, self.turns = producer, requests_tap, turns_tap
+        self.tenant, self.user, self.conversation = tenant, user, conversation
+
+    def ask(self, text: str, **kw) -> InferenceRequest:
+        request = prompt(self.tenant, self.user, self.conversation, text,
+                         reply_to=self.producer.settings.topic("chat.replies"), **kw)
+        self.producer.send(self.producer.settings.topic("chat.prompts"), request, key=self.conversation)
+        self.producer.flush()
+        (got,) = self.requests.records(1, where=lambda r: r.request_id == request.request_id)
+        return got
+
+    def reply(self, request: InferenceRequest, text: str, times: int = 1):
+        for _ in range(times):
+            self.producer.send(self.producer.settings.topic("chat.responses"), answer(request, text),
+                               key=self.conversation)
+        self.producer.flush()
+        (turn,) = self.turns.records(1, where=lambda t: t.request_id == request.request_id)
+        return turn
+
+    def turn(self, text: str, answer_text: str):
+        request = self.ask(text)
+        return request, self.reply(request, answer_text)

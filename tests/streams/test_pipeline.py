@@ -19,12 +19,11 @@ import pytest
 
 from schemas.codec import default_codec
 from schemas.records import (
-    ChatMessage, Deletion, DeletionScope, Feedback, FeedbackKind, InferenceRequest, PromptRequest,
-    SamplingParams,
+    ChatMessage, Deletion, DeletionScope, Feedback, FeedbackKind, PromptRequest,
 )
 from streams.record import turn_id_for
-from tests.streams.pipeline import REPO, StreamsWorker, Tap, answer
-from transport.producer import RecordProducer
+from tests.streams.pipeline import REPO, Conversation, StreamsWorker, Tap, answer, prompt
+from tests.kafka_helpers import RecordProducer
 from transport.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration
@@ -82,39 +81,6 @@ def turns_tap(kafka):
     tap.close()
 
 
-def prompt(tenant: str, user: str, conversation: str, text: str, **kw) -> PromptRequest:
-    return PromptRequest(conversation_id=conversation, user_id=user, tenant=tenant, model="smollm2",
-                         messages=[ChatMessage("user", text)], sampling=SamplingParams(max_tokens=64),
-                         reply_to="chat.replies", reply_partition=1, **kw)
-
-
-class Conversation:
-    """Drives one conversation through the worker, playing the inference worker."""
-
-    def __init__(self, producer, requests_tap, turns_tap, tenant, user, conversation):
-        self.producer, self.requests, self.turns = producer, requests_tap, turns_tap
-        self.tenant, self.user, self.conversation = tenant, user, conversation
-
-    def ask(self, text: str, **kw) -> InferenceRequest:
-        request = prompt(self.tenant, self.user, self.conversation, text, **kw)
-        self.producer.send(self.producer.settings.topic("chat.prompts"), request, key=self.conversation)
-        self.producer.flush()
-        (got,) = self.requests.records(1, where=lambda r: r.request_id == request.request_id)
-        return got
-
-    def reply(self, request: InferenceRequest, text: str, times: int = 1):
-        for _ in range(times):
-            self.producer.send(self.producer.settings.topic("chat.responses"), answer(request, text),
-                               key=self.conversation)
-        self.producer.flush()
-        (turn,) = self.turns.records(1, where=lambda t: t.request_id == request.request_id)
-        return turn
-
-    def turn(self, text: str, answer_text: str):
-        request = self.ask(text)
-        return request, self.reply(request, answer_text)
-
-
 @pytest.fixture(scope="module")
 def forty_turns(worker, producer, requests_tap, turns_tap):
     """Tenant "acme", user "u1": 40 turns; the fact is stated at turn 3, asked about at turn 40."""
@@ -156,11 +122,12 @@ def test_fact_from_turn_3_is_recalled_at_turn_40_and_never_for_another_tenant(
     other.reply(theirs, "I do not know your cat.")
 
 
-def test_priority_and_reply_address_are_carried_to_the_batch_topic(producer, requests_tap, turns_tap, worker):
+def test_priority_and_reply_address_are_carried_to_the_batch_topic(producer, requests_tap, turns_tap, worker, kafka):
     """A BATCH prompt must land on chat.inference.requests.batch with its reply address intact."""
     conv = Conversation(producer, requests_tap, turns_tap, "acme", "u-batch", "conv-batch")
     request = conv.ask("Summarise the history of tea.", priority="BATCH")
-    assert request.priority == "BATCH" and request.reply_to == "chat.replies" and request.reply_partition == 1
+    assert request.priority == "BATCH" and request.reply_to == kafka.topic("chat.replies")
+    assert request.reply_partition == 1
     conv.reply(request, "Tea came from China.")
 
 
@@ -266,7 +233,7 @@ def test_malformed_prompts_go_to_the_dlq_and_the_next_prompt_is_served(worker, p
     no_user = PromptRequest(conversation_id="conv-bad", user_id="u9", tenant="acme", model="smollm2",
                             messages=[ChatMessage("system", "You are terse.")])
     producer.send(topic, no_user, key="conv-bad")
-    good = prompt("acme", "u9", "conv-bad", "Is this served?")
+    good = prompt("acme", "u9", "conv-bad", "Is this served?", reply_to=kafka.topic("chat.replies"))
     producer.send(topic, good, key="conv-bad")
     producer.flush()
     (served,) = requests_tap.records(1, where=lambda r: r.request_id == good.request_id)
@@ -278,6 +245,61 @@ def test_malformed_prompts_go_to_the_dlq_and_the_next_prompt_is_served(worker, p
     assert by_type["DecodeError"].value == b"definitely not avro"
     assert all(d.component == "streams.intake" and d.key == b"conv-bad" for d in letters)
     assert served.messages[-1].content == "Is this served?"
+
+
+def _never_requested(requests_tap: Tap, *request_ids: str) -> bool:
+    codec = default_codec()
+    return not {codec.decode(m.value()).request_id for m in requests_tap.drain(1.0)} & set(request_ids)
+
+
+def test_a_prompt_with_a_reply_address_nobody_can_use_is_dead_lettered_and_the_next_is_served(
+        worker, producer, requests_tap, kafka):
+    """Guards issue 18's poison record: a reply_to that is no topic, or a reply_partition outside its topic,
+    was forwarded to inference, where the chunk send failed on every delivery and stopped each worker that
+    took it. Intake must refuse both with a dead letter naming the address (no error chunk can go there)
+    and serve the prompt after them."""
+    dlq = Tap(kafka, "chat.dlq")
+    topic = kafka.topic("chat.prompts")
+    no_topic = prompt("acme", "u8", "conv-addr", "Anyone there?", reply_to=kafka.topic("no.such.replies"))
+    outside = prompt("acme", "u8", "conv-addr", "And here?", reply_to=kafka.topic("chat.replies"), reply_partition=6)
+    good = prompt("acme", "u8", "conv-addr", "Is this served?", reply_to=kafka.topic("chat.replies"),
+                  reply_partition=5)
+    for request in (no_topic, outside, good):
+        producer.send(topic, request, key="conv-addr")
+    producer.flush()
+    (served,) = requests_tap.records(1, where=lambda r: r.request_id == good.request_id)
+    letters = dlq.records(2, where=lambda d: d.source_topic == topic and d.error_type == "InvalidReplyAddressError")
+    dlq.close()
+    reasons = {default_codec().decode(d.value).request_id: d.error_message for d in letters}
+    assert "is not a topic on the broker" in reasons[no_topic.request_id]
+    assert "reply_partition 6 is outside" in reasons[outside.request_id]
+    assert all("no error chunk was sent" in r for r in reasons.values())
+    assert served.reply_partition == 5
+    assert _never_requested(requests_tap, no_topic.request_id, outside.request_id)
+
+
+def test_an_expired_prompt_is_answered_as_expired_and_a_live_one_carries_its_deadline(
+        worker, producer, requests_tap, kafka):
+    """Guards stale work: a prompt taken after its deadline_at (its client gave up, e.g. a backlog read
+    after an outage) must not be assembled and served but answered at once, finish reason TIMEOUT,
+    error code "expired", plus a dead letter; a prompt still in time reaches inference with its deadline."""
+    replies, dlq = Tap(kafka, "chat.replies"), Tap(kafka, "chat.dlq")
+    now = int(time.time() * 1000)
+    reply_to = kafka.topic("chat.replies")
+    stale = prompt("acme", "u7", "conv-late", "Still there?", reply_to=reply_to, deadline_at=now - 60_000)
+    live = prompt("acme", "u7", "conv-late", "Quick one.", reply_to=reply_to, deadline_at=now + 600_000)
+    for request in (stale, live):
+        producer.send(kafka.topic("chat.prompts"), request, key="conv-late")
+    producer.flush()
+    (request,) = requests_tap.records(1, where=lambda r: r.request_id == live.request_id)
+    assert request.deadline_at == live.deadline_at
+    (chunk,) = replies.records(1, where=lambda c: c.request_id == stale.request_id)
+    (letter,) = dlq.records(1, where=lambda d: d.error_type == "ExpiredRequestError")
+    replies.close()
+    dlq.close()
+    assert chunk.is_final and chunk.finish_reason == "TIMEOUT" and chunk.error_code == "expired"
+    assert "deadline passed" in chunk.error and default_codec().decode(letter.value).request_id == stale.request_id
+    assert _never_requested(requests_tap, stale.request_id)
 
 
 @pytest.mark.spark

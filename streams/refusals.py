@@ -1,0 +1,93 @@
+"""How intake turns a prompt away: a dead letter with the reason, and a final error chunk where it can.
+
+A refused request is answered, never dropped (the failure policy in docs/architecture.md): its
+dead letter goes through the batch's outbox, and a lone final ``TokenChunk`` (``is_final``,
+``error_code``, the reason) goes to the asker's reply address, so a client waiting there gets
+the reason at once instead of its timeout. Where the reply address itself is unusable (no such
+topic, partition outside it) only the dead letter is possible, and it says so.
+
+Refused here, before anything else is done with the request:
+
+- an unusable reply address: ``InvalidReplyAddressError``, dead letter only;
+- a passed deadline: ``ExpiredRequestError``, chunk with finish reason TIMEOUT, code ``expired``.
+
+Intake refuses through ``refuse`` as well once the prompt is parsed (invalid, too long).
+
+The chunk goes through a transport (confluent-kafka) producer, not Faust's: the first send of
+aiokafka's producer to a topic it has no metadata for narrows its metadata to that topic, after
+which Faust's changelog writes fail for good (reply topics are created by their readers at any
+time). It is awaited before the batch is acked, retried while the broker is away; when it fails
+because the address vanished since it was checked (a gateway gone with its topic), the dead
+letter is the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from schemas.records import FinishReason, PromptRequest, TokenChunk, now_ms
+from streams.dead_letters import DeadLetters, child_headers
+from streams.errors import ExpiredRequestError, InvalidReplyAddressError
+from streams.faults import Retrier
+from streams.reply_address import ReplyAddresses
+from transport.acked_producer import AckedProducer
+from transport.errors import DeliveryError
+
+log = logging.getLogger(__name__)
+COMPONENT = "streams.intake"
+
+
+class Refusals:
+    def __init__(self, dead_letters: DeadLetters, retrier: Retrier, reply_producer: AckedProducer | None,
+                 replies: ReplyAddresses | None) -> None:
+        self.dead_letters = dead_letters
+        self.retrier = retrier
+        self.reply_producer = reply_producer  # None: no error chunks (dead letters only)
+        self.replies = replies  # None: reply addresses are not checked
+        self.expired = 0
+        self.unanswerable = 0
+
+    async def admit(self, event: Any, request: PromptRequest, outbox: Any) -> bool:
+        """True when the request may be served; otherwise it has been refused (and answered)."""
+        if self.replies is not None:
+            problem = await self.retrier.call("reply address lookup", self.replies.problem, request.reply_to,
+                                              request.reply_partition, sent_at_s=event.message.timestamp)
+            if problem is not None:
+                self.unanswerable += 1
+                await self.dead_letters.send(event, InvalidReplyAddressError(
+                    f"PromptRequest {request.request_id}: {problem}; no error chunk was sent, the reply "
+                    "address itself cannot be answered"), outbox)
+                return False
+        now = now_ms()
+        if request.deadline_at is not None and request.deadline_at < now:
+            self.expired += 1
+            await self.refuse(event, request, ExpiredRequestError(
+                f"PromptRequest {request.request_id}: deadline passed {now - request.deadline_at} ms before intake "
+                "took it"), "expired", outbox, finish=FinishReason.TIMEOUT)
+            return False
+        return True
+
+    async def refuse(self, event: Any, request: PromptRequest, exc: Exception, error_code: str, outbox: Any,
+                     finish: FinishReason = FinishReason.ERROR) -> None:
+        """Dead letter with the reason, and a lone final error chunk to the reply address (if any)."""
+        await self.dead_letters.send(event, exc, outbox)
+        if not request.reply_to or self.reply_producer is None:
+            return
+        chunk = TokenChunk(request_id=request.request_id, conversation_id=request.conversation_id, index=0,
+                           text="", is_final=True, worker_id=COMPONENT, finish_reason=finish,
+                           tokens_in=0, tokens_out=0, error_code=error_code, error=str(exc))
+        await self.retrier.call(f"error chunk for request {request.request_id}", self._send_chunk, event, request,
+                                chunk)
+
+    async def _send_chunk(self, event: Any, request: PromptRequest, chunk: TokenChunk) -> None:
+        try:  # awaited: the chunk is durable before the prompt can be acked
+            await self.reply_producer.send(request.reply_to, chunk, key=request.request_id,
+                                           partition=request.reply_partition, headers=child_headers(event.message))
+        except DeliveryError as err:
+            gone = "unknown: reply addresses are not checked" if self.replies is None else \
+                await self.replies.problem(request.reply_to, request.reply_partition, fresh=True)
+            if gone is None:
+                raise  # the address exists: the broker failed; retried
+            log.warning("request %s: error chunk not delivered (%s), the reply address is unusable (%s); the dead "
+                        "letter stands", request.request_id, err, gone)

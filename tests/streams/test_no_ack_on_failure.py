@@ -1,0 +1,190 @@
+"""No agent acks a batch whose effects did not happen: the real ``chatpipe streams`` process, the real
+broker, a real Qdrant server (``../shared/tools/qdrant``) and the real embedding model.
+
+Each test makes the infrastructure fail for longer than the (shortened) retry budget, sees the
+worker exit with code 75 (``streams.faults.EXIT_INFRASTRUCTURE``) instead of acking, repairs the
+fault, restarts the worker as a supervisor would, and checks that every record of the failed
+batches was processed exactly once downstream. Before the fix Faust acked the failed batch (in
+``take_events``' ``finally``), restarted the agent on the next one and the process never exited:
+the records were lost.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from datetime import datetime, timezone
+
+import pytest
+
+from schemas.codec import default_codec
+from schemas.records import Deletion, DeletionScope, Feedback, FeedbackKind
+from streams.faults import EXIT_INFRASTRUCTURE
+from tests.kafka_helpers import RecordProducer
+from tests.streams.pipeline import Conversation, StreamsWorker, Tap, answer, prompt
+from tests.streams.qdrant_server import QDRANT_TOOL, SKIP_REASON, QdrantPeer
+from transport.archive import hour_dir, read_messages
+from transport.settings import KafkaSettings
+
+pytestmark = pytest.mark.integration
+
+# Short enough to keep the tests quick; the defaults are 60 s and 300 s.
+FAST_FAULTS = dict(retry_budget_s=3, retry_backoff_s=0.2, retry_max_backoff_s=1, archive_retry_budget_s=3)
+
+
+@pytest.fixture
+def kafka(kafka_stack):
+    """A topic prefix of this test's own (so its consumer group and topics start empty), catalog applied."""
+    from transport.admin import TopicAdmin
+
+    settings = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers,
+                             topic_prefix=f"f{uuid.uuid4().hex[:8]}.", consumer_poll_timeout_s=0.5)
+    TopicAdmin(settings).apply()
+    return settings
+
+
+@pytest.fixture
+def producer(kafka):
+    with RecordProducer(kafka) as p:
+        yield p
+
+
+def wait_exit(worker: StreamsWorker, timeout_s: float = 120) -> int:
+    try:
+        return worker.proc.wait(timeout_s)
+    except Exception:  # noqa: BLE001 - TimeoutExpired: the worker kept running with the fault
+        raise AssertionError(f"chatpipe streams did not exit within {timeout_s:.0f}s of the fault:\n"
+                             f"{worker.tail()}") from None
+
+
+def counts(tap: Tap, field: str) -> Counter:
+    codec = default_codec()
+    return Counter(getattr(codec.decode(m.value()), field) for m in tap.drain(1.0))
+
+
+def test_qdrant_away_past_the_budget_exits_unacked_and_the_restart_serves_every_record(kafka, producer, tmp_path):
+    """Prompts (intake), a response (record) and a Deletion (forget) arrive while the Qdrant server is
+    dead: the worker must exit 75 without acking, and after Qdrant and the worker are back each prompt is
+    requested once, the response becomes one turn, and the user is forgotten."""
+    if not QDRANT_TOOL.exists():
+        pytest.skip(SKIP_REASON)
+    from streams.memory import ConversationMemory
+    from streams.memory_settings import MemorySettings
+
+    qdrant = QdrantPeer(tmp_path, "qdrant")
+    qdrant.start()
+    qdrant.wait_ready()
+    (tmp_path / "streams").mkdir()
+    worker = StreamsWorker(kafka, tmp_path / "streams", **FAST_FAULTS)
+    worker.env.update(CHATPIPE_MEMORY_URL=qdrant.url, CHATPIPE_MEMORY_RETRIES="1", CHATPIPE_MEMORY_TIMEOUT_S="1",
+                      CHATPIPE_MEMORY_RETRY_BACKOFF_S="0.1")
+    requests, turns = Tap(kafka, "chat.inference.requests"), Tap(kafka, "chat.turns")
+    audits = Tap(kafka, "chat.deletions.audit")
+    try:
+        worker.start()
+        kept = Conversation(producer, requests, turns, "acme", "u-kept", "conv-kept")
+        kept.turn("My favourite colour is teal.", "Teal, noted.")
+        pending = kept.ask("What else should I know?")  # its response comes during the outage
+        gone = Conversation(producer, requests, turns, "acme", "u-gone", "conv-gone")
+        gone.turn("My bike is red.", "Red, noted.")
+
+        qdrant.kill()
+        reply_to = kafka.topic("chat.replies")
+        prompts = [prompt("acme", f"u{i}", f"conv-out-{i}", f"Question {i} during the outage?", reply_to=reply_to)
+                   for i in range(3)]
+        for p in prompts:
+            producer.send(kafka.topic("chat.prompts"), p, key=p.conversation_id)
+        producer.send(kafka.topic("chat.responses"), answer(pending, "Nothing else."), key=pending.conversation_id)
+        deletion = Deletion(scope=DeletionScope.USER, tenant="acme", user_id="u-gone")
+        producer.send(kafka.topic("chat.deletions"), deletion, key=deletion.user_id)
+        producer.flush()
+
+        assert wait_exit(worker) == EXIT_INFRASTRUCTURE, worker.tail()
+        assert "without acknowledging its batch" in worker.log.read_text()
+        ids = {p.request_id for p in prompts}
+        assert not set(counts(requests, "request_id")) & ids, "no prompt may be served without its recall"
+
+        qdrant.start()
+        qdrant.wait_ready()
+        worker.start()
+        requests.records(3, timeout_s=120, where=lambda r: r.request_id in ids)
+        turns.records(1, timeout_s=120, where=lambda t: t.request_id == pending.request_id)
+        (audit,) = audits.records(1, timeout_s=120, where=lambda a: a.deletion_event_id == deletion.event_id)
+        served, recorded = counts(requests, "request_id"), counts(turns, "request_id")
+        assert all(served[i] == 1 for i in ids), served
+        assert recorded[pending.request_id] == 1, recorded
+        assert audit.memory_points_deleted == 1 and audit.conversations_cleared == 1
+        memory = ConversationMemory(MemorySettings(url=qdrant.url), 384)
+        try:
+            assert memory.count(tenant="acme", user_id="u-gone") == 0
+            assert memory.count(tenant="acme", user_id="u-kept") == 2, "the turn recorded after the restart"
+        finally:
+            memory.close()
+        assert worker.stop() == 0, worker.tail()
+    finally:
+        for tap in (requests, turns, audits):
+            tap.close()
+        if worker.proc is not None and worker.proc.poll() is None:
+            worker.proc.kill()
+            worker.proc.wait()
+        qdrant.stop()
+
+
+def _feedback_bytes(i: int) -> bytes:
+    return default_codec().encode(Feedback(conversation_id="conv-fb", user_id="u1", tenant="acme",
+                                           request_id=f"r{i}", kind=FeedbackKind.THUMBS_UP))
+
+
+def test_an_unwritable_archive_exits_unacked_and_the_restart_archives_every_message_once(kafka, tmp_path):
+    """A batch of feedback whose earlier records are stamped two hours back (their folder cannot be
+    created: a file is in the way, a real ENOTDIR/EEXIST from the filesystem) and the rest now: the
+    worker must exit 75 without acking; after the folder is freed and the worker restarted, every
+    message of the topic is in the archive exactly once."""
+    from confluent_kafka import Producer
+
+    (tmp_path / "streams").mkdir()
+    worker = StreamsWorker(kafka, tmp_path / "streams", **FAST_FAULTS)
+    topic = kafka.topic("chat.feedback")
+    raw = Producer({**kafka.client_config(), "enable.idempotence": True})
+    now = int(time.time() * 1000)
+    earlier = now - 2 * 3_600_000
+    try:
+        worker.start()
+        for i in range(3):
+            raw.produce(topic, _feedback_bytes(i), b"conv-fb", timestamp=now)
+        raw.flush(10)
+        deadline = time.monotonic() + 60
+        while sum(1 for _ in worker.archive_dir.rglob("*.avro")) == 0 and time.monotonic() < deadline:
+            time.sleep(0.3)
+
+        blocked = hour_dir(worker.archive_dir, topic, earlier)
+        blocked.parent.mkdir(parents=True, exist_ok=True)
+        blocked.write_text("a file where the hour folder must go")
+        for i, stamp in zip(range(3, 8), (earlier, earlier, earlier, now, now)):
+            raw.produce(topic, _feedback_bytes(i), b"conv-fb", timestamp=stamp)
+        raw.flush(10)
+        assert wait_exit(worker) == EXIT_INFRASTRUCTURE, worker.tail()
+        assert "archive write: still failing" in worker.log.read_text()
+
+        blocked.unlink()
+        worker.start()
+        tap = Tap(kafka, "chat.feedback")
+        expected = {(m.topic(), m.partition(), m.offset()) for m in tap.messages(8)}
+        tap.close()
+        archived: Counter = Counter()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            archived = Counter((m.topic, m.partition, m.offset)
+                               for p in worker.archive_dir.rglob("*.avro") for m in read_messages(p))
+            if set(archived) >= expected:
+                break
+            time.sleep(0.5)
+        assert set(archived) == expected and set(archived.values()) == {1}, archived
+        hours = {p.parent.name for p in worker.archive_dir.rglob("*.avro")}
+        assert f"hour={datetime.fromtimestamp(earlier / 1000, tz=timezone.utc):%H}" in hours
+        assert worker.stop() == 0, worker.tail()
+    finally:
+        if worker.proc is not None and worker.proc.poll() is None:
+            worker.proc.kill()
+            worker.proc.wait()
