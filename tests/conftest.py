@@ -40,7 +40,7 @@ def kafka_settings(kafka_stack):
     from transport.settings import KafkaSettings
 
     return KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers,
-                         topic_prefix=f"t{uuid.uuid4().hex[:8]}.", consumer_poll_timeout_s=0.5)
+                         topic_prefix=f"t{uuid.uuid4().hex[:8]}.")
 
 
 @pytest.fixture(scope="session")

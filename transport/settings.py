@@ -20,7 +20,6 @@ class KafkaSettings(BaseSettings):
     client_id: str = Field("chatpipe", description="Kafka client.id, shows up in broker logs and metrics")
     # Linger, batch and poll sizes are each service's own settings (the worker's chunk_linger_ms and
     # poll_timeout_s, ...): what suits token chunks does not suit an archive batch.
-    consumer_poll_timeout_s: float = Field(1.0, gt=0, description="Read by no service; to be removed")
     replication_factor: int = Field(1, ge=1, description="Replication factor of topics created by `topics apply`")
     delivery_timeout_s: float = Field(30.0, gt=0, description="A record the broker has not acknowledged by then "
                                       "fails (the services' producers; the gateway has its own, shorter one)")

@@ -39,7 +39,7 @@ def kafka(kafka_stack):
     from transport.admin import TopicAdmin
 
     settings = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers,
-                             topic_prefix=f"f{uuid.uuid4().hex[:8]}.", consumer_poll_timeout_s=0.5)
+                             topic_prefix=f"f{uuid.uuid4().hex[:8]}.")
     TopicAdmin(settings).apply()
     return settings
 

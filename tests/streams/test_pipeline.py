@@ -47,7 +47,7 @@ def kafka(kafka_stack, tmp_path_factory):
     from transport.admin import TopicAdmin
 
     settings = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers,
-                             topic_prefix=f"s{uuid.uuid4().hex[:8]}.", consumer_poll_timeout_s=0.5)
+                             topic_prefix=f"s{uuid.uuid4().hex[:8]}.")
     TopicAdmin(settings).apply()
     return settings
 
