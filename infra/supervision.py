@@ -180,7 +180,12 @@ def exit_reason(returncode: int) -> tuple[str, int | None, str | None]:
         except ValueError:
             name = f"signal {-returncode}"
         return f"killed by {name}", None, name
-    return f"exited with code {returncode}", returncode, None
+    meaning = EXIT_MEANINGS.get(returncode)
+    return f"exited with code {returncode}" + (f" ({meaning})" if meaning else ""), returncode, None
+
+
+# What the services' own exit codes say (docs/architecture.md "Failure policy"), shown in `status`.
+EXIT_MEANINGS = {75: "infrastructure away past the retry budget", 70: "unexpected error"}
 
 
 def happened(subject: str, reason: str) -> str:
