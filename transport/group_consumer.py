@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from transport.batches import wrap_batch
 from transport.errors import TransportError
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
@@ -189,13 +190,15 @@ class GroupConsumer:
             raw = self._consumer.consume(1, timeout_s)
             if raw and max_messages > 1:
                 raw += self._consumer.consume(max_messages - 1, 0)
-        out = []
-        for msg in raw:
-            err = msg.error()
-            if err is None:
-                out.append(ConsumedMessage(msg))
-            elif err.code() != KafkaError._PARTITION_EOF:
-                self.errors.check(f"consumer error on {msg.topic() or self.topics}", err)
+        out = wrap_batch(raw)  # the common case (no error events), built in a GC pause (transport/batches.py)
+        if out is None:
+            out = []
+            for msg in raw:
+                err = msg.error()
+                if err is None:
+                    out.append(ConsumedMessage(msg))
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    self.errors.check(f"consumer error on {msg.topic() or self.topics}", err)
         if out:
             self.errors.ok()
         return out

@@ -3,7 +3,11 @@ every prompt carries its deadline, an answer that says "expired" is a 504, and a
 away gives prompt 503s that free the backlog instead of holding each slot for five minutes.
 
 The gateway is the real ``chatpipe gateway`` process (tests/gateway/stack.py); what answers its
-prompts is tests/gateway/fake_pipeline.py. The outage test stops and restarts a broker of its own.
+prompts is tests/gateway/fake_pipeline.py, a stand-in for streams and the worker. Why not the real
+tiers: these tests need an answer the real ones give only by chance of timing (an "expired" final
+chunk for a prompt the gateway has just sent with a fresh deadline, or no answer at all for a
+known time); the real tiers' expiry is tested against them in tests/worker and tests/streams, and
+the whole path in tests/faults. The outage test stops and restarts a broker of its own.
 """
 
 from __future__ import annotations

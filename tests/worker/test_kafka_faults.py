@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from inference.worker.errors import ReplyAddressError
 from inference.worker.reply_address import ReplyAddresses, is_reply_fault
@@ -30,18 +30,16 @@ class Clock:
 # -- consumer errors ---------------------------------------------------------------------------
 
 
-class ErrorMessage:
-    def __init__(self, code: int) -> None:
-        self._err = KafkaError(code)
-
-    def error(self):
-        return self._err
-
-    def topic(self):
-        return "u.t"
+def ErrorMessage(code: int) -> Message:  # noqa: N802 - reads as the event it builds
+    """A real confluent-kafka error event (what ``consume`` returns for a consumer error)."""
+    return Message(topic="u.t", partition=0, offset=-1, error=KafkaError(code))
 
 
 class FakeConsumer:
+    """Stands in for librdkafka's consumer, which cannot be made to return a chosen error event on demand
+    (a real broker gives UNKNOWN_TOPIC_OR_PART once, when a topic is deleted under a consumer; the events
+    handed out here are real ``confluent_kafka.Message`` error events)."""
+
     def __init__(self, batches) -> None:
         self.batches = list(batches)
 
