@@ -4,26 +4,31 @@ For broadcast topics every instance must see in full (``chat.cancels``: whicheve
 the generation has to stop it). ``assign()`` to all partitions at the end offset: no group
 membership, no rebalances, nothing committed. What arrived before the instance started is not
 its business.
+
+Consumer errors are classified like ``GroupConsumer``'s (its module docstring has the table):
+transient ones are polled through within an ``ErrorBudget``, any other raises ``TransportError``
+so the thread reading it dies and takes its process down (docs/architecture.md "Failure policy")
+instead of logging forever while nothing is read.
 """
 
 from __future__ import annotations
 
-import logging
 import uuid
 from typing import Any, Iterable
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
 
 from transport.errors import TransportError
+from transport.group_consumer import ErrorBudget
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
-
-log = logging.getLogger(__name__)
 
 
 class TailConsumer:
     def __init__(self, settings: KafkaSettings, *, topics: Iterable[str], timeout_s: float = 10.0,
-                 extra_config: dict[str, Any] | None = None) -> None:
+                 extra_config: dict[str, Any] | None = None, error_budget_s: float = 60.0) -> None:
+        self.topics = list(topics)
+        self.errors = ErrorBudget(error_budget_s)
         self._consumer = Consumer({
             **settings.client_config(),
             # Required by librdkafka, never joined (assign, not subscribe) and never committed.
@@ -34,7 +39,7 @@ class TailConsumer:
         })
         metadata = self._consumer.list_topics(timeout=timeout_s)
         assignment = []
-        for topic in topics:
+        for topic in self.topics:
             info = metadata.topics.get(topic)
             if info is None or info.error is not None:
                 raise TransportError(f"topic {topic} is not on the broker; run `chatpipe topics apply`")
@@ -51,7 +56,9 @@ class TailConsumer:
             if err is None:
                 out.append(ConsumedMessage(msg))
             elif err.code() != KafkaError._PARTITION_EOF:
-                log.warning("tail consumer error: %s", err.str())
+                self.errors.check(f"tail consumer error on {msg.topic() or self.topics}", err)
+        if out:
+            self.errors.ok()
         return out
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from tests.worker.harness import make_request
 from transport.errors import DeliveryError, TransportError
 from transport.group_consumer import ErrorBudget, GroupConsumer, is_transient
 from transport.settings import KafkaSettings
+from transport.tail_consumer import TailConsumer
 
 KAFKA = KafkaSettings(bootstrap_servers="127.0.0.1:9", topic_prefix="u.")
 
@@ -74,6 +75,18 @@ def test_fatal_consumer_errors_raise(code):
     consumer._consumer = FakeConsumer([[ErrorMessage(code)]])
     with pytest.raises(TransportError, match=KafkaError(code).name()):
         consumer.poll_messages(10, 0)
+
+
+def test_the_tail_consumer_classifies_errors_like_the_group_consumer():
+    """The cancel listener's consumer used to log every error and poll on: an authorisation error left the
+    worker without cancels, silently. Now a transient error is polled through and any other raises."""
+    tail = TailConsumer.__new__(TailConsumer)  # __init__ asks a broker for the topic's partitions
+    tail.topics, tail.errors = ["u.chat.cancels"], ErrorBudget()
+    tail._consumer = FakeConsumer([[ErrorMessage(KafkaError.UNKNOWN_TOPIC_OR_PART)],
+                                   [ErrorMessage(KafkaError.TOPIC_AUTHORIZATION_FAILED)]])
+    assert tail.poll_messages(10, 0) == []
+    with pytest.raises(TransportError, match="TOPIC_AUTHORIZATION_FAILED"):
+        tail.poll_messages(10, 0)
 
 
 def test_transient_errors_past_the_budget_raise():
