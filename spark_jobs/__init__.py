@@ -3,6 +3,9 @@
 - ``finetune_dataset``: turns + feedback -> redacted, filtered, deduplicated, decontaminated
   SFT examples and preference pairs (chat JSONL + Parquet + dataset card).
 - ``usage_report``: per day and model usage, latency and error figures (Parquet + Markdown + PNG).
+- ``erasure`` (no pyspark needed to call ``affected_datasets``): subject and conversation keys the
+  datasets carry, and which datasets hold an erased user's rows; ``deletions``: the Deletions
+  the dataset job applies.
 
 Inputs come from Kafka (bounded batch read) or from the Avro archive (``transport/archive.py``
 defines its layout). pyspark is imported only by the modules that build DataFrames;

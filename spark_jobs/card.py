@@ -26,10 +26,12 @@ class Card:
     pii: dict[str, int] = field(default_factory=dict)    # kind -> placeholders written
     outputs: dict[str, int] = field(default_factory=dict)
     histograms: dict[str, dict[str, int]] = field(default_factory=dict)
+    # deletions read, undecodable; turns and feedback left out for erasure (spark_jobs.deletions)
+    erasure: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"settings": self.settings, "input": self.input, "steps": self.steps,
-                "drops": self.drops, "pii_redactions": self.pii, "outputs": self.outputs,
+                "drops": self.drops, "erasure": self.erasure, "pii_redactions": self.pii, "outputs": self.outputs,
                 "length_histograms_tokens": self.histograms}
 
     def to_markdown(self) -> str:
@@ -44,6 +46,9 @@ class Card:
         out += ["", "## Drop reasons", "", "| step | reason | records |", "|---|---|---:|"]
         for step, reasons in self.drops.items():
             out += [f"| {step} | {r} | {n} |" for r, n in sorted(reasons.items())]
+        out += ["", "## Erasure", "", "Records of erased users and conversations (chat.deletions), in no output.",
+                "", "| what | records |", "|---|---:|"]
+        out += [f"| {k} | {v} |" for k, v in self.erasure.items()]
         out += ["", "## PII redactions", "", "| kind | placeholders |", "|---|---:|"]
         out += [f"| {k} | {v} |" for k, v in self.pii.items()]
         out += ["", "## Outputs", "", "| file | records |", "|---|---:|"]

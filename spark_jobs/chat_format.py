@@ -1,7 +1,8 @@
 """Conversation history and OpenAI chat messages for SFT examples and preference pairs.
 
 An example's messages are: its system prompt (or ``default_system_prompt``, or none), then
-earlier turns of its conversation as user/assistant pairs, newest kept first while the whole
+earlier turns of its conversation (``conversation_key``: same tenant, user and conversation id)
+as user/assistant pairs, newest kept first while the whole
 example fits ``max_context_tokens``, then its own prompt and answer. Earlier turns come from
 the *history pool*: turns that passed redaction, quality and decontamination and were not
 rated down, one per turn index (the latest, so a regeneration replaces what it regenerated).
@@ -31,21 +32,28 @@ def est_tokens(col: Column) -> Column:
     return F.when(col.isNull(), F.lit(0)).otherwise(F.ceil(F.length(col) / 4) + MESSAGE_OVERHEAD)
 
 
+#: The conversation a history comes from: tenant, user and conversation id hashed together
+#: (``erasure.conversation_key``). Not ``conversation_id`` alone: it is chosen by the client
+#: (``chat-1``), and two tenants' or two users' turns under one id are two conversations.
+CONVERSATION = "conversation_key"
+
+
 def history_pool(turns: DataFrame) -> DataFrame:
-    w = Window.partitionBy("conversation_id", "turn_index").orderBy(F.desc("created_at"), F.desc("event_id"))
+    w = Window.partitionBy(CONVERSATION, "turn_index").orderBy(F.desc("created_at"), F.desc("event_id"))
     return (
         turns.where(F.col("rating").isNull() | (F.col("rating") != "down"))
         .withColumn("_n", F.row_number().over(w)).where("_n = 1")
-        .select("conversation_id", F.col("turn_index").alias("h_index"), F.col("prompt").alias("h_prompt"),
-                F.col("answer").alias("h_answer"),
+        .select(CONVERSATION, F.col("turn_index").alias("h_index"), F.col("prompt").alias("h_prompt"),
+                F.col("answer").alias("h_answer"), F.col("created_at").alias("h_created_at"),
                 (est_tokens(F.col("prompt")) + est_tokens(F.col("answer"))).alias("h_tokens"))
     )
 
 
 def with_history(examples: DataFrame, pool: DataFrame, id_col: str, own_tokens: Column,
                  budget: int) -> DataFrame:
-    """``examples`` plus ``history``: array<struct<h_index, h_prompt, h_answer>> in turn order, and
-    ``history_tokens``: the estimated tokens of those turns (0 without history).
+    """``examples`` plus ``history``: array<struct<h_index, h_prompt, h_answer>> in turn order,
+    ``history_tokens``: the estimated tokens of those turns (0 without history), and
+    ``history_oldest_at``: the earliest ``created_at`` among them (null without history).
 
     The history is the unbroken run of turns just before the example (module doc: it stops at
     the first missing turn index), newest first while it fits ``budget``.
@@ -54,8 +62,8 @@ def with_history(examples: DataFrame, pool: DataFrame, id_col: str, own_tokens: 
     # Which earlier turns fit is decided on narrow rows (ids, indexes, token counts); only the turns
     # that fit are joined with their text. Joining the texts first shuffled every (example, earlier
     # turn) pair with both texts, the format step's largest cost.
-    cands = ex.select(id_col, "conversation_id", "turn_index", "_own").join(
-        pool.select("conversation_id", "h_index", "h_tokens"), "conversation_id").where(
+    cands = ex.select(id_col, CONVERSATION, "turn_index", "_own").join(
+        pool.select(CONVERSATION, "h_index", "h_tokens", "h_created_at"), CONVERSATION).where(
         F.col("h_index") < F.col("turn_index"))
     newest = Window.partitionBy(id_col).orderBy(F.desc("h_index"))
     newest_first = newest.rowsBetween(Window.unboundedPreceding, Window.currentRow)
@@ -65,11 +73,11 @@ def with_history(examples: DataFrame, pool: DataFrame, id_col: str, own_tokens: 
         cands.withColumn("_cum", F.sum("h_tokens").over(newest_first))
         .withColumn("_back", F.row_number().over(newest))
         .where((F.col("turn_index") - F.col("h_index") == F.col("_back")) & (F.col("_cum") + F.col("_own") <= budget))
-        .select(id_col, "conversation_id", "h_index", "h_tokens")
-        .join(pool.select("conversation_id", "h_index", "h_prompt", "h_answer"), ["conversation_id", "h_index"])
+        .select(id_col, CONVERSATION, "h_index", "h_tokens", "h_created_at")
+        .join(pool.select(CONVERSATION, "h_index", "h_prompt", "h_answer"), [CONVERSATION, "h_index"])
         .groupBy(id_col)
         .agg(F.sort_array(F.collect_list(F.struct("h_index", "h_prompt", "h_answer"))).alias("history"),
-             F.sum("h_tokens").alias("history_tokens"))
+             F.sum("h_tokens").alias("history_tokens"), F.min("h_created_at").alias("history_oldest_at"))
     )
     return ex.join(fitting, id_col, "left").withColumn(
         "history", F.coalesce(F.col("history"), F.array().cast("array<struct<h_index:int,h_prompt:string,h_answer:string>>"))

@@ -2,11 +2,19 @@
 
 Steps (each counts what it drops, and why; dropped records go to ``parquet/dropped``):
 
-    read (Kafka or archive) -> decode -> redact PII -> quality -> decontam -> join feedback
+    read (Kafka or archive) -> decode -> erasure (chat.deletions: left out, counted)
+      -> redact PII -> feedback_owner (feedback from another tenant/user)
+      -> quality -> decontam -> join feedback on (tenant, request_id)
       -> SFT candidates (feedback: rated_down) -> exact_dedup -> near_dedup -> history + split
       -> preference pairs (same prompt rated up and down; edits)
     -> sft/{train,validation}.jsonl, preference/{train,validation}.jsonl,
-       parquet/{sft,preference,dropped}/, dataset_card.{md,json}
+       parquet/{sft,preference,dropped}/, dataset_card.{md,json}, _chatpipe_dataset.json
+
+Conversations are keyed by (tenant, user_id, conversation_id) everywhere (history, pairs,
+split: ``conversation_key``); Parquet rows carry ``subject`` (a hash of tenant and user, no raw
+user id), ``conversation_key``, ``request_id`` and ``oldest_at`` so an erasure can find them
+(``spark_jobs.erasure``); the manifest says when the dataset was built and which erasures it
+applied.
 
 Also runnable as ``spark-submit spark_jobs/finetune_dataset.py --out DIR [--source ...]``.
 """
@@ -14,6 +22,7 @@ Also runnable as ``spark-submit spark_jobs/finetune_dataset.py --out DIR [--sour
 from __future__ import annotations
 
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +35,10 @@ from spark_jobs.chat_format import est_tokens, history_pool, prompt_messages, sf
 from spark_jobs.decode import decode_tagged
 from spark_jobs.decontam import decontaminate
 from spark_jobs.dedup import exact_dedup, near_dedup, normalized_text
-from spark_jobs.feedback import drop_rated_down, join_ratings, latest_ratings, preference_pairs, redact_feedback
+from spark_jobs.deletions import Erasures, load_erasures, mark_erased
+from spark_jobs.erasure import conversation_key_column, subject_column, write_manifest
+from spark_jobs.feedback import (check_owner, drop_rated_down, join_ratings, latest_ratings, preference_pairs,
+                                 redact_feedback)
 from spark_jobs.filters import tag_quality
 from spark_jobs.pii import redact_column
 from spark_jobs.preflight import check_inputs, input_bytes, job_output
@@ -44,6 +56,7 @@ class FinetuneResult:
     out: Path
     card: dict
     seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 def read_topic(spark: SparkSession, s, kafka, catalog_name: str) -> DataFrame:
@@ -73,15 +86,39 @@ def _write_threads(spark: SparkSession) -> int:
     return max(2, spark.sparkContext.defaultParallelism)
 
 
-def decoded_inputs(spark: SparkSession, s: FinetuneSettings, kafka) -> tuple[DataFrame, DataFrame]:
-    """(turns, feedback): decoded, redacted, tagged with decode drops; materialised (both are read
-    more than once, and later plans start from them, see ``steps.materialize``)."""
-    t = decode_tagged(read_topic(spark, s, kafka, s.turns_topic), "ConversationTurn")
+def with_keys(df: DataFrame) -> DataFrame:
+    """``df`` plus ``subject`` and ``conversation_key`` (``spark_jobs.erasure``)."""
+    return df.select("*", subject_column().alias("subject"), conversation_key_column().alias("conversation_key"))
+
+
+def decoded_inputs(spark: SparkSession, s: FinetuneSettings, kafka,
+                   erasures: Erasures | None = None) -> tuple[DataFrame, DataFrame]:
+    """(turns, feedback) of :func:`erased_inputs` (the Deletions read here when not given); for
+    callers that need no erasure counts (bench/finetune.py)."""
+    turns, feedback, _ = erased_inputs(spark, s, kafka, erasures or load_erasures(spark, s, kafka))
+    return turns, feedback
+
+
+def erased_inputs(spark: SparkSession, s: FinetuneSettings, kafka,
+                  erasures: Erasures) -> tuple[DataFrame, DataFrame, dict[str, int]]:
+    """(turns, feedback, records excluded for erasure per record type): decoded, keyed, erased
+    records left out, redacted, tagged with decode drops and (feedback) ``feedback_owner`` drops;
+    materialised (both are read more than once, and later plans start from them, see
+    ``steps.materialize``)."""
+    t = mark_erased(spark, with_keys(decode_tagged(read_topic(spark, s, kafka, s.turns_topic), "ConversationTurn")),
+                    erasures)
     for name in ("system_prompt", "prompt", "answer"):
         t = t.withColumn(name, redact_column(F.col(name)))
-    t = t.withColumn("_norm", normalized_text())  # the dedup/decontam key, once (``dedup.norm_column``)
-    f = redact_feedback(decode_tagged(read_topic(spark, s, kafka, s.feedback_topic), "Feedback"))
-    return materialize(t), materialize(f)
+    t = materialize(t.withColumn("_norm", normalized_text()))  # the dedup/decontam key, once (``dedup.norm_column``)
+    f = materialize(mark_erased(spark, redact_feedback(with_keys(
+        decode_tagged(read_topic(spark, s, kafka, s.feedback_topic), "Feedback"))), erasures))
+    counts = (t.select(F.lit("ConversationTurn").alias("record"), "_erased")
+              .unionByName(f.select(F.lit("Feedback").alias("record"), "_erased"))
+              .where("_erased").groupBy("record").count().collect())
+    erased = {"ConversationTurn": 0, "Feedback": 0} | {r["record"]: int(r["count"]) for r in counts}
+    t = t.where(~F.col("_erased")).drop("_erased")
+    f = f.where(~F.col("_erased")).drop("_erased")
+    return t, materialize(check_owner(f, live(t))), erased
 
 
 def sft_candidates(spark: SparkSession, s: FinetuneSettings, turns: DataFrame, feedback: DataFrame) -> DataFrame:
@@ -108,11 +145,15 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
     card's counts, one histogram aggregate, and one write per output table.
     """
     card = card_mod.Card(settings=s.model_dump(mode="json", exclude={"out", "overwrite", "archive_dir"}))
+    built_at_ms = int(time.time() * 1000)  # before the deletions are read: what they cannot have covered is later
 
     with timer.step("decode+filters+dedup"):
-        decoded, feedback = decoded_inputs(spark, s, kafka)
+        erasures = load_erasures(spark, s, kafka)
+        decoded, feedback, erased = erased_inputs(spark, s, kafka, erasures)
         turns = materialize(tagged_turns(spark, s, decoded, feedback))
-        fill_card(card, tally(turns, feedback), s.source, s.since, s.until)
+        fill_card(card, tally(turns, feedback), s.source, s.since, s.until, erased)
+        card.erasure = {"deletions_read": erasures.read, "deletions_undecodable": erasures.undecodable,
+                        "turns_excluded": erased["ConversationTurn"], "feedback_excluded": erased["Feedback"]}
 
     with timer.step("format"):
         rated = turns.where(is_live() | F.col("_step").isin("feedback", "exact_dedup", "near_dedup"))
@@ -125,7 +166,8 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
         example_tokens = (est_tokens(F.coalesce(F.col("system_prompt"), F.lit(s.default_system_prompt)))
                           + est_tokens(F.col("prompt")) + est_tokens(F.col("answer")) + F.col("history_tokens")).cast("int")
         sft_rows = with_history(sft, pool, "event_id", own, s.max_context_tokens).select(
-            "event_id", "conversation_id", "turn_index", "request_id", "model", "created_at",
+            "event_id", "tenant", "subject", "conversation_key", "conversation_id", "turn_index", "request_id",
+            "model", "created_at", F.least("created_at", "history_oldest_at").alias("oldest_at"),
             F.size("history").alias("history_turns"), sft_messages(s.default_system_prompt).alias("messages"),
             est_tokens(F.col("prompt")).alias("prompt_tokens"), est_tokens(F.col("answer")).alias("answer_tokens"),
             split_column(s.validation_fraction).alias("split"), example_tokens.alias("example_tokens"))
@@ -134,16 +176,19 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
         own_pair = est_tokens(F.col("system_prompt")) + est_tokens(F.col("prompt")) + F.greatest(
             est_tokens(F.col("chosen")), est_tokens(F.col("rejected")))
         pair_rows = with_history(pairs, pool, "pair_id", own_pair, s.max_context_tokens).select(
-            "pair_id", "conversation_id", "turn_index", "chosen_event_id", "rejected_event_id", "pair_source",
-            "created_at", prompt_messages(s.default_system_prompt).alias("prompt_messages"),
+            "pair_id", "tenant", "subject", "conversation_key", "conversation_id", "turn_index", "chosen_event_id",
+            "rejected_event_id", "pair_source", "created_at",
+            F.least("created_at", "rejected_created_at", "history_oldest_at").alias("oldest_at"),
+            prompt_messages(s.default_system_prompt).alias("prompt_messages"),
             F.array(F.struct(F.lit("assistant").alias("role"), F.col("chosen").alias("content"))).alias("chosen"),
             F.array(F.struct(F.lit("assistant").alias("role"), F.col("rejected").alias("content"))).alias("rejected"),
             split_column(s.validation_fraction).alias("split"))
         pair_rows = materialize(pair_rows)
 
     with timer.step("write"):
-        order = ["conversation_id", "turn_index", "created_at", "event_id"]
-        pair_order = ["conversation_id", "turn_index", "pair_id"]
+        # conversation_key after the readable id: two tenants' (or users') "chat-1" never interleave
+        order = ["tenant", "conversation_id", "conversation_key", "turn_index", "created_at", "event_id"]
+        pair_order = ["tenant", "conversation_id", "conversation_key", "turn_index", "pair_id"]
         splits = ("train", "validation")
         ppairs = pair_rows.select(
             "*", F.struct(F.col("prompt_messages").alias("messages")).alias("input"),
@@ -176,7 +221,17 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
         doc = card.to_json()
         write_json(doc, tmp / "dataset_card.json")
         (tmp / "dataset_card.md").write_text(card.to_markdown(), encoding="utf-8")
+        # Not in the card: a rerun writes the same card, the build time differs.
+        write_manifest(tmp, built_at_ms, erasures.applied)
     return doc
+
+
+def erasure_warnings(card: dict) -> list[str]:
+    n = card.get("erasure", {}).get("deletions_undecodable", 0)
+    if not n:
+        return []
+    return [f"warning: {n} record(s) of the deletions topic could not be decoded: the users they erase cannot "
+            "be known, and their rows may be in this dataset"]
 
 
 def run(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer | None = None) -> FinetuneResult:
@@ -189,7 +244,7 @@ def run(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer | None
         finally:
             spark.catalog.clearCache()
             release_materialized(spark, stored_before)
-    return FinetuneResult(Path(s.out).resolve(), doc, dict(timer.seconds))
+    return FinetuneResult(Path(s.out).resolve(), doc, dict(timer.seconds), erasure_warnings(doc))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     spark_s, job_s, kafka = parse_job_args(FinetuneSettings, argv)
     spark = build_session(spark_s, input_bytes(job_s, kafka))
     result = run(spark, job_s, kafka, StepTimer(enabled=spark_s.progress))
+    for line in result.warnings:
+        print(line, file=sys.stderr)
     print(f"wrote {result.out}: " + ", ".join(f"{k}={v}" for k, v in result.card["outputs"].items()))
     return 0
 

@@ -1,10 +1,11 @@
 """Typed, frozen settings of the batch jobs, built once by the CLI (flags + environment).
 
 ``SparkSettings`` is shared by both jobs (where Spark runs); ``FinetuneSettings`` and
-``UsageReportSettings`` hold what one job does. Kafka connection settings are the
+``UsageReportSettings`` hold what one job does; ``DatasetStoreSettings`` says where datasets are
+kept (searched by erasure checks). Kafka connection settings are the
 transport's ``KafkaSettings``. No module here reads the environment itself: pydantic-settings
 does it when the CLI builds these objects (``CHATPIPE_SPARK_*``, ``CHATPIPE_FINETUNE_*``,
-``CHATPIPE_USAGE_*``).
+``CHATPIPE_USAGE_*``, ``CHATPIPE_DATASETS_*``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class FinetuneSettings(_InputSettings):
 
     turns_topic: str = Field("chat.turns", description="Catalog name of the turns topic (prefix added)")
     feedback_topic: str = Field("chat.feedback", description="Catalog name of the feedback topic")
+    deletions_topic: str = Field("chat.deletions", description="Catalog name of the deletions topic: erased users and conversations are left out (read from the archive folder, and from Kafka for a Kafka source)")
     eval_files: tuple[Path, ...] = Field((), description="Eval sets to decontaminate against (.jsonl/.txt)")
     decontam_ngram: int = Field(13, ge=3, description="Words per n-gram shared with an eval set that drops an example")
     min_answer_chars: int = Field(8, ge=0, description="Shorter answers are dropped (too_short)")
@@ -94,6 +96,15 @@ class FinetuneSettings(_InputSettings):
     default_system_prompt: str | None = Field(None, description="System message when a turn has none")
     seed: int = Field(1234, description="Seed of MinHashLSH's hash functions")
     write_dropped: bool = Field(True, description="Write the dropped records with their reason")
+
+
+class DatasetStoreSettings(BaseSettings):
+    """Where datasets are kept, for erasure: ``spark_jobs.erasure.affected_datasets`` (and
+    ``chatpipe forget --verify``) search this folder; write the finetune job's ``--out`` under it."""
+
+    model_config = SettingsConfigDict(env_prefix="CHATPIPE_DATASETS_", frozen=True, extra="forbid")
+
+    root: Path = Field(Path(".chatpipe/datasets"), description="Folder holding the fine-tuning datasets (searched for an erased user's rows)")
 
 
 class UsageReportSettings(_InputSettings):

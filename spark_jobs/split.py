@@ -1,8 +1,10 @@
 """Train/validation split by conversation: every turn of a conversation lands in one split.
 
-The split is a pure function of ``conversation_id`` (first 32 bits of its SHA-256, mod
-10,000, against ``validation_fraction``), so it is the same on every run, source, Spark
-version and machine, and a conversation's examples never straddle train and validation.
+The split is a pure function of the conversation's key (``erasure.conversation_key``: tenant,
+user and conversation id hashed together; first 32 bits of the key's SHA-256, mod 10,000,
+against ``validation_fraction``), so it is the same on every run, source, Spark version and
+machine, and a conversation's examples never straddle train and validation. Not the client's
+``conversation_id`` alone: two tenants' ``chat-1`` are two conversations and split independently.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ import hashlib
 BUCKETS = 10_000
 
 
-def split_of(conversation_id: str, validation_fraction: float) -> str:
-    bucket = int(hashlib.sha256(conversation_id.encode()).hexdigest()[:8], 16) % BUCKETS
+def split_of(key: str, validation_fraction: float) -> str:
+    """The split of the conversation with this key (``erasure.conversation_key``)."""
+    bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % BUCKETS
     return "validation" if bucket < validation_fraction * BUCKETS else "train"
 
 
-def split_column(validation_fraction: float):
-    """A Column: ``split_of(conversation_id)`` in the JVM."""
+def split_column(validation_fraction: float, key: str = "conversation_key"):
+    """A Column: ``split_of(key)`` in the JVM."""
     from pyspark.sql import functions as F
 
-    bucket = F.conv(F.substring(F.sha2(F.col("conversation_id"), 256), 1, 8), 16, 10).cast("long") % BUCKETS
+    bucket = F.conv(F.substring(F.sha2(F.col(key), 256), 1, 8), 16, 10).cast("long") % BUCKETS
     return F.when(bucket < F.lit(validation_fraction * BUCKETS), "validation").otherwise("train")

@@ -31,12 +31,16 @@ DROPPED_FIELDS = (
     ("detail", StringType()),
     ("record", StringType()),  # ConversationTurn | Feedback
     ("event_id", StringType()),
+    ("tenant", StringType()),
+    ("subject", StringType()),            # erasure.subject_key(tenant, user_id): no raw user id
+    ("conversation_key", StringType()),   # erasure.conversation_key(tenant, user_id, conversation_id)
     ("conversation_id", StringType()),
     ("request_id", StringType()),
     ("turn_index", IntegerType()),
     ("prompt", StringType()),
     ("answer", StringType()),
     ("created_at", LongType()),
+    ("oldest_at", LongType()),            # = created_at: what erasure asks of a row
     ("source_topic", StringType()),
     ("source_partition", IntegerType()),
     ("source_offset", LongType()),
@@ -59,6 +63,8 @@ def as_dropped(df: DataFrame, step: str | None, record: str) -> DataFrame:
             col = F.col("_detail") if "_detail" in present else F.lit(None)
         elif name == "source_timestamp" and "kafka_ts" in present:
             col = F.col("kafka_ts")
+        elif name == "oldest_at" and "created_at" in present:
+            col = F.col("created_at")
         elif name in present:
             col = F.col(name)
         else:

@@ -17,6 +17,8 @@ from spark_jobs.pii import KINDS, placeholder_count
 
 #: Steps applied to turns after decoding, in pipeline order.
 TURN_STEPS = ("quality", "decontam", "feedback", "exact_dedup", "near_dedup")
+#: Steps applied to feedback after decoding.
+FEEDBACK_STEPS = ("feedback_owner",)
 _TEXT = ("system_prompt", "prompt", "answer")
 
 
@@ -31,17 +33,33 @@ def tally(turns: DataFrame, feedback: DataFrame) -> list[dict]:
     return [r.asDict() for r in rows]
 
 
-def fill_card(card, rows: list[dict], source: str, since: int | None, until: int | None) -> None:
-    """Set the card's input, steps, drops and pii from :func:`tally` rows."""
+def fill_card(card, rows: list[dict], source: str, since: int | None, until: int | None,
+              erased: dict[str, int] | None = None) -> None:
+    """Set the card's input, steps, drops and pii from :func:`tally` rows.
+
+    ``erased``: records left out for erasure per record type (before the tally: they are in no
+    output, so the tagged frames do not hold them); they count as read and decoded, and a step
+    ``erasure`` per record type says how many went.
+    """
+    erased = erased or {}
     def n(record: str, step=..., decoded: bool | None = None) -> int:
         return sum(r["n"] for r in rows if r["record"] == record
                    and (step is ... or r["_step"] == step)
                    and (decoded is None or (r["_step"] != "decode") == decoded))
 
-    read = {rec: n(rec) for rec in ("ConversationTurn", "Feedback")}
+    read = {rec: n(rec) + erased.get(rec, 0) for rec in ("ConversationTurn", "Feedback")}
     for rec, label in (("ConversationTurn", "decode turns"), ("Feedback", "decode feedback")):
-        kept = n(rec, decoded=True)
+        kept = n(rec, decoded=True) + erased.get(rec, 0)
         card.steps.append({"step": label, "input": read[rec], "kept": kept, "dropped": read[rec] - kept})
+    for rec, label in (("ConversationTurn", "erasure turns"), ("Feedback", "erasure feedback")):
+        decoded = n(rec, decoded=True) + erased.get(rec, 0)
+        card.steps.append({"step": label, "input": decoded, "kept": decoded - erased.get(rec, 0),
+                           "dropped": erased.get(rec, 0)})
+    f_in = n("Feedback", decoded=True)
+    for step in FEEDBACK_STEPS:
+        dropped = n("Feedback", step)
+        card.steps.append({"step": step, "input": f_in, "kept": f_in - dropped, "dropped": dropped})
+        f_in -= dropped
     versions: dict[int, int] = {}
     for r in rows:
         if r["record"] == "ConversationTurn" and r["_step"] != "decode":
@@ -49,7 +67,7 @@ def fill_card(card, rows: list[dict], source: str, since: int | None, until: int
     card.input = {"source": source, "since_ms": since, "until_ms": until,
                   "turns_read": read["ConversationTurn"], "feedback_read": read["Feedback"],
                   **{f"ConversationTurn v{v}": versions[v] for v in sorted(versions)}}
-    n_in = n("ConversationTurn", decoded=True)
+    n_in = n("ConversationTurn", decoded=True)  # erased turns are not in ``rows``
     for step in TURN_STEPS:
         dropped = n("ConversationTurn", step)
         card.steps.append({"step": step, "input": n_in, "kept": n_in - dropped, "dropped": dropped})

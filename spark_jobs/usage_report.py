@@ -3,7 +3,7 @@
 Figures per (day of ``created_at``, model): requests, tokens in and out, TTFT and total
 latency p50/p95/p99 (exact percentiles; TTFT only from turns written with schema v2 or later,
 v1 did not record it), errors (finish reason ERROR/TIMEOUT/OVERLOADED), cancelled, active
-users (distinct user_id). Per day: dead letters by component (chat.dlq) and undecodable
+users (distinct (tenant, user_id)). Per day: dead letters by component (chat.dlq) and undecodable
 turns. Outputs: ``usage.parquet``, ``dlq.parquet``, ``usage_report.md``, and PNG charts
 (requests, tokens, p95 latency per day and model) when there is data to chart; the Markdown
 links only the charts written, and says "no data" otherwise.
@@ -60,7 +60,8 @@ def usage_table(turns: DataFrame) -> DataFrame:
         aggs.append(F.percentile("total_ms", p).alias(f"total_p{int(p * 100)}_ms"))
     aggs += [F.sum(F.col("finish_reason").isin(*ERROR_FINISH).cast("int")).alias("errors"),
              F.sum((F.col("finish_reason") == "CANCELLED").cast("int")).alias("cancelled"),
-             F.countDistinct("user_id").alias("active_users")]
+             # a user is (tenant, user_id): two tenants' "ada" are two people
+             F.countDistinct("tenant", "user_id").alias("active_users")]
     return turns.groupBy(_day(F.col("created_at")).alias("day"), "model").agg(*aggs)
 
 

@@ -40,6 +40,7 @@ def _spark_histories(spark, log: SyntheticLog) -> dict:
     rows = [(t.event_id, t.conversation_id, t.turn_index, t.created_at, None, t.prompt, t.answer) for t in passed]
     turns = spark.createDataFrame(rows, "event_id string, conversation_id string, turn_index int, created_at long, "
                                         "rating string, prompt string, answer string")
+    turns = turns.withColumn("conversation_key", F.col("conversation_id"))  # one tenant and user per conversation
     own = est_tokens(F.col("prompt")) + est_tokens(F.col("answer"))
     out = with_history(turns, history_pool(turns), "event_id", own, 2048).collect()
     return {(r.conversation_id, r.turn_index): [h.h_index for h in r.history] for r in out}
