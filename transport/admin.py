@@ -134,6 +134,25 @@ class TopicAdmin:
         end_of = {(tp.topic, tp.partition): info.offset for tp, info in ends.items()}
         return sum(max(0, end_of[(tp.topic, tp.partition)] - tp.offset) for tp in partitions)
 
+    def backlogs(self, group_id: str, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        """(position, end offset) of each of ``partitions`` for ``group_id``: the position is the group's
+        committed offset, or the partition's first offset where the group never committed (where an
+        ``auto.offset.reset=earliest`` consumer starts). Records waiting = end - position."""
+        if not partitions:
+            return {}
+        request = [ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p) for t, p in partitions])]
+        committed = self._wait(self._admin.list_consumer_group_offsets(request), "list offsets of group")
+        position = {(tp.topic, tp.partition): tp.offset for tp in committed[group_id].topic_partitions}
+        specs = {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}
+        ends = {(tp.topic, tp.partition): info.offset
+                for tp, info in self._wait(self._admin.list_offsets(specs), "list offsets of").items()}
+        never = [tp for tp in partitions if position.get(tp, -1) < 0]
+        if never:
+            firsts = self._wait(self._admin.list_offsets({TopicPartition(t, p): OffsetSpec.earliest() for t, p in never}),
+                                "list offsets of")
+            position.update({(tp.topic, tp.partition): info.offset for tp, info in firsts.items()})
+        return {tp: (position[tp], ends[tp]) for tp in partitions}
+
     def _wait(self, futures: dict, what: str) -> dict:
         results = {}
         for key, future in futures.items():

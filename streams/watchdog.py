@@ -1,0 +1,122 @@
+"""Records waiting on a source partition that no longer reach its agent: the process exits to be restarted.
+
+Seen on the whole stack (tests/faults, the streams SIGKILL scenario, about one run in six): after
+a restart Faust's recovery resumes fetching, hands the agents what it fetched, then seeks the
+stream partitions back to the committed offsets; in the failing runs nothing more arrived from
+those partitions afterwards. The intake agent sat idle in its batch loop, Faust's fetcher waited
+on its consumer thread, 37 prompts waited on ``chat.prompts`` with the group's offsets frozen, for
+minutes, until something woke the consumer thread (a debugger attaching was enough). The cause
+inside faust-streaming / aiokafka is not found (cf. faust-streaming#216, a gap from resuming
+before the seek); the failure policy's answer to a process that no longer consumes is the same as
+to a dead thread: exit, so the supervisor restarts it. A restart reads again from the committed
+offsets, and no agent acks before its effects are durable (``acks.py``), so nothing is lost.
+
+A partition counts as **stalled** when, for ``stall_s`` in a row: it is assigned to this process,
+records wait on it (end offset > the group's committed offset), that committed offset has not
+moved, no batch of any agent is out (a batch retrying an outage is progress, bounded by its own
+retry budget), and no event of that partition reached an agent. Checked every ``check_every_s``
+against the broker (``TopicAdmin.backlogs``, in a thread); a check the broker does not answer is
+skipped: an outage is the retriers' and the consumer's business, not a stall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from streams.acks import Batches
+from streams.errors import InfrastructureUnavailableError
+from transport.errors import TransportError
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+#: (topic, partition) list -> {(topic, partition): (committed position, end offset)}
+BacklogQuery = Callable[[list[TP]], dict[TP, tuple[int, int]]]
+
+
+class StalledConsumerError(InfrastructureUnavailableError):
+    """Records wait on assigned partitions and nothing reaches the agents: the process must restart."""
+
+
+@dataclass
+class _Seen:
+    position: int
+    since: float  # when this position was first seen with records waiting and nothing moving
+    warned: bool = False
+
+
+@dataclass
+class ProgressWatchdog:
+    backlogs: BacklogQuery
+    stall_s: float
+    clock: Callable[[], float] = time.monotonic
+    batches: Iterable[Batches] = field(default_factory=lambda: Batches.live)
+    _seen: dict[TP, _Seen] = field(default_factory=dict)
+
+    def check(self, assigned: list[TP]) -> list[TP]:
+        """Look once; returns the partitions stalled for ``stall_s`` (empty: all is well). Blocking: the
+        broker is asked (call it from a thread)."""
+        try:
+            positions = self.backlogs(sorted(assigned))
+        except TransportError as exc:
+            log.debug("progress check skipped: %s", exc)
+            return []
+        now = self.clock()
+        live = list(self.batches)
+        busy = any(b.out for b in live)
+        stalled = []
+        for tp in list(self._seen):
+            if tp not in positions:
+                del self._seen[tp]  # revoked, or no longer ours
+        for tp, (position, end) in positions.items():
+            seen = self._seen.get(tp)
+            last_event = max((b.last_event_at.get(tp, float("-inf")) for b in live), default=float("-inf"))
+            if end <= position or busy:
+                self._seen.pop(tp, None)
+                continue
+            if seen is None or seen.position != position:
+                self._seen[tp] = seen = _Seen(position, now)
+            frozen_s = min(now - seen.since, now - last_event)
+            if frozen_s >= self.stall_s:
+                stalled.append(tp)
+            elif frozen_s >= self.stall_s / 2 and not seen.warned:
+                seen.warned = True
+                log.warning("%s[%d]: %d record(s) wait at offset %d and none reached an agent for %.0f s",
+                            tp[0], tp[1], end - position, position, frozen_s)
+        return stalled
+
+    async def run(self, assigned: Callable[[], list[TP]], check_every_s: float) -> None:
+        """Check every ``check_every_s``; raises ``StalledConsumerError`` naming what is stalled."""
+        log.info("progress watchdog: checks every %g s, a partition with records waiting and none reaching "
+                 "an agent for %g s ends the process", check_every_s, self.stall_s)
+        while True:
+            await asyncio.sleep(check_every_s)
+            tps = assigned()
+            if not tps:  # nothing assigned, or Faust is rebalancing / restoring the table: no stall
+                self._seen.clear()
+                continue
+            stalled = await asyncio.to_thread(self.check, tps)
+            if stalled:
+                detail = ", ".join(f"{t}[{p}] at {self._seen[(t, p)].position}" for t, p in stalled)
+                raise StalledConsumerError(
+                    f"records wait on {detail} and none reached an agent for {self.stall_s:g} s "
+                    "(committed offsets unchanged, no batch in progress): the consumer stalled")
+
+
+def faust_assignment(app, source_topics: set[str]) -> Callable[[], list[TP]]:
+    """The source partitions a Faust app consumes now; none while it rebalances or restores its tables
+    (records wait then by design, for as long as a restore takes)."""
+    def assigned() -> list[TP]:
+        if getattr(app, "rebalancing", False) or getattr(app, "in_recovery", False):
+            return []
+        try:
+            tps = app.consumer.assignment()
+        except Exception:  # noqa: BLE001 - not started yet (ConsumerNotStarted and friends)
+            return []
+        return [(tp.topic, tp.partition) for tp in tps if tp.topic in source_topics]
+
+    return assigned

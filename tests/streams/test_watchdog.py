@@ -1,0 +1,95 @@
+"""The streams progress watchdog: records waiting on an assigned partition that reach no agent make the
+process exit (streams/watchdog.py says where that was seen). The decision is checked here with a chosen
+broker answer and clock (a real stalled Faust fetcher cannot be produced on demand: it was seen about once
+in six streams restarts); ``TopicAdmin.backlogs``, which gives that answer, against the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from streams.watchdog import ProgressWatchdog, StalledConsumerError
+from transport.errors import TransportError
+
+TP = ("chat.prompts", 3)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class AgentBatches:  # what the watchdog reads of streams.acks.Batches
+    out: bool = False
+    last_event_at: dict = field(default_factory=dict)
+
+
+def watchdog(answer, clock, batches):
+    return ProgressWatchdog(lambda tps: answer(tps), stall_s=30, clock=clock, batches=batches)
+
+
+def test_waiting_records_that_reach_no_agent_are_a_stall_after_stall_s():
+    clock, agent = Clock(), AgentBatches(last_event_at={TP: 990.0})
+    dog = watchdog(lambda tps: {TP: (41, 56)}, clock, [agent])
+    assert dog.check([TP]) == []  # first sight of the frozen position
+    clock.now += 29
+    assert dog.check([TP]) == []
+    clock.now += 2
+    assert dog.check([TP]) == [TP]
+
+
+@pytest.mark.parametrize("case", ["batch out", "event seen", "offset moved", "nothing waits", "broker away"])
+def test_progress_or_an_idle_partition_is_no_stall(case):
+    clock, agent = Clock(), AgentBatches()
+    position = {"value": 41}
+
+    def answer(tps):
+        if case == "broker away":
+            raise TransportError("list offsets: no answer")
+        end = position["value"] if case == "nothing waits" else 56
+        return {TP: (position["value"], end)}
+
+    dog = watchdog(answer, clock, [agent])
+    for _ in range(5):
+        clock.now += 20
+        if case == "batch out":
+            agent.out = True  # e.g. a batch retrying an outage: bounded by its own retry budget
+        elif case == "event seen":
+            agent.last_event_at[TP] = clock.now - 1
+        elif case == "offset moved":
+            position["value"] += 1
+        assert dog.check([TP]) == [], case
+
+
+def test_run_raises_naming_the_partition_and_skips_while_nothing_is_assigned():
+    clock, agent = Clock(), AgentBatches()
+    dog = ProgressWatchdog(lambda tps: {TP: (41, 56)}, stall_s=0.05, batches=[agent])
+    assigned = iter([[], [TP], [TP], [TP], [TP], [TP]])
+
+    with pytest.raises(StalledConsumerError, match=r"chat.prompts\[3\] at 41"):
+        asyncio.run(asyncio.wait_for(dog.run(lambda: next(assigned), check_every_s=0.03), 5))
+
+
+@pytest.mark.integration
+def test_backlogs_from_the_broker(kafka_settings, topic_factory):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from transport.admin import TopicAdmin
+
+    topic = topic_factory(partitions=2)
+    producer = Producer(kafka_settings.client_config())
+    for i in range(5):
+        producer.produce(topic, value=b"x", partition=0)
+    producer.flush(10)
+    admin, group = TopicAdmin(kafka_settings), "watchdog-backlogs"
+    assert admin.backlogs(group, [(topic, 0), (topic, 1)]) == {(topic, 0): (0, 5), (topic, 1): (0, 0)}
+    consumer = Consumer({**kafka_settings.client_config(), "group.id": group})
+    consumer.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+    consumer.close()
+    assert admin.backlogs(group, [(topic, 0)]) == {(topic, 0): (3, 5)}
