@@ -185,7 +185,7 @@ def exit_reason(returncode: int) -> tuple[str, int | None, str | None]:
 
 
 # What the services' own exit codes say (docs/architecture.md "Failure policy"), shown in `status`.
-EXIT_MEANINGS = {75: "infrastructure away past the retry budget", 70: "unexpected error"}
+EXIT_MEANINGS = {75: "infrastructure away past the retry budget, or a stalled or lost delivery", 70: "unexpected error"}
 
 
 def happened(subject: str, reason: str) -> str:

@@ -102,6 +102,8 @@ def register(app: typer.Typer) -> None:
         for name, n in result.card["outputs"].items():
             console.print(f"{n:>9}  {result.out / name}")
         console.print(f"card: {result.out / 'dataset_card.md'}  ({time.monotonic() - started:.0f} s)")
+        for line in result.warnings:  # e.g. undecodable Deletions: the build goes on without them
+            err_console.print(f"[yellow]warning: {line}[/]", highlight=False, soft_wrap=True)
         if not warned and result.card["input"]["turns_read"] == 0:
             err_console.print(f"[yellow]{no_data_warning(s, kafka)}[/]", highlight=False, soft_wrap=True)
 

@@ -25,7 +25,7 @@ def test_exit_status_reads_as_code_or_signal():
     assert sv.exit_reason(-9) == ("killed by SIGKILL", None, "SIGKILL")
     assert sv.exit_reason(1) == ("exited with code 1", 1, None)
     # streams' own codes (docs/architecture.md): an outage past the retry budget is not a bug
-    assert sv.exit_reason(75) == ("exited with code 75 (infrastructure away past the retry budget)", 75, None)
+    assert sv.exit_reason(75) == ("exited with code 75 (infrastructure away past the retry budget, or a stalled or lost delivery)", 75, None)
     assert sv.happened("gateway", "killed by SIGKILL") == "gateway was killed by SIGKILL"
 
 
