@@ -1,7 +1,9 @@
 """What intake needs from a PromptRequest: its system prompt, its own history, the new prompt.
 
 A request that decodes but cannot be served raises ``InvalidPromptError`` naming the problem
-(it goes to ``chat.dlq`` with that reason). No I/O.
+(it goes to ``chat.dlq`` with that reason, and its asker gets an error final chunk). What
+"cannot be served" means is ``schemas.requests``, the one definition the gateway checks HTTP
+bodies with: a record produced straight to Kafka meets the same rules. No I/O.
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas.records import ChatMessage, PromptRequest
+from schemas.requests import ROLES, RequestRuleError, check_prompt_request
 from streams.errors import InvalidPromptError
 
-ROLES = ("system", "user", "assistant")
+__all__ = ["ROLES", "ParsedPrompt", "parse_prompt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,22 +24,14 @@ class ParsedPrompt:
     prompt: str  # the last user message
 
 
-def parse_prompt(request: PromptRequest) -> ParsedPrompt:
-    for name in ("request_id", "conversation_id", "user_id", "tenant"):
-        if not getattr(request, name).strip():
-            raise InvalidPromptError(f"PromptRequest {request.request_id!r}: empty {name}")
-    if not request.messages:
-        raise InvalidPromptError(f"PromptRequest {request.request_id}: no messages")
-    for i, m in enumerate(request.messages):
-        if m.role not in ROLES:
-            raise InvalidPromptError(f"PromptRequest {request.request_id}: message {i} has role {m.role!r}, "
-                                     f"expected one of {', '.join(ROLES)}")
+def parse_prompt(request: PromptRequest, context_tokens: int | None = None) -> ParsedPrompt:
+    """With ``context_tokens`` (the settings' context size), a ``max_tokens`` that leaves the prompt
+    no room is refused here, naming the limit, instead of as a negative context budget."""
+    try:
+        check_prompt_request(request, context_tokens=context_tokens)
+    except RequestRuleError as exc:
+        raise InvalidPromptError(f"PromptRequest {request.request_id!r}: {exc}") from None
     last = request.messages[-1]
-    if last.role != "user":
-        raise InvalidPromptError(f"PromptRequest {request.request_id}: no user message to answer "
-                                 f"(the last message is from {last.role!r})")
-    if not last.content.strip():
-        raise InvalidPromptError(f"PromptRequest {request.request_id}: the user message is empty")
     systems = [m.content for m in request.messages if m.role == "system" and m.content.strip()]
     history = [m for m in request.messages[:-1] if m.role != "system"]
     return ParsedPrompt("\n\n".join(systems) if systems else None, history, last.content)

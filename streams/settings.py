@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.requests import DEFAULT_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS, with_shared_context
+
 
 class StreamsSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHATPIPE_STREAMS_", frozen=True, extra="forbid")
@@ -33,7 +35,10 @@ class StreamsSettings(BaseSettings):
     archive_batch_size: int = Field(2000, ge=1, description="Most messages per archive write")
     archive_flush_s: float = Field(2.0, gt=0, description="Longest a message waits before it is archived")
     # Context
-    context_tokens: int = Field(2048, ge=16, description="The model's context window (prompt + answer)")
+    context_tokens: int = Field(DEFAULT_CONTEXT_TOKENS, ge=MIN_CONTEXT_TOKENS,
+                                description="The model's context window (prompt + answer): CHATPIPE_CONTEXT_TOKENS, "
+                                            "shared with the engine (schemas/requests.py); "
+                                            "CHATPIPE_STREAMS_CONTEXT_TOKENS is its deprecated alias")
     recent_turns: int = Field(8, ge=0, description="Turns kept in the conversation table and always offered "
                                                    "to the context; recall skips them")
     pending_limit: int = Field(64, ge=1, description="Most requests per conversation awaiting a response")
@@ -49,6 +54,10 @@ class StreamsSettings(BaseSettings):
                                         "restart gets the partitions back (broker minimum 6 s)")
     # Faults of the infrastructure (Qdrant, broker, disk): retried with backoff for the budget, then the
     # process exits without acking the batch in hand (streams/faults.py).
+    stall_s: float = Field(30.0, gt=0, description="How long records may wait on an assigned source partition "
+                           "with nothing reaching its agent before the process exits to be restarted "
+                           "(streams/watchdog.py)")
+    stall_check_s: float = Field(5.0, gt=0, description="How often the consumer's progress is checked")
     retry_budget_s: float = Field(60.0, gt=0, description="How long intake, record and forget retry Qdrant "
                                                           "or the broker before the process exits unacked")
     retry_backoff_s: float = Field(0.5, gt=0, description="First wait between retries; doubles per retry")
@@ -63,3 +72,10 @@ class StreamsSettings(BaseSettings):
                                                                 "when checking reply addresses")
     web_port: int | None = Field(None, ge=1, le=65535, description="Faust's web server port; empty = off")
     log_level: str = Field("info", description="Worker log level")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        # context_tokens is the one context size of streams and the engine, not a setting of its own
+        return with_shared_context("context_tokens", init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings, settings_cls)

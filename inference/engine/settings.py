@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.requests import DEFAULT_CONTEXT_TOKENS, with_shared_context
+
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # what the engine runs on (model_store checks the GPU is there)
 
@@ -32,7 +34,10 @@ class EngineSettings(BaseSettings):
         "auto", description="Weights and KV cache dtype; auto = bfloat16 on CUDA, float32 on CPU"
     )
     max_batch: int = Field(16, ge=1, description="Most requests running at once")
-    max_seq_len: int = Field(2048, ge=2, description="Most tokens (prompt + output) per request")
+    max_seq_len: int = Field(DEFAULT_CONTEXT_TOKENS, ge=2,
+                             description="Most tokens (prompt + output) per request: CHATPIPE_CONTEXT_TOKENS, shared "
+                                         "with streams (schemas/requests.py); CHATPIPE_MAX_SEQ_LEN is its deprecated "
+                                         "alias")
     kv_cache_tokens: int = Field(16384, ge=16, description="KV cache budget in tokens, all requests together")
     kv_block_size: int = Field(16, ge=1, description="Tokens per KV cache block")
     max_step_tokens: int = Field(512, ge=1, description="Most tokens computed per step (prompt chunks + decodes)")
@@ -41,6 +46,11 @@ class EngineSettings(BaseSettings):
     prefix_caching: bool = Field(
         True, description="Reuse cached KV blocks of equal prompt prefixes across requests (CHATPIPE_PREFIX_CACHING)"
     )
+    prefix_cache_salt: bool = Field(
+        True, description="Salt prefix-cache hashes per tenant, so one tenant's blocks never serve another "
+        "(false: one cache for all tenants, whose time to first token then tells a tenant what another sent; "
+        "the baseline of bench/prefix_salt.py) (CHATPIPE_PREFIX_CACHE_SALT)",
+    )
     kv_allocation: Literal["lazy", "reserve"] = Field(
         "lazy",
         description="lazy: KV blocks as tokens are computed, preempt when out; reserve: prompt + max_new_tokens "
@@ -48,6 +58,13 @@ class EngineSettings(BaseSettings):
     )
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch's default")
     compile: bool = Field(False, description="torch.compile the per-layer dense math (CUDA; unverified)")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        # max_seq_len is the one context size of streams and the engine (streams assembles up to it)
+        return with_shared_context("max_seq_len", init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings, settings_cls)
 
     @field_validator("device")
     @classmethod

@@ -2,7 +2,9 @@
 
 Only what chatpipe can honour is accepted: ``n`` above 1, tools and audio are refused with
 OpenAI's error shape rather than ignored. Unknown fields are ignored, as OpenAI's own server
-does for fields a model does not use.
+does for fields a model does not use. What a valid request is (roles, limits, sampling ranges,
+``max_tokens`` against the context) is ``schemas.requests``, the definition streams and the
+worker check records with too; ``check`` answers its errors as 400s naming the field.
 
 Reference: https://platform.openai.com/docs/api-reference/chat (object names, fields, SSE format).
 """
@@ -13,9 +15,19 @@ import json
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-ROLES = ("system", "developer", "user", "assistant")
+from schemas.requests import (
+    LIMITS,
+    OPENAI_ROLES,
+    RequestLimits,
+    RequestRuleError,
+    check_conversation_id,
+    check_messages,
+    check_metadata,
+    check_sampling,
+    check_user,
+)
 
 
 class OpenAIError(Exception):
@@ -39,15 +51,8 @@ class TextPart(BaseModel):
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: str
+    role: str  # one of schemas.requests.OPENAI_ROLES (ChatCompletionRequest.check)
     content: str | list[TextPart] | None = None
-
-    @field_validator("role")
-    @classmethod
-    def known_role(cls, role: str) -> str:
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
-        return role
 
     def text(self) -> str:
         if self.content is None:
@@ -69,10 +74,11 @@ class ChatCompletionRequest(BaseModel):
     messages: list[Message]
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    # Ranges are schemas.requests' (check), so the gateway and the tiers behind it answer alike.
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1)
@@ -80,16 +86,24 @@ class ChatCompletionRequest(BaseModel):
     metadata: dict[str, str] | None = None
     tools: list[Any] | None = None
 
-    def check(self) -> None:
-        """What pydantic's types cannot say, as OpenAI-shaped 400s."""
-        if not self.messages:
-            raise OpenAIError(400, "messages must contain at least one message; got an empty list",
-                              param="messages", code="invalid_value")
-        if self.messages[-1].role != "user":
-            raise OpenAIError(400, f"the last message must be from the user (got {self.messages[-1].role!r}): "
-                                   "chatpipe answers a user message", param="messages", code="invalid_value")
-        if not self.messages[-1].text().strip():
-            raise OpenAIError(400, "the last user message is empty", param="messages", code="invalid_value")
+    def check(self, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> None:
+        """What pydantic's types cannot say, as OpenAI-shaped 400s: schemas.requests' rules (with
+        ``context_tokens``, ``max_tokens`` against the model's context too), then what chatpipe
+        does not support."""
+        try:
+            check_messages([(m.role, m.text()) for m in self.messages], limits, roles=OPENAI_ROLES)
+            for name in ("max_tokens", "max_completion_tokens"):
+                check_sampling(max_tokens=getattr(self, name), context_tokens=context_tokens, max_tokens_field=name)
+            check_sampling(temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop_list(),
+                           limits=limits)
+            if self.user:  # "" = no user, as OpenAI's clients send it
+                check_user(self.user, limits)
+            if self.metadata is not None:
+                check_metadata(self.metadata, limits)
+                if "conversation_id" in self.metadata:
+                    check_conversation_id(self.metadata["conversation_id"], field="metadata.conversation_id")
+        except RequestRuleError as exc:
+            raise OpenAIError(400, str(exc), param=exc.field, code=exc.code) from None
         if self.n != 1:
             raise OpenAIError(400, "n must be 1: chatpipe generates one choice per request", param="n",
                               code="unsupported_value")

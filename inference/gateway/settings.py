@@ -6,8 +6,10 @@ import re
 import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.requests import DEFAULT_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS, with_shared_context
 
 # The worker answers under inference.engine.settings.DEFAULT_MODEL_NAME; not imported, so the gateway
 # does not depend on the engine package (tests/gateway/test_gateway_units.py keeps the two equal).
@@ -25,6 +27,13 @@ class GatewaySettings(BaseSettings):
     gateway_id: str | None = Field(None, description="Names this instance's reply topic; default host-port")
     models: list[str] = Field(default_factory=lambda: [DEFAULT_MODEL], description="Model ids served")
     max_pending: int = Field(32, ge=1, description="Requests in flight before new ones get 429")
+    tenant_share: float = Field(0.5, gt=0, le=1, description="Most of max_pending one tenant may hold (at least 1 "
+                                "request): a busy tenant gets 429 while the rest stays free for the others")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; larger gets 413. "
+                                "The default takes the largest prompt the request limits allow, JSON-escaped")
+    context_tokens: int = Field(DEFAULT_CONTEXT_TOKENS, ge=MIN_CONTEXT_TOKENS,
+                                description="The model's context (prompt + answer): CHATPIPE_CONTEXT_TOKENS, the "
+                                            "size streams and the engine use; max_tokens must be below it")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")
     first_chunk_timeout_s: float = Field(300.0, gt=0, description="Give up (504) when no token came by then; "
                                          "also each PromptRequest's deadline (created_at + this)")
@@ -33,6 +42,25 @@ class GatewaySettings(BaseSettings):
                                       "a prompt by then (librdkafka's own default is 300 s)")
     reply_retention_ms: int = Field(60 * 60 * 1000, gt=0, description="Retention of the reply topic")
     log_level: str = Field("info", description="debug, info, warning")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        # context_tokens is the pipeline's one context size (schemas/requests.py), not a gateway setting
+        return with_shared_context("context_tokens", init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings, settings_cls)
+
+    @model_validator(mode="after")
+    def _default_fits_the_context(self) -> "GatewaySettings":
+        if self.default_max_tokens > self.context_tokens - 1:
+            raise ValueError(f"default_max_tokens {self.default_max_tokens} does not fit the context of "
+                             f"{self.context_tokens} tokens (CHATPIPE_CONTEXT_TOKENS); set "
+                             f"CHATPIPE_GATEWAY_DEFAULT_MAX_TOKENS to at most {self.context_tokens - 1}")
+        return self
+
+    def tenant_limit(self) -> int:
+        """Most requests one tenant may have in flight on this gateway."""
+        return max(1, int(self.max_pending * self.tenant_share))
 
     def instance_id(self) -> str:
         """This gateway's id: given, or host-port (stable across restarts, so its reply topic is reused)."""

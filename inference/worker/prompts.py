@@ -3,22 +3,22 @@
 The chat template comes from the tokenizer (``apply_chat_template`` over the request's messages,
 as ``inference.engine.text.encode_prompt`` does for one message). Every check that can reject a
 request happens here, before the engine sees it, and raises a named ``BadRequestError`` whose
-message is the dead-letter reason.
+message is the dead-letter reason. Roles and sampling ranges are ``schemas.requests``, the one
+definition the gateway and streams check with; the message count and character limits are
+intake's (streams assembles this request within the context's token budget).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from inference.engine.chat_tokens import encode_chat
 from inference.engine.request import Priority as EnginePriority
 from inference.engine.request import SamplingParams as EngineSampling
 from inference.worker.errors import InvalidRequestError, InvalidSamplingError, PromptTooLongError
 from schemas.records import InferenceRequest, Priority
-
-ROLES = frozenset({"system", "user", "assistant"})
-MAX_STOP_STRINGS = 16
+from schemas.requests import RequestRuleError, check_record_sampling, check_roles
 
 ENGINE_PRIORITY = {Priority.INTERACTIVE: EnginePriority.INTERACTIVE, Priority.BATCH: EnginePriority.BATCH}
 
@@ -33,14 +33,10 @@ class PreparedRequest:
 
 def sampling_params(req: InferenceRequest) -> EngineSampling:
     s = req.sampling
-    if s.max_tokens < 1:
-        raise InvalidSamplingError(f"max_tokens must be >= 1, got {s.max_tokens}")
-    for name in ("temperature", "top_p"):
-        value = getattr(s, name)
-        if not math.isfinite(value):
-            raise InvalidSamplingError(f"{name} must be a finite number, got {value}")
-    if len(s.stop) > MAX_STOP_STRINGS:
-        raise InvalidSamplingError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(s.stop)}")
+    try:  # max_tokens against the context: prepare, which knows the prompt's length too
+        check_record_sampling(s)
+    except RequestRuleError as exc:
+        raise InvalidSamplingError(str(exc)) from None
     try:
         return EngineSampling(max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                               top_k=s.top_k, seed=s.seed)
@@ -51,15 +47,13 @@ def sampling_params(req: InferenceRequest) -> EngineSampling:
 def prompt_ids(req: InferenceRequest, tokenizer: Any) -> list[int]:
     if not req.messages:
         raise InvalidRequestError("the request has no messages")
-    bad = sorted({m.role for m in req.messages} - ROLES)
-    if bad:
-        raise InvalidRequestError(f"unknown message role(s) {bad}; expected one of {sorted(ROLES)}")
+    try:
+        check_roles(m.role for m in req.messages)
+    except RequestRuleError as exc:
+        raise InvalidRequestError(str(exc)) from None
     messages = [{"role": m.role, "content": m.content} for m in req.messages]
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids = list(tokenizer.encode(text, add_special_tokens=False))
-    else:
-        ids = list(tokenizer.encode("\n".join(m["content"] for m in messages)))
+    # The template's markup keeps its control tokens; every content is plain text (issue 19).
+    ids = encode_chat(tokenizer, messages)
     if not ids:
         raise InvalidRequestError("the prompt has no tokens")
     return ids
@@ -70,7 +64,9 @@ def prepare(req: InferenceRequest, tokenizer: Any, max_seq_len: int) -> Prepared
     params = sampling_params(req)
     ids = prompt_ids(req, tokenizer)
     if len(ids) + params.max_new_tokens > max_seq_len:
+        room = max_seq_len - len(ids)
+        change = f"ask for at most {room} max_tokens or shorten the prompt" if room >= 1 else "shorten the prompt"
         raise PromptTooLongError(
             f"prompt of {len(ids)} tokens + max_tokens {params.max_new_tokens} = "
-            f"{len(ids) + params.max_new_tokens} tokens exceeds the model's context of {max_seq_len} tokens")
+            f"{len(ids) + params.max_new_tokens} tokens exceeds the model's context of {max_seq_len} tokens; {change}")
     return PreparedRequest(ids, params, tuple(s for s in req.sampling.stop if s), ENGINE_PRIORITY[req.priority])

@@ -127,7 +127,8 @@ async def test_with_the_broker_away_requests_get_a_prompt_503_and_free_the_backl
     kafka = KafkaSettings(bootstrap_servers=own_broker.settings.bootstrap_servers, topic_prefix="away.")
     TopicAdmin(kafka).apply()
     fake = FakePipeline(kafka, answer_by_conversation).start()
-    gateway = start_gateway(kafka, tmp_path, CHATPIPE_GATEWAY_MAX_PENDING="3")
+    # One tenant here: the whole backlog is its share (the per-tenant cap is tests/gateway/test_limits.py).
+    gateway = start_gateway(kafka, tmp_path, CHATPIPE_GATEWAY_MAX_PENDING="3", CHATPIPE_GATEWAY_TENANT_SHARE="1")
     try:
         gateway.wait_healthy(90)
         async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:

@@ -1,0 +1,123 @@
+"""The request-body size limit: a body over ``max_body_bytes`` gets 413 in OpenAI's error shape.
+
+An ASGI middleware, in front of routing and JSON parsing, so an oversized body is refused before
+it is parsed (or authenticated). A declared ``Content-Length`` over the limit is answered at once,
+from the headers; a body without one (chunked transfer) is read only up to the limit, then
+refused. A body within the limit is handed on as it came, and afterwards the app reads the
+connection as before (the route's disconnect watcher needs its ``http.disconnect``).
+
+Before a 413 the rest of a body up to another ``max_bytes`` is read and dropped (for at most
+``DRAIN_S``; before, because the server reads nothing more once the response is complete): closing
+a socket with unread data sends a TCP reset, and a client still sending (httpx, OpenAI's SDK)
+would see "connection reset" instead of the 413. A body declared larger than twice the limit is
+not read at all: that client gets the 413 if it waits for it, a reset if it keeps sending.
+
+Not here: the limits on fields inside the body (``schemas.requests``, ``openai_api.check``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Awaitable, Callable
+
+from inference.gateway.openai_api import OpenAIError
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+DRAIN_S = 5.0  # longest a refused body is read and dropped before the connection closes
+
+
+class BodySizeLimit:
+    """``app.add_middleware(BodySizeLimit, max_bytes=...)``."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None:
+            if declared > self.max_bytes:
+                if declared <= 2 * self.max_bytes:
+                    await _drain(receive, declared)
+                await self._refuse(send, f"the request body is {declared} bytes")
+                return
+            await self.app(scope, receive, send)  # the server reads no more than it declared
+            return
+        # No Content-Length (chunked): read up to the limit here, then replay what was read.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away while sending
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                if message.get("more_body", False):
+                    await _drain(receive, self.max_bytes)
+                await self._refuse(send, f"the request body is over {self.max_bytes} bytes (sent without "
+                                         "Content-Length, read up to the limit)")
+                return
+            if not message.get("more_body", False):
+                break
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    async def _refuse(self, send: Send, what: str) -> None:
+        error = OpenAIError(413, f"{what}; this gateway takes request bodies of at most {self.max_bytes} bytes "
+                                 "(CHATPIPE_GATEWAY_MAX_BODY_BYTES). Shorten the messages, or send only the new "
+                                 "message with a conversation id (the pipeline keeps the history)",
+                            param="messages", code="request_too_large")
+        body = json.dumps(error.body()).encode()
+        # Connection: close: the unread rest of the body must not be taken for the next request.
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def _drain(receive: Receive, most_bytes: int) -> None:
+    """Read and drop the rest of a refused body: up to ``most_bytes``, for at most ``DRAIN_S``."""
+    async def drop() -> None:
+        dropped = 0
+        while dropped <= most_bytes:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            dropped += len(message.get("body", b""))
+
+    try:
+        await asyncio.wait_for(drop(), DRAIN_S)
+    except asyncio.TimeoutError:
+        pass  # a client that keeps sending gets its connection closed on it
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None  # the server refuses a malformed length itself
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives ``body`` once, then whatever the connection says next (a disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -1,0 +1,329 @@
+"""The one definition of a valid chat request: roles, limits, sampling ranges, the context size.
+
+Three tiers take requests and each checks them with these rules, so they can never disagree:
+
+- the gateway, on the HTTP body, before anything is produced (a 4xx in OpenAI's shape);
+- streams, on every ``PromptRequest`` it reads (a record produced straight to Kafka is refused
+  with a dead letter and an error final chunk carrying the rule's message);
+- the inference worker, on every ``InferenceRequest`` (roles and sampling; the message count and
+  character limits are intake's, because streams assembles the request within the token budget).
+
+Each rule raises ``RequestRuleError`` naming the field, the limit and what to change.
+
+**Why these limits.** The prompt limits keep every record under the broker's message size
+(``message.max.bytes``, 1 MiB by default) with room to spare: at 4 UTF-8 bytes per character, the
+largest valid prompt plus the largest user id, stop strings and ids encodes to about 0.83 MB, so
+even its dead letter (the record wrapped with a reason) fits (``RequestLimits.worst_case_bytes``,
+tested by encoding such a record). Metadata follows OpenAI's limits (16 pairs, keys of 64 and values of
+512 characters). Stop strings: 16 of at most 256 characters (the engine's text edge holds the longest
+stop string's tail back from every increment).
+
+**The context size** (prompt + answer tokens) is one setting, ``CHATPIPE_CONTEXT_TOKENS``, read by
+streams (its assembly budget), the engine (its ``max_seq_len``) and the gateway (``max_tokens`` at
+most the context - 1). The names each tier had before, ``CHATPIPE_STREAMS_CONTEXT_TOKENS`` and
+``CHATPIPE_MAX_SEQ_LEN``, still work as deprecated aliases (a warning at start); when more than one
+of the three names is set they must agree, else every tier refuses to start, naming them.
+An explicit argument (``--max-seq-len``, ``EngineSettings(max_seq_len=...)``) still wins for that
+process alone.
+
+Pure except ``SharedContextTokens``, the settings source that hands the environment to
+``context_tokens_from_env``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from schemas.errors import ChatpipeError
+
+log = logging.getLogger(__name__)
+
+ROLES = ("system", "user", "assistant")  # what the records carry and the chat templates know
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system message (gateway only)
+OPENAI_ROLES = ROLES + tuple(ROLE_ALIASES)
+
+CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
+CONVERSATION_ID_RULE = "1-128 characters of A-Z a-z 0-9 . _ : @ -"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # no newlines or escapes in ids that reach logs and keys
+INT64 = (-(2**63), 2**63 - 1)  # Avro long: a seed outside cannot be encoded
+
+DEFAULT_CONTEXT_TOKENS = 2048
+MIN_CONTEXT_TOKENS = 16
+CONTEXT_TOKENS_ENV = "CHATPIPE_CONTEXT_TOKENS"
+DEPRECATED_CONTEXT_ENVS = ("CHATPIPE_STREAMS_CONTEXT_TOKENS", "CHATPIPE_MAX_SEQ_LEN")
+_warned: set[str] = set()  # deprecated names already warned about in this process (once each)
+
+
+class RequestRuleError(ChatpipeError):
+    """A request outside one rule. ``field`` is OpenAI's ``param`` (``messages[2].content``,
+    ``max_tokens``); ``limit`` the bound it broke; ``code`` OpenAI's error code for it. The message
+    is the field followed by ``reason``: "top_p must be in (0, 1], got 2.0; use ..."."""
+
+    def __init__(self, field: str, message: str, *, limit: Any = None, code: str = "invalid_value") -> None:
+        super().__init__(f"{field} {message}")
+        self.field, self.reason, self.limit, self.code = field, message, limit, code
+
+
+class ContextSizeError(ChatpipeError):
+    """The context size is set in more than one way and the values disagree, or is not a size."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """The bounds of one request. One instance, ``LIMITS``, is what every tier uses; another is for
+    tests. A change here changes the gateway, streams and the worker together."""
+
+    max_messages: int = 256
+    max_message_chars: int = 100_000  # one message's content
+    max_prompt_chars: int = 200_000  # all messages' content together
+    max_user_chars: int = 256
+    max_tenant_chars: int = 128
+    max_metadata_pairs: int = 16
+    max_metadata_key_chars: int = 64
+    max_metadata_value_chars: int = 512
+    max_stop_strings: int = 16
+    max_stop_chars: int = 256
+    max_temperature: float = 2.0
+    broker_message_bytes: int = 1_048_576  # Kafka's default message.max.bytes
+
+    def __post_init__(self) -> None:
+        if self.worst_case_bytes() > 0.9 * self.broker_message_bytes:
+            raise ValueError(f"a request at these limits could encode to {self.worst_case_bytes()} bytes, over 90% "
+                             f"of the broker's {self.broker_message_bytes}: lower max_prompt_chars")
+
+    def worst_case_bytes(self) -> int:
+        """An upper bound of the encoded PromptRequest at these limits: 4 UTF-8 bytes per character,
+        a few bytes per message (role, lengths), a generous allowance for ids, model and addresses."""
+        chars = (self.max_prompt_chars + self.max_user_chars + self.max_tenant_chars + 128
+                 + self.max_stop_strings * self.max_stop_chars)
+        return 4 * chars + 24 * self.max_messages + 4096
+
+
+LIMITS = RequestLimits()
+
+
+# -- messages ---------------------------------------------------------------------------------------
+
+def check_messages(messages: Sequence[tuple[str, str]], limits: RequestLimits = LIMITS, *,
+                   roles: Sequence[str] = ROLES) -> None:
+    """``(role, text)`` pairs: at least one, at most ``max_messages``, known roles, each text and
+    all together within the character limits, the last one a non-empty user message."""
+    if not messages:
+        raise RequestRuleError("messages", "is empty: no messages; send at least one user message")
+    if len(messages) > limits.max_messages:
+        raise RequestRuleError("messages", f"has {len(messages)} messages, over the limit of {limits.max_messages}; "
+                                           "send fewer (with a conversation id, only the new message is needed: "
+                                           "the pipeline keeps the history)",
+                               limit=limits.max_messages, code="array_above_max_length")
+    check_roles([role for role, _ in messages], roles=roles)
+    total = 0
+    for i, (_, text) in enumerate(messages):
+        if len(text) > limits.max_message_chars:
+            raise RequestRuleError(f"messages[{i}].content", f"is {len(text)} characters, over the limit of "
+                                   f"{limits.max_message_chars} per message; shorten it",
+                                   limit=limits.max_message_chars, code="string_above_max_length")
+        total += len(text)
+    if total > limits.max_prompt_chars:
+        raise RequestRuleError("messages", f"are {total} characters in all, over the limit of "
+                                           f"{limits.max_prompt_chars}; shorten the prompt or send fewer messages",
+                               limit=limits.max_prompt_chars, code="string_above_max_length")
+    last_role, last_text = messages[-1]
+    if last_role != "user":
+        raise RequestRuleError("messages", f"has no user message to answer (the last message is from {last_role!r}); "
+                                           "end the messages with the user's")
+    if not last_text.strip():
+        raise RequestRuleError(f"messages[{len(messages) - 1}].content",
+                               "is empty: the user message needs the text to answer")
+
+
+def check_roles(roles_given: Iterable[str], *, roles: Sequence[str] = ROLES) -> None:
+    for i, role in enumerate(roles_given):
+        if role not in roles:
+            raise RequestRuleError(f"messages[{i}].role", f"is unknown: message {i} has role {role!r}; use one of "
+                                                          f"{', '.join(roles)}")
+
+
+# -- sampling ---------------------------------------------------------------------------------------
+
+def check_sampling(*, max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
+                   top_k: int | None = None, seed: int | None = None, stop: Sequence[str] = (),
+                   context_tokens: int | None = None, limits: RequestLimits = LIMITS,
+                   max_tokens_field: str = "max_tokens") -> None:
+    """Sampling parameters in range; None = not given (the default applies). With ``context_tokens``,
+    ``max_tokens`` must leave the prompt at least one token of the context. ``max_tokens_field``:
+    the name the caller gave it (OpenAI's ``max_completion_tokens`` is the same bound)."""
+    if max_tokens is not None:
+        name = max_tokens_field
+        if max_tokens < 1:
+            raise RequestRuleError(name, f"is {max_tokens}; set {name} to at least 1", limit=1,
+                                   code="integer_below_min_value")
+        if context_tokens is not None and max_tokens > context_tokens - 1:
+            raise RequestRuleError(name, f"is {max_tokens}, more than the model's context allows: the context holds "
+                                         f"{context_tokens} tokens for the prompt and the answer together, so set "
+                                         f"{name} to at most {context_tokens - 1} (less, the longer the prompt)",
+                                   limit=context_tokens - 1, code="integer_above_max_value")
+    if temperature is not None:
+        _in_range("temperature", temperature, 0.0, limits.max_temperature, "0 = greedy")
+    if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+        code = "decimal_below_min_value" if top_p <= 0 else "decimal_above_max_value"
+        raise RequestRuleError("top_p", f"must be in (0, 1], got {top_p}; use a number above 0 and at most 1 "
+                                        "(1 = no cut)", limit=(0, 1), code=code)
+    if top_k is not None and top_k < 0:
+        raise RequestRuleError("top_k", f"must be >= 0, got {top_k}; use 0 (off) or a positive number of tokens",
+                               limit=0, code="integer_below_min_value")
+    if seed is not None and not INT64[0] <= seed <= INT64[1]:
+        raise RequestRuleError("seed", f"is {seed}, which does not fit a 64-bit signed integer; use one in "
+                                       f"[{INT64[0]}, {INT64[1]}]", limit=INT64, code="integer_above_max_value")
+    check_stop(stop, limits)
+
+
+def check_stop(stop: Sequence[str], limits: RequestLimits = LIMITS) -> None:
+    if len(stop) > limits.max_stop_strings:
+        raise RequestRuleError("stop", f"has {len(stop)} stop strings, over the limit of {limits.max_stop_strings}; "
+                                       "send fewer", limit=limits.max_stop_strings, code="array_above_max_length")
+    for i, s in enumerate(stop):
+        if len(s) > limits.max_stop_chars:
+            raise RequestRuleError(f"stop[{i}]", f"is {len(s)} characters, over the limit of {limits.max_stop_chars} "
+                                                 "per stop string; shorten it", limit=limits.max_stop_chars,
+                                   code="string_above_max_length")
+
+
+def _in_range(field: str, value: float, low: float, high: float, hint: str) -> None:
+    if not (math.isfinite(value) and low <= value <= high):
+        raise RequestRuleError(field, f"must be in [{low:g}, {high:g}], got {value}; use a number in that range "
+                                      f"({hint})", limit=(low, high), code=_range_code(value, low))
+
+
+def _range_code(value: float, low: float) -> str:
+    return "decimal_below_min_value" if value < low else "decimal_above_max_value"
+
+
+# -- who and where ----------------------------------------------------------------------------------
+
+def check_user(user: str, limits: RequestLimits = LIMITS, *, field: str = "user") -> None:
+    """An end user's id: 1 to ``max_user_chars`` characters, no control characters."""
+    _check_id(field, user, limits.max_user_chars, "the end user's id")
+
+
+def check_tenant(tenant: str, limits: RequestLimits = LIMITS) -> None:
+    _check_id("tenant", tenant, limits.max_tenant_chars, "the tenant")
+
+
+def _check_id(field: str, value: str, max_chars: int, what: str) -> None:
+    if not value.strip():
+        raise RequestRuleError(field, f"is empty; name {what}")
+    if len(value) > max_chars:
+        raise RequestRuleError(field, f"is {len(value)} characters, over the limit of {max_chars}; use a shorter id "
+                                      "(e.g. a hash of a longer one)", limit=max_chars, code="string_above_max_length")
+    if _CONTROL.search(value):
+        raise RequestRuleError(field, "contains control characters (newline, tab, escape ...); use printable "
+                                      "characters only")
+
+
+def check_conversation_id(conversation_id: str, *, field: str = "conversation_id") -> None:
+    if not CONVERSATION_ID.fullmatch(conversation_id):
+        shown = conversation_id[:40] + ("..." if len(conversation_id) > 40 else "")
+        raise RequestRuleError(field, f"is {shown!r}, not a conversation id; use {CONVERSATION_ID_RULE}",
+                               limit=128)
+
+
+def check_metadata(metadata: Mapping[str, str], limits: RequestLimits = LIMITS) -> None:
+    if len(metadata) > limits.max_metadata_pairs:
+        raise RequestRuleError("metadata", f"has {len(metadata)} pairs, over the limit of {limits.max_metadata_pairs}; "
+                                           "send fewer", limit=limits.max_metadata_pairs, code="object_above_max_size")
+    for key, value in metadata.items():
+        if len(key) > limits.max_metadata_key_chars:
+            raise RequestRuleError("metadata", f"has a key of {len(key)} characters ({key[:40]!r}...), over the limit "
+                                               f"of {limits.max_metadata_key_chars}; use a shorter key",
+                                   limit=limits.max_metadata_key_chars, code="string_above_max_length")
+        if len(value) > limits.max_metadata_value_chars:
+            raise RequestRuleError(f"metadata.{key}", f"is {len(value)} characters, over the limit of "
+                                                      f"{limits.max_metadata_value_chars} per value; shorten it",
+                                   limit=limits.max_metadata_value_chars, code="string_above_max_length")
+
+
+# -- whole records ----------------------------------------------------------------------------------
+
+def check_prompt_request(request: Any, *, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> None:
+    """Every rule, on a ``schemas.records.PromptRequest`` (what streams reads from ``chat.prompts``)."""
+    if not request.request_id.strip():
+        raise RequestRuleError("request_id", "is empty; every request needs its id")
+    check_tenant(request.tenant, limits)
+    check_user(request.user_id, limits, field="user_id")
+    check_conversation_id(request.conversation_id)
+    check_messages([(m.role, m.content) for m in request.messages], limits)
+    check_record_sampling(request.sampling, context_tokens=context_tokens, limits=limits)
+
+
+def check_record_sampling(sampling: Any, *, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> None:
+    """``check_sampling`` on a ``schemas.records.SamplingParams``."""
+    check_sampling(max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                   top_k=sampling.top_k, seed=sampling.seed, stop=sampling.stop, context_tokens=context_tokens,
+                   limits=limits)
+
+
+# -- the context size -------------------------------------------------------------------------------
+
+def context_tokens_from_env(environ: Mapping[str, str]) -> int | None:
+    """The one context size from ``CHATPIPE_CONTEXT_TOKENS`` or its deprecated aliases; None when
+    none is set. Raises ContextSizeError when the names that are set disagree."""
+    given: dict[str, int] = {}
+    for name in (CONTEXT_TOKENS_ENV, *DEPRECATED_CONTEXT_ENVS):
+        raw = environ.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            given[name] = int(raw)
+        except ValueError:
+            raise ContextSizeError(f"{name}={raw!r} is not a number of tokens; set {CONTEXT_TOKENS_ENV} to the "
+                                   "model's context size, e.g. 2048") from None
+    if not given:
+        return None
+    if len(set(given.values())) > 1:
+        settings = ", ".join(f"{name}={value}" for name, value in given.items())
+        raise ContextSizeError(f"the context size is set differently in {settings}: streams and the engine must "
+                               f"use one size. Set only {CONTEXT_TOKENS_ENV} (the other names are deprecated "
+                               "aliases of it)")
+    value = next(iter(given.values()))
+    if value < MIN_CONTEXT_TOKENS:
+        raise ContextSizeError(f"{', '.join(given)}={value}: a context of fewer than {MIN_CONTEXT_TOKENS} tokens "
+                               "cannot hold a prompt and an answer")
+    if (old := [name for name in given if name != CONTEXT_TOKENS_ENV]) and not _warned.issuperset(old):
+        _warned.update(old)
+        log.warning("%s is deprecated: set %s=%d instead (one context size for streams, the engine and the "
+                    "gateway)", " and ".join(old), CONTEXT_TOKENS_ENV, value)
+    return value
+
+
+class SharedContextTokens(PydanticBaseSettingsSource):
+    """A pydantic-settings source that gives ``field`` the shared context size (the default when
+    none is set). Placed after the init arguments and before the environment, so an explicit
+    argument wins and the component's own old variable name is read only through the alias rule."""
+
+    def __init__(self, settings_cls: type[BaseSettings], field: str) -> None:
+        super().__init__(settings_cls)
+        self.field = field
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # everything happens in __call__
+
+    def __call__(self) -> dict[str, Any]:
+        value = context_tokens_from_env(os.environ)
+        return {self.field: DEFAULT_CONTEXT_TOKENS if value is None else value}
+
+
+def with_shared_context(field: str, init_settings: Any, env_settings: Any, dotenv_settings: Any,
+                        file_secret_settings: Any, settings_cls: type[BaseSettings]) -> tuple[Any, ...]:
+    """The sources of a settings class whose ``field`` is the shared context size (for its
+    ``settings_customise_sources``)."""
+    return (init_settings, SharedContextTokens(settings_cls, field), env_settings, dotenv_settings,
+            file_secret_settings)
