@@ -1,8 +1,14 @@
 """The local stack's gateway API key: ``<state_dir>/gateway/keys.json``, written once by ``chatpipe up``.
 
-The file is the gateway's keys file (``{"<key>": {"tenant": "<tenant>"}}``, see docs/gateway.md);
+The file is the gateway's keys file (``{"<key>": {"tenant": "<tenant>", ...}}``, see docs/gateway.md);
 ``up`` makes it with one random ``sk-local-...`` key of tenant ``local`` when it is missing,
 readable by its owner only. An existing file is never rewritten: keys added by hand stay.
+
+The local key is **multi-user** (``"users": "any"``): an application tried against the local stack
+may pass OpenAI's ``user`` (it becomes ``key-<hash>:<user>``, memory across that user's
+conversations), and ``chatpipe chat`` / ``chatpipe demo``, which name nobody, keep memory within
+their conversation. Not bound to one user: a bound key's requests would all share one memory
+across every conversation, the mix issue 19 removed.
 """
 
 from __future__ import annotations
@@ -30,9 +36,14 @@ def ensure_keys_file(path: Path) -> tuple[str, bool]:
     # O_EXCL + mode 0600 at creation: the key is never readable by others, not even for a moment.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
-        json.dump({key: {"tenant": LOCAL_TENANT}}, out, indent=2)
+        json.dump({key: local_entry()}, out, indent=2)
         out.write("\n")
     return key, True
+
+
+def local_entry() -> dict[str, str]:
+    """The keys-file entry of the generated local key."""
+    return {"tenant": LOCAL_TENANT, "users": "any"}
 
 
 def first_key(path: Path) -> str:

@@ -49,6 +49,13 @@ class FeedbackKind(StrEnum):
     EDIT = "EDIT"
 
 
+class MemoryScope(StrEnum):
+    """What a prompt may recall (PromptRequest v4). USER: every conversation of (tenant, user_id),
+    for an identified end user; CONVERSATION: only its own conversation's turns."""
+    USER = "USER"
+    CONVERSATION = "CONVERSATION"
+
+
 class DeletionScope(StrEnum):
     USER = "USER"
     CONVERSATION = "CONVERSATION"
@@ -101,7 +108,11 @@ class PromptRequest:
     # v3: when the asker stops waiting (epoch ms); None = no deadline. A tier that takes the
     # request after it answers "expired" instead of serving it.
     deadline_at: int | None = None
-    schema_version: int = 3
+    # v4: USER = memory across every conversation of (tenant, user_id): the producer vouches that
+    # user_id is an identified end user (versions before v4 read as USER). CONVERSATION = recall
+    # from this conversation only; the gateway sets it when a request names no identified user.
+    memory_scope: MemoryScope = MemoryScope.USER
+    schema_version: int = 4
 
 
 @dataclass(slots=True, kw_only=True)

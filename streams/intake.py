@@ -3,7 +3,9 @@
 Per batch (``acks.Batches``: n prompts or what came within the window, then split by prompt
 tokens, see ``batching.py``):
 decode and validate every prompt (a bad one is dead-lettered and the rest go on), embed all
-prompts of the run in one call, recall memory for all of them in one call, assemble each
+prompts of the run in one call, recall memory for all of them in one call (from every
+conversation of the tenant's user for ``MemoryScope.USER``, from the prompt's own conversation
+only for ``CONVERSATION``: docs/memory.md "Memory scoping"), assemble each
 context (``context.py``), remember each request as pending in its conversation's state (record
 needs the prompt text when the answer comes back; each conversation's state is written to the
 table once per batch, before any of the batch's requests is produced) and produce the
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.errors import DecodeError
-from schemas.records import InferenceRequest, PromptRequest
+from schemas.records import InferenceRequest, MemoryScope, PromptRequest
 from schemas.topics import inference_requests_topic
 from streams.acks import Batches
 from streams.batching import split_by_tokens
@@ -40,6 +42,13 @@ from streams.settings import StreamsSettings
 from streams.state import ConversationState, PendingRequest, state_key
 
 log = logging.getLogger(__name__)
+
+
+def recall_conversation(request: PromptRequest) -> str | None:
+    """The conversation recall is limited to: its own for MemoryScope CONVERSATION (a user the
+    producer does not vouch for, e.g. a gateway key serving many people without ``user``); None
+    (every conversation of the tenant's user) for USER."""
+    return request.conversation_id if request.memory_scope is MemoryScope.CONVERSATION else None
 
 
 @dataclass(slots=True)
@@ -85,7 +94,7 @@ class Intake:
             if not await self.refusals.admit(event, request, outbox):
                 continue
             try:
-                prompts.append(_Prompt(event, request, parse_prompt(request)))
+                prompts.append(_Prompt(event, request, parse_prompt(request, self.settings.context_tokens)))
             except InvalidPromptError as exc:
                 await self.refusals.refuse(event, request, exc, "invalid_request", outbox)
         if prompts:
@@ -109,7 +118,8 @@ class Intake:
             by_key: dict[str, ConversationState] = {}  # two prompts of one conversation share its state
             states = [self._state(p.request, by_key) for p in run]
             queries = [RecallQuery(tenant=p.request.tenant, user_id=p.request.user_id, vector=vectors[i],
-                                   exclude_turn_ids=[t.turn_id for t in states[i].recent])
+                                   exclude_turn_ids=[t.turn_id for t in states[i].recent],
+                                   conversation_id=recall_conversation(p.request))
                        for i, p in enumerate(run)]
             recalled = await self.retrier.call("memory recall", services.in_memory_thread,
                                                services.memory.recall_many, queries)

@@ -1,6 +1,7 @@
 """Conversation memory: past turns as vectors in Qdrant, recalled by similarity weighted by recency.
 
 For: storing each answered turn (``upsert``), finding the past turns of the same tenant AND user
+(AND conversation, for a request whose user is not identified: ``RecallQuery.conversation_id``)
 that best match a new prompt (``recall`` / ``recall_many``), forgetting a user or a conversation
 (``forget``). Not for: embedding text (``streams.embeddings``), recent-window state (the Faust
 table), or deciding what fits the context (``streams.context``).
@@ -102,6 +103,9 @@ class RecallQuery:
     exclude_turn_ids: Collection[str] = ()
     limit: int | None = None  # None = settings.recall_limit
     now_ms: int | None = None  # None = the wall clock
+    # Only this conversation's turns (a request whose user is not identified, MemoryScope
+    # CONVERSATION); None = every conversation of the tenant's user.
+    conversation_id: str | None = None
 
 
 def point_id(turn_id: str) -> str:
@@ -199,9 +203,11 @@ class ConversationMemory:
     # -- reading ---------------------------------------------------------------------------------
 
     def recall(self, *, tenant: str, user_id: str, vector: np.ndarray, limit: int | None = None,
-               exclude_turn_ids: Collection[str] = (), now_ms: int | None = None) -> list[RecalledTurn]:
-        """The user's past turns closest to ``vector``, weighted by recency, best ``score`` first."""
-        query = RecallQuery(tenant, user_id, vector, exclude_turn_ids, limit, now_ms)
+               exclude_turn_ids: Collection[str] = (), now_ms: int | None = None,
+               conversation_id: str | None = None) -> list[RecalledTurn]:
+        """The user's past turns (of one conversation when ``conversation_id`` is given) closest to
+        ``vector``, weighted by recency, best ``score`` first."""
+        query = RecallQuery(tenant, user_id, vector, exclude_turn_ids, limit, now_ms, conversation_id)
         return self.recall_many([query])[0]
 
     def recall_many(self, queries: Sequence[RecallQuery]) -> list[list[RecalledTurn]]:
@@ -211,6 +217,8 @@ class ConversationMemory:
         requests: dict[int, models.QueryRequest] = {}
         for i, q in enumerate(queries):
             self._check_keys(q.tenant, q.user_id)
+            if q.conversation_id == "":
+                raise MemoryInputError("recall: conversation_id is empty (None recalls every conversation)")
             vector = self._check_matrix(np.asarray(q.vector).reshape(1, -1), 1)[0]
             limit = self.settings.recall_limit if q.limit is None else q.limit
             if limit < 0:
@@ -220,7 +228,7 @@ class ConversationMemory:
                 continue
             requests[i] = models.QueryRequest(
                 query=vector.tolist(),
-                filter=_filter(q.tenant, q.user_id, None),
+                filter=_filter(q.tenant, q.user_id, q.conversation_id),
                 # excluded turns are dropped here, not by a must_not filter: local mode would test
                 # that condition on every point of the user in Python
                 limit=max(limit, self.settings.recall_candidates) + len(q.exclude_turn_ids),
@@ -279,8 +287,11 @@ class ConversationMemory:
         recalled = []
         for p in points:
             turn = _turn(p.payload or {})
-            # tenant and user: the filter did it; checked again because a leak here crosses tenants
+            # tenant, user (and conversation): the filter did it; checked again because a leak here
+            # crosses tenants, users or the conversations of one key's many people
             if turn.tenant != query.tenant or turn.user_id != query.user_id or turn.turn_id in excluded:
+                continue
+            if query.conversation_id is not None and turn.conversation_id != query.conversation_id:
                 continue
             score = recency_weighted(p.score, turn.created_at, now_ms, self.settings.recency_half_life_s)
             recalled.append(RecalledTurn(turn=turn, similarity=p.score, score=score))

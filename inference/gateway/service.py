@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from inference.gateway.keys import Principal
+from inference.gateway.keys import Principal, owns_request, request_id_for, resolve_user
 from inference.gateway.metrics import GatewayMetrics
 from inference.gateway.openai_api import ChatCompletionRequest, OpenAIError, error_for_chunk
 from inference.gateway.replies import Reply, ReplyReader, ensure_reply_topic
@@ -33,10 +33,10 @@ from schemas.records import (
     ChatMessage,
     Feedback,
     FeedbackKind,
+    MemoryScope,
     PromptRequest,
     SamplingParams,
     TokenChunk,
-    new_id,
     now_ms,
 )
 from transport.acked_producer import AckedProducer
@@ -61,6 +61,7 @@ class Submitted:
     text_parts: list[str] = field(default_factory=list)
     first_token_at: float | None = None
     done: bool = False
+    tenant: str = ""  # whose backlog share this request takes (admit)
 
     @property
     def text(self) -> str:
@@ -106,17 +107,32 @@ class GatewayService:
 
     # -- one request -------------------------------------------------------------------------------
 
-    def admit(self) -> None:
+    def admit(self, tenant: str) -> None:
+        """429 when ``tenant`` holds its share of the backlog (``tenant_share`` of ``max_pending``:
+        one busy tenant never takes every slot) or the whole backlog is full."""
+        retry = max(1, min(60, math.ceil(self._mean_duration_s / max(1, len(self.pending)) * 4)))
+        held = sum(1 for sub in self.pending.values() if sub.tenant == tenant)
+        limit = self.settings.tenant_limit()
         if len(self.pending) >= self.settings.max_pending:
             self.metrics.requests.labels("rejected_busy").inc()
-            retry = max(1, min(60, math.ceil(self._mean_duration_s / max(1, len(self.pending)) * 4)))
             raise OpenAIError(429, f"the gateway has {len(self.pending)} requests in flight (limit "
                                    f"{self.settings.max_pending}); retry after {retry} s",
                               type="rate_limit_error", code="backlog_full", headers={"Retry-After": str(retry)})
+        if held >= limit:
+            self.metrics.requests.labels("rejected_tenant_busy").inc()
+            raise OpenAIError(429, f"tenant {tenant!r} has {held} requests in flight on this gateway, its limit "
+                                   f"({self.settings.tenant_share:g} of max_pending {self.settings.max_pending} = "
+                                   f"{limit}; CHATPIPE_GATEWAY_TENANT_SHARE); retry after {retry} s, or send fewer "
+                                   "requests at once. Other tenants are not affected",
+                              type="rate_limit_error", code="tenant_backlog_full", headers={"Retry-After": str(retry)})
 
     async def submit(self, principal: Principal, body: ChatCompletionRequest, conversation_id: str,
                      received_at: float) -> Submitted:
-        request_id = new_id()
+        # Whose request: the key decides which user it may name (403 otherwise). A user that is not
+        # identified recalls from this conversation only, so one key's many people never mix memories.
+        user = resolve_user(principal, body.user)
+        scope = MemoryScope.USER if user.identified else MemoryScope.CONVERSATION
+        request_id = request_id_for(principal, user.user_id, conversation_id)  # feedback proves ownership with it
         sampling = SamplingParams(max_tokens=body.max_completion_tokens or body.max_tokens
                                   or self.settings.default_max_tokens, stop=body.stop_list(), seed=body.seed)
         if body.temperature is not None:
@@ -128,13 +144,13 @@ class GatewayService:
         created_at = now_ms()
         deadline_at = created_at + round(self.settings.first_chunk_timeout_s * 1000)
         prompt = PromptRequest(
-            request_id=request_id, conversation_id=conversation_id, user_id=body.user or principal.user_id,
+            request_id=request_id, conversation_id=conversation_id, user_id=user.user_id, memory_scope=scope,
             tenant=principal.tenant, created_at=created_at, model=body.model,
             messages=[ChatMessage("system" if m.role == "developer" else m.role, m.text()) for m in body.messages],
             sampling=sampling, stream=body.stream, reply_to=self.reply_topic, reply_partition=0,
             deadline_at=deadline_at)
         sub = Submitted(request_id, conversation_id, body.model, self.reader.register(request_id), received_at,
-                        deadline_at)
+                        deadline_at, tenant=principal.tenant)
         self.pending[request_id] = sub
         self.metrics.pending.set(len(self.pending))
         try:
@@ -213,7 +229,16 @@ class GatewayService:
 
     async def feedback(self, principal: Principal, *, request_id: str, conversation_id: str, kind: FeedbackKind,
                        edited_text: str | None, comment: str | None, user: str | None) -> str:
-        record = Feedback(conversation_id=conversation_id, user_id=user or principal.user_id, tenant=principal.tenant,
+        """Feedback on one of this key's requests: the request id must carry the MAC of this key, user
+        and conversation (``keys.owns_request``), else 404: no key rates another's answers."""
+        resolved = resolve_user(principal, user)
+        if not owns_request(principal, request_id, resolved.user_id, conversation_id):
+            raise OpenAIError(404, f"no request {request_id[:80]!r} of this API key in conversation "
+                                   f"{conversation_id[:80]!r}" + (f" for user {user[:64]!r}" if user else "") +
+                              ": feedback is accepted for the key's own requests, with the request id, conversation "
+                              "id and user of the request (X-Chatpipe-Request-Id, X-Chatpipe-Conversation-Id)",
+                              param="request_id", code="request_not_found")
+        record = Feedback(conversation_id=conversation_id, user_id=resolved.user_id, tenant=principal.tenant,
                           request_id=request_id, kind=kind, edited_text=edited_text, comment=comment)
         try:
             await self.producer.send(self.kafka.topic(FEEDBACK), record, key=conversation_id)

@@ -37,7 +37,8 @@ def free_port() -> int:
 
 
 def write_keys(path: Path) -> Path:
-    path.write_text(json.dumps({API_KEY: {"tenant": "acme"}, OTHER_TENANT_KEY: "globex"}))
+    # API_KEY is multi-user: the tests name their own users (identified: memory across conversations)
+    path.write_text(json.dumps({API_KEY: {"tenant": "acme", "users": "any"}, OTHER_TENANT_KEY: "globex"}))
     return path
 
 

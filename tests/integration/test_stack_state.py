@@ -42,14 +42,21 @@ def test_an_unreadable_state_file_is_a_named_error(tmp_path):
 
 
 def test_keys_file_is_created_once_private_with_a_local_key(tmp_path):
-    """`up` writes one sk-local- key of tenant `local`, mode 0600, and never rewrites the file."""
+    """`up` writes one multi-user sk-local- key of tenant `local`, mode 0600, and never rewrites the file;
+    the gateway reads it as a key that may name users and binds nobody."""
     path = tmp_path / "gateway" / "keys.json"
     key, created = ensure_keys_file(path)
     assert created and key.startswith("sk-local-") and len(key) > 30
-    assert json.loads(path.read_text()) == {key: {"tenant": "local"}}
+    assert json.loads(path.read_text()) == {key: {"tenant": "local", "users": "any"}}
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     again, created_again = ensure_keys_file(path)
     assert (again, created_again) == (key, False)
+    from inference.gateway.keys import KeyStore, resolve_user
+
+    local = KeyStore.load(path).lookup(f"Bearer {key}")
+    assert local.tenant == "local" and local.multi_user and not local.bound
+    assert resolve_user(local, None).identified is False
+    assert resolve_user(local, "ada").user_id == f"{local.namespace}:ada"
 
 
 def test_an_empty_keys_file_is_a_named_error(tmp_path):
