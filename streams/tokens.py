@@ -5,6 +5,10 @@ one; ``TokenCounter.for_tokenizer`` builds it from a Hugging Face tokenizer and 
 the chat template adds around each message, so a context can be sized by adding per-message
 counts (one batched tokenizer call per intake batch) and checked exactly once at the end
 (``prompt_tokens``, the templated prompt as the inference worker will build it).
+
+Counted the way the worker tokenizes (``inference.engine.chat_tokens``, a pure-Python module,
+no torch): message contents as plain text (a control-token look-alike is ordinary tokens), the
+template's markup with its control tokens, so the budget here is the prompt the engine gets.
 """
 
 from __future__ import annotations
@@ -12,52 +16,51 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from inference.engine.chat_tokens import encode_chat
 from schemas.records import ChatMessage
 from streams.errors import TokenizerNotFoundError
 
 Encode = Callable[[str], Sequence[int]]
 EncodeMany = Callable[[list[str]], list[Sequence[int]]]
-Render = Callable[[Sequence[ChatMessage]], str]
+EncodeChat = Callable[[Sequence[ChatMessage]], Sequence[int]]
 
 _CACHE_LIMIT = 50_000  # texts whose count is kept; recent turns recur in every prompt of a conversation
 
 
 class TokenCounter:
     def __init__(self, encode: Encode, *, message_overhead: int = 0, prompt_overhead: int = 0,
-                 render: Render | None = None, encode_many: EncodeMany | None = None) -> None:
+                 encode_chat: EncodeChat | None = None, encode_many: EncodeMany | None = None) -> None:
         self._encode = encode
         self._encode_many = encode_many
         self.message_overhead = message_overhead  # template tokens around one message
         self.prompt_overhead = prompt_overhead  # template tokens once per prompt (BOS, generation prompt)
-        self._render = render
+        self._encode_chat = encode_chat  # the whole templated prompt, as the worker builds it
         self._cache: dict[str, int] = {}
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> "TokenCounter":
         """A counter for a Hugging Face tokenizer, with its chat template's overheads measured."""
-        def encode(text: str) -> list[int]:
-            return tokenizer.encode(text, add_special_tokens=False)
+        def encode(text: str) -> list[int]:  # message content: plain text, never a control token
+            return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
         def encode_many(texts: list[str]) -> list[list[int]]:
-            return tokenizer(texts, add_special_tokens=False)["input_ids"]
+            return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
         if not getattr(tokenizer, "chat_template", None):
             return cls(encode, encode_many=encode_many)
 
-        def render(messages: Sequence[ChatMessage]) -> str:
-            return tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in messages],
-                                                 add_generation_prompt=True, tokenize=False)
+        def chat(messages: Sequence[ChatMessage]) -> list[int]:
+            return encode_chat(tokenizer, [{"role": m.role, "content": m.content} for m in messages])
 
         def templated(messages: list[dict], generation: bool) -> int:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False)
-            return len(encode(text))
+            return len(encode_chat(tokenizer, messages, add_generation_prompt=generation))
 
         system = [{"role": "system", "content": "hello"}]
         both = system + [{"role": "user", "content": "world"}]
         per_message = templated(both, False) - templated(system, False) - len(encode("world"))
         first = templated(system, False) - len(encode("hello"))
         generation = templated(both, True) - templated(both, False)
-        return cls(encode, encode_many=encode_many, render=render, message_overhead=max(per_message, 0),
+        return cls(encode, encode_many=encode_many, encode_chat=chat, message_overhead=max(per_message, 0),
                    prompt_overhead=max(first - per_message, 0) + max(generation, 0))
 
     def text_tokens(self, texts: Sequence[str]) -> list[int]:
@@ -76,9 +79,9 @@ class TokenCounter:
 
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> int:
         """Exact token count of ``messages`` as the model will see them (template included)."""
-        if self._render is None:
+        if self._encode_chat is None:
             return self.prompt_overhead + sum(self.message_tokens(messages))
-        return len(self._encode(self._render(messages)))
+        return len(self._encode_chat(messages))
 
 
 def load_chat_tokenizer(folder: Path) -> Any:

@@ -13,4 +13,5 @@ causal LM in PyTorch. Depends on torch and transformers only (no Kafka); see doc
     engine.py           the step loop
     streaming.py        asyncio facade: the loop in a thread, one async iterator per request
     text.py             the tokenizer edge: chat template, incremental text, stop strings (TextStream)
+    chat_tokens.py      the one tokenization of a chat prompt: template control tokens, contents as plain text
 """

@@ -16,6 +16,17 @@ hashes mean equal prefixes up to the end of that block (the K/V of a token depen
 before it). BLAKE2b of the token bytes rather than Python's ``hash``: a tenant must not be able to
 build a colliding prompt and read another's cache (vLLM switched to SHA-256 for the same reason).
 
+**Per-tenant salt** (issue 19): each tenant's chains start from its own root
+(``tenant_root``), so a block computed for one tenant never serves another, and time to first
+token tells a tenant nothing about what another one sent (vLLM's ``cache_salt``). Within a
+tenant nothing changes. ``salt=False`` (one root for all) is the baseline ``bench/prefix_salt.py``
+compares against.
+
+**Owners and forgetting**: every cached block remembers the (tenant, user) of each request that
+computed or reused it; ``forget(owner)`` drops that user's blocks from the cache (free ones at
+once, ones that running requests hold are unregistered and freed when those finish), so an
+erased user's prefixes are not served again.
+
 Allocation is lazy (``allocate_slots`` grows a request's table to the tokens it computes this step);
 ``reserve`` callers (the worst-case baseline) simply ask for prompt + max_new_tokens at once.
 """
@@ -23,11 +34,15 @@ Allocation is lazy (``allocate_slots`` grows a request's table to the tokens it 
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 from array import array
 from typing import Callable, Sequence
 
 ROOT_HASH = b"chatpipe-prefix-root"
+DEFAULT_TENANT = "default"  # requests that name no tenant (``chatpipe generate``, tests)
+
+Owner = tuple[str, str]  # (tenant, user_id) of a request
 
 
 def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
@@ -35,13 +50,20 @@ def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
 
 
+@functools.lru_cache(maxsize=4096)
+def tenant_root(tenant: str) -> bytes:
+    """The first parent of a tenant's hash chains: tenants share no hash, so no block."""
+    return hashlib.blake2b(ROOT_HASH + b"\x00tenant\x00" + tenant.encode("utf-8"), digest_size=16).digest()
+
+
 class BlockAllocator:
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True, salt: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
+        self.salt = salt  # per-tenant roots (False: one cache for every tenant, the bench's baseline)
         # Low block ids first: keeps the cache's hot region compact.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         # Evictable cached blocks in LRU order (oldest first).
@@ -51,8 +73,15 @@ class BlockAllocator:
         self._cached: dict[bytes, int] = {}  # hash -> block holding that prefix block
         self._tables: dict[str, list[int]] = {}
         self._registered: dict[str, int] = {}  # leading blocks of a request already looked at by register()
+        # Who computed or reused each cached block, and the reverse index (for ``forget``).
+        self._owners: list[set[Owner] | None] = [None] * num_blocks
+        self._by_owner: dict[Owner, set[int]] = {}
         self.hit_tokens = 0  # tokens taken from the prefix cache since start
+        # Of those, tokens of blocks no request of the same tenant had computed or reused before:
+        # always 0 with the salt (the test checks it); what the salt closes without it.
+        self.cross_tenant_hit_tokens = 0
         self.evictions = 0
+        self.forgotten_blocks = 0  # blocks dropped by ``forget`` since start
 
     # -- sizes -----------------------------------------------------------------------------------
 
@@ -94,14 +123,19 @@ class BlockAllocator:
 
     # -- prefix cache ----------------------------------------------------------------------------
 
-    def hashes_of(self, token_at: Callable[[int], int], num_tokens: int, known: list[bytes]) -> list[bytes]:
+    def root(self, tenant: str) -> bytes:
+        return tenant_root(tenant) if self.salt else ROOT_HASH
+
+    def hashes_of(self, token_at: Callable[[int], int], num_tokens: int, known: list[bytes],
+                  tenant: str = DEFAULT_TENANT) -> list[bytes]:
         """Extend ``known`` (the hash chain of a request's first full blocks) to every full block of
         its first ``num_tokens`` tokens; returns ``known``. Incremental: each block is hashed once,
-        so a decode step costs nothing here until a block fills (no work that grows with context)."""
+        so a decode step costs nothing here until a block fills (no work that grows with context).
+        The chain starts at the tenant's root (``tenant_root``)."""
         bs = self.block_size
         for i in range(len(known), num_tokens // bs):
             tokens = [token_at(p) for p in range(i * bs, (i + 1) * bs)]
-            known.append(block_hash(known[-1] if known else ROOT_HASH, tokens))
+            known.append(block_hash(known[-1] if known else self.root(tenant), tokens))
         return known
 
     def cached_prefix(self, hashes: Sequence[bytes], max_blocks: int) -> list[int]:
@@ -116,11 +150,12 @@ class BlockAllocator:
             blocks.append(b)
         return blocks
 
-    def register(self, request_id: str, hashes: Sequence[bytes], num_full_blocks: int) -> None:
+    def register(self, request_id: str, hashes: Sequence[bytes], num_full_blocks: int,
+                 owner: Owner = (DEFAULT_TENANT, "")) -> None:
         """Record that the request's first ``num_full_blocks`` blocks are full and computed (their
         hashes are ``hashes[:num_full_blocks]``), so later requests may reuse them. A block whose
-        prefix another block already caches stays private. Only blocks not looked at by an earlier
-        call are looked at."""
+        prefix another block already caches stays private (that block gets ``owner`` too: it
+        holds the same text). Only blocks not looked at by an earlier call are looked at."""
         if not self.prefix_caching:
             return
         table = self._tables.get(request_id, [])
@@ -131,7 +166,53 @@ class BlockAllocator:
             if self._hash_of[b] is None and h not in self._cached:
                 self._hash_of[b] = h
                 self._cached[h] = b
+                self._add_owner(b, owner)
+            elif h in self._cached:
+                self._add_owner(self._cached[h], owner)
         self._registered[request_id] = max(start, end)
+
+    def note_reuse(self, blocks: Sequence[int], owner: Owner) -> int:
+        """A request of ``owner`` took ``blocks`` from the cache: they hold its text now too.
+        Returns how many of them no request of the same tenant had computed or reused before."""
+        cross = 0
+        for b in blocks:
+            owners = self._owners[b] or set()
+            if not any(tenant == owner[0] for tenant, _ in owners):
+                cross += 1
+            self._add_owner(b, owner)
+        self.cross_tenant_hit_tokens += cross * self.block_size
+        return cross
+
+    def forget(self, owner: Owner) -> int:
+        """Drop from the cache every block ``owner``'s requests computed or reused: free ones
+        become free now, ones that running requests hold stay theirs, unregistered (no later
+        request finds them; they are freed when those requests finish). Returns how many."""
+        blocks = list(self._by_owner.get(owner, ()))
+        for b in blocks:
+            self._uncache(b)
+            if self._ref[b] == 0:
+                del self._evictable[b]
+                self._free.append(b)
+        self.forgotten_blocks += len(blocks)
+        return len(blocks)
+
+    def _add_owner(self, block: int, owner: Owner) -> None:
+        owners = self._owners[block]
+        if owners is None:
+            owners = self._owners[block] = set()
+        owners.add(owner)
+        self._by_owner.setdefault(owner, set()).add(block)
+
+    def _uncache(self, block: int) -> None:
+        del self._cached[self._hash_of[block]]
+        self._hash_of[block] = None
+        for owner in self._owners[block] or ():
+            held = self._by_owner.get(owner)
+            if held is not None:
+                held.discard(block)
+                if not held:
+                    del self._by_owner[owner]
+        self._owners[block] = None
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -202,8 +283,7 @@ class BlockAllocator:
             b = self._free.pop()
         else:
             b, _ = self._evictable.popitem(last=False)  # least recently used
-            del self._cached[self._hash_of[b]]
-            self._hash_of[b] = None
+            self._uncache(b)
             self.evictions += 1
         self._ref[b] = 1
         return b

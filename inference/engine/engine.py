@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
-from inference.engine.block_allocator import BlockAllocator
+from inference.engine.block_allocator import DEFAULT_TENANT, BlockAllocator
 from inference.engine.errors import InvalidRequestError, RequestRefused
 from inference.engine.kv_cache import PagedKVCache
 from inference.engine.model_runner import ModelRunner, check_supported
@@ -60,6 +60,8 @@ class EngineStats:
     prompt_tokens: int  # prompt tokens computed (prefilled) since start
     generated_tokens: int  # sampled since start
     tokens_per_s: float  # generated tokens per second over the last few seconds
+    prefix_cache_cross_tenant_hit_tokens: int = 0  # hits on other tenants' blocks: 0 unless the salt is off
+    prefix_cache_forgotten_blocks: int = 0  # dropped by forget_prefixes since start
 
     @property
     def kv_usage(self) -> float:
@@ -88,7 +90,8 @@ class Engine:
         param = next(model.parameters())
         num_blocks = max(1, settings.kv_cache_tokens // settings.kv_block_size)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.allocator = BlockAllocator(num_blocks, settings.kv_block_size, prefix_caching=settings.prefix_caching)
+        self.allocator = BlockAllocator(num_blocks, settings.kv_block_size, prefix_caching=settings.prefix_caching,
+                                        salt=settings.prefix_cache_salt)
         self.cache = PagedKVCache(
             cfg.num_hidden_layers, num_blocks, settings.kv_block_size, cfg.num_key_value_heads, head_dim,
             dtype=param.dtype, device=param.device,
@@ -121,11 +124,17 @@ class Engine:
         priority: Priority = Priority.INTERACTIVE,
         request_id: str | None = None,
         text_stream: Any = None,
+        tenant: str = DEFAULT_TENANT,
+        user_id: str = "",
+        cache_prefix: bool = True,
     ) -> tuple[Admission, Request]:
         """Queue a request. Refusals (OVERLOADED, TOO_LARGE) come back as the Admission result
         (``refusal_error`` turns one into an error); a request that can never run raises
         ``InvalidRequestError``. ``text_stream`` (a ``text.TextStream``) makes the step produce the
-        request's text and end it at the step whose token completes a stop string."""
+        request's text and end it at the step whose token completes a stop string. ``tenant``
+        salts its prefix-cache hashes (only that tenant's requests share its blocks); ``user_id``
+        is whose blocks they are, for ``forget_prefixes``; ``cache_prefix=False`` reads the cache
+        but registers none of its blocks (a request its user's deletion already covers)."""
         ids = [int(t) for t in prompt_token_ids]
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
@@ -138,8 +147,18 @@ class Engine:
             params=params,
             priority=priority,
             text_stream=text_stream,
+            tenant=tenant,
+            user_id=user_id,
+            register_blocks=cache_prefix,
         )
         return self.scheduler.add_request(req), req
+
+    def forget_prefixes(self, tenant: str, user_id: str) -> int:
+        """Drop every prefix-cache block that requests of (tenant, user_id) computed or reused:
+        free ones now, ones running requests hold once those finish (no request finds them
+        again); that user's requests still in the engine cache nothing more. Returns how many
+        blocks were dropped. Call it on the step thread (``AsyncEngine.forget_prefixes`` does)."""
+        return self.scheduler.forget(tenant, user_id)
 
     def refusal_error(self, admission: Admission, request: Request) -> RequestRefused:
         """The named error for a refused request, with its size and the limit it hit."""
@@ -246,6 +265,8 @@ class Engine:
             prompt_tokens=self._prompt_tokens,
             generated_tokens=self._generated,
             tokens_per_s=recent / span if span > 0 else 0.0,
+            prefix_cache_cross_tenant_hit_tokens=self.allocator.cross_tenant_hit_tokens,
+            prefix_cache_forgotten_blocks=self.allocator.forgotten_blocks,
         )
 
     def _count(self, prompt_tokens: int, generated: int) -> None:

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference.engine.block_allocator import DEFAULT_TENANT, Owner
 from inference.engine.errors import InvalidRequestError
 
 
@@ -118,9 +119,19 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache (last admission)
     block_hashes: list[bytes] = field(default_factory=list)  # hash chain of its full blocks (allocator)
+    # Whose request it is: the tenant salts its prefix hashes (its blocks serve only that tenant),
+    # the (tenant, user_id) pair owns the blocks it computes (``Engine.forget_prefixes``).
+    tenant: str = DEFAULT_TENANT
+    user_id: str = ""
+    register_blocks: bool = True  # False once its user was forgotten: computes, caches nothing more
+    num_cross_tenant_cached_tokens: int = 0  # of num_cached_tokens, from blocks of other tenants (unsalted only)
     # Text edge (``text.TextStream``): fed each sampled token in the engine's step; when it reports
     # a stop string the request ends in that same step. None = token ids only.
     text_stream: Any = None
+
+    @property
+    def owner(self) -> Owner:
+        return (self.tenant, self.user_id)
 
     @property
     def num_tokens(self) -> int:

@@ -285,7 +285,7 @@ class Scheduler:
         alloc = self.allocator
         cached: list[int] = []
         if alloc.prefix_caching:
-            alloc.hashes_of(req.token_at, req.num_tokens, req.block_hashes)
+            alloc.hashes_of(req.token_at, req.num_tokens, req.block_hashes, req.tenant)
             # At least the last token is computed: its logits give the next token.
             cached = alloc.cached_prefix(req.block_hashes, (req.num_tokens - 1) // alloc.block_size)
         start = len(cached) * alloc.block_size
@@ -299,6 +299,7 @@ class Scheduler:
             return None
         req.num_computed_tokens = start
         req.num_cached_tokens = start
+        req.num_cross_tenant_cached_tokens = alloc.note_reuse(cached, req.owner) * alloc.block_size if cached else 0
         req.status = RequestStatus.RUNNING
         if req.admit_seq is None:
             req.admit_seq = self._admissions
@@ -328,10 +329,10 @@ class Scheduler:
                 if req.is_finished:  # aborted while the step ran
                     continue
                 req.num_computed_tokens += chunk.num_new_tokens
-                if self.allocator.prefix_caching:
+                if self.allocator.prefix_caching and req.register_blocks:
                     full = req.num_computed_tokens
-                    hashes = self.allocator.hashes_of(req.token_at, full, req.block_hashes)
-                    self.allocator.register(req.request_id, hashes, full // self.allocator.block_size)
+                    hashes = self.allocator.hashes_of(req.token_at, full, req.block_hashes, req.tenant)
+                    self.allocator.register(req.request_id, hashes, full // self.allocator.block_size, req.owner)
                 if not chunk.sample:
                     continue
                 token = sampled[req.request_id]
@@ -363,6 +364,16 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    def forget(self, tenant: str, user_id: str) -> int:
+        """Drop the user's blocks from the prefix cache (``BlockAllocator.forget``); that user's
+        requests still in the engine cache nothing more. Returns the blocks dropped."""
+        with self._lock:
+            owner = (tenant, user_id)
+            for req in self._by_id.values():
+                if req.owner == owner:
+                    req.register_blocks = False
+            return self.allocator.forget(owner)
 
     def finish(self, req: Request, reason: FinishReason) -> None:
         """End a request now (the engine's stop-string check): it is not scheduled again."""

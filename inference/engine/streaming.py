@@ -4,8 +4,10 @@
 The thread is the only caller of ``Engine.step``; submissions and cancellations from the event
 loop go through the scheduler's lock, so a step is never blocked by callers for longer than a
 queue append. Leaving an ``async for`` early (break, task cancelled, client gone) cancels the
-request, and its KV cache is freed at the next step. A failing step or ``stop()`` ends every open
-stream with a named error (``EngineFailed`` / ``EngineStopped``), never with silence.
+request, and its KV cache is freed at the next step. Commands that change the cache itself
+(``forget_prefixes``) are queued and run by the step thread between two steps. A failing step or
+``stop()`` ends every open stream with a named error (``EngineFailed`` / ``EngineStopped``),
+never with silence.
 
 Not here: Kafka, HTTP, request ids from outside (the worker and gateway add those).
 """
@@ -13,11 +15,14 @@ Not here: Kafka, HTTP, request ids from outside (the worker and gateway add thos
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import queue as queue_module
 import threading
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
+from inference.engine.block_allocator import DEFAULT_TENANT
 from inference.engine.engine import Engine, TokenEvent
 from inference.engine.errors import EngineFailed, EngineStopped, RequestRefused
 from inference.engine.request import Admission, FinishReason, Priority, RequestTimings, SamplingParams
@@ -46,6 +51,9 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._failure: EngineFailed | None = None
         self._stopped = False
+        # (function of the engine, its future): run on the step thread, between steps.
+        self._commands: queue_module.SimpleQueue[tuple[Callable[[Engine], Any], concurrent.futures.Future]] = \
+            queue_module.SimpleQueue()
 
     @property
     def failed(self) -> bool:
@@ -78,6 +86,7 @@ class AsyncEngine:
         for request_id, target in open_streams.items():
             self.engine.abort(request_id)
             _post(target, EngineStopped(f"request {request_id}: the engine was stopped before it finished"))
+        self._fail_commands(lambda: EngineStopped("the engine was stopped before it ran the command"))
 
     async def __aenter__(self) -> AsyncEngine:
         self.start()
@@ -89,12 +98,14 @@ class AsyncEngine:
     def submit(
         self, prompt_token_ids: Sequence[int], params: SamplingParams = SamplingParams(),
         priority: Priority = Priority.INTERACTIVE, request_id: str | None = None, text_stream: Any = None,
+        tenant: str = DEFAULT_TENANT, user_id: str = "", cache_prefix: bool = True,
     ) -> RequestStream:  # fmt: skip
         """Queue a request; look at ``.admission`` (or ``.refusal``) before iterating (a refused
         stream is empty). Raises ``EngineFailed`` / ``EngineStopped`` when the engine is no longer
         serving, ``InvalidRequestError`` for a request it can never run. With a ``text.TextStream``
         each event carries its ``text`` and a stop string ends the request in the step that
-        completes it."""
+        completes it. ``tenant`` salts its prefix-cache hashes, ``user_id`` owns its blocks
+        (``Engine.add_request``)."""
         queue: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         with self._lock:  # registered before the engine can produce its first event
@@ -102,7 +113,8 @@ class AsyncEngine:
                 raise EngineFailed(str(self._failure)) from self._failure.__cause__
             if self._stopped:
                 raise EngineStopped("the engine was stopped; it takes no more requests")
-            admission, req = self.engine.add_request(prompt_token_ids, params, priority, request_id, text_stream)
+            admission, req = self.engine.add_request(prompt_token_ids, params, priority, request_id, text_stream,
+                                                     tenant=tenant, user_id=user_id, cache_prefix=cache_prefix)
             if admission is Admission.ACCEPTED:
                 self._queues[req.request_id] = (loop, queue)
         self._wake.set()
@@ -113,8 +125,49 @@ class AsyncEngine:
         self.engine.abort(request_id)
         self._wake.set()
 
+    async def forget_prefixes(self, tenant: str, user_id: str) -> int:
+        """``Engine.forget_prefixes`` run by the step thread before its next step (the engine is
+        driven by that one thread); returns the blocks dropped. Raises ``EngineFailed`` /
+        ``EngineStopped`` when the engine no longer runs."""
+        return await asyncio.wrap_future(self.run_on_engine(lambda engine: engine.forget_prefixes(tenant, user_id)))
+
+    def run_on_engine(self, command: Callable[[Engine], Any]) -> concurrent.futures.Future:
+        """Queue ``command(engine)`` for the step thread (between two steps, also when idle)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._failure is not None:
+                raise EngineFailed(str(self._failure)) from self._failure.__cause__
+            if self._stopped or self._thread is None:
+                raise EngineStopped("the engine is not running; it takes no more commands")
+            self._commands.put((command, future))
+        self._wake.set()
+        return future
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                command, future = self._commands.get_nowait()
+            except queue_module.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(command(self.engine))
+            except BaseException as exc:  # noqa: BLE001 - the caller gets it; a command is not a step
+                future.set_exception(exc)
+
+    def _fail_commands(self, error: Callable[[], BaseException]) -> None:
+        while True:
+            try:
+                _, future = self._commands.get_nowait()
+            except queue_module.Empty:
+                return
+            if future.set_running_or_notify_cancel():
+                future.set_exception(error())
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._run_commands()
             if not self.engine.has_work():
                 self._wake.wait(self._idle_wait_s)
                 self._wake.clear()
@@ -143,6 +196,7 @@ class AsyncEngine:
             self._failure = EngineFailed(message)
             self._failure.__cause__ = exc
             open_streams, self._queues = self._queues, {}
+        self._fail_commands(lambda: EngineFailed(message))
         for target in open_streams.values():
             error = EngineFailed(message)  # one instance per stream: each gets its own traceback
             error.__cause__ = exc

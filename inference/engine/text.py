@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from inference.engine.chat_tokens import encode_chat, encode_plain
+
 
 def encode_prompt(tokenizer: Any, prompt: str, system: str | None = None, chat: bool = True) -> list[int]:
-    """Token ids of ``prompt``: through the model's chat template (if it has one and ``chat``), else raw."""
+    """Token ids of ``prompt``: through the model's chat template (if it has one and ``chat``), the
+    prompt and system texts as plain text (``chat_tokens.encode_chat``: text that looks like a
+    control token is not one); ``chat=False`` (``generate --raw``) encodes the text as written,
+    control tokens included: the operator writes the template by hand there."""
     if chat and getattr(tokenizer, "chat_template", None):
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        return encode_chat(tokenizer, messages)
+    if chat:  # no template: the prompt is still user text
+        return encode_plain(tokenizer, prompt, add_special_tokens=True)
     return list(tokenizer.encode(prompt))
 
 

@@ -11,6 +11,7 @@
     generation.py        one cancellable generation on the engine, as text increments
     replies.py           TokenChunks, Responses, dead letters
     cancels.py           chat.cancels, read in full by every worker
+    deletions.py         chat.deletions, read in full by every worker: the user's prefix blocks dropped, audited
     heartbeat.py         WorkerStatus
     metrics.py           Prometheus metrics
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+from inference.engine.block_allocator import DEFAULT_TENANT
 from inference.engine.request import Admission, FinishReason
 from inference.engine.streaming import AsyncEngine
 from inference.engine.text import TextStream
@@ -40,8 +41,12 @@ class Delta:
 
 class Generation:
     def __init__(self, aengine: AsyncEngine, tokenizer: Any, engine_request_id: str, prepared: PreparedRequest,
-                 on_first_token: Callable[[], None] = lambda: None) -> None:
+                 on_first_token: Callable[[], None] = lambda: None, *, tenant: str = DEFAULT_TENANT,
+                 user_id: str = "", cache_prefix: bool = True) -> None:
         self.aengine = aengine
+        self.tenant = tenant  # salts the prefix cache: only this tenant's requests share its blocks
+        self.user_id = user_id  # whose blocks they are (a Deletion of the user drops them)
+        self.cache_prefix = cache_prefix  # False: a request its user's Deletion covers caches nothing
         self.tokenizer = tokenizer
         self.engine_request_id = engine_request_id
         self.prepared = prepared
@@ -64,7 +69,8 @@ class Generation:
         text_stream = TextStream(self.tokenizer, p.stop)  # the engine's step builds the text and stops on it
         try:
             stream = self.aengine.submit(p.prompt_ids, p.params, p.priority, request_id=self.engine_request_id,
-                                         text_stream=text_stream)
+                                         text_stream=text_stream, tenant=self.tenant, user_id=self.user_id,
+                                         cache_prefix=self.cache_prefix)
         except ValueError as exc:  # the engine's InvalidRequestError: it can never run this request
             raise InvalidRequestError(str(exc)) from None
         if stream.admission is Admission.OVERLOADED:

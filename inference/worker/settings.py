@@ -49,6 +49,8 @@ class WorkerSettings(BaseSettings):
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off")
     session_timeout_ms: int = Field(6000, ge=1000, description="partition: group session timeout (crash detection)")
     cancel_memory: int = Field(10_000, ge=0, description="Cancels remembered for requests not seen yet")
+    deletion_memory: int = Field(10_000, ge=0, description="Users whose latest Deletion is remembered, so a "
+                                 "request created before it but served after caches nothing")
     kafka_error_budget_s: float = Field(60.0, gt=0, description="How long transient consumer errors (broker "
                                         "away, topic recreated) may go on before the worker exits non-zero")
 

@@ -3,8 +3,10 @@
 One asyncio loop serves every request as a task: check it (reply address, deadline, chat
 template), generate, stream ``TokenChunk``s to the request's reply address, produce the
 ``Response``, wait until the broker has it, and only then tell the intake the request is
-finished (commit / ACCEPT). Consumers live in the intake's and the cancel listener's threads,
-the engine in its step thread; this loop only moves small records between them.
+finished (commit / ACCEPT). Consumers live in the intake's, the cancel listener's and the
+deletion listener's threads, the engine in its step thread; this loop only moves small records
+between them. A Deletion (``chat.deletions``) drops the user's cached prefixes on the engine's
+step thread and is acknowledged with a ``DeletionAudit`` once that is done.
 
 Failure policy (docs/worker.md), decided in ``_serve``:
 - the record's fault (``BadRequestError``: undecodable, invalid, unanswerable reply address,
@@ -33,6 +35,7 @@ from inference.engine.request import FinishReason as EngineFinish
 from inference.engine.streaming import AsyncEngine
 from inference.worker.cancels import CancelListener, RecentCancels
 from inference.worker.capacity import Capacity
+from inference.worker.deletions import DELETIONS_AUDIT, DeletionListener, RecentDeletions, prefix_cache_audit
 from inference.worker.errors import (BadRequestError, ReplyAddressError, RequestExpiredError, TooManyDeliveriesError,
                                      WorkerFailed)
 from inference.worker.generation import EngineBusy, Generation
@@ -46,7 +49,7 @@ from inference.worker.replies import ReplyStream, response_for, send_dead_letter
 from inference.worker.reply_address import ReplyAddresses
 from inference.worker.settings import WorkerSettings
 from schemas.codec import default_codec
-from schemas.records import Cancel, FinishReason, InferenceRequest, WorkerState, now_ms
+from schemas.records import Cancel, Deletion, FinishReason, InferenceRequest, WorkerState, now_ms
 from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
 from transport.settings import KafkaSettings
@@ -80,6 +83,9 @@ class Worker:
         self.metrics = WorkerMetrics()
         self.cancels = CancelListener(kafka, self.codec)
         self.recent_cancels = RecentCancels(settings.cancel_memory)
+        self.deletions = DeletionListener(kafka, self.codec)
+        self.recent_deletions = RecentDeletions(settings.deletion_memory)
+        self.forgets: set[asyncio.Task] = set()  # deletions being carried out (forget + audit)
         self.active: dict[str, tuple[WorkItem, Generation]] = {}  # request_id -> what runs it
         self.tasks: dict[asyncio.Task, WorkItem] = {}
         self.state = WorkerState.STARTING
@@ -102,7 +108,11 @@ class Worker:
         self._set_state(WorkerState.STARTING)
         self.metrics.serve(self.settings.metrics_port)
         self.cancels.start(loop, self._on_cancel, self._thread_failed("cancel listener"), self._on_bad_cancel)
+        self.deletions.start(loop, self._on_deletion, self._thread_failed("deletion listener"),
+                             self._on_bad_record)
         await asyncio.to_thread(self.cancels.ready.wait, 10.0)
+        # Before any request is taken: a deletion sent after a request was served is always seen.
+        await asyncio.to_thread(self.deletions.ready.wait, 10.0)
         self.intake.start(loop, self._dispatch, self._on_revoked, self._thread_failed("intake"))
         if self.failure is None:
             self._set_state(WorkerState.SERVING)
@@ -115,7 +125,10 @@ class Worker:
         self._send_status()
         await self._drain()
         heartbeat.cancel()
-        for name, close in (("intake", self.intake.close), ("cancel listener", self.cancels.close)):
+        if self.forgets:  # their audits are this worker's acknowledgements: let them reach the broker
+            await asyncio.wait(set(self.forgets), timeout=30)
+        for name, close in (("intake", self.intake.close), ("cancel listener", self.cancels.close),
+                            ("deletion listener", self.deletions.close)):
             try:
                 await asyncio.to_thread(close)
             except Exception as exc:  # noqa: BLE001 - already reported through _fail; shut down the rest
@@ -189,13 +202,39 @@ class Worker:
 
     def _on_bad_cancel(self, message: Any, exc: Exception) -> None:
         """A record on chat.cancels that is not a Cancel: dead-letter it (a record fault; nothing to stop)."""
+        self._on_bad_record(message, exc)
+
+    def _on_bad_record(self, message: Any, exc: Exception) -> None:
+        """A record on a broadcast topic (chat.cancels, chat.deletions) that does not decode:
+        dead-letter it (a record fault; nothing to stop)."""
         letter = send_dead_letter(self.producer, message, exc)
 
         def delivered(future: asyncio.Future) -> None:
             if not future.cancelled() and future.exception() is not None:  # a broker fault: the log says so
-                log.warning("dead letter of an undecodable cancel not delivered: %s", future.exception())
+                log.warning("dead letter of an undecodable record on %s not delivered: %s", message.topic,
+                            future.exception())
 
         letter.add_done_callback(delivered)
+
+    def _on_deletion(self, deletion: Deletion) -> None:
+        self.recent_deletions.add(deletion)
+        task = asyncio.get_running_loop().create_task(self._forget(deletion))
+        self.forgets.add(task)
+        task.add_done_callback(self.forgets.discard)
+
+    async def _forget(self, deletion: Deletion) -> None:
+        """Drop the user's cached prefixes (a conversation's Deletion drops all of the user's: the
+        cache knows users, not conversations), then the audit. A failure is the infrastructure's
+        (engine gone, broker past its retries): the worker stops, and its cache goes with it."""
+        try:
+            dropped = await self.aengine.forget_prefixes(deletion.tenant, deletion.user_id)
+            audit = prefix_cache_audit(deletion, self.settings.worker_id)
+            await self.producer.send(self.kafka.topic(DELETIONS_AUDIT), audit, key=deletion.user_id)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            self._fail(f"carrying out deletion {deletion.event_id}", exc)
+            return
+        log.info("deletion %s: %d prefix-cache block(s) of %s/%s dropped", deletion.event_id, dropped,
+                 deletion.tenant, deletion.user_id)
 
     # -- one request -------------------------------------------------------------------------------
 
@@ -257,7 +296,9 @@ class Worker:
             first_token_ms[0] = now_ms()
             self.capacity.started(item.priority)
 
-        gen = Generation(self.aengine, self.tokenizer, f"{req.request_id}#{attempt}", prepared, on_first_token)
+        covered = self.recent_deletions.covers(req.tenant, req.user_id, req.created_at)  # by a Deletion since
+        gen = Generation(self.aengine, self.tokenizer, f"{req.request_id}#{attempt}", prepared, on_first_token,
+                         tenant=req.tenant, user_id=req.user_id, cache_prefix=not covered)
         self.active[req.request_id] = (item, gen)
         replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace, started_at=started_at)
         timer = self._stop_timer(item, gen)

@@ -140,7 +140,7 @@ def test_a_dying_cancel_listener_tells_the_worker():
 
     listener = CancelListener(KAFKA, default_codec())
     failures = []
-    listener._loop, listener._on_cancel, listener._on_failure = FakeLoop(), lambda c: None, failures.append
+    listener._loop, listener._on_record, listener._on_failure = FakeLoop(), lambda c: None, failures.append
     listener._consumer = BrokenTail()
     listener._run()
     assert len(failures) == 1 and "tail consumer broke" in str(failures[0])
