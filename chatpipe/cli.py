@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from chatpipe.commands import chat, cluster, demo, engine, gateway, inference, jobs, spark, stack, streams, tail, topics
+from chatpipe.commands import forget
 from chatpipe.commands.common import err_console
 from schemas.errors import ChatpipeError
 
@@ -26,6 +27,7 @@ app = typer.Typer(
 
 for group in (stack, topics, engine, jobs, streams, inference, gateway, tail, chat, demo, cluster, spark):
     group.register(app)
+forget.register(app)  # chatpipe forget USER --tenant T [--conversation C] [--verify]
 
 
 def main() -> None:

@@ -116,7 +116,7 @@ class TopicTail:
     def line(self, message: ConsumedMessage) -> dict[str, Any]:
         """The JSON-ready line of one message: decoded, or an error line with the raw bytes."""
         value = message.value
-        if value is None:  # a tombstone (chat.deletions is compacted): a valid message with no record
+        if value is None:  # a tombstone (compacted topics, e.g. chat.workers.status): a valid message with no record
             return decoded_line(message, None)
         try:
             record = self.codec.decode(value, self.expected)

@@ -50,8 +50,11 @@ CATALOG: tuple[TopicSpec, ...] = (
               doc="Completed turns for archive, Spark jobs and analytics."),
     TopicSpec("chat.feedback", 6, "conversation_id", "Feedback", retention_ms=30 * DAY_MS,
               doc="Thumbs, regenerations and edits."),
-    TopicSpec("chat.deletions", 3, "user_id", "Deletion", cleanup_policy="compact", retention_ms=-1,
-              doc="Forget a user or a conversation; compacted so it is never lost."),
+    # Not compacted: every Deletion stays, in order. It is the source of truth of who was erased
+    # (the dataset job and the streams worker read it from the start), and a compacted log keyed by
+    # user alone let one tenant's deletion compact away another's (issue 19).
+    TopicSpec("chat.deletions", 3, "tenant/user_id", "Deletion", retention_ms=-1,
+              doc="Forget a user or a conversation (key: deletion_key); kept forever, never compacted."),
     TopicSpec("chat.deletions.audit", 3, "user_id", "DeletionAudit", retention_ms=-1,
               doc="One record per Deletion carried out (streams: forget), kept forever."),
     TopicSpec("chat.cancels", 6, "conversation_id", "Cancel", retention_ms=60 * 60 * 1000,
@@ -75,6 +78,15 @@ def inference_requests_topic(priority: str) -> str:
     request: workers drain ``chat.inference.requests`` first (docs/worker.md).
     """
     return INFERENCE_REQUESTS_BATCH if str(priority) == "BATCH" else INFERENCE_REQUESTS
+
+
+def deletion_key(tenant: str, user_id: str) -> bytes:
+    """Kafka key of a ``Deletion`` on ``chat.deletions``: ``<tenant>/<user_id>``, utf-8.
+
+    The tenant is part of it, so one user's deletions stay in order on one partition and two
+    tenants' users of the same id never share a key.
+    """
+    return f"{tenant}/{user_id}".encode()
 
 
 def replication_for(spec: TopicSpec, brokers: int, replication_factor: int | None = None) -> tuple[int, int]:

@@ -22,14 +22,19 @@ per partition, the highest offset this process handled and acked, and acks such 
 without handing it to the agent again. Its effects were durable before that ack, so skipping
 it is exact; a new process starts with nothing remembered and handles what it is given.
 
-It also refuses a **gap**: an event whose offset is past the next one this process expects on its
+It also guards against a **gap**: an event past the next offset this process expects on its
 partition (the offset after the last it was handed, or Faust's committed position for the first).
 The source topics have no compaction and no transaction markers, so within one process their
-offsets are consecutive; a gap means Faust dropped a delivery, which its recovery can do when it
-resumes fetching before it seeks back (faust-streaming#216). Acking past a gap would let Faust
-commit over the missing event, which it does not hold back for at exactly the committed position
-(seen: one turn never archived after a streams SIGKILL, tests/faults). ``DeliveryGapError`` is an
-infrastructure fault: the process exits unacked and the restart reads from the committed offsets.
+offsets are consecutive. Faust's recovery resumes fetching before it seeks back to the committed
+offsets (faust-streaming#216), so an event past a gap usually means the seek is about to deliver
+the missing ones again; but Faust can also drop them for good (seen: one turn never archived after a
+streams SIGKILL, tests/faults), and acking past a gap lets Faust commit over the missing event (it
+does not hold a commit back for an unacked event at exactly the committed position). So events past
+a gap are **withheld**: not handed to the agent, not acked, until the missing offsets come (then the
+withheld copies are acked once their offsets are handled). If they do not come within
+``GAP_GRACE_S``, ``DeliveryGapError`` (an infrastructure fault) ends the process unacked, and the
+restart reads from the committed offsets; if nothing more arrives at all, the progress watchdog
+(``watchdog.py``) does the same.
 
 Every ``Batches`` of the process is listed in ``Batches.live`` with when it last saw an event of each
 partition and whether a batch is out (yielded, not yet acked): what ``watchdog.py`` reads to tell an
@@ -46,6 +51,11 @@ from typing import Any, AsyncIterator, ClassVar, Sequence
 from streams.errors import InfrastructureUnavailableError
 
 log = logging.getLogger(__name__)
+
+
+#: How long events past a gap are held for the missing ones to come (Faust's own seek back after
+#: its recovery delivers them again within a second); past it the process exits unacked.
+GAP_GRACE_S = 10.0
 
 
 class DeliveryGapError(InfrastructureUnavailableError):
@@ -77,19 +87,26 @@ class Batches:
         self.repeats = 0
         self.last_event_at: dict[tuple[str, int], float] = {}  # (topic, partition) -> monotonic time
         self._next: dict[Any, int] = {}  # TP -> the offset expected next (one past the last handed out)
+        self._gap_since: dict[Any, float] = {}  # TP -> when offsets past a gap began to be withheld
+        self._withheld: dict[Any, list] = {}  # TP -> events past a gap: never handed out, acked as copies
         self.out = False  # a batch was yielded and is not acked yet
         Batches.live.add(self)
 
     async def __aiter__(self) -> AsyncIterator[Sequence[Any]]:
         async for events in self.stream.noack_take(self.max_events, self.within_s):
             now = time.monotonic()
+            handed = []
             for event in events:
                 tp = event.message.tp  # Faust's TP, a (topic, partition) named tuple
                 self.last_event_at[(tp[0], tp[1])] = now
-                await self._check_no_gap(tp, event.message.offset)
-            fresh = [e for e in events if e.message.offset > self._handled.get(e.message.tp, -1)]
-            if len(fresh) < len(events):
-                repeats = [e for e in events if e not in fresh]
+                if await self._past_a_gap(tp, event.message.offset, now):
+                    self._withheld.setdefault(tp, []).append(event)
+                else:
+                    handed.append(event)
+            self._check_gaps_closing(now)
+            fresh = [e for e in handed if e.message.offset > self._handled.get(e.message.tp, -1)]
+            if len(fresh) < len(handed):
+                repeats = [e for e in handed if e not in fresh]
                 for event in repeats:  # at or below acked offsets: acking keeps the acked offsets a prefix
                     await self.stream.ack(event)
                 self.repeats += len(repeats)
@@ -99,15 +116,36 @@ class Batches:
                 self.out = True
                 yield fresh
 
-    async def _check_no_gap(self, tp: Any, offset: int) -> None:
+    async def _past_a_gap(self, tp: Any, offset: int, now: float) -> bool:
+        """Whether ``offset`` lies past offsets of ``tp`` never handed out (it is withheld then)."""
         expected = self._next.get(tp)
-        # Another member may have moved the partition on while it was not ours: the committed
-        # position is then ahead of what this process last saw, and reading resumes there.
-        known = [p for p in (expected, _committed_position(self.stream, tp)) if p is not None]
-        if known and offset > max(known) and not await self._retention_removed(tp, max(known), offset):
-            raise DeliveryGapError(f"{tp[0]}[{tp[1]}]: offset {offset} handed out before {max(known)} "
-                                   f"(offsets {max(known)}..{offset - 1} never delivered)")
-        self._next[tp] = max(offset + 1, expected or 0)
+        if tp not in self._gap_since:
+            # Another member may have moved the partition on while it was not ours: the committed
+            # position is then ahead of what this process last saw, and reading resumes there.
+            known = [p for p in (expected, _committed_position(self.stream, tp)) if p is not None]
+            if known and offset > max(known) and not await self._retention_removed(tp, max(known), offset):
+                self._gap_since[tp] = now
+                self._next[tp] = max(known)
+                log.warning("%s[%d]: offset %d handed out before %d; holding it until %d..%d come (Faust's "
+                            "seek back), at most %g s", tp[0], tp[1], offset, max(known), max(known), offset - 1,
+                            GAP_GRACE_S)
+                return True
+            self._next[tp] = max(offset + 1, expected or 0)
+            return False
+        if offset > expected:
+            return True
+        self._next[tp] = max(offset + 1, expected)
+        if self._next[tp] > min((e.message.offset for e in self._withheld.get(tp, ())), default=-1):
+            del self._gap_since[tp]  # the missing offsets came: what was held is a copy of what follows
+            log.info("%s[%d]: the missing offsets came; going on", tp[0], tp[1])
+        return False
+
+    def _check_gaps_closing(self, now: float) -> None:
+        for tp, since in self._gap_since.items():
+            if now - since > GAP_GRACE_S:
+                held = sorted(e.message.offset for e in self._withheld.get(tp, ()))
+                raise DeliveryGapError(f"{tp[0]}[{tp[1]}]: offsets from {self._next[tp]} never delivered in "
+                                       f"{GAP_GRACE_S:g} s while {len(held)} later one(s) came (first {held[0]})")
 
     async def _retention_removed(self, tp: Any, missing_from: int, offset: int) -> bool:
         """Whether the missing offsets are gone from the log (retention), not dropped on the way."""
@@ -126,4 +164,11 @@ class Batches:
             await self.stream.ack(event)
             tp, offset = event.message.tp, event.message.offset
             self._handled[tp] = max(offset, self._handled.get(tp, -1))
+        for tp, held in list(self._withheld.items()):  # copies of offsets now handled: Faust tracks them
+            done = [e for e in held if e.message.offset <= self._handled.get(tp, -1)]
+            for event in done:
+                await self.stream.ack(event)
+            self._withheld[tp] = [e for e in held if e not in done]
+            if not self._withheld[tp]:
+                del self._withheld[tp]
         self.out = False

@@ -1,5 +1,10 @@
 """The Faust app of ``chatpipe streams``: topics, the conversation table, the four agents.
 
+The erasure registry (``erasures.py``) is read from ``chat.deletions`` before the app is built
+and shared by record, forget and the archiver: a record of an erased user that arrives late is
+neither remembered nor archived. The forget agent rewrites the archive through the same
+``Archiver`` the archive agent writes with (one lock), and archives ``chat.deletions``.
+
 Built by a factory from explicit settings (no module-level app, nothing read from the
 environment). Every topic carries raw bytes (``value_serializer="raw"``): the agents decode
 with ``schemas.codec`` themselves so a bad record becomes a dead letter with its reason instead
@@ -23,7 +28,8 @@ from typing import Any
 from schemas.topics import DLQ, INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH, spec
 from streams.archive import ArchiveAgent, Archiver
 from streams.dead_letters import DeadLetters
-from streams.faults import Retrier, exit_without_ack
+from streams.erasures import ErasureRegistry
+from streams.faults import EXIT_INFRASTRUCTURE, Retrier, exit_without_ack
 from streams.forget import Forget
 from streams.intake import Intake
 from streams.record import Record
@@ -31,6 +37,7 @@ from streams.refusals import Refusals
 from streams.reply_address import ReplyAddresses
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
+from streams.watchdog import ProgressWatchdog, faust_assignment
 from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
 from transport.settings import KafkaSettings
@@ -38,6 +45,11 @@ from transport.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 TABLE = "conversations"
+#: Set when Faust creates the changelog: a forgotten conversation's old values (and then its
+#: tombstone) must leave the compacted log within days, not whenever the cleaner's dirty ratio is
+#: reached (the active segment is never compacted; max.compaction.lag.ms rolls and cleans it).
+#: An existing changelog keeps its config: `kafka-configs --alter` it (docs/privacy.md).
+CHANGELOG_ERASURE_CONFIG = {"max.compaction.lag.ms": str(24 * 3600 * 1000), "delete.retention.ms": str(24 * 3600 * 1000)}
 RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
 
@@ -53,10 +65,14 @@ def changelog_topic(kafka: KafkaSettings, settings: StreamsSettings) -> str:
 class StreamsApp:
     """The app and its agents' objects (their counters are what tests and the bench read)."""
 
-    def __init__(self, kafka: KafkaSettings, settings: StreamsSettings, services: StreamsServices) -> None:
+    def __init__(self, kafka: KafkaSettings, settings: StreamsSettings, services: StreamsServices,
+                 erasures: ErasureRegistry | None = None) -> None:
         import faust
 
         self.kafka, self.settings, self.services = kafka, settings, services
+        # Before any agent runs: every deletion ever made (the log is kept forever), then the forget
+        # agent adds the new ones.
+        self.erasures = erasures if erasures is not None else _load_erasures(kafka, services)
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         partitions = spec("chat.prompts").partitions
         self.app = app = faust.App(
@@ -82,7 +98,8 @@ class StreamsApp:
         # key's writes in order. Values are JSON dicts (streams/state.py).
         # No key/value type: Faust's default json serializer both ways, plain str keys and dict values
         # (a value_type of dict breaks Faust's changelog recovery, which expects a faust.Record).
-        self.table = app.Table(TABLE, default=None, partitions=partitions, use_partitioner=True)
+        self.table = app.Table(TABLE, default=None, partitions=partitions, use_partitioner=True,
+                               extra_topic_configs=CHANGELOG_ERASURE_CONFIG)
         dlq = topic(DLQ)
         retrier = Retrier(settings.retry_budget_s, settings.retry_backoff_s, settings.retry_max_backoff_s)
         # Error chunks for refused prompts (streams/refusals.py says why not through Faust's producer).
@@ -97,13 +114,16 @@ class StreamsApp:
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
                              intake_letters, self.refusals, retrier)
         self.record = Record(settings, services, self.table, topic("chat.turns"),
-                             DeadLetters(dlq, codec, "streams.record"), retrier)
-        self.forget = Forget(services, self.table, topic("chat.deletions.audit"),
-                             DeadLetters(dlq, codec, "streams.forget"), retrier)
+                             DeadLetters(dlq, codec, "streams.record"), retrier, self.erasures)
         archive_retrier = Retrier(settings.archive_retry_budget_s, settings.retry_backoff_s,
                                   settings.retry_max_backoff_s)
-        self.archive = ArchiveAgent(Archiver(settings.archive_dir, codec, settings.archive_dedupe_window),
-                                    settings.archive_batch_size, settings.archive_flush_s, archive_retrier)
+        self.archiver = Archiver(settings.archive_dir, codec, settings.archive_dedupe_window, self.erasures)
+        self.forget = Forget(services, self.table, topic("chat.deletions.audit"),
+                             DeadLetters(dlq, codec, "streams.forget"), retrier, archiver=self.archiver,
+                             archive_topics=[kafka.topic("chat.turns"), kafka.topic("chat.feedback")],
+                             archive_retrier=archive_retrier, erasures=self.erasures)
+        self.archive = ArchiveAgent(self.archiver, settings.archive_batch_size, settings.archive_flush_s,
+                                    archive_retrier)
         archive_source = app.topic(kafka.topic("chat.turns"), kafka.topic("chat.feedback"), **RAW)
         for name, channel, agent in (
             ("intake", topic("chat.prompts"), self.intake),
@@ -112,6 +132,31 @@ class StreamsApp:
             ("archive", archive_source, self.archive),
         ):
             app.agent(channel, name=f"streams.{name}", concurrency=1)(_as_function(agent, name))
+        # Records that wait on an assigned partition and reach no agent end the process (watchdog.py).
+        sources = {kafka.topic(t) for t in ("chat.prompts", "chat.responses", "chat.deletions", "chat.turns",
+                                            "chat.feedback")}
+        admin = TopicAdmin(kafka, timeout_s=10.0)
+        self.watchdog = ProgressWatchdog(lambda tps: admin.backlogs(app_id(kafka, settings), tps), settings.stall_s)
+
+        @app.task
+        async def watch_progress() -> None:
+            try:
+                await self.watchdog.run(faust_assignment(app, sources), settings.stall_check_s)
+            except Exception as exc:  # noqa: BLE001 - a stall or a bug: exit unacked, the supervisor restarts
+                exit_without_ack("streams.watchdog", exc)
+
+
+def _load_erasures(kafka: KafkaSettings, services: StreamsServices) -> ErasureRegistry:
+    """The registry from ``chat.deletions``; without it no agent may start (it would remember and
+    archive erased users' records), so a broker that cannot be read ends the start with code 75."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return ErasureRegistry.load(kafka, services.codec)
+    except (TimeoutError, KafkaException) as exc:
+        log.critical("cannot read chat.deletions to know the erased users: %s; exiting with code %d",
+                     exc, EXIT_INFRASTRUCTURE)
+        raise SystemExit(EXIT_INFRASTRUCTURE) from exc
 
 
 def _as_function(agent: Any, name: str):

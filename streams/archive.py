@@ -16,6 +16,13 @@ offset order, each to a dot-file, fsynced, renamed, its folder fsynced. What thi
   ``event_id`` it archived lately on the same partition (the repeat has the same key, so the
   same partition): the last ``dedupe_window`` ids per partition, read back from the newest files
   after a restart. The dropped offset is covered by the name of the file around it.
+- **Nothing of an erased user.** A turn or a feedback of a user (or conversation) a
+  ``Deletion`` erased, created at or before it, that arrives after the deletion (archive lag)
+  is not archived (``ErasureRegistry``); its offset is covered by the file around it, like a
+  repeat. ``erase`` rewrites the files already written (``archive_erasure.py``). Writes and
+  rewrites take one lock (``Archiver.lock``; an erasure per file it rewrites, not for its whole
+  pass): the archive agent writes from one thread, the forget agent rewrites from another, and
+  an erasure must not miss a file written meanwhile.
 - **Nothing acked unwritten.** The agent acks a batch only after its files are renamed; a write
   error (disk full, folder unwritable) is retried for ``archive_retry_budget_s``, then the
   batch stays unacked and the process exits (``faults.py``). A retry writes only what the
@@ -29,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterable
@@ -36,9 +44,19 @@ from typing import Any, Iterable
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
 from streams.acks import Batches
+from streams.archive_erasure import ArchiveErasure, erase_from_archive
 from streams.dead_letters import event_headers
+from streams.erasures import ErasureRegistry, Subject
 from streams.faults import Retrier
-from transport.archive import ArchivedMessage, parse_file_name, plan_files, read_messages, write_file
+from transport.archive import (
+    ArchivedMessage,
+    file_name,
+    hour_dir,
+    parse_file_name,
+    plan_files,
+    read_messages,
+    write_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +106,15 @@ class RecentIds:
 
 
 class Archiver:
-    def __init__(self, root: Path, codec: AvroCodec | None = None, dedupe_window: int = 10_000) -> None:
+    def __init__(self, root: Path, codec: AvroCodec | None = None, dedupe_window: int = 10_000,
+                 erasures: ErasureRegistry | None = None) -> None:
         self.root = Path(root)
         self.codec = codec or default_codec()
         self.dedupe_window = dedupe_window
+        self.erasures = erasures if erasures is not None else ErasureRegistry()
+        # Held by every write and every erasure: they touch the same folders from two threads.
+        self.lock = threading.Lock()
+        self.erased = 0  # records not archived because a deletion had erased their user or conversation
         self._offsets: dict[tuple[str, int], ArchivedOffsets] = {}
         self._recent: dict[tuple[str, int], RecentIds] = {}
         self.archived = 0
@@ -104,14 +127,28 @@ class Archiver:
 
     def write(self, messages: Iterable[ArchivedMessage]) -> list[Path]:
         """Archive what of ``messages`` is not archived yet; returns the files written."""
-        fresh, repeats = [], []
+        with self.lock:
+            return self._write(messages)
+
+    def erase(self, topics: Iterable[str], subject: Subject, until_ms: int) -> ArchiveErasure:
+        """Remove the subject's records created at or before ``until_ms`` from the files of ``topics``."""
+        # The lock once to list the files, then per file rewritten (archive_erasure.py says why that is enough).
+        return erase_from_archive(self.root, topics, subject, until_ms, self.codec, lock=lambda: self.lock)
+
+    def _write(self, messages: Iterable[ArchivedMessage]) -> list[Path]:
+        fresh, repeats, erased_only = [], [], []
         ids: dict[tuple[str, int, int], str | None] = {}  # (topic, partition, offset) -> event id
         batch_ids: set[tuple[str, int, str]] = set()
         for m in messages:
             if self._archived(m.topic, m.partition).covers(m.offset):
                 self.skipped += 1
                 continue
-            event_id = ids[(m.topic, m.partition, m.offset)] = self._event_id(m)
+            record = self._record(m)
+            if record is not None and self.erasures.erases_record(record):
+                repeats.append(m)  # not archived; its offset is covered by the file around it
+                erased_only.append(m)
+                continue
+            event_id = ids[(m.topic, m.partition, m.offset)] = getattr(record, "event_id", None)
             key = (m.topic, m.partition, event_id)
             if event_id is not None and (event_id in self._recent_ids(m.topic, m.partition) or key in batch_ids):
                 repeats.append(m)
@@ -130,19 +167,43 @@ class Archiver:
                     recent.add(event_id)
             self.archived += len(group)
             written.append(path)
-        self.duplicates += len(repeats)
-        if repeats:
+        written.extend(self._cover_erased(erased_only, {(m.topic, m.partition) for m in fresh}))
+        erased = len(erased_only)
+        self.duplicates += len(repeats) - erased
+        self.erased += erased
+        if len(repeats) > erased:
             log.info("archive: %d record(s) repeated under an event id already archived, not archived again",
-                     len(repeats))
+                     len(repeats) - erased)
+        if erased:
+            log.info("archive: %d record(s) of an erased user or conversation not archived", erased)
         return written
 
-    def _event_id(self, m: ArchivedMessage) -> str | None:
+    def _cover_erased(self, erased: list[ArchivedMessage], written: set[tuple[str, int]]) -> list[Path]:
+        """An empty file per partition whose messages of this write were all erased: its name covers
+        their offsets, so they are skipped when redelivered instead of judged again."""
+        by_partition: dict[tuple[str, int], list[ArchivedMessage]] = {}
+        for m in erased:
+            if (m.topic, m.partition) not in written:
+                by_partition.setdefault((m.topic, m.partition), []).append(m)
+        paths = []
+        for (topic, partition), group in sorted(by_partition.items()):
+            first, last = min(m.offset for m in group), max(m.offset for m in group)
+            path = hour_dir(self.root, topic, group[0].timestamp) / file_name(partition, first, last)
+            write_file(path, [])
+            self._archived(topic, partition).add(first, last)
+            paths.append(path)
+        return paths
+
+    def _record(self, m: ArchivedMessage) -> object | None:
         if m.value is None:
             return None
         try:
-            return getattr(self.codec.decode(m.value), "event_id", None)
+            return self.codec.decode(m.value)
         except DecodeError:
             return None  # not a chatpipe record: archived as it is
+
+    def _event_id(self, m: ArchivedMessage) -> str | None:
+        return getattr(self._record(m), "event_id", None)
 
     def _files(self, topic: str, partition: int) -> list[tuple[int, int, Path]]:
         found = []

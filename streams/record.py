@@ -15,6 +15,11 @@ unacked and the process exits (``faults.py``).
 
 Answers that failed (ERROR, TIMEOUT, OVERLOADED, CANCELLED) are emitted as turns for analytics
 but neither remembered nor put in the recent window.
+
+A response to a prompt made at or before a ``Deletion`` of its user or conversation (it was in
+flight while the user was forgotten, or intake took the prompt after the forget) is dropped:
+no turn, no memory, no dead letter (which would copy its text to ``chat.dlq``); its pending
+request leaves the state, and a state left with nothing goes (``streams/erasures.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from schemas.errors import DecodeError
 from schemas.records import ConversationTurn, FinishReason, Response
 from streams.acks import Batches
 from streams.dead_letters import DeadLetters, child_headers
+from streams.erasures import ErasureRegistry
 from streams.errors import UnknownRequestError
 from streams.faults import Retrier
 from streams.outbox import Outbox
@@ -47,8 +53,10 @@ def turn_id_for(request_id: str) -> str:
 
 class Record:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any, turns_topic: Any,
-                 dead_letters: DeadLetters, retrier: Retrier) -> None:
+                 dead_letters: DeadLetters, retrier: Retrier, erasures: ErasureRegistry | None = None) -> None:
         self.settings = settings
+        self.erasures = erasures if erasures is not None else ErasureRegistry()
+        self.erased = 0  # responses dropped because a deletion erased their user or conversation
         self.retrier = retrier
         self.services = services
         self.table = table
@@ -103,6 +111,12 @@ class Record:
                     f"response {response.request_id} of conversation {response.conversation_id}: no pending "
                     "request (never seen by intake, or the conversation was forgotten meanwhile)"), outbox)
                 continue
+            if self.erasures.erased(response.tenant, response.user_id, response.conversation_id,
+                                    pending.created_at):
+                self.erased += 1
+                log.info("response %s: its prompt predates a deletion of %s/%s; not recorded", response.request_id,
+                         response.tenant, response.user_id)
+                continue
             turn_id = turn_id_for(response.request_id)
             remembered = response.finish_reason in REMEMBERED
             recent = RecentTurn(turn_id, state.turn_count, pending.prompt, response.text, pending.created_at)
@@ -131,5 +145,9 @@ class Record:
             await outbox.send(self.turns_topic, key=turn.conversation_id.encode(), value=services.codec.encode(turn),
                               headers=child_headers(event.message))
         for key, state in states.items():
+            if state.turn_count == 0 and not state.pending and not state.recent:
+                if key in self.table:  # only an erased prompt had made it: nothing of the user stays
+                    del self.table[key]
+                continue
             self.table[key] = state.to_value()
         self.recorded += len(turns)

@@ -22,13 +22,18 @@ skipped: an outage is the retriers' and the consumer's business, not a stall.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import os
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from streams.acks import Batches
 from streams.errors import InfrastructureUnavailableError
+from streams.faults import EXIT_INFRASTRUCTURE
 from transport.errors import TransportError
 
 log = logging.getLogger(__name__)
@@ -90,9 +95,20 @@ class ProgressWatchdog:
         return stalled
 
     async def run(self, assigned: Callable[[], list[TP]], check_every_s: float) -> None:
-        """Check every ``check_every_s``; raises ``StalledConsumerError`` naming what is stalled."""
+        """Check every ``check_every_s``; raises ``StalledConsumerError`` naming what is stalled.
+
+        Also starts a ``LoopHeartbeat``: an event loop that stops turning cannot run this check."""
         log.info("progress watchdog: checks every %g s, a partition with records waiting and none reaching "
                  "an agent for %g s ends the process", check_every_s, self.stall_s)
+        heartbeat = LoopHeartbeat(max(self.stall_s, 2 * check_every_s)).start()
+        beating = asyncio.ensure_future(heartbeat.beat_forever(min(0.5, heartbeat.limit_s / 4)))
+        try:
+            await self._run(assigned, check_every_s)
+        finally:
+            beating.cancel()
+            heartbeat.stop()  # the loop is stopping (or this raised): its silence is no stall any more
+
+    async def _run(self, assigned: Callable[[], list[TP]], check_every_s: float) -> None:
         while True:
             await asyncio.sleep(check_every_s)
             tps = assigned()
@@ -105,6 +121,52 @@ class ProgressWatchdog:
                 raise StalledConsumerError(
                     f"records wait on {detail} and none reached an agent for {self.stall_s:g} s "
                     "(committed offsets unchanged, no batch in progress): the consumer stalled")
+
+
+class LoopHeartbeat:
+    """A thread that ends the process when the event loop has not turned for ``limit_s``.
+
+    Everything else here runs on the loop, so a loop blocked in a synchronous call (a hung client
+    call, a lock taken on the loop's thread) would stall every agent and this watchdog with them.
+    The thread dumps every thread's stack to stderr (the service log) first, so the cause can be
+    found, then exits 75 like ``faults.exit_without_ack``: nothing acked, read again after the restart.
+    """
+
+    def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit_s = limit_s
+        self._clock = clock
+        self._last = clock()
+        self._stop = threading.Event()
+
+    def beat(self) -> None:
+        self._last = self._clock()
+
+    async def beat_forever(self, every_s: float = 0.5) -> None:
+        """On the loop: beats as long as the loop turns."""
+        while True:
+            self.beat()
+            await asyncio.sleep(every_s)
+
+    def silent_for(self) -> float:
+        return self._clock() - self._last
+
+    def start(self) -> "LoopHeartbeat":
+        threading.Thread(target=self._watch, name="chatpipe-loop-heartbeat", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(1.0, self.limit_s / 4)):
+            if self.silent_for() > self.limit_s:
+                log.critical("the event loop has not turned for %.0f s: every agent is stalled; dumping the "
+                             "threads' stacks and exiting with code 75", self.silent_for())
+                for handler in logging.getLogger().handlers:
+                    handler.flush()
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                sys.stderr.flush()
+                os._exit(EXIT_INFRASTRUCTURE)
 
 
 def faust_assignment(app, source_topics: set[str]) -> Callable[[], list[TP]]:

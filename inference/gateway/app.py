@@ -21,7 +21,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inference.gateway.erasure import add_erasure_routes
 from inference.gateway.keys import KeyStore, Principal
+from inference.gateway.limits import BodySizeLimit
 from inference.gateway.metrics import GatewayMetrics
 from inference.gateway.openai_api import (
     FINISH,
@@ -69,6 +71,7 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
 
     app = FastAPI(title="chatpipe gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)  # 413 before a big body is parsed
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
@@ -121,6 +124,8 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "chatpipe"}
                                            for m in settings.models]}
 
+    add_erasure_routes(app, authenticate, service)  # DELETE /v1/users/{user}[...], /v1/conversations/{id}
+
     @app.post("/v1/feedback", status_code=202)
     async def feedback(body: FeedbackBody, principal: Principal = Depends(authenticate)) -> dict[str, str]:
         try:
@@ -130,7 +135,10 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
                                    f"got {body.kind!r}", param="kind") from None
         if kind is FeedbackKind.EDIT and not (body.edited_text or "").strip():
             raise OpenAIError(400, "an edit needs edited_text", param="edited_text")
-        event_id = await service.feedback(principal, request_id=body.request_id, conversation_id=body.conversation_id,
+        # Only the key's own requests (service.feedback checks the request id's MAC: 404 otherwise);
+        # the completion id (chatcmpl-<request id>) is taken as well as the bare request id.
+        request_id = body.request_id.removeprefix("chatcmpl-")
+        event_id = await service.feedback(principal, request_id=request_id, conversation_id=body.conversation_id,
                                           kind=kind, edited_text=body.edited_text, comment=body.comment,
                                           user=body.user)
         return {"event_id": event_id}
@@ -139,12 +147,12 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
     async def chat_completions(request: Request, body: ChatCompletionRequest,
                                principal: Principal = Depends(authenticate)):
         received = time.perf_counter()
-        body.check()
+        body.check(settings.context_tokens)
         if body.model not in settings.models:
             raise OpenAIError(404, f"The model `{body.model}` does not exist or you do not have access to it. "
                                    f"Served: {', '.join(settings.models)}", param="model", code="model_not_found")
         conversation_id = conversation_of(request, body)
-        service.admit()
+        service.admit(principal.tenant)
         sub = await service.submit(principal, body, conversation_id, received)
         headers = {CONVERSATION_HEADER: conversation_id, REQUEST_HEADER: sub.request_id}
         texts = service.replies(sub)

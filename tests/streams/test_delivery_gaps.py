@@ -1,12 +1,14 @@
-"""``Batches`` refuses an event handed out past one Faust never delivered (streams/acks.py): acking it
-would let Faust commit over the missing one. Faust's stream is replaced by a double that hands out the
-given events: the drop it guards against (Faust's recovery resuming before its seek, faust-streaming#216)
-happened about once in thirty streams restarts on the whole stack and cannot be produced on demand."""
+"""``Batches`` withholds events handed out past offsets Faust never delivered (streams/acks.py), until the
+missing ones come, and ends the process when they do not: acking past a gap would let Faust commit over
+the missing event. Faust's stream is replaced by a double that hands out the given events: the drop it
+guards against (Faust's recovery resuming before its seek, faust-streaming#216) happened about once in
+thirty streams restarts on the whole stack and cannot be produced on demand."""
 
 from __future__ import annotations
 
 import pytest
 
+import streams.acks as acks
 from streams.acks import Batches, DeliveryGapError
 from tests.streams.test_failure_policy import FakeEvent, FakeStream
 
@@ -30,35 +32,47 @@ def stream_with(consumer, *batches):
     return stream
 
 
+def events(*offsets):
+    return [FakeEvent(0, o) for o in offsets]
+
+
 async def handed_out(batches: Batches) -> list[int]:
     handed = []
-    async for events in batches:
-        handed += [e.message.offset for e in events]
-        await batches.ack(events)
+    async for got in batches:
+        handed += [e.message.offset for e in got]
+        await batches.ack(got)
     return handed
 
 
-async def test_a_gap_within_the_process_stops_before_anything_past_it_is_acked():
-    stream = FakeStream([FakeEvent(0, 0), FakeEvent(0, 1)], [FakeEvent(0, 3)])
-    with pytest.raises(DeliveryGapError, match=r"offset 3 handed out before 2"):
-        await handed_out(Batches(stream, 32, 0.05))
-    assert stream.acked == [(0, 0), (0, 1)]
+async def test_events_past_a_gap_wait_for_the_missing_ones_and_are_acked_only_after_them():
+    """Faust's recovery: 3 came before 2, then its seek back delivered 2 and 3 again."""
+    stream = FakeStream(events(0, 1), events(3), events(2, 3, 4))
+    assert await handed_out(Batches(stream, 32, 0.05)) == [0, 1, 2, 3, 4]
+    offsets = [o for _, o in stream.acked]
+    assert offsets == [0, 1, 2, 3, 4, 3]  # the withheld copy of 3 is acked after 3 was handled, not before 2
 
 
-async def test_a_first_event_past_the_committed_position_is_a_gap():
-    """The case seen: after a restart the first turn handed out was one past the committed position."""
-    stream = stream_with(FakeConsumer(committed=9), [FakeEvent(0, 10), FakeEvent(0, 11)])
-    with pytest.raises(DeliveryGapError, match=r"offsets 9..9 never delivered"):
+async def test_a_first_event_past_the_committed_position_is_held_until_the_seek_delivers_the_rest():
+    stream = stream_with(FakeConsumer(committed=9), events(10, 11), events(9, 10, 11, 12))
+    assert await handed_out(Batches(stream, 32, 0.05)) == [9, 10, 11, 12]
+    assert sorted(o for _, o in stream.acked) == [9, 10, 10, 11, 11, 12]
+
+
+async def test_missing_offsets_that_never_come_end_the_process_with_nothing_past_them_acked(monkeypatch):
+    """The case seen: offset 9 of chat.turns never delivered; 10.. handed out and committed over it."""
+    monkeypatch.setattr(acks, "GAP_GRACE_S", 0.0)
+    stream = stream_with(FakeConsumer(committed=9), events(10), events(11))
+    with pytest.raises(DeliveryGapError, match=r"offsets from 9 never delivered"):
         await handed_out(Batches(stream, 32, 0.05))
     assert stream.acked == []
 
 
 async def test_offsets_removed_by_retention_and_a_partition_moved_on_elsewhere_are_no_gap():
-    retention = stream_with(FakeConsumer(committed=9, earliest=50), [FakeEvent(0, 50), FakeEvent(0, 51)])
+    retention = stream_with(FakeConsumer(committed=9, earliest=50), events(50, 51))
     assert await handed_out(Batches(retention, 32, 0.05)) == [50, 51]
 
     consumer = FakeConsumer(committed=0)
-    moved = stream_with(consumer, [FakeEvent(0, 0), FakeEvent(0, 1)], [FakeEvent(0, 20)])
+    moved = stream_with(consumer, events(0, 1), events(20))
     batches = Batches(moved, 32, 0.05)
     iterator = batches.__aiter__()
     await batches.ack(await iterator.__anext__())
@@ -67,7 +81,5 @@ async def test_offsets_removed_by_retention_and_a_partition_moved_on_elsewhere_a
 
 
 async def test_events_delivered_again_are_no_gap():
-    stream = stream_with(FakeConsumer(committed=3), [FakeEvent(0, 3), FakeEvent(0, 4)], [FakeEvent(0, 3),
-                                                                                          FakeEvent(0, 4),
-                                                                                          FakeEvent(0, 5)])
+    stream = stream_with(FakeConsumer(committed=3), events(3, 4), events(3, 4, 5))
     assert await handed_out(Batches(stream, 32, 0.05)) == [3, 4, 5]

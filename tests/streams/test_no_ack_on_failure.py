@@ -20,6 +20,7 @@ import pytest
 
 from schemas.codec import default_codec
 from schemas.records import Deletion, DeletionScope, Feedback, FeedbackKind
+from schemas.topics import deletion_key
 from streams.faults import EXIT_INFRASTRUCTURE
 from tests.kafka_helpers import RecordProducer
 from tests.streams.pipeline import Conversation, StreamsWorker, Tap, answer, prompt
@@ -97,7 +98,7 @@ def test_qdrant_away_past_the_budget_exits_unacked_and_the_restart_serves_every_
             producer.send(kafka.topic("chat.prompts"), p, key=p.conversation_id)
         producer.send(kafka.topic("chat.responses"), answer(pending, "Nothing else."), key=pending.conversation_id)
         deletion = Deletion(scope=DeletionScope.USER, tenant="acme", user_id="u-gone")
-        producer.send(kafka.topic("chat.deletions"), deletion, key=deletion.user_id)
+        producer.send(kafka.topic("chat.deletions"), deletion, key=deletion_key(deletion.tenant, deletion.user_id))
         producer.flush()
 
         assert wait_exit(worker) == EXIT_INFRASTRUCTURE, worker.tail()
@@ -155,7 +156,7 @@ def test_an_unwritable_archive_exits_unacked_and_the_restart_archives_every_mess
             raw.produce(topic, _feedback_bytes(i), b"conv-fb", timestamp=now)
         raw.flush(10)
         deadline = time.monotonic() + 60
-        while sum(1 for _ in worker.archive_dir.rglob("*.avro")) == 0 and time.monotonic() < deadline:
+        while sum(1 for _ in (worker.archive_dir / topic).rglob("*.avro")) == 0 and time.monotonic() < deadline:
             time.sleep(0.3)
 
         blocked = hour_dir(worker.archive_dir, topic, earlier)
@@ -176,12 +177,12 @@ def test_an_unwritable_archive_exits_unacked_and_the_restart_archives_every_mess
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             archived = Counter((m.topic, m.partition, m.offset)
-                               for p in worker.archive_dir.rglob("*.avro") for m in read_messages(p))
+                               for p in (worker.archive_dir / topic).rglob("*.avro") for m in read_messages(p))
             if set(archived) >= expected:
                 break
             time.sleep(0.5)
         assert set(archived) == expected and set(archived.values()) == {1}, archived
-        hours = {p.parent.name for p in worker.archive_dir.rglob("*.avro")}
+        hours = {p.parent.name for p in (worker.archive_dir / topic).rglob("*.avro")}
         assert f"hour={datetime.fromtimestamp(earlier / 1000, tz=timezone.utc):%H}" in hours
         assert worker.stop() == 0, worker.tail()
     finally:

@@ -93,3 +93,18 @@ def test_backlogs_from_the_broker(kafka_settings, topic_factory):
     consumer.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
     consumer.close()
     assert admin.backlogs(group, [(topic, 0)]) == {(topic, 0): (3, 5)}
+
+
+def test_an_event_loop_that_stops_turning_ends_the_process_with_its_stacks():
+    """The watchdog itself runs on the loop; a loop blocked in a synchronous call is caught by a thread."""
+    import subprocess
+    import sys
+
+    code = ("import time, logging; logging.basicConfig()\n"
+            "from streams.watchdog import LoopHeartbeat\n"
+            "LoopHeartbeat(0.5).start()\n"
+            "def blocked_in_a_sync_call():\n    time.sleep(30)\n"
+            "blocked_in_a_sync_call()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 75, done.stderr
+    assert "has not turned" in done.stderr and "blocked_in_a_sync_call" in done.stderr

@@ -1,0 +1,91 @@
+"""The gateway's erasure routes: ask the pipeline to forget a user or one conversation.
+
+    DELETE /v1/users/{user}                                   every conversation of that end user
+    DELETE /v1/users/{user}/conversations/{conversation_id}   one conversation of theirs
+    DELETE /v1/conversations/{conversation_id}                one conversation of the key's own
+                                                              requests that named no user
+
+Each produces one ``Deletion`` to ``chat.deletions`` (key ``<tenant>/<user_id>``, the log kept
+forever) and answers **202** with the deletion's event id once the broker has it: the erasure
+itself happens downstream, in seconds for memory and state and the archive, at the next build for
+datasets, by retention for topics (docs/privacy.md). ``chatpipe forget --verify`` shows what is
+left, and ``chat.deletions.audit`` which store acknowledged.
+
+Who may erase whom is who may act for whom: ``{user}`` is resolved exactly as a chat request's
+``user`` field (``keys.resolve_user``): a key bound to a user erases that user only, a
+multi-user key erases the users it names (under its namespace), a plain key names nobody (403)
+and erases its own conversations through ``/v1/conversations/{id}``. The tenant is always the
+key's. Errors are OpenAI-shaped.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from fastapi import Depends, FastAPI
+
+from inference.gateway.keys import Principal, resolve_user
+from inference.gateway.openai_api import OpenAIError
+from schemas.records import Deletion, DeletionScope
+from schemas.requests import LIMITS
+from schemas.topics import deletion_key
+from transport.errors import DeliveryError
+
+DELETIONS = "chat.deletions"
+_CONVERSATION_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")  # the same rule as chat requests' conversation ids
+
+
+def add_erasure_routes(app: FastAPI, authenticate: Callable[..., Principal], service: Any) -> None:
+    """Register the DELETE routes on ``app`` (``service``: the app's ``GatewayService``, whose producer
+    sends the deletions; ``authenticate``: the app's API-key dependency)."""
+
+    @app.delete("/v1/users/{user}", status_code=202)
+    async def forget_user(user: str, principal: Principal = Depends(authenticate)) -> dict[str, Any]:
+        resolved = resolve_user(principal, _named_user(user))
+        return await _send(service, principal, resolved.user_id, None)
+
+    @app.delete("/v1/users/{user}/conversations/{conversation_id}", status_code=202)
+    async def forget_user_conversation(user: str, conversation_id: str,
+                                       principal: Principal = Depends(authenticate)) -> dict[str, Any]:
+        resolved = resolve_user(principal, _named_user(user))
+        return await _send(service, principal, resolved.user_id, _conversation(conversation_id))
+
+    @app.delete("/v1/conversations/{conversation_id}", status_code=202)
+    async def forget_conversation(conversation_id: str, principal: Principal = Depends(authenticate)) -> dict[str, Any]:
+        # The requests of this key that named no user belong to its default user (bound keys: their user).
+        resolved = resolve_user(principal, None)
+        return await _send(service, principal, resolved.user_id, _conversation(conversation_id))
+
+
+def _named_user(user: str) -> str:
+    if not user.strip():
+        raise OpenAIError(400, "the user in the path is empty; DELETE /v1/users/<user>", param="user",
+                          code="invalid_value")
+    if len(user) > LIMITS.max_user_chars:
+        raise OpenAIError(400, f"the user in the path has {len(user)} characters; at most {LIMITS.max_user_chars}",
+                          param="user", code="invalid_value")
+    return user
+
+
+def _conversation(conversation_id: str) -> str:
+    if not _CONVERSATION_ID.match(conversation_id):
+        raise OpenAIError(400, f"conversation id {conversation_id[:40]!r}: use 1-128 characters of A-Z a-z 0-9 . _ : @ -",
+                          param="conversation_id", code="invalid_value")
+    return conversation_id
+
+
+async def _send(service: Any, principal: Principal, user_id: str, conversation_id: str | None) -> dict[str, Any]:
+    scope = DeletionScope.USER if conversation_id is None else DeletionScope.CONVERSATION
+    deletion = Deletion(scope=scope, tenant=principal.tenant, user_id=user_id, conversation_id=conversation_id)
+    if service.producer is None:
+        raise OpenAIError(503, "the gateway is starting; retry in a moment", type="server_error", code="starting")
+    try:
+        await service.producer.send(service.kafka.topic(DELETIONS), deletion,
+                                    key=deletion_key(principal.tenant, user_id))
+    except DeliveryError as exc:
+        raise OpenAIError(503, f"the deletion was not stored, nothing will be erased; retry: {exc}",
+                          type="server_error", code="kafka_unavailable") from None
+    # user_id: the id the pipeline stores (a multi-user key's users are namespaced), for `chatpipe forget --verify`
+    return {"object": "deletion", "event_id": deletion.event_id, "scope": scope.value.lower(), "user_id": user_id,
+            "conversation_id": conversation_id, "created_at": deletion.created_at, "status": "accepted"}

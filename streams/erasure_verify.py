@@ -1,0 +1,384 @@
+"""``chatpipe forget --verify``: search every store for a user's data and say what remains.
+
+The subject is a tenant's user (or one conversation of theirs). Its newest covering ``Deletion``
+on ``chat.deletions`` sets the line: what was made **at or before** it must be gone from the
+stores a deletion erases, what was made after it is the user's new data and only counted
+("newer"). Without any deletion everything found counts as remaining (a look before erasing).
+
+Per store, read-only, while the pipeline runs:
+
+- **memory**: a Qdrant server is asked to count (filter tenant, user, conversation, created_at);
+  in local mode the one SQLite file of the user's partition is read directly, read-only: local
+  mode holds an exclusive lock on its folder (``.lock``) for the streams process, but SQLite
+  itself lets a reader in beside the writer (write-ahead log), so no copy and no stop is needed.
+- **state**: the conversation table's changelog, latest value per key; a conversation of the
+  subject with a recent turn or a pending request made by the deletion remains. Superseded
+  values still in the log until compaction are counted under topics.
+- **archive**: every Avro file of ``chat.turns`` and ``chat.feedback`` under the archive folder.
+- **datasets**: ``spark_jobs.erasure.affected_datasets``; a dataset built before the deletion is
+  *affected* (listed, expected: it predates the erasure), one built after it holding the subject
+  is a failure (the job must have excluded it).
+- **topics**: the request, response, turn, feedback and dead-letter topics, the subject's
+  records on each and when retention removes the oldest (reported, not a failure: documented in
+  docs/privacy.md).
+- **audits**: ``chat.deletions.audit`` for the subject's deletions: which stores acknowledged.
+
+``failed`` is true when something remains that should not: memory, state or archive hold data
+of the subject made by the deletion, a dataset built after it holds the subject, or the newest
+deletion has no acknowledgement of ``streams.forget`` / ``streams.archive`` yet.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from schemas.codec import AvroCodec, default_codec
+from schemas.errors import DecodeError
+from schemas.records import Deletion, DeletionAudit, DeletionScope
+from schemas.topics import spec
+from streams.archive_erasure import archive_files, may_hold, subject_record
+from streams.erasures import Subject, read_to_end
+from transport.archive import read_messages
+
+Progress = Callable[[str], None]
+#: Topics a subject's copies sit on until retention removes them (the gateways' reply topics carry
+#: answer text without a user id: removed by their own retention, see docs/privacy.md).
+COPY_TOPICS = ("chat.prompts", "chat.inference.requests", "chat.inference.requests.batch", "chat.responses",
+               "chat.turns", "chat.feedback", "chat.dlq")
+REQUIRED_AUDITS = ("streams.forget", "streams.archive")
+NO_LINE = 2**63 - 1  # no deletion: everything found counts as remaining
+
+
+@dataclass(slots=True)
+class StoreReport:
+    store: str
+    remaining: int = 0  # the subject's items made at or before the deletion still there
+    newer: int = 0  # made after the deletion: not erased by it
+    affected: int = 0  # datasets built before the deletion that hold the subject (listed, expected)
+    must_be_empty: bool = True
+    checked: bool = True
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return self.checked and self.must_be_empty and self.remaining > 0
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    subject: Subject
+    deletions: list[Deletion]
+    until_ms: int | None  # created_at of the newest covering deletion
+    stores: list[StoreReport]
+
+    @property
+    def failed(self) -> bool:
+        return any(s.failed for s in self.stores)
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _covers(deletion: Deletion, subject: Subject) -> bool:
+    if (deletion.tenant, deletion.user_id) != (subject.tenant, subject.user_id):
+        return False
+    if deletion.scope == DeletionScope.USER:
+        return True
+    return subject.conversation_id is not None and deletion.conversation_id == subject.conversation_id
+
+
+# -- the deletion log and its audits --------------------------------------------------------------
+
+def subject_deletions(kafka: Any, subject: Subject, codec: AvroCodec) -> list[Deletion]:
+    """Every deletion of the subject's user on ``chat.deletions``, oldest first."""
+    found: list[Deletion] = []
+
+    def take(message: Any) -> None:
+        if message.value() is None:
+            return
+        try:
+            deletion = codec.decode(message.value(), Deletion)
+        except DecodeError:
+            return
+        if (deletion.tenant, deletion.user_id) == (subject.tenant, subject.user_id):
+            found.append(deletion)
+
+    read_to_end(kafka, kafka.topic("chat.deletions"), take)
+    return sorted(found, key=lambda d: d.created_at)
+
+
+def check_audits(kafka: Any, deletions: list[Deletion], newest: Deletion | None, codec: AvroCodec) -> StoreReport:
+    report = StoreReport("audits")
+    wanted = {d.event_id: d for d in deletions}
+    components: dict[str, set[str]] = {event_id: set() for event_id in wanted}
+
+    def take(message: Any) -> None:
+        if message.value() is None:
+            return
+        try:
+            audit = codec.decode(message.value(), DeletionAudit)
+        except DecodeError:
+            return
+        if audit.deletion_event_id in components:
+            components[audit.deletion_event_id].add(audit.component)
+
+    read_to_end(kafka, kafka.topic("chat.deletions.audit"), take)
+    for event_id, deletion in wanted.items():
+        got = sorted(components[event_id])
+        scope = deletion.conversation_id if deletion.scope == DeletionScope.CONVERSATION else "whole user"
+        report.details.append(f"deletion {event_id} ({scope}, {_when(deletion.created_at)}): acknowledged by "
+                              f"{', '.join(got) or 'nobody yet'}")
+    if newest is not None:
+        missing = [c for c in REQUIRED_AUDITS if c not in components[newest.event_id]]
+        report.remaining = len(missing)
+        if missing:
+            report.details.append(f"the newest deletion is not acknowledged by {', '.join(missing)} yet "
+                                  "(is `chatpipe streams` running?)")
+        if not any(c.startswith("inference.worker:") for c in components[newest.event_id]):
+            report.details.append("no inference worker acknowledged the newest deletion (prefix cache); workers "
+                                  "started after it begin with an empty cache")
+    return report
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+def check_memory(memory: Any, subject: Subject, until_ms: int) -> StoreReport:
+    """``memory``: the ``MemorySettings`` of the streams worker."""
+    report = StoreReport("memory")
+    if memory.url:
+        remaining, newer = _server_counts(memory, subject, until_ms)
+        report.details.append(f"Qdrant server {memory.url}, collection {memory.collection}")
+    else:
+        remaining, newer, where = _local_counts(memory, subject, until_ms)
+        report.details.append(f"local mode, read-only from {where}")
+    report.remaining, report.newer = remaining, newer
+    return report
+
+
+def _server_counts(memory: Any, subject: Subject, until_ms: int) -> tuple[int, int]:
+    from qdrant_client import QdrantClient, models
+
+    api_key = memory.api_key.get_secret_value() if memory.api_key else None
+    client = QdrantClient(url=memory.url.split(",")[0].strip(), api_key=api_key, timeout=memory.timeout_s,
+                          check_compatibility=False)
+    try:
+        must = [models.FieldCondition(key="tenant", match=models.MatchValue(value=subject.tenant)),
+                models.FieldCondition(key="user_id", match=models.MatchValue(value=subject.user_id))]
+        if subject.conversation_id is not None:
+            must.append(models.FieldCondition(key="conversation_id",
+                                              match=models.MatchValue(value=subject.conversation_id)))
+        if not client.collection_exists(memory.collection):
+            return 0, 0
+        count = lambda rng: client.count(memory.collection, exact=True, count_filter=models.Filter(  # noqa: E731
+            must=[*must, models.FieldCondition(key="created_at", range=rng)])).count
+        return count(models.Range(lte=until_ms)), count(models.Range(gt=until_ms))
+    finally:
+        client.close()
+
+
+def _local_counts(memory: Any, subject: Subject, until_ms: int) -> tuple[int, int, str]:
+    import pickle
+
+    from streams.memory_local import partition_of
+
+    name = partition_of(memory.collection, memory.local_partitions, subject.tenant, subject.user_id)
+    db = Path(memory.path) / "collection" / name / "storage.sqlite"
+    if not db.exists():
+        return 0, 0, str(db)
+    remaining = newer = 0
+    connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)  # beside the streams process's writes
+    try:
+        for (blob,) in connection.execute("SELECT point FROM points"):
+            payload = getattr(pickle.loads(blob), "payload", None) or {}
+            if not subject.covers(payload.get("tenant"), payload.get("user_id"), payload.get("conversation_id")):
+                continue
+            if int(payload.get("created_at", 0)) <= until_ms:
+                remaining += 1
+            else:
+                newer += 1
+    finally:
+        connection.close()
+    return remaining, newer, str(db)
+
+
+# -- conversation state ---------------------------------------------------------------------------
+
+def check_state(kafka: Any, changelog: str, subject: Subject, until_ms: int,
+                progress: Progress | None = None) -> tuple[StoreReport, int]:
+    """The table's latest values; also returns how many superseded values of the subject the
+    changelog still holds (gone when compaction runs)."""
+    report = StoreReport("state")
+    latest: dict[str, dict | None] = {}
+    superseded = 0
+
+    def ours(value: dict | None) -> bool:
+        return bool(value) and subject.covers(value.get("tenant"), value.get("user_id"), value.get("conversation_id"))
+
+    def take(message: Any) -> None:
+        nonlocal superseded
+        key = message.key().decode("utf-8", "replace") if message.key() else ""
+        value = json.loads(message.value()) if message.value() is not None else None
+        if ours(latest.get(key)):
+            superseded += 1
+        latest[key] = value
+
+    read_to_end(kafka, changelog, take, progress=_counting(progress, changelog))
+    for key, value in latest.items():
+        if not ours(value):
+            continue
+        times = [t["created_at"] for t in value.get("recent", [])] + [p["created_at"] for p in value.get("pending", [])]
+        old = [t for t in times if t <= until_ms]
+        if old:
+            report.remaining += 1
+            report.details.append(f"conversation {value.get('conversation_id')}: {len(old)} turn(s)/request(s) "
+                                  "made by the deletion")
+        else:
+            report.newer += 1
+    report.details.insert(0, f"changelog {changelog}: {len(latest)} keys")
+    return report, superseded
+
+
+# -- archive --------------------------------------------------------------------------------------
+
+def check_archive(archive_dir: Path | None, topics: list[str], subject: Subject, until_ms: int, codec: AvroCodec,
+                  progress: Progress | None = None) -> StoreReport:
+    report = StoreReport("archive")
+    if archive_dir is None or not Path(archive_dir).is_dir():
+        report.checked = False
+        report.details.append(f"no archive folder at {archive_dir} (give --archive-dir)")
+        return report
+    needle = subject.user_id.encode()
+    files = [p for topic in topics for p in archive_files(archive_dir, topic)]
+    for i, path in enumerate(files, 1):
+        if progress is not None and i % 200 == 0:
+            progress(f"archive: {i} of {len(files)} files scanned")
+        hits = 0
+        if not may_hold(path, needle):  # no block holds the user id's bytes: no record parsed
+            continue
+        for m in read_messages(path):
+            if subject_record(m.value, subject, NO_LINE, codec, needle) is None:
+                continue
+            record = codec.decode(m.value)
+            if record.created_at <= until_ms:
+                report.remaining += 1
+                hits += 1
+            else:
+                report.newer += 1
+        if hits:
+            report.details.append(f"{path}: {hits} record(s)")
+    report.details.insert(0, f"{len(files)} files of {', '.join(topics)} under {archive_dir}")
+    return report
+
+
+# -- datasets -------------------------------------------------------------------------------------
+
+def check_datasets(datasets_dir: Path | None, subject: Subject, until_ms: int) -> StoreReport:
+    report = StoreReport("datasets")
+    if datasets_dir is None:
+        report.checked = False
+        report.details.append("not checked: give --datasets-dir (the folder the dataset builds are written under)")
+        return report
+    try:
+        from spark_jobs.erasure import affected_datasets
+    except ImportError as exc:  # the dataset job's side of the contract (spark_jobs/erasure.py)
+        report.checked = False
+        report.details.append(f"not checked: spark_jobs.erasure is not available ({exc})")
+        return report
+    for found in affected_datasets(Path(datasets_dir), subject.tenant, subject.user_id, subject.conversation_id):
+        if found.built_at_ms <= until_ms:
+            report.affected += 1
+            report.details.append(f"affected (built {_when(found.built_at_ms)}, before the deletion): {found.path}, "
+                                  f"{found.rows} row(s); rebuild or delete it")
+        else:
+            report.remaining += 1
+            report.details.append(f"built {_when(found.built_at_ms)}, AFTER the deletion, still holds the subject: "
+                                  f"{found.path}, {found.rows} row(s)")
+    return report
+
+
+# -- topics ---------------------------------------------------------------------------------------
+
+def check_topics(kafka: Any, subject: Subject, codec: AvroCodec, superseded_state: int, changelog: str,
+                 progress: Progress | None = None) -> StoreReport:
+    """Copies on the topics until retention: counted, with when the oldest goes; never a failure."""
+    report = StoreReport("topics", must_be_empty=False)
+    needle = subject.user_id.encode()
+    for name in COPY_TOPICS:
+        hits: list[int] = []  # Kafka timestamps (ms) of the subject's messages
+
+        def take(message: Any) -> None:
+            value = message.value()
+            if value is None or needle not in value:
+                return
+            if _subject_message(value, subject, codec):
+                hits.append(message.timestamp()[1])
+
+        read_to_end(kafka, kafka.topic(name), take, progress=_counting(progress, name))
+        retention = spec(name).retention_ms
+        if hits:
+            report.remaining += len(hits)
+            gone = "never (kept forever)" if retention < 0 else f"by ~{_when(max(hits) + retention)} (retention " \
+                   f"{retention / 86_400_000:g} d, plus up to the segment roll time)"
+            report.details.append(f"{name}: {len(hits)} message(s), oldest {_when(min(hits))}; removed {gone}")
+        else:
+            report.details.append(f"{name}: none")
+    if superseded_state:
+        report.remaining += superseded_state
+        report.details.append(f"{changelog}: {superseded_state} superseded value(s) of the subject, removed when "
+                              "the log is compacted")
+    return report
+
+
+def _subject_message(value: bytes, subject: Subject, codec: AvroCodec) -> bool:
+    try:
+        record = codec.decode(value)
+    except DecodeError:
+        return False
+    inner = getattr(record, "value", None)  # a DeadLetter carries the refused record's bytes
+    if type(record).__name__ == "DeadLetter":
+        return inner is not None and _subject_message(inner, subject, codec)
+    try:
+        return subject.covers(record.tenant, record.user_id, getattr(record, "conversation_id", None))
+    except AttributeError:
+        return False
+
+
+def _counting(progress: Progress | None, what: str) -> Callable[[int], None] | None:
+    if progress is None:
+        return None
+    return lambda n: progress(f"{what}: {n} messages read")
+
+
+# -- all together ---------------------------------------------------------------------------------
+
+def verify(kafka: Any, subject: Subject, *, memory: Any, archive_dir: Path | None, datasets_dir: Path | None,
+           changelog: str, codec: AvroCodec | None = None, progress: Progress | None = None) -> VerifyReport:
+    codec = codec or default_codec()
+    say = progress or (lambda _: None)
+    say("reading chat.deletions")
+    deletions = subject_deletions(kafka, subject, codec)
+    covering = [d for d in deletions if _covers(d, subject)]
+    newest = covering[-1] if covering else None
+    until = newest.created_at if newest is not None else NO_LINE
+    stores: list[StoreReport] = []
+    say("memory")
+    stores.append(check_memory(memory, subject, until))
+    say("conversation state (changelog)")
+    state, superseded = check_state(kafka, changelog, subject, until, progress)
+    stores.append(state)
+    say("archive")
+    stores.append(check_archive(archive_dir, [kafka.topic("chat.turns"), kafka.topic("chat.feedback")], subject,
+                                until, codec, progress))
+    say("datasets")
+    stores.append(check_datasets(datasets_dir, subject, until))
+    say("topics")
+    stores.append(check_topics(kafka, subject, codec, superseded, changelog, progress))
+    say("chat.deletions.audit")
+    stores.append(check_audits(kafka, deletions, newest, codec))
+    return VerifyReport(subject, deletions, newest.created_at if newest else None, stores)

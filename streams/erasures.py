@@ -1,0 +1,176 @@
+"""Who was erased, and as of when: the registry the record and archive agents check.
+
+A ``Deletion`` erases what a user (or one conversation of theirs) produced **at or before** its
+``created_at``. The forget agent removes what is stored by then (memory, table, archive), but
+records made before the deletion can still arrive after it: a response in flight while the user
+was forgotten, turns and feedback the archive had not read yet (archive lag). The record agent
+asks ``erased`` before remembering a turn, the archive agent before archiving a turn or a
+feedback, and drops what falls under a deletion.
+
+The registry is rebuilt at start from ``chat.deletions`` itself (``load``: the topic is kept
+forever and never compacted, it is the source of truth), then kept current by the forget agent
+(``add``), which registers a deletion *before* it erases the stores, so anything written after
+the erasure is checked against it. One entry per (tenant, user) and per (tenant, user,
+conversation), the newest deletion's time: small, and a start reads one record per deletion ever
+made (``load`` says how long it took).
+
+Not here: carrying deletions out (``forget.py``), rewriting the archive (``archive_erasure.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from schemas.codec import AvroCodec, default_codec
+from schemas.errors import DecodeError
+from schemas.records import Deletion, DeletionScope
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What one deletion erases: a user of a tenant, or one conversation of theirs."""
+
+    tenant: str
+    user_id: str
+    conversation_id: str | None  # None: every conversation of the user
+
+    @classmethod
+    def of(cls, deletion: Deletion) -> "Subject":
+        scoped = deletion.scope == DeletionScope.CONVERSATION
+        return cls(deletion.tenant, deletion.user_id, deletion.conversation_id if scoped else None)
+
+    def covers(self, tenant: str, user_id: str, conversation_id: str | None) -> bool:
+        return (tenant == self.tenant and user_id == self.user_id
+                and (self.conversation_id is None or conversation_id == self.conversation_id))
+
+
+class ErasureRegistry:
+    """Newest deletion time per erased user and per erased conversation (epoch ms)."""
+
+    def __init__(self) -> None:
+        # Plain dicts: written on the event loop, read from the archive's writer thread; a dict's
+        # get/set is atomic, and the forget agent adds before it rewrites (see the module docstring).
+        self._users: dict[tuple[str, str], int] = {}
+        self._conversations: dict[tuple[str, str, str], int] = {}
+
+    def __len__(self) -> int:
+        return len(self._users) + len(self._conversations)
+
+    def add(self, deletion: Deletion) -> None:
+        if deletion.scope == DeletionScope.CONVERSATION:
+            if not deletion.conversation_id:
+                return  # invalid: dead-lettered by the forget agent, erases nothing
+            key3 = (deletion.tenant, deletion.user_id, deletion.conversation_id)
+            self._conversations[key3] = max(deletion.created_at, self._conversations.get(key3, deletion.created_at))
+        else:
+            key2 = (deletion.tenant, deletion.user_id)
+            self._users[key2] = max(deletion.created_at, self._users.get(key2, deletion.created_at))
+
+    def erased(self, tenant: str, user_id: str, conversation_id: str | None, created_at: int) -> bool:
+        """Whether a record of this user (and conversation) created at ``created_at`` is erased."""
+        until = self._users.get((tenant, user_id))
+        if until is not None and created_at <= until:
+            return True
+        if conversation_id is None:
+            return False
+        until = self._conversations.get((tenant, user_id, conversation_id))
+        return until is not None and created_at <= until
+
+    def erases_record(self, record: Any) -> bool:
+        """``erased`` for a decoded ``ConversationTurn`` or ``Feedback`` (any record with tenant,
+        user_id, conversation_id and created_at); False for anything else, e.g. a ``Deletion``."""
+        if isinstance(record, Deletion):
+            return False
+        try:
+            tenant, user, conversation, created = (record.tenant, record.user_id, record.conversation_id,
+                                                   record.created_at)
+        except AttributeError:
+            return False
+        return self.erased(tenant, user, conversation, created)
+
+    @classmethod
+    def load(cls, kafka: Any, codec: AvroCodec | None = None, timeout_s: float = 30.0) -> "ErasureRegistry":
+        """Every deletion on ``chat.deletions`` (read from its start to its end now)."""
+        codec = codec or default_codec()
+        registry = cls()
+        started = time.monotonic()
+
+        def take(message: Any) -> None:
+            if message.value() is None:
+                return
+            try:
+                registry.add(codec.decode(message.value(), Deletion))
+            except DecodeError:
+                pass  # dead-lettered by the forget agent when it reads it
+
+        read = read_to_end(kafka, kafka.topic("chat.deletions"), take, timeout_s=timeout_s)
+        log.info("erasure registry: %d deletion(s) read from chat.deletions, %d subjects, in %.2f s",
+                 read, len(registry), time.monotonic() - started)
+        return registry
+
+
+def read_to_end(kafka: Any, topic: str, on_message: Callable[[Any], None], *, timeout_s: float = 30.0,
+                progress: Callable[[int], None] | None = None, progress_every: int = 10_000) -> int:
+    """Hand every message of ``topic`` now on the broker (each partition from its start to its
+    current end) to ``on_message``; returns how many. No consumer group: nothing is committed.
+
+    ``progress(n)`` is called every ``progress_every`` messages (long scans, e.g. ``forget --verify``).
+    """
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer({**kafka.client_config(), "group.id": "chatpipe-erasure-reader",
+                         "enable.auto.commit": False, "enable.partition.eof": False})
+    try:
+        try:
+            meta = consumer.list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            raise TimeoutError(f"{topic}: no metadata within {timeout_s} s ({exc})") from exc
+        described = meta.topics.get(topic)
+        if described is None or described.error is not None:
+            log.warning("%s is not on the broker (%s): read as empty", topic,
+                        described.error if described is not None else "unknown topic")
+            return 0
+        ends: dict[int, int] = {}
+        starts: list[TopicPartition] = []
+        for partition in described.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+            if high > low:
+                ends[partition] = high
+                starts.append(TopicPartition(topic, partition, low))
+        if not starts:
+            return 0
+        consumer.assign(starts)
+        count = 0
+        deadline = time.monotonic() + max(timeout_s, 1.0)
+        while ends:
+            batch = consumer.consume(500, 0.5)
+            if not batch:  # the end offset may be no message (a compacted changelog's gap): ask the position
+                for tp in consumer.position([TopicPartition(topic, p) for p in ends]):
+                    if tp.offset >= ends[tp.partition]:
+                        del ends[tp.partition]
+                if not ends:
+                    break
+            if not batch and time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: partitions {sorted(ends)} not read to their end within {timeout_s} s "
+                                   "without progress")
+            for message in batch:
+                if message.error() is not None:
+                    continue
+                deadline = time.monotonic() + max(timeout_s, 1.0)  # progress: the wait starts again
+                partition = message.partition()
+                if partition not in ends or message.offset() >= ends[partition]:
+                    continue
+                on_message(message)
+                count += 1
+                if progress is not None and count % progress_every == 0:
+                    progress(count)
+                if message.offset() >= ends[partition] - 1:
+                    del ends[partition]
+        return count
+    finally:
+        consumer.close()
