@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
@@ -37,12 +36,12 @@ from inference.gateway.openai_api import (
 from inference.gateway.service import GatewayService, Submitted
 from inference.gateway.settings import GatewaySettings
 from schemas.records import FeedbackKind, new_id
+from schemas.requests import CONVERSATION_ID, CONVERSATION_ID_RULE
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 CONVERSATION_HEADER = "X-Chatpipe-Conversation-Id"
 REQUEST_HEADER = "X-Chatpipe-Request-Id"
-_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 
 
 class FeedbackBody(BaseModel):
@@ -183,8 +182,8 @@ def conversation_of(request: Request, body: ChatCompletionRequest) -> str:
     given = request.headers.get(CONVERSATION_HEADER) or (body.metadata or {}).get("conversation_id")
     if given is None:
         return new_id()
-    if not _ID.match(given):
-        raise OpenAIError(400, f"conversation id {given[:40]!r}: use 1-128 characters of A-Z a-z 0-9 . _ : @ -",
+    if not CONVERSATION_ID.fullmatch(given):
+        raise OpenAIError(400, f"conversation id {given[:40]!r}: use {CONVERSATION_ID_RULE}",
                           param="metadata.conversation_id", code="invalid_value")
     return given
 

@@ -20,7 +20,6 @@ key's. Errors are OpenAI-shaped.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Callable
 
 from fastapi import Depends, FastAPI
@@ -28,12 +27,11 @@ from fastapi import Depends, FastAPI
 from inference.gateway.keys import Principal, resolve_user
 from inference.gateway.openai_api import OpenAIError
 from schemas.records import Deletion, DeletionScope
-from schemas.requests import LIMITS
+from schemas.requests import CONVERSATION_ID, CONVERSATION_ID_RULE, LIMITS
 from schemas.topics import deletion_key
 from transport.errors import DeliveryError
 
 DELETIONS = "chat.deletions"
-_CONVERSATION_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")  # the same rule as chat requests' conversation ids
 
 
 def add_erasure_routes(app: FastAPI, authenticate: Callable[..., Principal], service: Any) -> None:
@@ -69,8 +67,8 @@ def _named_user(user: str) -> str:
 
 
 def _conversation(conversation_id: str) -> str:
-    if not _CONVERSATION_ID.match(conversation_id):
-        raise OpenAIError(400, f"conversation id {conversation_id[:40]!r}: use 1-128 characters of A-Z a-z 0-9 . _ : @ -",
+    if not CONVERSATION_ID.fullmatch(conversation_id):
+        raise OpenAIError(400, f"conversation id {conversation_id[:40]!r}: use {CONVERSATION_ID_RULE}",
                           param="conversation_id", code="invalid_value")
     return conversation_id
 
