@@ -65,7 +65,10 @@ _client_log.addHandler(logging.NullHandler())
 
 
 # Errors of a topic whose metadata is still settling (just created): worth asking again shortly.
-_SETTLING = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
+# UNKNOWN_LEADER_EPOCH ("Leader epoch is newer than broker epoch"): the broker asked has not yet
+# applied the metadata the client already holds (seen in CI right after a topic's creation).
+_SETTLING = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+             KafkaError.UNKNOWN_LEADER_EPOCH)
 
 
 class TopicAdmin:
