@@ -115,6 +115,21 @@ class ErrorBudget:
             raise TransportError(f"{where}: {err.name()} ({err.str()})")
 
 
+def messages_of(raw: list, errors: ErrorBudget, where: Callable[[Any], str],
+                wrap: Callable[[Any], Any] = ConsumedMessage) -> list:
+    """The messages of a consumed ``raw`` batch, wrapped; its error events through ``errors.check``
+    (``where(msg)`` names the place in the error), end-of-partition events dropped. Shared by the
+    group, share and tail consumers."""
+    out = []
+    for msg in raw:
+        err = msg.error()
+        if err is None:
+            out.append(wrap(msg))
+        elif err.code() != KafkaError._PARTITION_EOF:
+            errors.check(where(msg), err)
+    return out
+
+
 class GroupConsumer:
     def __init__(
         self,
@@ -192,13 +207,7 @@ class GroupConsumer:
                 raw += self._consumer.consume(max_messages - 1, 0)
         out = wrap_batch(raw)  # the common case (no error events), built in a GC pause (transport/batches.py)
         if out is None:
-            out = []
-            for msg in raw:
-                err = msg.error()
-                if err is None:
-                    out.append(ConsumedMessage(msg))
-                elif err.code() != KafkaError._PARTITION_EOF:
-                    self.errors.check(f"consumer error on {msg.topic() or self.topics}", err)
+            out = messages_of(raw, self.errors, lambda msg: f"consumer error on {msg.topic() or self.topics}")
         if out:
             self.errors.ok()
         return out

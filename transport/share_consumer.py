@@ -33,7 +33,7 @@ from typing import Any, Iterable
 from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, ShareConsumer
 
 from transport.errors import TransportError
-from transport.group_consumer import ErrorBudget
+from transport.group_consumer import ErrorBudget, messages_of
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 
@@ -92,13 +92,7 @@ class ShareGroupConsumer:
                 raise TransportError(f"{where}: poll failed: {exc}") from exc
             self.errors.check(where, err)  # raises TransportError unless transient and within the budget
             return []
-        out = []
-        for msg in batch:
-            err = msg.error()
-            if err is None:
-                out.append(SharedMessage(msg))
-            elif err.code() != KafkaError._PARTITION_EOF:
-                self.errors.check(where, err)
+        out = messages_of(batch, self.errors, lambda msg: where, SharedMessage)
         if out:
             self.errors.ok()
         return out

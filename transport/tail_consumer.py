@@ -16,10 +16,10 @@ from __future__ import annotations
 import uuid
 from typing import Any, Iterable
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from transport.errors import TransportError
-from transport.group_consumer import ErrorBudget
+from transport.group_consumer import ErrorBudget, messages_of
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 
@@ -50,13 +50,7 @@ class TailConsumer:
         raw = self._consumer.consume(max_messages, 0)
         if not raw and timeout_s > 0:  # return at the first message, not after the whole timeout
             raw = self._consumer.consume(1, timeout_s)
-        out = []
-        for msg in raw:
-            err = msg.error()
-            if err is None:
-                out.append(ConsumedMessage(msg))
-            elif err.code() != KafkaError._PARTITION_EOF:
-                self.errors.check(f"tail consumer error on {msg.topic() or self.topics}", err)
+        out = messages_of(raw, self.errors, lambda msg: f"tail consumer error on {msg.topic() or self.topics}")
         if out:
             self.errors.ok()
         return out
