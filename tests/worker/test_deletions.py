@@ -17,15 +17,13 @@ import uuid
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from inference.worker.deletions import DeletionListener, RecentDeletions, audit_component, prefix_cache_audit
+from inference.worker.deletions import RecentDeletions, audit_component, prefix_cache_audit
 from schemas.codec import default_codec
 from schemas.records import Deletion, DeletionScope
 from schemas.topics import deletion_key
 from tests.kafka_helpers import RecordProducer
 from tests.worker.harness import make_request, send_requests, start_worker
 from transport.settings import KafkaSettings
-
-KAFKA = KafkaSettings(bootstrap_servers="localhost:1")
 
 
 def read_audits(kafka: KafkaSettings, want: int, timeout_s: float) -> list:
@@ -93,32 +91,6 @@ def test_a_deletion_drops_the_users_prefix_blocks_and_is_audited(worker_kafka, r
     finally:
         producer.close()
         assert worker.terminate() == 0
-
-
-class FakeLoop:
-    def call_soon_threadsafe(self, fn, *args):
-        fn(*args)
-
-
-def test_a_dead_deletion_thread_reaches_the_failure_policy():
-    """A worker that no longer hears deletions would go on serving an erased user's prefixes."""
-
-    class BrokenTail:
-        closed = False
-
-        def poll_messages(self, max_messages, timeout_s):
-            raise RuntimeError("tail consumer broke")
-
-        def close(self):
-            self.closed = True
-
-    listener = DeletionListener(KAFKA, default_codec())
-    failures = []
-    listener._loop, listener._on_record, listener._on_failure = FakeLoop(), lambda d: None, failures.append
-    listener._consumer = BrokenTail()
-    listener._run()
-    assert len(failures) == 1 and "tail consumer broke" in str(failures[0])
-    assert listener._consumer.closed
 
 
 def test_a_request_created_before_its_users_deletion_is_covered():

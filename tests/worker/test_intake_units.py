@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from inference.worker.cancels import CancelListener
+from inference.worker.deletions import DeletionListener
 from inference.worker.capacity import Capacity
 from inference.worker.intake import Outcome
 from inference.worker.intake_partition import PartitionIntake, partition_group_ids
@@ -125,9 +126,11 @@ def test_a_dying_partition_intake_thread_tells_the_worker(intake):
         intake.close()
 
 
-def test_a_dying_cancel_listener_tells_the_worker():
+@pytest.mark.parametrize("listener_type", [CancelListener, DeletionListener])
+def test_a_dying_broadcast_listener_tells_the_worker(listener_type):
     """Guards against a worker that no longer hears Cancels (its listener thread died) and runs
-    cancelled generations to the end while it looks healthy."""
+    cancelled generations to the end while it looks healthy; likewise one that no longer hears
+    deletions and goes on serving an erased user's prefixes."""
 
     class BrokenTail:
         closed = False
@@ -138,7 +141,7 @@ def test_a_dying_cancel_listener_tells_the_worker():
         def close(self):
             self.closed = True
 
-    listener = CancelListener(KAFKA, default_codec())
+    listener = listener_type(KAFKA, default_codec())
     failures = []
     listener._loop, listener._on_record, listener._on_failure = FakeLoop(), lambda c: None, failures.append
     listener._consumer = BrokenTail()
