@@ -1,9 +1,16 @@
-"""The Faust app of ``chatpipe streams``: topics, the conversation table, the four agents.
+"""The Faust app of ``chatpipe streams``: topics, the conversation table, the five agents.
+
+Several workers of one app id split the partitions; every stream that reads or writes a
+conversation's state (``chat.prompts``, ``chat.responses``, the table's changelog, the forget
+fan-out, and ``chat.turns``/``chat.feedback`` for the archive) has 6 partitions and is keyed by
+conversation id with Kafka's murmur2 rule, so Faust's assignor gives partition ``p`` of all of them
+to one worker, and the table writes each key to its conversation's partition (``table.py``).
 
 The erasure registry (``erasures.py``) is read from ``chat.deletions`` before the app is built
-and shared by record, forget and the archiver: a record of an erased user that arrives late is
-neither remembered nor archived. The forget agent rewrites the archive through the same
-``Archiver`` the archive agent writes with (one lock), and archives ``chat.deletions``.
+(and followed after) and shared by record, forget and the archiver: a record of an erased user that
+arrives late is neither remembered nor archived. The forget agent fans each deletion out to every
+conversation partition; the partition's owner erases memory, its table entries and its archive
+files through the same ``Archiver`` the archive agent writes with (one lock) (``forget.py``).
 
 Built by a factory from explicit settings (no module-level app, nothing read from the
 environment). Every topic carries raw bytes (``value_serializer="raw"``): the agents decode
@@ -28,18 +35,20 @@ from typing import Any
 from schemas.topics import DLQ, INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH, spec
 from streams.archive import ArchiveAgent, Archiver
 from streams.dead_letters import DeadLetters
-from streams.erasures import ErasureRegistry
+from streams.erasures import ErasureFollower, ErasureRegistry
 from streams.faults import EXIT_INFRASTRUCTURE, Retrier, exit_without_ack
-from streams.forget import Forget
+from streams.forget import Forget, ForgetPartition
 from streams.intake import Intake
 from streams.record import Record
 from streams.refusals import Refusals
 from streams.reply_address import ReplyAddresses
 from streams.services import StreamsServices
+from streams.table import conversation_table
 from streams.settings import StreamsSettings
 from streams.watchdog import ProgressWatchdog, faust_assignment
 from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
+from transport.errors import TransportError
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -50,11 +59,20 @@ TABLE = "conversations"
 #: reached (the active segment is never compacted; max.compaction.lag.ms rolls and cleans it).
 #: An existing changelog keeps its config: `kafka-configs --alter` it (docs/privacy.md).
 CHANGELOG_ERASURE_CONFIG = {"max.compaction.lag.ms": str(24 * 3600 * 1000), "delete.retention.ms": str(24 * 3600 * 1000)}
+#: A fan-out copy waits at most this long for its partition's worker (a deletion is on chat.deletions
+#: for good; a streams tier down longer than this must replay it: docs/privacy.md).
+FORGET_RETENTION_MS = 30 * 24 * 3600 * 1000
+FOLLOWER_READY_S = 30.0
 RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
 
 def app_id(kafka: KafkaSettings, settings: StreamsSettings) -> str:
     return f"{kafka.topic_prefix}{settings.app_id}"
+
+
+def forget_topic(kafka: KafkaSettings, settings: StreamsSettings) -> str:
+    """The internal topic the forget agent fans each Deletion out on, one copy per partition."""
+    return f"{app_id(kafka, settings)}-forget"
 
 
 def changelog_topic(kafka: KafkaSettings, settings: StreamsSettings) -> str:
@@ -72,7 +90,12 @@ class StreamsApp:
         self.kafka, self.settings, self.services = kafka, settings, services
         # Before any agent runs: every deletion ever made (the log is kept forever), then the forget
         # agent adds the new ones.
-        self.erasures = erasures if erasures is not None else _load_erasures(kafka, services)
+        if erasures is None:
+            erasures = ErasureRegistry()
+            self.erasure_follower = _follow_erasures(kafka, services, erasures)
+        else:
+            self.erasure_follower = None
+        self.erasures = erasures
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         partitions = spec("chat.prompts").partitions
         self.app = app = faust.App(
@@ -91,15 +114,18 @@ class StreamsApp:
             web_port=settings.web_port or 6066,
             autodiscover=False,
             producer_acks=-1,
+            table_standby_replicas=settings.standby_replicas,
         )
         topic = lambda name: app.topic(kafka.topic(name), **RAW)  # noqa: E731
-        # use_partitioner: every write of a key goes to the same changelog partition whichever agent
-        # writes it (intake, record and forget read different topics), so a restore replays each
-        # key's writes in order. Values are JSON dicts (streams/state.py).
+        # Every write of a key goes to the changelog partition of its conversation id (table.py), the
+        # partition its prompts and responses arrive on: co-partitioned, so each of several workers
+        # reads and writes only its own keys. Values are JSON dicts (streams/state.py).
         # No key/value type: Faust's default json serializer both ways, plain str keys and dict values
         # (a value_type of dict breaks Faust's changelog recovery, which expects a faust.Record).
-        self.table = app.Table(TABLE, default=None, partitions=partitions, use_partitioner=True,
-                               extra_topic_configs=CHANGELOG_ERASURE_CONFIG)
+        self.table = conversation_table(app, TABLE, partitions, extra_topic_configs=CHANGELOG_ERASURE_CONFIG)
+        # One copy of each Deletion per conversation partition (forget.py); kept like chat.turns.
+        self.forget_topic = app.topic(forget_topic(kafka, settings), partitions=partitions, internal=True,
+                                      config={"retention.ms": str(FORGET_RETENTION_MS)}, **RAW)
         dlq = topic(DLQ)
         retrier = Retrier(settings.retry_budget_s, settings.retry_backoff_s, settings.retry_max_backoff_s)
         # Error chunks for refused prompts (streams/refusals.py says why not through Faust's producer).
@@ -118,10 +144,13 @@ class StreamsApp:
         archive_retrier = Retrier(settings.archive_retry_budget_s, settings.retry_backoff_s,
                                   settings.retry_max_backoff_s)
         self.archiver = Archiver(settings.archive_dir, codec, settings.archive_dedupe_window, self.erasures)
-        self.forget = Forget(services, self.table, topic("chat.deletions.audit"),
-                             DeadLetters(dlq, codec, "streams.forget"), retrier, archiver=self.archiver,
-                             archive_topics=[kafka.topic("chat.turns"), kafka.topic("chat.feedback")],
+        forget_letters = DeadLetters(dlq, codec, "streams.forget")
+        self.forget = Forget(services, self.forget_topic, partitions, forget_letters, retrier, archiver=self.archiver,
                              archive_retrier=archive_retrier, erasures=self.erasures)
+        self.forget_partition = ForgetPartition(
+            services, self.table, partitions, topic("chat.deletions.audit"), forget_letters, retrier,
+            archiver=self.archiver, archive_topics=[kafka.topic("chat.turns"), kafka.topic("chat.feedback")],
+            archive_retrier=archive_retrier, erasures=self.erasures)
         self.archive = ArchiveAgent(self.archiver, settings.archive_batch_size, settings.archive_flush_s,
                                     archive_retrier)
         archive_source = app.topic(kafka.topic("chat.turns"), kafka.topic("chat.feedback"), **RAW)
@@ -129,12 +158,13 @@ class StreamsApp:
             ("intake", topic("chat.prompts"), self.intake),
             ("record", topic("chat.responses"), self.record),
             ("forget", topic("chat.deletions"), self.forget),
+            ("forget_partition", self.forget_topic, self.forget_partition),
             ("archive", archive_source, self.archive),
         ):
             app.agent(channel, name=f"streams.{name}", concurrency=1)(_as_function(agent, name))
         # Records that wait on an assigned partition and reach no agent end the process (watchdog.py).
         sources = {kafka.topic(t) for t in ("chat.prompts", "chat.responses", "chat.deletions", "chat.turns",
-                                            "chat.feedback")}
+                                            "chat.feedback")} | {forget_topic(kafka, settings)}
         admin = TopicAdmin(kafka, timeout_s=10.0)
         self.watchdog = ProgressWatchdog(lambda tps: admin.backlogs(app_id(kafka, settings), tps), settings.stall_s)
 
@@ -146,17 +176,25 @@ class StreamsApp:
                 exit_without_ack("streams.watchdog", exc)
 
 
-def _load_erasures(kafka: KafkaSettings, services: StreamsServices) -> ErasureRegistry:
-    """The registry from ``chat.deletions``; without it no agent may start (it would remember and
-    archive erased users' records), so a broker that cannot be read ends the start with code 75."""
+def _follow_erasures(kafka: KafkaSettings, services: StreamsServices, registry: ErasureRegistry) -> ErasureFollower:
+    """Fill ``registry`` from ``chat.deletions`` and keep it current: the follower starts first, then
+    the log is read to its end (erasures.py). Without the registry no agent may start (it would
+    remember and archive erased users' records), so a broker that cannot be read ends the start with
+    code 75, and so does a follower that dies later."""
     from confluent_kafka import KafkaException
 
+    follower = ErasureFollower(kafka, registry, services.codec)
     try:
-        return ErasureRegistry.load(kafka, services.codec)
-    except (TimeoutError, KafkaException) as exc:
+        follower.start(on_failure=lambda exc: exit_without_ack("streams.erasures", exc))
+        if not follower.ready.wait(FOLLOWER_READY_S):
+            raise TimeoutError(f"no first fetch from chat.deletions within {FOLLOWER_READY_S:g} s")
+        loaded = ErasureRegistry.load(kafka, services.codec)
+    except (TimeoutError, KafkaException, TransportError) as exc:
         log.critical("cannot read chat.deletions to know the erased users: %s; exiting with code %d",
                      exc, EXIT_INFRASTRUCTURE)
         raise SystemExit(EXIT_INFRASTRUCTURE) from exc
+    registry.merge(loaded)
+    return follower
 
 
 def _as_function(agent: Any, name: str):
@@ -185,5 +223,7 @@ def run_worker(streams: StreamsApp) -> None:
         worker.execute_from_commandline()
     finally:
         streams.reply_producer.close(timeout_s=10)
+        if streams.erasure_follower is not None:
+            streams.erasure_follower.close()
         streams.services.close()
         log.info("streams worker stopped")

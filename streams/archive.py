@@ -39,7 +39,7 @@ import logging
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
@@ -130,10 +130,13 @@ class Archiver:
         with self.lock:
             return self._write(messages)
 
-    def erase(self, topics: Iterable[str], subject: Subject, until_ms: int) -> ArchiveErasure:
-        """Remove the subject's records created at or before ``until_ms`` from the files of ``topics``."""
+    def erase(self, topics: Iterable[str], subject: Subject, until_ms: int,
+              partitions: Collection[int] | None = None) -> ArchiveErasure:
+        """Remove the subject's records created at or before ``until_ms`` from the files of ``topics``
+        (of ``partitions`` only, when given: the partitions this worker owns)."""
         # The lock once to list the files, then per file rewritten (archive_erasure.py says why that is enough).
-        return erase_from_archive(self.root, topics, subject, until_ms, self.codec, lock=lambda: self.lock)
+        return erase_from_archive(self.root, topics, subject, until_ms, self.codec, lock=lambda: self.lock,
+                                  partitions=partitions)
 
     def _write(self, messages: Iterable[ArchivedMessage]) -> list[Path]:
         fresh, repeats, erased_only = [], [], []

@@ -39,7 +39,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Iterable
+from typing import Callable, Collection, ContextManager, Iterable
 
 from fastavro import block_reader
 
@@ -62,9 +62,11 @@ class ArchiveErasure:
     seconds: float = 0.0
 
 
-def archive_files(root: Path, topic: str) -> list[Path]:
-    """Every archive file of ``topic`` (hour folders in time order, then by name)."""
-    return sorted(p for p in (Path(root) / topic).glob("date=*/hour=*/*.avro") if parse_file_name(p.name))
+def archive_files(root: Path, topic: str, partitions: Collection[int] | None = None) -> list[Path]:
+    """Every archive file of ``topic`` (hour folders in time order, then by name); with ``partitions``,
+    only the files of those partitions (a streams worker erases the partitions it owns)."""
+    named = ((p, parse_file_name(p.name)) for p in (Path(root) / topic).glob("date=*/hour=*/*.avro"))
+    return sorted(p for p, name in named if name and (partitions is None or name[0] in partitions))
 
 
 def may_hold(path: Path, needle: bytes) -> bool:
@@ -128,10 +130,12 @@ def erase_from_files(files: Iterable[Path], subject: Subject, until_ms: int, cod
 
 def erase_from_archive(root: Path, topics: Iterable[str], subject: Subject, until_ms: int, codec: AvroCodec,
                        progress: Callable[[int], None] | None = None,
-                       lock: Callable[[], ContextManager] = contextlib.nullcontext) -> ArchiveErasure:
-    """``erase_from_files`` over every file of ``topics`` under ``root`` (listed under ``lock()``)."""
+                       lock: Callable[[], ContextManager] = contextlib.nullcontext,
+                       partitions: Collection[int] | None = None) -> ArchiveErasure:
+    """``erase_from_files`` over every file of ``topics`` under ``root`` (listed under ``lock()``), or
+    only over the files of ``partitions``."""
     with lock():
-        files = [p for topic in topics for p in archive_files(root, topic)]
+        files = [p for topic in topics for p in archive_files(root, topic, partitions)]
     result = erase_from_files(files, subject, until_ms, codec, progress, lock)
     log.info("archive erasure of %s/%s%s: %d record(s) removed from %d of %d file(s) in %.3f s", subject.tenant,
              subject.user_id, f"/{subject.conversation_id}" if subject.conversation_id else "",

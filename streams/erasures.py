@@ -8,9 +8,10 @@ asks ``erased`` before remembering a turn, the archive agent before archiving a 
 feedback, and drops what falls under a deletion.
 
 The registry is rebuilt at start from ``chat.deletions`` itself (``load``: the topic is kept
-forever and never compacted, it is the source of truth), then kept current by the forget agent
-(``add``), which registers a deletion *before* it erases the stores, so anything written after
-the erasure is checked against it. One entry per (tenant, user) and per (tenant, user,
+forever and never compacted, it is the source of truth), then kept current by the forget agents
+(``add``), which register a deletion *before* they erase the stores, so anything written after
+the erasure is checked against it, and by ``ErasureFollower``, which hears every deletion on any
+partition (with several streams workers each carries out only its partitions' share). One entry per (tenant, user) and per (tenant, user,
 conversation), the newest deletion's time: small, and a start reads one record per deletion ever
 made (``load`` says how long it took).
 
@@ -20,6 +21,7 @@ Not here: carrying deletions out (``forget.py``), rewriting the archive (``archi
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -27,6 +29,7 @@ from typing import Any, Callable
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
 from schemas.records import Deletion, DeletionScope
+from schemas.topics import DELETIONS
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,13 @@ class ErasureRegistry:
             key2 = (deletion.tenant, deletion.user_id)
             self._users[key2] = max(deletion.created_at, self._users.get(key2, deletion.created_at))
 
+    def merge(self, other: "ErasureRegistry") -> None:
+        """Take every entry of ``other`` (the newer time of each subject wins)."""
+        for key2, at in list(other._users.items()):
+            self._users[key2] = max(at, self._users.get(key2, at))
+        for key3, at in list(other._conversations.items()):
+            self._conversations[key3] = max(at, self._conversations.get(key3, at))
+
     def erased(self, tenant: str, user_id: str, conversation_id: str | None, created_at: int) -> bool:
         """Whether a record of this user (and conversation) created at ``created_at`` is erased."""
         until = self._users.get((tenant, user_id))
@@ -108,9 +118,9 @@ class ErasureRegistry:
             except DecodeError:
                 pass  # dead-lettered by the forget agent when it reads it
 
-        read = read_to_end(kafka, kafka.topic("chat.deletions"), take, timeout_s=timeout_s)
-        log.info("erasure registry: %d deletion(s) read from chat.deletions, %d subjects, in %.2f s",
-                 read, len(registry), time.monotonic() - started)
+        read = read_to_end(kafka, kafka.topic(DELETIONS), take, timeout_s=timeout_s)
+        log.info("erasure registry: %d deletion(s) read from %s, %d subjects, in %.2f s",
+                 read, kafka.topic(DELETIONS), len(registry), time.monotonic() - started)
         return registry
 
 
@@ -174,3 +184,59 @@ def read_to_end(kafka: Any, topic: str, on_message: Callable[[Any], None], *, ti
         return count
     finally:
         consumer.close()
+
+
+class ErasureFollower:
+    """Keeps a registry current with every deletion made on ``chat.deletions`` after it was loaded.
+
+    Each streams worker carries out only the deletions of the partitions it owns (``forget.py``); the
+    registry must still know every deletion, since a partition taken over after a rebalance may hold
+    records in flight of a user another worker forgot. A thread tails every partition of the topic
+    (``transport.tail_consumer``, from the end, no group) and adds each Deletion to the registry from
+    the thread (the registry's dict writes are atomic; see ``ErasureRegistry``). Started **before**
+    ``ErasureRegistry.load`` reads the log to its end, so no deletion falls between the two. If the
+    thread fails, ``on_failure`` is called (the app exits with code 75: a worker that no longer hears
+    deletions must not go on archiving).
+    """
+
+    def __init__(self, kafka: Any, registry: ErasureRegistry, codec: AvroCodec | None = None,
+                 poll_timeout_s: float = 0.1) -> None:
+        self.kafka, self.registry, self.codec = kafka, registry, codec or default_codec()
+        self.poll_timeout_s = poll_timeout_s
+        self.ready = threading.Event()  # set after the first poll: deletions from here on are seen
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.followed = 0
+
+    def start(self, on_failure: Callable[[BaseException], None]) -> None:
+        from transport.tail_consumer import TailConsumer
+
+        consumer = TailConsumer(self.kafka, topics=[self.kafka.topic("chat.deletions")],
+                                extra_config={"fetch.wait.max.ms": 100})
+        self._thread = threading.Thread(target=self._run, args=(consumer, on_failure), name="chatpipe-erasures",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, consumer: Any, on_failure: Callable[[BaseException], None]) -> None:
+        try:
+            while not self._stop.is_set():
+                messages = consumer.poll_messages(100, self.poll_timeout_s)
+                self.ready.set()
+                for message in messages:
+                    if message.value is None:
+                        continue
+                    try:
+                        self.registry.add(self.codec.decode(message.value, Deletion))
+                        self.followed += 1
+                    except DecodeError:
+                        pass  # dead-lettered by the forget agent that owns its partition
+        except BaseException as exc:  # noqa: BLE001 - the app must hear of it and stop
+            log.exception("the chat.deletions follower failed")
+            on_failure(exc)
+        finally:
+            consumer.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)

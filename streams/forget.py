@@ -1,30 +1,44 @@
-"""The forget agent: ``chat.deletions`` -> memory, conversation state and archive erased, audited.
+"""The forget agents: ``chat.deletions`` -> memory, conversation state and archive erased, audited.
 
 A ``Deletion`` of scope USER forgets every conversation of that tenant's user; scope
 CONVERSATION one conversation; either erases what was created at or before its ``created_at``.
-In order:
+A user's conversations are spread over every partition of the conversation topics, and with
+several streams workers over several workers' tables; so a deletion is carried out in two steps:
 
-1. the deletion goes into the ``ErasureRegistry`` first: from then on the record agent does not
-   remember, and the archive does not archive, a record it erases that is still on its way
-   (a response in flight, turns the archive has not read yet);
-2. the Qdrant points (``ConversationMemory.forget``) and the table entries (recent turns,
-   pending requests, counters) go, under the shared state lock so no agent writes a forgotten
-   conversation back; a ``DeletionAudit`` with component ``streams.forget`` says how many;
-3. the archive files of ``chat.turns`` and ``chat.feedback`` holding the subject's records are
-   rewritten without them (``Archiver.erase``: atomically, the archiver's lock taken per file); a second
-   ``DeletionAudit``, component ``streams.archive`` (``conversations_cleared`` = conversations
-   whose archived records were removed; the log line has records and files);
-4. the deletions themselves are archived under ``<archive>/chat.deletions/`` (never rewritten:
-   the dataset job reads them to exclude erased users from every later build).
+1. ``Forget`` reads ``chat.deletions`` (keyed by user, 3 partitions: its partitions may be owned by
+   any worker). It checks the deletion (else a dead letter), registers it in this worker's
+   ``ErasureRegistry``, and sends one copy to **every partition** of the fan-out topic
+   ``<app id>-forget`` (internal, partitioned like ``chat.prompts``). After the batch, the deletions
+   themselves are archived under ``<archive>/chat.deletions/`` (never rewritten: the dataset job reads
+   them to exclude erased users from every later build).
+2. ``ForgetPartition`` reads the fan-out topic: partition ``p`` goes to the worker that owns partition
+   ``p`` of ``chat.prompts``, ``chat.responses``, ``chat.turns`` and the table (one co-partitioned
+   group). Per copy, in order:
+   a. the deletion goes into this worker's registry first: from then on its record agent does not
+      remember, and its archive does not archive, a record it erases that is still on its way (a
+      response in flight, turns the archive has not read yet);
+   b. under the shared state lock (so no agent writes a forgotten conversation back): the Qdrant points
+      (``ConversationMemory.forget``, by filter: the first partition's step finds them, the others
+      0, and any a worker remembered meanwhile) and the table entries of partition ``p`` (recent turns,
+      pending requests, counters); a ``DeletionAudit`` with component ``streams.forget`` says how many;
+   c. the archive files of partition ``p`` of ``chat.turns`` and ``chat.feedback`` holding the subject's
+      records are rewritten without them (``Archiver.erase``: atomically, the archiver's lock taken per
+      file); a second ``DeletionAudit``, component ``streams.archive`` (``conversations_cleared`` =
+      conversations whose archived records were removed; the log line has records and files).
+
+   So a deletion has one ``streams.forget`` and one ``streams.archive`` audit per partition (6 each):
+   their sums are the deletion's counts, and all 6 present means every partition carried it out.
+
+Every worker also follows ``chat.deletions`` in full (``streams/app.py``, the registry's follower), so
+a partition taken over after a rebalance is guarded against deletions another worker carried out.
 
 A response still in flight for a forgotten conversation finds no pending request afterwards and
 is dead-lettered (``UnknownRequestError``), never remembered.
 
-Deletions are taken in small batches and acked only after their audits are on the broker: a
-Qdrant or broker fault is retried, and past the retry budget nothing is acked and the process
-exits (``faults.py``), so the Deletion is carried out again after the restart. Forgetting is
-idempotent; only the audit of such a repeat counts what was left (0 points when the first run
-had deleted them before the fault).
+Both agents take small batches and ack them only after what they sent is on the broker: a Qdrant or
+broker fault is retried, and past the retry budget nothing is acked and the process exits
+(``faults.py``), so the step is carried out again after the restart. Forgetting is idempotent; only
+the audit of such a repeat counts what was left (0 points when the first run had deleted them).
 
 Not here: the topics (``chat.turns``, ``chat.feedback``, ...) keep their copies until retention
 removes them, datasets are the dataset job's, the prefix cache the inference worker's
@@ -47,6 +61,7 @@ from streams.errors import InvalidDeletionError
 from streams.faults import Retrier
 from streams.outbox import Outbox
 from streams.services import StreamsServices
+from streams.table import key_partition
 
 log = logging.getLogger(__name__)
 COMPONENT = "streams.forget"
@@ -62,20 +77,38 @@ def matches(value: dict, deletion: Deletion) -> bool:
     return deletion.scope == DeletionScope.USER or value.get("conversation_id") == deletion.conversation_id
 
 
+def partition_keys(table: Any, partition: int, partitions: int) -> list[str]:
+    """The table keys of one conversation partition that this worker holds (``streams/table.py``)."""
+    return [key for key in list(table.keys()) if key_partition(key, partitions) == partition]
+
+
+def decode_deletion(codec: Any, message: Any) -> Deletion:
+    """The ``Deletion`` of a message, checked; ``DecodeError`` / ``InvalidDeletionError`` otherwise."""
+    deletion = codec.decode(message.value, Deletion, topic=message.topic, partition=message.partition,
+                            offset=message.offset)
+    if deletion.scope == DeletionScope.CONVERSATION and not deletion.conversation_id:
+        raise InvalidDeletionError(f"Deletion {deletion.event_id}: scope CONVERSATION without a conversation_id")
+    if not deletion.tenant.strip() or not deletion.user_id.strip():
+        raise InvalidDeletionError(f"Deletion {deletion.event_id}: empty tenant or user_id "
+                                   f"({deletion.tenant!r}, {deletion.user_id!r})")
+    return deletion
+
+
 class Forget:
-    def __init__(self, services: StreamsServices, table: Any, audit_topic: Any, dead_letters: DeadLetters,
-                 retrier: Retrier, *, archiver: Archiver | None = None, archive_topics: Sequence[str] = (),
-                 archive_retrier: Retrier | None = None, erasures: ErasureRegistry | None = None) -> None:
+    """``chat.deletions`` -> one copy per conversation partition on the fan-out topic; deletions archived."""
+
+    def __init__(self, services: StreamsServices, fanout_topic: Any, partitions: int, dead_letters: DeadLetters,
+                 retrier: Retrier, *, archiver: Archiver | None = None, archive_retrier: Retrier | None = None,
+                 erasures: ErasureRegistry | None = None) -> None:
         self.services = services
-        self.retrier = retrier
-        self.table = table
-        self.audit_topic = audit_topic
+        self.fanout_topic = fanout_topic
+        self.partitions = partitions
         self.dead_letters = dead_letters
-        self.archiver = archiver  # None: no archive in this process (nothing to rewrite or archive)
-        self.archive_topics = tuple(archive_topics)  # real names (with the prefix) of the rewritten topics
+        self.retrier = retrier
+        self.archiver = archiver  # None: no archive in this process (the deletions are not archived)
         self.archive_retrier = archive_retrier or retrier
         self.erasures = erasures if erasures is not None else (archiver.erasures if archiver else ErasureRegistry())
-        self.carried_out = 0
+        self.fanned_out = 0
 
     async def __call__(self, stream: Any) -> None:
         batches = Batches(stream, BATCH, WITHIN_S)
@@ -92,24 +125,62 @@ class Forget:
     async def handle(self, event: Any, outbox: Outbox) -> None:
         m = event.message
         try:
-            deletion = self.services.codec.decode(m.value, Deletion, topic=m.topic, partition=m.partition,
-                                                  offset=m.offset)
-            if deletion.scope == DeletionScope.CONVERSATION and not deletion.conversation_id:
-                raise InvalidDeletionError(f"Deletion {deletion.event_id}: scope CONVERSATION without a "
-                                           "conversation_id")
-            if not deletion.tenant.strip() or not deletion.user_id.strip():
-                raise InvalidDeletionError(f"Deletion {deletion.event_id}: empty tenant or user_id "
-                                           f"({deletion.tenant!r}, {deletion.user_id!r})")
+            deletion = decode_deletion(self.services.codec, m)
         except (DecodeError, InvalidDeletionError) as exc:
             await self.dead_letters.send(event, exc, outbox)
             return
+        self.erasures.add(deletion)  # first: whatever this worker writes after this is checked against it
+        for partition in range(self.partitions):
+            await outbox.send(self.fanout_topic, key=m.key, value=m.value, headers=child_headers(m),
+                              partition=partition)
+        self.fanned_out += 1
+
+
+class ForgetPartition:
+    """One copy of a Deletion on partition ``p`` of the fan-out topic: memory, the table's partition ``p``
+    and the archive files of partition ``p`` erased, each audited."""
+
+    def __init__(self, services: StreamsServices, table: Any, partitions: int, audit_topic: Any,
+                 dead_letters: DeadLetters, retrier: Retrier, *, archiver: Archiver | None = None,
+                 archive_topics: Sequence[str] = (), archive_retrier: Retrier | None = None,
+                 erasures: ErasureRegistry | None = None) -> None:
+        self.services = services
+        self.retrier = retrier
+        self.table = table
+        self.partitions = partitions
+        self.audit_topic = audit_topic
+        self.dead_letters = dead_letters
+        self.archiver = archiver  # None: no archive in this process (nothing to rewrite)
+        self.archive_topics = tuple(archive_topics)  # real names (with the prefix) of the rewritten topics
+        self.archive_retrier = archive_retrier or retrier
+        self.erasures = erasures if erasures is not None else (archiver.erasures if archiver else ErasureRegistry())
+        self.carried_out = 0
+
+    async def __call__(self, stream: Any) -> None:
+        batches = Batches(stream, BATCH, WITHIN_S)
+        async for events in batches:
+            outbox = Outbox(self.retrier)
+            for event in events:
+                await self.handle(event, outbox)
+            await outbox.deliver()
+            await batches.ack(events)
+
+    async def handle(self, event: Any, outbox: Outbox) -> None:
+        m = event.message
+        try:  # checked by Forget already; a record put here by anything else is refused the same way
+            deletion = decode_deletion(self.services.codec, m)
+        except (DecodeError, InvalidDeletionError) as exc:
+            await self.dead_letters.send(event, exc, outbox)
+            return
+        partition = m.partition
         conversation = deletion.conversation_id if deletion.scope == DeletionScope.CONVERSATION else None
         self.erasures.add(deletion)  # first: whatever is written after this is checked against it
         async with self.services.state_lock:
             points = await self.retrier.call(
                 "memory forget", self.services.in_memory_thread, self.services.memory.forget,
                 tenant=deletion.tenant, user_id=deletion.user_id, conversation_id=conversation)
-            keys = [key for key, value in list(self.table.items()) if value is not None and matches(value, deletion)]
+            keys = [key for key in partition_keys(self.table, partition, self.partitions)
+                    if (value := self.table.get(key)) is not None and matches(value, deletion)]
             for key in keys:
                 del self.table[key]
         audit = DeletionAudit(deletion_event_id=deletion.event_id, scope=deletion.scope, user_id=deletion.user_id,
@@ -118,9 +189,9 @@ class Forget:
                               requested_at=deletion.created_at)
         await outbox.send(self.audit_topic, key=deletion.user_id.encode(), value=self.services.codec.encode(audit),
                           headers=child_headers(m))
-        log.info("forgot %s %s/%s%s: %d memory points, %d conversations (deletion %s)", deletion.scope,
-                 deletion.tenant, deletion.user_id, f"/{conversation}" if conversation else "", points, len(keys),
-                 deletion.event_id)
+        log.info("forgot %s %s/%s%s on partition %d: %d memory points, %d conversations (deletion %s)",
+                 deletion.scope, deletion.tenant, deletion.user_id, f"/{conversation}" if conversation else "",
+                 partition, points, len(keys), deletion.event_id)
         if self.archiver is not None:
             await self._erase_archive(deletion, m, outbox)
         self.carried_out += 1
@@ -129,15 +200,16 @@ class Forget:
         subject = Subject.of(deletion)
         # fsyncs and deflate off the event loop; the archive agent's writes wait on the same lock
         erased = await self.archive_retrier.call("archive erase", asyncio.to_thread, self.archiver.erase,
-                                                 self.archive_topics, subject, deletion.created_at)
+                                                 self.archive_topics, subject, deletion.created_at,
+                                                 {message.partition})
         audit = DeletionAudit(deletion_event_id=deletion.event_id, scope=deletion.scope, user_id=deletion.user_id,
                               tenant=deletion.tenant, conversation_id=subject.conversation_id,
                               memory_points_deleted=0, conversations_cleared=len(erased.conversations),
                               component=ARCHIVE_COMPONENT, requested_at=deletion.created_at)
         await outbox.send(self.audit_topic, key=deletion.user_id.encode(), value=self.services.codec.encode(audit),
                           headers=child_headers(message))
-        log.info("erased %s/%s%s from the archive: %d record(s) of %d conversation(s) removed, %d of %d file(s) "
-                 "rewritten in %.3f s (deletion %s)", deletion.tenant, deletion.user_id,
-                 f"/{subject.conversation_id}" if subject.conversation_id else "", erased.records_removed,
-                 len(erased.conversations), erased.files_rewritten, erased.files_scanned, erased.seconds,
-                 deletion.event_id)
+        log.info("erased %s/%s%s from the archive's partition %d: %d record(s) of %d conversation(s) removed, "
+                 "%d of %d file(s) rewritten in %.3f s (deletion %s)", deletion.tenant, deletion.user_id,
+                 f"/{subject.conversation_id}" if subject.conversation_id else "", message.partition,
+                 erased.records_removed, len(erased.conversations), erased.files_rewritten, erased.files_scanned,
+                 erased.seconds, deletion.event_id)

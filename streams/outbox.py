@@ -41,8 +41,13 @@ class Outbox:
     retrier: Retrier
     _pending: list[_Send] = field(default_factory=list)
 
-    async def send(self, topic: Any, *, key: bytes | None, value: bytes, headers: list | None = None) -> None:
-        item = _Send(topic, {"key": key, "value": value, "headers": headers})
+    async def send(self, topic: Any, *, key: bytes | None, value: bytes, headers: list | None = None,
+                   partition: int | None = None) -> None:
+        """Hand one record to the producer; ``partition`` None: the key's partition (murmur2)."""
+        record = {"key": key, "value": value, "headers": headers}
+        if partition is not None:
+            record["partition"] = partition
+        item = _Send(topic, record)
         self._pending.append(item)
         await self.retrier.call(f"send to {topic.get_topic_name()}", item.start)
 

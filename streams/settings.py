@@ -48,6 +48,11 @@ class StreamsSettings(BaseSettings):
                                                             "torch's default (all cores). 1 keeps a busy shared "
                                                             "machine from stalling on thread barriers")
     commit_interval_s: float = Field(1.0, gt=0, description="How often Faust commits consumed offsets")
+    # 0 by default: with the in-memory store a standby does not shorten a takeover (Faust restores an
+    # assigned partition from the changelog's start whatever a standby held, MemoryStore.persisted_offset
+    # is None) and costs a second read of the changelog; it pays with a persistent store (RocksDB).
+    standby_replicas: int = Field(0, ge=0, description="Standby copies of each conversation-table partition "
+                                  "kept by other streams workers (Faust's table_standby_replicas)")
     session_timeout_s: float = Field(
         10.0, ge=6, le=300, description="Consumer group session timeout: how soon a worker that died (SIGKILL, "
                                         "an exit past the retry budget) is dropped from the group, so its "

@@ -188,13 +188,14 @@ def test_an_erasure_racing_the_archive_writer_leaves_nothing_of_the_subject(tmp_
 
 class FakeTopic:
     def __init__(self, name: str) -> None:
-        self.name, self.sent = name, []
+        self.name, self.sent, self.partitions = name, [], []
 
     def get_topic_name(self) -> str:
         return self.name
 
-    async def send(self, *, key, value, headers):
+    async def send(self, *, key, value, headers, partition=None):
         self.sent.append((key, value))
+        self.partitions.append(partition)
         future = asyncio.get_running_loop().create_future()
         future.set_result(None)
         return future
@@ -213,13 +214,14 @@ TP = namedtuple("TP", "topic partition")
 
 
 class FakeEvent:
-    def __init__(self, topic: str, offset: int, value: bytes, key: bytes) -> None:
+    def __init__(self, topic: str, offset: int, value: bytes, key: bytes, partition: int = 0) -> None:
         class Message:
             pass
 
         self.message = m = Message()
-        m.topic, m.partition, m.offset, m.value, m.key, m.headers, m.timestamp = topic, 0, offset, value, key, [], T0 / 1000
-        m.tp = TP(topic, 0)
+        m.topic, m.partition, m.offset, m.value, m.key, m.headers = topic, partition, offset, value, key, []
+        m.timestamp = T0 / 1000
+        m.tp = TP(topic, partition)
 
 
 class FakeStream:
@@ -233,36 +235,55 @@ class FakeStream:
         self.acked.append(event)
 
 
-def test_the_forget_agent_erases_the_archive_audits_it_and_archives_the_deletion(tmp_path):
+def test_the_forget_agents_fan_out_erase_each_partition_audit_it_and_archive_the_deletion(tmp_path):
+    """Forget sends one copy per conversation partition and archives the deletion; the step of partition
+    p erases memory, the table entries of partition p only and the archive files of partition p."""
     from streams.dead_letters import DeadLetters
     from streams.faults import Retrier
-    from streams.forget import Forget
+    from streams.forget import Forget, ForgetPartition
     from streams.services import StreamsServices
     from streams.state import state_key
+    from streams.table import key_partition
 
-    archiver = mixed_archive(tmp_path)
+    archiver = mixed_archive(tmp_path)  # every file on partition 0
     services = StreamsServices(memory=FakeMemory(), embedder=None, counter=None)
-    table = {state_key("acme", "ada", "c1"): {"tenant": "acme", "user_id": "ada", "conversation_id": "c1"},
-             state_key("acme", "bob", "c9"): {"tenant": "acme", "user_id": "bob", "conversation_id": "c9"}}
-    audits, dlq = FakeTopic("p.chat.deletions.audit"), FakeTopic("p.chat.dlq")
+    keys = {c: state_key("acme", "ada", c) for c in ("c1", "c2", "c3", "c4")}
+    table = {key: {"tenant": "acme", "user_id": "ada", "conversation_id": c} for c, key in keys.items()}
+    bob = state_key("acme", "bob", "c9")
+    table[bob] = {"tenant": "acme", "user_id": "bob", "conversation_id": "c9"}
+    assert len({key_partition(k, 6) for k in keys.values()}) > 1, "the test needs ada's conversations on 2+ partitions"
+    audits, dlq, fanout = FakeTopic("p.chat.deletions.audit"), FakeTopic("p.chat.dlq"), FakeTopic("p.app-forget")
     retrier = Retrier(5, 0.01, 0.01)
-    forget = Forget(services, table, audits, DeadLetters(dlq, CODEC, "streams.forget"), retrier, archiver=archiver,
-                    archive_topics=[TURNS, FEEDBACK])
+    letters = DeadLetters(dlq, CODEC, "streams.forget")
+    forget = Forget(services, fanout, 6, letters, retrier, archiver=archiver)
     deletion = Deletion(scope=DeletionScope.USER, tenant="acme", user_id="ada", created_at=T0 + 1)
     stream = FakeStream([FakeEvent(DELETIONS, 0, CODEC.encode(deletion), b"acme/ada")])
     asyncio.run(forget(stream))
-
-    assert len(stream.acked) == 1 and list(table) == [state_key("acme", "bob", "c9")]
-    assert {(t, u) for topic, t, u, _ in subjects(tmp_path) if topic != DELETIONS} == {("acme", "bob"), ("globex", "ada")}
-    decoded = [CODEC.decode(v) for _, v in audits.sent]
-    assert all(isinstance(a, DeletionAudit) and a.deletion_event_id == deletion.event_id for a in decoded)
-    by_component = {a.component: a for a in decoded}
-    assert set(by_component) == {"streams.forget", "streams.archive"}
-    assert by_component["streams.forget"].memory_points_deleted == 2
-    assert by_component["streams.archive"].conversations_cleared == 2  # c1 and c2 held archived records
+    assert len(stream.acked) == 1 and fanout.partitions == [0, 1, 2, 3, 4, 5]
+    assert all(value == CODEC.encode(deletion) and key == b"acme/ada" for key, value in fanout.sent)
+    assert len(table) == 5, "the fan-out itself erases nothing"
     # the deletion itself is archived under chat.deletions, and stays (never rewritten)
     (kept,) = [m for p in (tmp_path / DELETIONS).rglob("*.avro") for m in read_messages(p)]
     assert kept.key == b"acme/ada" and CODEC.decode(kept.value).event_id == deletion.event_id
+
+    step = ForgetPartition(services, table, 6, audits, letters, retrier, archiver=archiver,
+                           archive_topics=[TURNS, FEEDBACK])
+    one = key_partition(keys["c1"], 6)
+    asyncio.run(step(FakeStream([FakeEvent("p.app-forget", 0, CODEC.encode(deletion), b"acme/ada", one)])))
+    assert keys["c1"] not in table and bob in table
+    assert {k for k in keys.values() if k in table} == {k for k in keys.values() if key_partition(k, 6) != one}
+    for partition in sorted(set(range(6)) - {one}):
+        asyncio.run(step(FakeStream([FakeEvent("p.app-forget", 1, CODEC.encode(deletion), b"acme/ada", partition)])))
+    assert list(table) == [bob]
+    assert {(t, u) for topic, t, u, _ in subjects(tmp_path) if topic != DELETIONS} == {("acme", "bob"), ("globex", "ada")}
+    decoded = [CODEC.decode(v) for _, v in audits.sent]
+    assert all(isinstance(a, DeletionAudit) and a.deletion_event_id == deletion.event_id for a in decoded)
+    forgets = [a for a in decoded if a.component == "streams.forget"]
+    archives = [a for a in decoded if a.component == "streams.archive"]
+    assert len(forgets) == len(archives) == 6, "one audit of each store per partition"
+    assert sum(a.conversations_cleared for a in forgets) == 4
+    assert sum(a.memory_points_deleted for a in forgets) == 12  # FakeMemory answers 2 per call
+    assert sum(a.conversations_cleared for a in archives) == 2  # c1 and c2 held archived records (partition 0)
     # from now on a late turn of ada made before the deletion is not archived
     archiver.write([turn(10, "acme", "ada", "c5", created_at=T0)])
     assert archiver.erased == 1

@@ -1,9 +1,10 @@
 """A thread reading a broadcast topic every worker sees in full (from the end, no group), handing
-each decoded record to the event loop: the cancel and deletion listeners (``cancels.py``,
-``deletions.py``).
+each decoded record to the event loop: the inference worker's cancel and deletion listeners
+(``inference/worker/cancels.py``, ``deletions.py``) and the streams tier's erasure follower
+(``streams/erasures.py``).
 
 From the end: what was sent before this worker started is not its business (a generation it
-never ran, a prefix cache it never filled). If the thread dies, ``on_failure`` tells the worker,
+never ran, a prefix cache it never filled; the streams tier read the log to its end at start). If the thread dies, ``on_failure`` tells the worker,
 which stops (docs/architecture.md "Failure policy"): a worker that no longer hears the topic must
 not look healthy. A record of another type goes to ``on_undecodable`` (the worker dead-letters
 it; every worker sends the same letter, one event id, so it is one fact on ``chat.dlq``).
