@@ -15,7 +15,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -71,6 +71,11 @@ _SETTLING = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_LEADER_FOR_PARTITI
              KafkaError.UNKNOWN_LEADER_EPOCH)
 
 
+# A group's coordinator still loading its offsets (a fresh broker) or moving (its broker died).
+_COORDINATOR_MOVING = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                       KafkaError.COORDINATOR_NOT_AVAILABLE)
+
+
 class TopicAdmin:
     def __init__(self, settings: KafkaSettings, timeout_s: float = 30.0) -> None:
         self.settings = settings
@@ -120,22 +125,54 @@ class TopicAdmin:
                 members = len(described[group.group_id].result(timeout=self.timeout_s).members)
             except (KafkaException, TimeoutError):
                 members = None  # one group the broker cannot describe must not hide the others
-            lags.append(GroupLag(group.group_id, kind, state, members, self._group_lag(group.group_id)))
+            lags.append(GroupLag(group.group_id, kind, state, members, self._group_lag(group.group_id, kind)))
         return lags
 
-    def _group_lag(self, group_id: str) -> int | None:
-        request = [ConsumerGroupTopicPartitions(group_id)]
-        try:
-            committed = self._wait(self._admin.list_consumer_group_offsets(request), "list offsets of group")
-        except TransportError:
+    def _group_lag(self, group_id: str, kind: str) -> int | None:
+        if kind == "share":
             return None  # a share group has no committed offsets to compare
-        partitions = [tp for tp in committed[group_id].topic_partitions if tp.offset >= 0]
+        try:
+            topics = self._admin.list_topics(timeout=self.timeout_s).topics
+            everything = [(t, p) for t, meta in topics.items() if not t.startswith("__") for p in meta.partitions]
+            committed = self.committed(group_id, everything)
+        except (KafkaException, TransportError):
+            return None
+        partitions = [tp for tp, offset in committed.items() if offset >= 0]
         if not partitions:
             return 0
         ends = self._wait(self._admin.list_offsets(
-            {TopicPartition(tp.topic, tp.partition): OffsetSpec.latest() for tp in partitions}), "list offsets of")
+            {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}), "list offsets of")
         end_of = {(tp.topic, tp.partition): info.offset for tp, info in ends.items()}
-        return sum(max(0, end_of[(tp.topic, tp.partition)] - tp.offset) for tp in partitions)
+        return sum(max(0, end_of[tp] - committed[tp]) for tp in partitions)
+
+    def committed(self, group_id: str, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The committed offset of ``group_id`` on each partition (negative: none).
+
+        Asked through a consumer of that group (never joined), not the admin client's
+        ListConsumerGroupOffsets: librdkafka 2.x dereferences a NULL consumer group in that call's
+        answer to NOT_COORDINATOR (a coordinator still loading on a fresh broker, or moving after a
+        broker died) and the process segfaults (confluentinc/librdkafka#5040, seen here in
+        tests/streams/test_watchdog.py); a consumer retries the coordinator lookup instead.
+        """
+        from confluent_kafka import Consumer
+
+        consumer = Consumer({**self.settings.client_config(), "group.id": group_id, "enable.auto.commit": False,
+                             "logger": _client_log})
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while True:
+                try:
+                    found = consumer.committed([TopicPartition(t, p) for t, p in partitions],
+                                               timeout=max(1.0, deadline - time.monotonic()))
+                    break
+                except KafkaException as exc:
+                    error = exc.args[0] if exc.args else None
+                    if (error is None or error.code() not in _COORDINATOR_MOVING) or time.monotonic() > deadline:
+                        raise TransportError(f"committed offsets of group {group_id}: {exc}") from exc
+                    time.sleep(0.25)  # the group's coordinator is loading or moving: ask again
+        finally:
+            consumer.close()
+        return {(tp.topic, tp.partition): tp.offset for tp in found}
 
     def backlogs(self, group_id: str, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
         """(position, end offset) of each of ``partitions`` for ``group_id``: the position is the group's
@@ -143,9 +180,7 @@ class TopicAdmin:
         ``auto.offset.reset=earliest`` consumer starts). Records waiting = end - position."""
         if not partitions:
             return {}
-        request = [ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p) for t, p in partitions])]
-        committed = self._wait(self._admin.list_consumer_group_offsets(request), "list offsets of group")
-        position = {(tp.topic, tp.partition): tp.offset for tp in committed[group_id].topic_partitions}
+        position = self.committed(group_id, partitions)
         specs = {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}
         ends = {(tp.topic, tp.partition): info.offset
                 for tp, info in self._wait(self._admin.list_offsets(specs), "list offsets of").items()}
