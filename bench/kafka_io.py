@@ -40,6 +40,7 @@ from schemas.registry import default_registry
 from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
 from transport.group_consumer import GroupConsumer
+from transport.partitioning import LIBRDKAFKA_PARTITIONER
 from transport.settings import KafkaSettings
 
 from local_broker import bench_broker  # bench/, beside this script
@@ -69,7 +70,8 @@ def prompt_record(i: int = 0) -> PromptRequest:
 def raw_config(settings: KafkaSettings) -> dict:
     """The config AckedProducer gives librdkafka."""
     return {**settings.client_config(), "enable.idempotence": True, "linger.ms": LINGER_MS,
-            "compression.type": "lz4", "message.timeout.ms": round(settings.delivery_timeout_s * 1000)}
+            "compression.type": "lz4", "message.timeout.ms": round(settings.delivery_timeout_s * 1000),
+            "partitioner": LIBRDKAFKA_PARTITIONER}
 
 
 def raw_produce(settings: KafkaSettings, topic: str, n: int, encoded: bytes | None = None) -> float:

@@ -38,9 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from local_broker import bench_broker  # noqa: E402  (bench/, beside this script)
-from tests.worker.harness import REPLIES, Reader, make_request, send_requests, start_worker  # noqa: E402
+from schemas.topics import INFERENCE_REQUESTS, REPLIES, RESPONSES  # noqa: E402
+from tests.worker.harness import Reader, make_request, send_requests, start_worker  # noqa: E402
+from transport.partitioning import partition_of  # noqa: E402
 
-TOPICS = ("chat.inference.requests", REPLIES, "chat.responses")
+TOPICS = (INFERENCE_REQUESTS, REPLIES, RESPONSES)
 
 
 
@@ -111,14 +113,12 @@ def through_kafka(kafka, reader: Reader, requests, producer, *, one_at_a_time: b
 
 
 def hot_pair(partitions: int = 6) -> tuple[str, str]:
-    """Two conversation ids on the same partition under librdkafka's default partitioner
-    (consistent_random: CRC-32 of the key). With 6 partitions two hot conversations share one
-    1 time in 6 (and share one of 2 workers half the time); this is that case, made certain."""
-    import zlib
-
+    """Two conversation ids on the same partition under the project's partitioner (Kafka's murmur2,
+    ``transport.partitioning``; the bench's producer uses it). With 6 partitions two hot
+    conversations share one 1 time in 6 (and share one of 2 workers half the time); this is that
+    case, made certain."""
     a = "hot-a"
-    b = next(f"hot-b{k}" for k in range(1000)
-             if zlib.crc32(f"hot-b{k}".encode()) % partitions == zlib.crc32(a.encode()) % partitions)
+    b = next(f"hot-b{k}" for k in range(1000) if partition_of(f"hot-b{k}", partitions) == partition_of(a, partitions))
     return a, b
 
 

@@ -23,14 +23,14 @@ from clients.record_json import decoded_line, error_line
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import ChatpipeError, DecodeError
 from schemas.records import RECORD_TYPES
-from schemas.topics import BY_NAME, TopicSpec
+from schemas.topics import BY_NAME, REPLIES, TopicSpec
 from transport.errors import TransportError
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 
 #: Catalog topics that also exist per instance as ``<name>.<instance>`` (a gateway's own reply
 #: topic, ``chat.replies.<gateway_id>``): same record type as the catalog entry.
-PER_INSTANCE_TOPICS = ("chat.replies",)
+PER_INSTANCE_TOPICS = (REPLIES,)
 
 
 class UnknownTopicError(ChatpipeError):

@@ -55,6 +55,10 @@ CATALOG: tuple[TopicSpec, ...] = (
     # user alone let one tenant's deletion compact away another's (issue 19).
     TopicSpec("chat.deletions", 3, "tenant/user_id", "Deletion", retention_ms=-1,
               doc="Forget a user or a conversation (key: deletion_key); kept forever, never compacted."),
+    # The streams tier's forget agent puts one copy of each Deletion on every partition; partition p is
+    # carried out by the streams worker owning the conversations of partition p (streams/forget.py).
+    TopicSpec("chat.deletions.fanout", 6, "tenant/user_id", "Deletion", retention_ms=30 * DAY_MS,
+              doc="One copy of each Deletion per conversation partition (streams forget -> its owner)."),
     TopicSpec("chat.deletions.audit", 3, "user_id", "DeletionAudit", retention_ms=-1,
               doc="One record per Deletion carried out (streams: forget), kept forever."),
     TopicSpec("chat.cancels", 6, "conversation_id", "Cancel", retention_ms=60 * 60 * 1000,
@@ -66,9 +70,23 @@ CATALOG: tuple[TopicSpec, ...] = (
 )
 
 BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in CATALOG}
-DLQ = "chat.dlq"
+
+# The catalog's names for code: every topic a component uses comes from here, through
+# ``KafkaSettings.topic()`` (which puts the deployment's prefix in front), never as a literal
+# (tests/unit/test_topic_names.py checks both: each name is in CATALOG, no literal elsewhere).
+PROMPTS = "chat.prompts"
 INFERENCE_REQUESTS = "chat.inference.requests"
 INFERENCE_REQUESTS_BATCH = "chat.inference.requests.batch"
+REPLIES = "chat.replies"  # a gateway's own reply topic is ``<prefix>chat.replies.<gateway id>``
+RESPONSES = "chat.responses"
+TURNS = "chat.turns"
+FEEDBACK = "chat.feedback"
+DELETIONS = "chat.deletions"
+DELETIONS_AUDIT = "chat.deletions.audit"
+DELETIONS_FANOUT = "chat.deletions.fanout"
+CANCELS = "chat.cancels"
+WORKERS_STATUS = "chat.workers.status"
+DLQ = "chat.dlq"
 
 
 def inference_requests_topic(priority: str) -> str:

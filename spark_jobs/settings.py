@@ -17,6 +17,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.topics import DELETIONS, DLQ, FEEDBACK, TURNS
+
 Source = Literal["kafka", "archive"]
 Jit = Literal["auto", "client", "server"]
 
@@ -78,9 +80,9 @@ class FinetuneSettings(_InputSettings):
 
     model_config = SettingsConfigDict(env_prefix="CHATPIPE_FINETUNE_", frozen=True, extra="forbid")
 
-    turns_topic: str = Field("chat.turns", description="Catalog name of the turns topic (prefix added)")
-    feedback_topic: str = Field("chat.feedback", description="Catalog name of the feedback topic")
-    deletions_topic: str = Field("chat.deletions", description="Catalog name of the deletions topic: erased users and conversations are left out (read from the archive folder, and from Kafka for a Kafka source)")
+    turns_topic: str = Field(TURNS, description="Catalog name of the turns topic (prefix added)")
+    feedback_topic: str = Field(FEEDBACK, description="Catalog name of the feedback topic")
+    deletions_topic: str = Field(DELETIONS, description="Catalog name of the deletions topic: erased users and conversations are left out (read from the archive folder, and from Kafka for a Kafka source)")
     eval_files: tuple[Path, ...] = Field((), description="Eval sets to decontaminate against (.jsonl/.txt)")
     decontam_ngram: int = Field(13, ge=3, description="Words per n-gram shared with an eval set that drops an example")
     min_answer_chars: int = Field(8, ge=0, description="Shorter answers are dropped (too_short)")
@@ -112,6 +114,6 @@ class UsageReportSettings(_InputSettings):
 
     model_config = SettingsConfigDict(env_prefix="CHATPIPE_USAGE_", frozen=True, extra="forbid")
 
-    turns_topic: str = Field("chat.turns", description="Catalog name of the turns topic")
-    dlq_topic: str = Field("chat.dlq", description="Catalog name of the dead-letter topic")
+    turns_topic: str = Field(TURNS, description="Catalog name of the turns topic")
+    dlq_topic: str = Field(DLQ, description="Catalog name of the dead-letter topic")
     charts: bool = Field(True, description="Write PNG charts")

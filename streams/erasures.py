@@ -211,7 +211,7 @@ class ErasureFollower:
     def start(self, on_failure: Callable[[BaseException], None]) -> None:
         from transport.tail_consumer import TailConsumer
 
-        consumer = TailConsumer(self.kafka, topics=[self.kafka.topic("chat.deletions")],
+        consumer = TailConsumer(self.kafka, topics=[self.kafka.topic(DELETIONS)],
                                 extra_config={"fetch.wait.max.ms": 100})
         self._thread = threading.Thread(target=self._run, args=(consumer, on_failure), name="chatpipe-erasures",
                                         daemon=True)

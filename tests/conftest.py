@@ -13,6 +13,8 @@ import uuid
 
 import pytest
 
+from tests.java_partitions import java_partitions  # noqa: F401 - a session fixture for every test module
+
 
 def _free_port() -> int:
     with socket.socket() as sock:

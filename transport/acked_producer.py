@@ -14,6 +14,10 @@ throughput-bound). A record the broker has not acknowledged within the delivery 
 ``message.timeout.ms``, 300 s by default) fails with :class:`DeliveryError`: a broker that is away
 is reported in seconds, not minutes.
 
+Keys are partitioned by Kafka's murmur2 (``partitioner=murmur2_random``, see
+:mod:`transport.partitioning`) like Faust and every Java client, never by librdkafka's default
+(CRC32); a caller's ``extra_config`` cannot change that.
+
 When librdkafka's local queue is full (the broker has been away a while), a send made on an event
 loop does not wait there: the record joins a FIFO of records waiting for room that the loop
 retries every few milliseconds, and every later send of that loop joins it too, so the order of
@@ -39,6 +43,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from schemas.codec import AvroCodec, default_codec
 from transport import tracing
 from transport.errors import DeliveryError, QueueFullError
+from transport.partitioning import LIBRDKAFKA_PARTITIONER
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -83,6 +88,9 @@ class AckedProducer:
             "compression.type": "lz4",
             "message.timeout.ms": timeout_ms,
             **extra,
+            # Part of the contract (docs/producing.md "Keys and partitions"): a conversation lands on the
+            # partition every other producer and the streams tier's table put it on.
+            "partitioner": LIBRDKAFKA_PARTITIONER,
         })
         self.delivered = 0
         self.failed = 0

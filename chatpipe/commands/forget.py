@@ -60,21 +60,23 @@ def _produce(kafka, user: str, tenant: str, conversation: str | None, reason: st
     from schemas.codec import default_codec
     from schemas.errors import ChatpipeError
     from schemas.records import Deletion, DeletionScope
-    from schemas.topics import deletion_key
+    from schemas.topics import DELETIONS, deletion_key
+    from transport.partitioning import LIBRDKAFKA_PARTITIONER
 
     scope = DeletionScope.CONVERSATION if conversation else DeletionScope.USER
     deletion = Deletion(scope=scope, tenant=tenant, user_id=user, conversation_id=conversation, reason=reason)
     outcome: list = []
     producer = Producer({**kafka.client_config(), "acks": "all", "enable.idempotence": True,
-                         "message.timeout.ms": 30_000})
-    producer.produce(kafka.topic("chat.deletions"), default_codec().encode(deletion), deletion_key(tenant, user),
+                         "message.timeout.ms": 30_000, "partitioner": LIBRDKAFKA_PARTITIONER})
+    topic = kafka.topic(DELETIONS)
+    producer.produce(topic, default_codec().encode(deletion), deletion_key(tenant, user),
                      on_delivery=lambda err, _msg: outcome.append(err))
     producer.flush(35)
     if not outcome or outcome[0] is not None:
-        raise ChatpipeError(f"the deletion was not stored on chat.deletions ({outcome[0] if outcome else 'no answer'}); "
+        raise ChatpipeError(f"the deletion was not stored on {topic} ({outcome[0] if outcome else 'no answer'}); "
                             "nothing will be erased: retry")
     what = f"conversation {conversation} of {tenant}/{user}" if conversation else f"user {tenant}/{user}"
-    console.print(f"deletion {deletion.event_id} of {what} is on chat.deletions; "
+    console.print(f"deletion {deletion.event_id} of {what} is on {topic}; "
                   f"check with: chatpipe forget --verify {user} --tenant {tenant}"
                   f"{f' --conversation {conversation}' if conversation else ''}")
 

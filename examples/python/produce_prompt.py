@@ -10,7 +10,8 @@ It
 2. creates its reply topic if missing (or uses ``--reply-topic``) and starts reading it at its
    current end, *before* producing, so no chunk of the answer can be missed;
 3. produces a PromptRequest v2 (``C3 01`` + 8-byte fingerprint + Avro body), keyed by the
-   conversation id, whose ``reply_to``/``reply_partition`` name that reply address;
+   conversation id (utf-8) and partitioned by murmur2 like every chatpipe producer, whose
+   ``reply_to``/``reply_partition`` name that reply address;
 4. prints the answer's text as its TokenChunks arrive and, from the final chunk, the usage.
 
 Exit codes: 0 answered; 2 the pipeline answered with an error chunk (its ``error_code`` and
@@ -94,6 +95,18 @@ def ensure_reply_topic(bootstrap: str, topic: str) -> None:
     except KafkaException as exc:
         if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
             raise
+
+
+def prompt_producer(bootstrap: str) -> Producer:
+    """The producer of prompts: idempotent, and partitioning keys the way chatpipe does."""
+    return Producer({
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        # Part of the contract (docs/producing.md "Keys and partitions"): Kafka's murmur2 of the key, as
+        # chatpipe's gateway and streams tier and every Java client compute it. librdkafka's default
+        # (CRC32) would put your conversation on another partition than the gateway puts it.
+        "partitioner": "murmur2_random",
+    })
 
 
 def reply_reader(bootstrap: str, topic: str, partition: int, timeout_s: float) -> Consumer:
@@ -220,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     consumer = reply_reader(args.bootstrap_servers, reply_topic, args.reply_partition, args.timeout_s)
     try:
         request = prompt_request(args, reply_topic)
-        producer = Producer({"bootstrap.servers": args.bootstrap_servers, "enable.idempotence": True})
+        producer = prompt_producer(args.bootstrap_servers)
         producer.produce(f"{args.topic_prefix}chat.prompts", key=args.conversation_id.encode(),
                          value=prompts.encode(request))
         if producer.flush(30) != 0:

@@ -28,10 +28,8 @@ from inference.gateway.keys import Principal, resolve_user
 from inference.gateway.openai_api import OpenAIError
 from schemas.records import Deletion, DeletionScope
 from schemas.requests import CONVERSATION_ID, CONVERSATION_ID_RULE, LIMITS
-from schemas.topics import deletion_key
+from schemas.topics import DELETIONS, deletion_key
 from transport.errors import DeliveryError
-
-DELETIONS = "chat.deletions"
 
 
 def add_erasure_routes(app: FastAPI, authenticate: Callable[..., Principal], service: Any) -> None:

@@ -39,13 +39,13 @@ from schemas.records import (
     TokenChunk,
     now_ms,
 )
+from schemas.topics import CANCELS, FEEDBACK, PROMPTS
 from transport.acked_producer import AckedProducer
 from transport.dedupe import AnswerText
 from transport.errors import DeliveryError
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
-PROMPTS, CANCELS, FEEDBACK = "chat.prompts", "chat.cancels", "chat.feedback"
 
 
 @dataclass

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from inference.worker.broadcast import BroadcastListener
+from transport.broadcast import BroadcastListener
 from schemas.records import Cancel
-
-CANCELS = "chat.cancels"
+from schemas.topics import CANCELS
 
 
 class RecentCancels:

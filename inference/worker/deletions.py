@@ -16,11 +16,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from inference.worker.broadcast import BroadcastListener
+from transport.broadcast import BroadcastListener
 from schemas.records import Deletion, DeletionAudit
-
-DELETIONS = "chat.deletions"
-DELETIONS_AUDIT = "chat.deletions.audit"
+from schemas.topics import DELETIONS, DELETIONS_AUDIT  # noqa: F401 - DELETIONS_AUDIT: for worker.py
 
 
 def audit_component(worker_id: str) -> str:

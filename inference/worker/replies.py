@@ -16,13 +16,13 @@ from confluent_kafka import KafkaException
 from inference.worker.errors import ReplyAddressError
 from inference.worker.reply_address import is_reply_fault
 from schemas.records import FinishReason, InferenceRequest, Response, TokenChunk, now_ms
+from schemas.topics import RESPONSES
 from transport import dead_letters
 from transport.acked_producer import AckedProducer
 from transport.dedupe import ATTEMPT_HEADER
 from transport.errors import DeliveryError
 from transport.message import ConsumedMessage
 
-RESPONSES = "chat.responses"
 COMPONENT = "inference-worker"
 # On the first chunk of an attempt: microseconds from the worker starting on the request (chat
 # template, engine, detokenizer) until that chunk was sent. A client's time to first token minus

@@ -5,7 +5,8 @@ The services produce with ``transport.acked_producer.AckedProducer`` (a future p
 their event loop); a test that sets up its input wants "send these, then be sure" instead.
 
 ``enable.idempotence`` gives exactly-once, in-order writes per partition across librdkafka's
-retries; delivery reports are collected by one callback and ``flush()`` raises
+retries; keys are partitioned by murmur2 like every producer of the project
+(``transport.partitioning``); delivery reports are collected by one callback and ``flush()`` raises
 :class:`DeliveryError` if any message failed, so a caller never believes a lost write landed.
 Every message gets a W3C ``traceparent`` header (a child of ``parent_trace`` when given).
 """
@@ -20,6 +21,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from schemas.codec import AvroCodec, default_codec
 from transport import tracing
 from transport.errors import DeliveryError
+from transport.partitioning import LIBRDKAFKA_PARTITIONER
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ class RecordProducer:
             "compression.type": "lz4",
             "on_delivery": self._tracker,
             **(extra_config or {}),
+            # Keys land where the services' producer (AckedProducer) and the streams tier put them.
+            "partitioner": LIBRDKAFKA_PARTITIONER,
         }
         self._producer = Producer(config)
 

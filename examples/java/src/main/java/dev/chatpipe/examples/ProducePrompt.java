@@ -265,6 +265,8 @@ public final class ProducePrompt {
         Properties p = new Properties();
         p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
+        // No partitioner.class: the default (murmur2 of the key, the conversation id) is chatpipe's rule,
+        // the partition its gateway and streams tier use (docs/producing.md "Keys and partitions").
         return new KafkaProducer<>(p, new StringSerializer(), new ByteArraySerializer());
     }
 }
