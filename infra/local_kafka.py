@@ -5,6 +5,13 @@ runs once into a cache folder outside the project (``~/.cache/chatpipe/kafka-<ve
 then the broker starts as ``java -cp 'lib/*' kafka.Kafka server.properties``. Data, logs and
 the pid file live under the state folder (``.chatpipe/kafka`` by default).
 
+With ``kafka_security=sasl_ssl`` (``chatpipe up --kafka-security sasl_ssl``) the client port is a
+SASL_SSL listener (SCRAM-SHA-512 over TLS, the certificate and users of ``infra.kafka_security``,
+users created at format time), the broker's own inter-broker traffic uses it too (as the admin
+user), the controller port is TLS with client certificates (the broker's own), and the
+StandardAuthorizer allows the admin user everything and each service what ``service_acls`` gives
+it: no port of the broker takes a client that has not authenticated.
+
 Not here: topics (``transport.admin``) and anything the broker does once it runs.
 """
 
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from infra.kafka_security import ADMIN_USER, BROKER_CERT_PRINCIPAL, MECHANISM, BrokerSecurity, apply_acls
 from infra.services import alive
 from infra.settings import StackSettings
 from schemas.errors import ChatpipeError
@@ -110,6 +118,7 @@ class LocalKafka:
         self.data_dir = self.dir / "data"
         self.stdout_file = self.logs_dir / "broker.out"
         self.killed = False  # the last `down` needed SIGKILL
+        self.security = BrokerSecurity(self.dir / "security") if settings.kafka_security == "sasl_ssl" else None
 
     # --- inspection ------------------------------------------------------------------------
     def pid(self) -> int | None:
@@ -169,27 +178,69 @@ class LocalKafka:
         (run it in ``self.dir`` with stdout to ``self.stdout_file``)."""
         lib = ensure_jars(self.settings)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+        formatted = (self.data_dir / "meta.properties").exists()
+        if self.security is not None:
+            if formatted and not self.security.exists():
+                raise BrokerStartError(
+                    f"{self.data_dir} was formatted without SCRAM users (a plaintext broker): `chatpipe down`, delete "
+                    f"{self.dir} (its topics go with it) and `chatpipe up --kafka-security sasl_ssl` again")
+            self.security.ensure((self.settings.host,))
         props = self._write_config()
-        if not (self.data_dir / "meta.properties").exists():
+        if not formatted:
             self._format_storage(lib, props)
         return [self.settings.java, f"-Xmx{self.settings.kafka_heap}", "-Xms128m", "-XX:+UseG1GC",
                 "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.logs_dir}",
                 f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
                 "-cp", f"{lib}/*", "kafka.Kafka", str(props)]
 
+    def _listener_lines(self) -> list[str]:
+        s = self.settings
+        if self.security is None:
+            return [f"listeners=PLAINTEXT://{s.host}:{s.kafka_port},CONTROLLER://{s.host}:{s.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://{s.host}:{s.kafka_port}",
+                    "controller.listener.names=CONTROLLER",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"]
+        sec = self.security
+        admin_password = sec.password(ADMIN_USER)
+        return [
+            f"listeners=SASL_SSL://{s.host}:{s.kafka_port},CONTROLLER://{s.host}:{s.controller_port}",
+            f"advertised.listeners=SASL_SSL://{s.host}:{s.kafka_port}",
+            "controller.listener.names=CONTROLLER",
+            # The broker talks to itself (transaction markers, ...) over the client listener, as the
+            # admin user; to its controller over TLS with its own certificate as client certificate.
+            "inter.broker.listener.name=SASL_SSL",
+            "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL",
+            f"sasl.enabled.mechanisms={MECHANISM}",
+            f"sasl.mechanism.inter.broker.protocol={MECHANISM}",
+            f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config="
+            f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN_USER}" '
+            f'password="{admin_password}";',
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={sec.keystore}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={sec.ca_file}",
+            "listener.name.controller.ssl.client.auth=required",
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            # The admin user (the stack's admin client, the broker's inter-broker login) and the
+            # broker's certificate (its controller connection) may do anything; the services only
+            # what their ACLs allow (infra.kafka_security.service_acls).
+            f"super.users=User:{ADMIN_USER};User:{BROKER_CERT_PRINCIPAL}",
+            "allow.everyone.if.no.acl.found=false",
+        ]
+
     def _write_config(self) -> Path:
         s = self.settings
         props = self.dir / "server.properties"
+        if self.security is not None:  # it holds the admin user's password
+            props.touch(mode=0o600)
+            os.chmod(props, 0o600)
         props.write_text("\n".join([
             "# Written by `chatpipe up` on every start; edit StackSettings, not this file.",
             "process.roles=broker,controller",
             "node.id=1",
             f"controller.quorum.voters=1@{s.host}:{s.controller_port}",
-            f"listeners=PLAINTEXT://{s.host}:{s.kafka_port},CONTROLLER://{s.host}:{s.controller_port}",
-            f"advertised.listeners=PLAINTEXT://{s.host}:{s.kafka_port}",
-            "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            *self._listener_lines(),
             f"log.dirs={self.data_dir}",
             # One node: every internal topic has one replica. Few internal partitions keep the
             # first consumer group and the first transaction quick on a 2-core machine.
@@ -221,11 +272,15 @@ class LocalKafka:
             [self.settings.java, "-cp", f"{lib}/*", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
              f"-Dkafka.logs.dir={self.logs_dir}", "kafka.tools.StorageTool", "format",
              # "--opt=value": a base64 id may start with "-", which argparse would take for a flag.
-             f"--cluster-id={cluster_id}", f"--config={props}"],
+             f"--cluster-id={cluster_id}", f"--config={props}",
+             # SCRAM users exist from the first start: the listener has no other way in.
+             *(self.security.scram_format_args() if self.security is not None else [])],
             capture_output=True, text=True,
         )
         if proc.returncode != 0:
-            raise BrokerStartError(f"formatting {self.data_dir} failed:\n{proc.stdout}{proc.stderr}")
+            output = proc.stdout + proc.stderr
+            raise BrokerStartError(f"formatting {self.data_dir} failed:\n"
+                                   f"{self.security.scrub(output) if self.security is not None else output}")
 
     def wait_ready(self, pid: int | None, exited: Callable[[], str | None] = lambda: None) -> None:
         """Wait until the broker answers; ``exited()`` says how it ended once it has ("exited with code 1")."""
@@ -237,6 +292,9 @@ class LocalKafka:
                     f"the Kafka broker {said} while starting. "
                     f"Last lines of {self.logs_dir}:\n{_tail(self.stdout_file)}\n{_tail(self.logs_dir / 'server.log')}")
             if port_open(self.settings.host, self.settings.kafka_port) and self.answers():
+                if self.security is not None:  # before any service connects: without ACLs it may do nothing
+                    apply_acls({"bootstrap.servers": self.settings.bootstrap_servers, **self.security.client_config()},
+                               self.settings.topic_prefix)
                 return
             time.sleep(0.3)
         raise BrokerStartError(
@@ -247,7 +305,8 @@ class LocalKafka:
         """True when the broker answers a metadata request (within about 2 s)."""
         from confluent_kafka.admin import AdminClient  # the stack itself needs no client otherwise
 
-        admin = AdminClient({"bootstrap.servers": self.settings.bootstrap_servers, "log_level": 0})
+        admin = AdminClient({"bootstrap.servers": self.settings.bootstrap_servers, "log_level": 0,
+                             **(self.security.client_config(ADMIN_USER) if self.security is not None else {})})
         try:
             metadata = admin.list_topics(timeout=2)
         except Exception:  # KafkaException while the broker is still registering

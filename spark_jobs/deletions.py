@@ -56,7 +56,7 @@ def raw_deletions(spark: SparkSession, s, kafka) -> DataFrame:
     if s.archive_dir is not None and Path(s.archive_dir).is_dir():
         frames.append(read_archive(spark, s.archive_dir, topic))
     if s.source == "kafka" and _topic_exists(kafka, topic):
-        frames.append(read_kafka(spark, kafka.bootstrap_servers, topic))
+        frames.append(read_kafka(spark, kafka.spark_kafka_options(), topic))
     raw = spark.createDataFrame([], RAW_SCHEMA)
     for f in frames:
         raw = raw.unionByName(f)

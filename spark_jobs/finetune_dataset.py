@@ -62,7 +62,7 @@ class FinetuneResult:
 def read_topic(spark: SparkSession, s, kafka, catalog_name: str) -> DataFrame:
     topic = kafka.topic(catalog_name)
     if s.source == "kafka":
-        return read_kafka(spark, kafka.bootstrap_servers, topic, s.since, s.until)
+        return read_kafka(spark, kafka.spark_kafka_options(), topic, s.since, s.until)
     return read_archive(spark, s.archive_dir, topic, s.since, s.until)
 
 

@@ -3,7 +3,9 @@ it may replace. Each problem is one line (a named error, or a warning string), i
 instead of a Spark start, a screen of JVM warnings and a Py4J traceback later.
 
 - ``--source kafka``: a TCP connection to a bootstrap server (``TopicAdmin.check_reachable``);
-  without one, Spark's Kafka source would retry for minutes.
+  without one, Spark's Kafka source would retry for minutes. Then the broker must take the
+  ``CHATPIPE_KAFKA_*`` credentials and its certificate must be trusted (``transport.connect_check``),
+  or the job ends with that one line instead of a JVM stack trace.
 - ``--source archive``: the archive folder exists; no archived file of the turns topic in the
   time range is a *warning*, not an error (a scheduled run over a quiet hour is not a failure):
   the job still writes its outputs, empty, and says so.
@@ -74,8 +76,10 @@ def check_inputs(s, kafka, reach_timeout_s: float = 3.0) -> list[str]:
     warnings = []
     if s.source == "kafka":
         from transport.admin import TopicAdmin
+        from transport.connect_check import check_connection
 
         TopicAdmin(kafka).check_reachable(timeout_s=reach_timeout_s)  # TransportError naming the servers
+        check_connection(kafka)  # KafkaConnectError: SASL credentials refused, broker certificate not trusted
     else:
         root = Path(s.archive_dir)
         if not root.is_dir():

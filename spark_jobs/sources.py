@@ -43,13 +43,17 @@ def _in_range(df: DataFrame, since: int | None, until: int | None) -> DataFrame:
     return df
 
 
-def read_kafka(spark: SparkSession, bootstrap_servers: str, topic: str,
+def read_kafka(spark: SparkSession, connection: dict[str, str], topic: str,
                since: int | None = None, until: int | None = None,
                options: dict[str, str] | None = None) -> DataFrame:
-    """Messages of ``topic`` with since <= timestamp < until, as one bounded batch."""
+    """Messages of ``topic`` with since <= timestamp < until, as one bounded batch.
+
+    ``connection``: ``KafkaSettings.spark_kafka_options()``, the servers and the Java client's
+    security options; it may hold the SASL password (JAAS line) and a private key: never log it.
+    """
+    reader = spark.read.format("kafka").options(**connection)
     reader = (
-        spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap_servers)
+        reader
         .option("subscribe", topic)
         .option("failOnDataLoss", "false")  # retention may have deleted the oldest offsets
     )

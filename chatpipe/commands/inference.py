@@ -12,7 +12,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import build_settings, err_console
+from chatpipe.commands.common import (KafkaSaslMechanism, KafkaSaslPasswordFile, KafkaSaslUsername,
+                                      KafkaSecurityProtocol, KafkaSslCaFile, KafkaSslCertFile, KafkaSslKeyFile,
+                                      build_settings, check_kafka, err_console, kafka_settings)
 
 
 def inference(
@@ -30,6 +32,13 @@ def inference(
     kv_cache_tokens: Annotated[Optional[int], typer.Option("--kv-cache-tokens", help="KV cache budget [env CHATPIPE_KV_CACHE_TOKENS]")] = None,
     max_seq_len: Annotated[Optional[int], typer.Option("--max-seq-len", help="Most tokens per request [env CHATPIPE_MAX_SEQ_LEN]")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING")] = "INFO",
+    kafka_security_protocol: KafkaSecurityProtocol = None,
+    kafka_sasl_mechanism: KafkaSaslMechanism = None,
+    kafka_sasl_username: KafkaSaslUsername = None,
+    kafka_sasl_password_file: KafkaSaslPasswordFile = None,
+    kafka_ssl_ca_file: KafkaSslCaFile = None,
+    kafka_ssl_cert_file: KafkaSslCertFile = None,
+    kafka_ssl_key_file: KafkaSslKeyFile = None,
 ) -> None:
     """Serve InferenceRequests from Kafka with the local engine until SIGTERM."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,14 +52,17 @@ def inference(
     from inference.engine.settings import DEFAULT_MODEL_NAME, EngineSettings
     from inference.worker.settings import WorkerSettings
     from inference.worker.worker import Worker
-    from transport.settings import KafkaSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    kafka = build_settings(KafkaSettings, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix)
+    kafka = kafka_settings(bootstrap_servers, topic_prefix, security_protocol=kafka_security_protocol,
+                           sasl_mechanism=kafka_sasl_mechanism, sasl_username=kafka_sasl_username,
+                           sasl_password_file=kafka_sasl_password_file, ssl_ca_file=kafka_ssl_ca_file,
+                           ssl_cert_file=kafka_ssl_cert_file, ssl_key_file=kafka_ssl_key_file)
     worker_settings = build_settings(WorkerSettings, intake=intake, group_id=group_id, worker_id=worker_id,
                                      max_in_flight=max_in_flight, metrics_port=metrics_port, grace_s=grace_s)
     engine_settings = build_settings(EngineSettings, model_path=model, device=device, max_batch=max_batch,
                                      kv_cache_tokens=kv_cache_tokens, max_seq_len=max_seq_len)
+    check_kafka(kafka, "inference")  # before the model loads: a refused password says so in seconds
     try:
         lm, tokenizer = load_model(engine_settings)
         engine = Engine(lm, engine_settings)

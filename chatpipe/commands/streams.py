@@ -7,7 +7,8 @@ variables, finds the chat model's tokenizer (the pulled default model unless
 Exit codes, for the supervisor that restarts it: 0 after SIGTERM/Ctrl-C; 75 when Qdrant, the
 broker or the archive's disk failed for longer than the retry budget (the batch in hand was not
 acknowledged and is read again after the restart); 70 when an agent raised something unexpected
-(a bug; its batch is not acknowledged either); 1 for a configuration error at start.
+(a bug; its batch is not acknowledged either); 1 for a configuration error at start; 78 when the
+broker refused the Kafka credentials or its certificate is not trusted (transport.connect_check).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
+from chatpipe.commands.common import (KafkaSaslMechanism, KafkaSaslPasswordFile, KafkaSaslUsername,
+                                      KafkaSecurityProtocol, KafkaSslCaFile, KafkaSslCertFile, KafkaSslKeyFile)
 
 
 def streams(
@@ -31,6 +35,13 @@ def streams(
     tokenizer: Optional[Path] = typer.Option(None, help="Chat model folder for its tokenizer "
                                                         "(env CHATPIPE_STREAMS_TOKENIZER_PATH)"),
     log_level: Optional[str] = typer.Option(None, help="debug|info|warning (env CHATPIPE_STREAMS_LOG_LEVEL)"),
+    kafka_security_protocol: KafkaSecurityProtocol = None,
+    kafka_sasl_mechanism: KafkaSaslMechanism = None,
+    kafka_sasl_username: KafkaSaslUsername = None,
+    kafka_sasl_password_file: KafkaSaslPasswordFile = None,
+    kafka_ssl_ca_file: KafkaSslCaFile = None,
+    kafka_ssl_cert_file: KafkaSslCertFile = None,
+    kafka_ssl_key_file: KafkaSslKeyFile = None,
 ) -> None:
     """Run the streams worker: prompts -> context -> inference requests; responses -> turns, memory, archive.
 
@@ -38,16 +49,18 @@ def streams(
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local folders only
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from chatpipe.commands.common import build_settings
+    from chatpipe.commands.common import build_settings, check_kafka, kafka_settings
     from inference.engine.model_store import locate_model
     from inference.engine.settings import EngineSettings
     from streams.app import StreamsApp, run_worker
     from streams.memory_settings import MemorySettings
     from streams.services import StreamsServices
     from streams.settings import StreamsSettings
-    from transport.settings import KafkaSettings
 
-    kafka = build_settings(KafkaSettings, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix)
+    kafka = kafka_settings(bootstrap_servers, topic_prefix, security_protocol=kafka_security_protocol,
+                           sasl_mechanism=kafka_sasl_mechanism, sasl_username=kafka_sasl_username,
+                           sasl_password_file=kafka_sasl_password_file, ssl_ca_file=kafka_ssl_ca_file,
+                           ssl_cert_file=kafka_ssl_cert_file, ssl_key_file=kafka_ssl_key_file)
     settings = build_settings(StreamsSettings, state_dir=state_dir, archive_dir=archive_dir,
                               tokenizer_path=tokenizer, log_level=log_level)
     memory = build_settings(MemorySettings, path=memory_path, url=qdrant_url)
@@ -57,6 +70,9 @@ def streams(
         import torch
 
         torch.set_num_threads(settings.torch_threads)
+    # Before the embedding model loads and the erasure registry is read: a refused password or an
+    # untrusted certificate ends the start in one line (code 78), not in a 75 and a restart loop.
+    check_kafka(kafka, "streams")
     services = StreamsServices.open(memory, folder)
     run_worker(StreamsApp(kafka, settings, services))
 
