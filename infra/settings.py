@@ -9,17 +9,22 @@ them to ``<state_dir>/stack.json`` so that later commands on the same state fold
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Where a running stack listens, kept with its state folder and read back by status/down/up: each
-# field -> the services that use it (a running one makes a different value an error).
+# field -> the kinds of service that use it (a running one, any instance of it, makes a different
+# value an error). The worker counts name none: `up` with another count adds or stops instances.
 _EVERY_SERVICE = ("kafka", "streams", "inference", "gateway")
 PERSISTED_FIELDS: dict[str, tuple[str, ...]] = {
     "host": _EVERY_SERVICE, "topic_prefix": _EVERY_SERVICE,
     "kafka_port": ("kafka",), "controller_port": ("kafka",), "kafka_heap": ("kafka",), "brokers": ("kafka",),
     "gateway_port": ("gateway",), "worker_metrics_port": ("inference",), "qdrant_url": ("streams",),
+    "kafka_security": _EVERY_SERVICE,
+    "streams_workers": (), "inference_workers": (),
 }
 
 
@@ -51,9 +56,18 @@ class StackSettings(BaseSettings):
     gateway_port: int = Field(8000, ge=1, le=65535, description="Gateway HTTP port (OpenAI API, /healthz)")
     worker_metrics_port: int = Field(9464, ge=1, le=65535, description="Inference worker's /metrics port")
     topic_prefix: str = Field("", description="Topic name prefix of every service of the stack")
+    kafka_security: Literal["plaintext", "sasl_ssl"] = Field(
+        "plaintext", description="Client listener of the one-broker stack: plaintext, or sasl_ssl (SCRAM-SHA-512 "
+                                 "over TLS; CA, broker certificate and one user per service made under "
+                                 "<state>/kafka/security; docs/security_broker.md)")
     qdrant_url: str | None = Field(None, description="Qdrant server URL(s) for the streams worker's memory "
                                                      "(`chatpipe streams --qdrant-url`); empty = Qdrant local "
                                                      "mode in <state>/qdrant")
+    streams_workers: int = Field(1, ge=1, le=16, description="Streams worker processes (`streams`, `streams-2`, ...), "
+                                                          "one consumer group; more than 1 needs qdrant_url")
+    inference_workers: int = Field(1, ge=1, le=16, description="Inference worker processes (`inference`, "
+                                                            "`inference-2`, ...), one consumer group; worker n's "
+                                                            "/metrics on worker_metrics_port + n - 1")
     start_timeout_s: float = Field(90.0, gt=0, description="How long `up` waits for the broker to answer")
     service_start_timeout_s: float = Field(
         300.0, gt=0, description="How long `up` waits for one service (streams, inference, gateway) to be healthy; "
@@ -82,6 +96,22 @@ class StackSettings(BaseSettings):
         if value is None or not value.strip():
             return None
         return value.strip()
+
+    @field_validator("kafka_security", mode="before")
+    @classmethod
+    def _security_any_case(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("kafka_security")
+    @classmethod
+    def _security_on_one_broker(cls, value: str, info: ValidationInfo) -> str:
+        brokers = info.data.get("brokers", 1)  # validated before: declared earlier
+        if value != "plaintext" and brokers > 1:
+            # A custom error keeps the line as written (a ValueError would read "Value error, ...").
+            raise PydanticCustomError("kafka_security", "--kafka-security {value} secures the one-broker stack only, "
+                                      "not a {brokers}-node cluster; use --brokers 1",
+                                      {"value": value, "brokers": brokers})
+        return value
 
     @property
     def bootstrap_servers(self) -> str:

@@ -1,4 +1,4 @@
-"""The whole local stack of one state folder: Kafka, the streams worker, an inference worker, the gateway.
+"""The whole local stack of one state folder: Kafka, the streams workers, the inference workers, the gateway.
 
 ``LocalStack.up`` asks the stack's supervisor (``infra.supervisor``, a detached ``chatpipe supervise``)
 to run what is not running (Kafka first, then the three services side by side, each a ``chatpipe
@@ -7,11 +7,17 @@ supervisor starts again any that exits, with backoff. ``down`` sends the supervi
 nothing is restarted), then stops the services in reverse dependency order; ``restart`` and ``stop``
 act on one service through the supervisor; ``status`` probes each and adds its restarts and last exit.
 
+Streams and inference scale: ``streams_workers`` / ``inference_workers`` instances, named ``streams``,
+``streams-2``, ... (``infra.instances``), each a service of its own (pid file, log, restarts), all of a
+kind in one consumer group. ``up`` with a smaller count stops the surplus, with a larger one starts
+the extra ones.
+
 Health, per service (``probe``):
 - kafka: its process runs and the broker answers a metadata request;
-- streams: its process runs and its Faust consumer group has members (it has joined and owns partitions);
-- inference: its process runs, ``/metrics`` answers (the model is loaded) and its consumer group
-  has members;
+- streams (each instance): its process runs and its Faust consumer group has at least as many members
+  as streams workers run (every one has joined; the group splits the partitions between them);
+- inference (each instance): its process runs, its ``/metrics`` answers (the model is loaded) and its
+  consumer group has at least as many members as inference workers run;
 - gateway: ``GET /healthz`` answers 200 (its reply consumer is assigned).
 
 Supervised: every service, and the broker of a one-broker stack (a cluster's nodes are not: ``chatpipe
@@ -36,6 +42,9 @@ from pathlib import Path
 from typing import Callable
 
 from infra import stack_state
+from infra.instances import (INFERENCE, STREAMS, found_instances, instance_dir, instance_env, instance_names,
+                             kind_of, metrics_port, parse_instance)
+from infra.kafka_security import ADMIN_USER, MECHANISM, PROTOCOL, SERVICE_USERS
 from infra.local_kafka import LocalKafka, PortInUseError, StackError, port_open
 from infra.local_keys import ensure_keys_file
 from infra.services import ServiceProcess, StopResult, tail
@@ -44,8 +53,8 @@ from infra.supervision import (ExitRecord, ServiceSpec, ServiceState, Spec, Supe
                                happened)
 
 KAFKA = "kafka"
-SERVICES = ("streams", "inference", "gateway")  # started after Kafka; stopped before it, in reverse
-ALL = (KAFKA, *SERVICES)
+SERVICES = ("streams", "inference", "gateway")  # kinds started after Kafka; stopped before it, in reverse
+ALL = (KAFKA, *SERVICES)  # the kinds (`--only` takes these); a stack's service names: `service_names`
 
 # The groups the services join with their default settings (streams: the Faust app id;
 # inference: the worker's consumer group). Literal here so `up` does not import either service.
@@ -73,6 +82,13 @@ class Health:
     last_exit: ExitRecord | None = None
 
 
+def service_names(settings: StackSettings) -> tuple[str, ...]:
+    """Every service of a stack in start order: kafka, streams, streams-2, ..., inference, inference-2, ...,
+    gateway (stopped in reverse)."""
+    return (KAFKA, *instance_names(STREAMS, settings.streams_workers),
+            *instance_names(INFERENCE, settings.inference_workers), "gateway")
+
+
 def broker_for(settings: StackSettings):
     """The Kafka of this stack: one broker (``LocalKafka``), or a KRaft cluster for ``brokers`` > 1.
 
@@ -83,6 +99,9 @@ def broker_for(settings: StackSettings):
     if settings.brokers > 1:
         from infra.cluster_broker import ClusterBroker
 
+        if settings.kafka_security != "plaintext":  # flags are checked by StackSettings; this is flags + stack.json
+            raise StackError(f"--kafka-security {settings.kafka_security} secures the one-broker stack only, not a "
+                             f"{settings.brokers}-node cluster; use --brokers 1")
         return ClusterBroker(settings)
     return LocalKafka(settings)
 
@@ -101,10 +120,11 @@ class LocalStack:
     def __init__(self, settings: StackSettings, services: list[str] | None = None) -> None:
         self.settings = settings
         self.kafka = broker_for(settings)
-        self.processes = {name: ServiceProcess(name, settings) for name in SERVICES}
+        self.names = service_names(settings)
+        self.processes = {name: ServiceProcess(name, settings) for name in self.names if name != KAFKA}
         self.supervisor = SupervisorClient(settings)
         # Services this stack was started with (`up --only kafka`: Kafka alone); None = all.
-        self.services = list(ALL) if services is None else [s for s in ALL if s in services]
+        self.services = list(self.names) if services is None else [s for s in self.names if s in services]
         self._admin = None
 
     @classmethod
@@ -115,11 +135,21 @@ class LocalStack:
         return cls(merged, services)
 
     def running_services(self) -> set[str]:
-        """The services of this state folder whose process runs (ports are not needed to tell)."""
-        return {name for name in ALL if self._pid(name) is not None}
+        """The services of this state folder whose process runs (ports are not needed to tell), instances
+        beyond the stack's counts included."""
+        return {name for name in self._known() if self._pid(name) is not None}
+
+    def _known(self) -> list[str]:
+        """The stack's services, then instances beyond its counts that have a pid file (an earlier `up`
+        with a larger count, a stack whose stack.json is gone)."""
+        extra = found_instances(self.settings.run_dir) - set(self.names)
+        return [*self.names, *sorted(extra, key=lambda n: parse_instance(n))]
+
+    def _process(self, name: str) -> ServiceProcess:
+        return self.processes.get(name) or ServiceProcess(name, self.settings)
 
     def _pid(self, name: str) -> int | None:
-        return self.kafka.pid() if name == KAFKA else self.processes[name].pid()
+        return self.kafka.pid() if name == KAFKA else self._process(name).pid()
 
     @property
     def bootstrap_servers(self) -> str:
@@ -131,33 +161,47 @@ class LocalStack:
         s = self.settings
         kafka = ["--bootstrap-servers", self.bootstrap_servers] + (["--topic-prefix", s.topic_prefix] if s.topic_prefix else [])
         state = s.state_dir.resolve()
-        if name == "streams":
+        kind, index = parse_instance(name) or (name, 1)
+        if kind == STREAMS:
+            # Faust's data folder is the instance's own; the archive is shared (a partition's files are
+            # written by the one worker that owns it), and so is the Qdrant server (more than one
+            # worker needs one: `_check_scale`).
             memory = ["--qdrant-url", s.qdrant_url] if s.qdrant_url else ["--memory-path", str(state / "qdrant")]
-            return ["streams", *kafka, "--state-dir", str(state / "streams"), "--archive-dir", str(state / "archive"),
-                    *memory]
-        if name == "inference":
+            return ["streams", *kafka, "--state-dir", str(instance_dir(s, name)), "--archive-dir",
+                    str(state / "archive"), *memory]
+        if kind == INFERENCE:
             # Partition intake (a consumer group) always: its members are how `up` sees the worker
             # serving; a share group is not listed by the admin API (run `chatpipe inference
             # --intake share` by hand for that).
-            return ["inference", *kafka, "--intake", "partition", "--metrics-port", str(s.worker_metrics_port)]
+            return ["inference", *kafka, "--intake", "partition", "--metrics-port", str(metrics_port(s, index))]
         if name == "gateway":
             return ["gateway", *kafka, "--host", s.host, "--port", str(s.gateway_port), "--keys-file", str(s.keys_file)]
         raise ValueError(f"no service {name!r}")
 
-    def service_env(self) -> dict[str, str]:
+    def service_env(self, name: str | None = None) -> dict[str, str]:
         """Variables every service gets besides those of the `chatpipe up` that starts it: on a
         cluster, the topics they create themselves (Faust's changelog, the gateway's reply topic)
-        are replicated like the catalog's."""
-        return {"CHATPIPE_REPLICATION_FACTOR": "3"} if self.settings.brokers >= 3 else {}
+        are replicated like the catalog's; on a secured broker (``--kafka-security sasl_ssl``),
+        service ``name`` logs in as its own user (``CHATPIPE_KAFKA_*``, infra.kafka_security)."""
+        env = {"CHATPIPE_REPLICATION_FACTOR": "3"} if self.settings.brokers >= 3 else {}
+        if name is not None and name != KAFKA and self.broker_security is not None:
+            env.update(self.broker_security.client_env(SERVICE_USERS[kind_of(name)]))
+        return env
+
+    @property
+    def broker_security(self):
+        """The secured broker's CA and users (``infra.kafka_security.BrokerSecurity``); None for plaintext."""
+        return getattr(self.kafka, "security", None)
 
     def _service_spec(self, name: str) -> ServiceSpec:
-        """What the supervisor runs for ``name``, with the environment of this process (``up``'s)."""
-        env = {**os.environ, **self.service_env()}
+        """What the supervisor runs for ``name``, with the environment of this process (``up``'s), less
+        what each instance needs of its own (``instance_env``: a port, a worker id)."""
+        env = {**os.environ, **self.service_env(name), **instance_env(name, os.environ)}
         if name == KAFKA:
             k = self.kafka
             return ServiceSpec(KAFKA, tuple(k.prepare()), env, str(k.stdout_file), str(k.pid_file), cwd=str(k.dir),
                                tail_file=str(k.logs_dir / "server.log"))
-        proc = self.processes[name]
+        proc = self._process(name)
         return ServiceSpec(name, (sys.executable, "-m", "chatpipe.cli", *self.command(name)), env,
                            str(proc.log_file), str(proc.pid_file))
 
@@ -166,18 +210,21 @@ class LocalStack:
         kafka = (f"{self.bootstrap_servers} ({s.brokers} nodes)" if s.brokers > 1
                  else f"{self.bootstrap_servers} (controller :{s.controller_port})")
         memory = f", qdrant {s.qdrant_url}" if s.qdrant_url else ""
+        if self.broker_security is not None:  # who logs in how; the passwords stay in <state>/kafka/security
+            kafka += f", {PROTOCOL} {MECHANISM} (admin user {ADMIN_USER}, CA {self.broker_security.ca_file})"
+        kind, index = parse_instance(name) or (name, 1)
         return {KAFKA: kafka,
-                "streams": f"group {s.topic_prefix}{STREAMS_GROUP}{memory}",
-                "inference": f"http://{s.host}:{s.worker_metrics_port}/metrics",
-                "gateway": s.gateway_url}[name]
+                STREAMS: f"group {s.topic_prefix}{STREAMS_GROUP}{memory}",
+                INFERENCE: f"http://{s.host}:{metrics_port(s, index)}/metrics",
+                "gateway": s.gateway_url}[kind]
 
     def log_file(self, name: str) -> Path:
-        return self.kafka.logs_dir / "server.log" if name == KAFKA else self.processes[name].log_file
+        return self.kafka.logs_dir / "server.log" if name == KAFKA else self._process(name).log_file
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         if name == KAFKA:
             return f"{tail(self.kafka.logs_dir / 'broker.out', lines)}\n{tail(self.log_file(KAFKA), lines)}"
-        return self.processes[name].log_tail(lines)
+        return self._process(name).log_tail(lines)
 
     # --- the supervisor ----------------------------------------------------------------------
     def supervised(self) -> dict[str, ServiceSpec]:
@@ -186,15 +233,17 @@ class LocalStack:
             return {}
         return {service.name: service for service in self.supervisor.spec().services}
 
-    def _ask(self, entries: dict[str, ServiceSpec]) -> Spec:
-        """Hand ``entries`` to the supervisor (starting one if needed) and wait until it has acted."""
+    def _ask(self, entries: dict[str, ServiceSpec], drop: frozenset[str] = frozenset()) -> Spec:
+        """Hand ``entries`` to the supervisor (starting one if needed), forget ``drop`` (stopped
+        instances beyond the stack's counts), and wait until it has acted."""
 
         def change(spec: Spec, supervisor_runs: bool) -> Spec:
             if not supervisor_runs:  # left by a supervisor that is gone: what still runs is adopted, the rest forgotten
                 spec = spec.without({s.name for s in spec.services if not (s.wanted and self._pid(s.name) is not None)})
+            spec = spec.without(set(drop))
             for name, entry in entries.items():
                 old = spec.get(name)
-                spec = spec.put(replace(entry, generation=old.generation if old else 0), ALL)
+                spec = spec.put(replace(entry, generation=old.generation if old else 0), self.names)
             return spec
 
         new, _ = self.supervisor.update(change)
@@ -220,8 +269,9 @@ class LocalStack:
             from transport.admin import TopicAdmin
             from transport.settings import KafkaSettings
 
+            login = self.broker_security.settings_fields(ADMIN_USER) if self.broker_security is not None else {}
             self._admin = TopicAdmin(KafkaSettings(bootstrap_servers=self.bootstrap_servers,
-                                                   topic_prefix=self.settings.topic_prefix), timeout_s=5.0)
+                                                   topic_prefix=self.settings.topic_prefix, **login), timeout_s=5.0)
         return self._admin
 
     def _members(self, group: str) -> int:
@@ -254,43 +304,62 @@ class LocalStack:
         detail = self._not_ready(name)
         return Health(name, not detail, "unhealthy" if detail else "healthy", pid, address, log, detail, **extra)
 
+    def _group_short(self, kind: str, group: str, joining: str) -> str:
+        """"" when ``group`` has at least as many members as instances of ``kind`` run (each has joined;
+        a worker that died stays a member until its session times out, so this is a floor), else why not."""
+        running = sum(1 for n in self._known() if kind_of(n) == kind and self._pid(n) is not None)
+        members = self._members(group)
+        if members >= max(1, running):
+            return ""
+        return joining if members == 0 else f"{members} of {running} {kind} workers in its consumer group"
+
     def _not_ready(self, name: str) -> str:
         """Why the running service ``name`` is not healthy yet ("" when it is)."""
         s = self.settings
-        if name == KAFKA:
+        kind, index = parse_instance(name) or (name, 1)
+        if kind == KAFKA:
             return "" if self.kafka.status().running and self.kafka.answers() else "the broker does not answer"
-        if name in ("streams", "inference") and self.kafka.pid() is None:
+        if kind in (STREAMS, INFERENCE) and self.kafka.pid() is None:
             return "Kafka is not running"  # no group to ask about (and no 5 s admin timeout per probe)
-        if name == "gateway":
+        if kind == "gateway":
             code = _http_status(f"{s.gateway_url}/healthz")
             return "" if code == 200 else f"/healthz answers {code or 'nothing'}"
-        if name == "inference":
-            if _http_status(f"http://{s.host}:{s.worker_metrics_port}/metrics") != 200:
+        if kind == INFERENCE:
+            if _http_status(f"http://{s.host}:{metrics_port(s, index)}/metrics") != 200:
                 return "loading the model (/metrics not up yet)"
-            return "" if self._members(INFERENCE_GROUP) else "joining its consumer group"
-        if name == "streams":
-            return "" if self._members(STREAMS_GROUP) else "loading models / joining its consumer group"
+            return self._group_short(INFERENCE, INFERENCE_GROUP, "joining its consumer group")
+        if kind == STREAMS:
+            return self._group_short(STREAMS, STREAMS_GROUP, "loading models / joining its consumer group")
         raise ValueError(f"no service {name!r}")
 
     def status(self) -> list[Health]:
-        return [self.probe(name) for name in ALL]
+        """Every service of the stack, and any instance beyond its counts that still runs."""
+        return [self.probe(name) for name in self._known() if name in self.names or self._pid(name) is not None]
 
     # --- up / down ---------------------------------------------------------------------------
     def up(self, only: list[str] | None = None, *,
            on_ready: Callable[[Health, bool, float], None] = lambda h, started, s: None,
            on_topics: Callable[[list], None] = lambda changes: None,
-           on_wait: Callable[[dict[str, str], float], None] = lambda pending, s: None) -> None:
-        """Start Kafka (and apply the topic catalog) and the ``only`` services (all by default) that do not
-        run, under the supervisor; wait until each is healthy.
+           on_wait: Callable[[dict[str, str], float], None] = lambda pending, s: None,
+           on_stopped: Callable[[StopResult], None] = lambda r: None) -> None:
+        """Start Kafka (and apply the topic catalog) and the ``only`` kinds of service (all by default:
+        every instance of each) that do not run, under the supervisor; wait until each is healthy.
+        Instances beyond the counts (an earlier ``up`` had more) are stopped first.
 
         ``on_ready(health, started_now, seconds)`` once per service; ``on_topics(changes)`` after the
-        catalog is applied; ``on_wait({name: why}, seconds)`` while some are not healthy yet.
+        catalog is applied; ``on_wait({name: why}, seconds)`` while some are not healthy yet;
+        ``on_stopped(result)`` per surplus instance stopped.
         """
-        wanted = [n for n in SERVICES if only is None or n in only]
+        kinds = [k for k in SERVICES if only is None or k in only]
+        self._check_scale(kinds)
+        wanted = [n for n in self.names if n != KAFKA and kind_of(n) in kinds]
         began, asked_at = time.monotonic(), time.time()
         started = self._up_kafka(asked_at)
+        surplus = self._surplus()
+        self._retire(surplus, on_stopped)
         supervised = self.supervised()
-        self.services = [KAFKA, *[n for n in SERVICES if n in wanted or n in supervised or self._pid(n) is not None]]
+        self.services = [KAFKA, *[n for n in self.names if n != KAFKA and (
+            n in wanted or n in supervised or self._pid(n) is not None)]]
         stack_state.save(self.settings, self.services)
         on_ready(self.probe(KAFKA), started, time.monotonic() - began)
         on_topics(self.admin().apply())  # before the services: they expect every catalog topic
@@ -301,9 +370,50 @@ class LocalStack:
         entries = {n: self._service_spec(n) for n in wanted if self._pid(n) is None}
         fresh = [n for n in entries if not (n in supervised and supervised[n].wanted)]
         self._check_ports(fresh)
-        if entries:
-            self._ask(entries)
+        if entries or surplus:
+            self._ask(entries, drop=frozenset(surplus))
         self._wait_healthy(wanted, fresh, asked_at, on_ready, on_wait)
+
+    def _check_scale(self, kinds: list[str]) -> None:
+        """One line for worker counts that cannot work: several streams workers on Qdrant local mode (a
+        folder one process opens), inference workers' /metrics ports out of range or on another port."""
+        s = self.settings
+        if STREAMS in kinds and s.streams_workers > 1 and not s.qdrant_url:
+            raise StackError(f"--streams-workers {s.streams_workers} needs a Qdrant server: give --qdrant-url URL "
+                             "(e.g. ../shared/tools/qdrant); Qdrant local mode is a folder only one process can open")
+        if INFERENCE not in kinds:
+            return
+        first, last = metrics_port(s, 1), metrics_port(s, s.inference_workers)
+        if last > 65535:
+            raise StackError(f"--inference-workers {s.inference_workers} from --worker-metrics-port {first} needs "
+                             f"ports up to {last}, past 65535; choose a lower --worker-metrics-port")
+        taken = {s.gateway_port: "the gateway's (--gateway-port)"}
+        if s.brokers == 1:
+            taken |= {s.kafka_port: "Kafka's (--kafka-port)", s.controller_port: "the controller's (--controller-port)"}
+        for port, whose in taken.items():
+            if first <= port <= last:
+                raise StackError(f"port {port} is {whose} and also an inference worker's /metrics port (worker n "
+                                 f"listens on --worker-metrics-port + n - 1: {first}-{last}); choose other ports")
+
+    def _surplus(self) -> list[str]:
+        """Instances beyond the stack's counts that run or that the supervisor has in hand, highest first."""
+        held = {s.name for s in self.supervisor.spec().services}
+        extra = [n for n in self._known() if n not in self.names and self._pid(n) is not None]
+        extra += [n for n in held if parse_instance(n) is not None and n not in self.names and n not in extra]
+        return sorted(extra, key=lambda n: parse_instance(n), reverse=True)
+
+    def _retire(self, names: list[str], on_stopped: Callable[[StopResult], None]) -> None:
+        """Stop ``names`` (surplus instances): through the supervisor those it has in hand, the others
+        directly; the caller then drops them from the spec (``_ask(drop=...)``)."""
+        if not names:
+            return
+        supervised = self.supervised()
+        held = [n for n in names if n in supervised]
+        if held:
+            self.stop(held, on_stopped)
+        for name in names:
+            if name not in held:
+                on_stopped(self._process(name).stop(self.settings.stop_timeout_s))
 
     def _up_kafka(self, asked_at: float) -> bool:
         """Kafka up and answering; True if this call started it."""
@@ -319,11 +429,17 @@ class LocalStack:
         return bool(entry)
 
     def _check_ports(self, fresh: list[str]) -> None:
-        ports = {"gateway": ("--gateway-port", self.settings.gateway_port),
-                 "inference": ("--worker-metrics-port", self.settings.worker_metrics_port)}
         for name in fresh:
-            if name in ports and port_open(self.settings.host, ports[name][1]):
-                flag, port = ports[name]
+            kind, index = parse_instance(name) or (name, 1)
+            if kind == "gateway":
+                flag, port = "--gateway-port", self.settings.gateway_port
+            elif kind == INFERENCE:
+                flag, port = "--worker-metrics-port", metrics_port(self.settings, index)
+                if index > 1:
+                    flag += " (inference worker n listens on it + n - 1)"
+            else:
+                continue
+            if port_open(self.settings.host, port):
                 raise PortInUseError(f"port {port} on {self.settings.host} ({name}) is already in use by another "
                                      f"program; stop it or choose another port with {flag}")
 
@@ -362,11 +478,14 @@ class LocalStack:
     def down(self, on_stopped: Callable[[StopResult], None] = lambda r: None,
              on_released: Callable[[int | None], None] = lambda pid: None) -> list[StopResult]:
         """Send the supervisor away (nothing is restarted from here on), then stop every service
-        (gateway, inference, streams), then Kafka: SIGTERM, SIGKILL after the timeout."""
+        (gateway, the inference workers, the streams workers: each instance, the last first), then Kafka:
+        SIGTERM, SIGKILL after the timeout."""
         on_released(self.supervisor.release())
         results = []
-        for name in reversed(SERVICES):
-            result = self.processes[name].stop(self.settings.stop_timeout_s)
+        for name in reversed(self._known()):
+            if name == KAFKA:
+                continue
+            result = self._process(name).stop(self.settings.stop_timeout_s)
             on_stopped(result)
             results.append(result)
         began, pid = time.monotonic(), self.kafka.pid()
@@ -395,7 +514,7 @@ class LocalStack:
             if self._pid(name) is not None:
                 raise StackError(f"{name} runs without the supervisor (started by an older chatpipe or outside "
                                  "`chatpipe up`): `chatpipe down`, then `chatpipe up`, puts it under one")
-            raise StackError(f"{name} is not started: `chatpipe up --only {name}` starts it")
+            raise StackError(f"{name} is not started: `chatpipe up --only {kind_of(name)}` starts it")
 
     def restart(self, names: list[str], *,
                 on_ready: Callable[[Health, bool, float], None] = lambda h, started, s: None,

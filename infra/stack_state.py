@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from infra.instances import kind_of
 from infra.settings import PERSISTED_FIELDS, StackSettings
 from schemas.errors import ChatpipeError
 
@@ -55,8 +56,9 @@ def resolve(settings: StackSettings, running: set[str]) -> tuple[StackSettings, 
     """``settings`` with the saved values of its state folder where no flag or variable set them.
 
     Returns the merged settings and the saved list of services (None when nothing is saved).
-    ``running``: the services of this state folder that run; a value one of them uses that differs
-    from the saved one is an error (the service would be looked for in the wrong place).
+    ``running``: the services of this state folder that run (instance names: ``streams-2`` is a
+    streams worker); a value one of them uses that differs from the saved one is an error (the
+    service would be looked for in the wrong place).
     """
     saved = load(settings.state_dir)
     if saved is None:
@@ -68,6 +70,7 @@ def resolve(settings: StackSettings, running: set[str]) -> tuple[StackSettings, 
         raise StackStateError(f"{_path(settings.state_dir)} holds invalid settings ({exc.errors()[0]['msg']}); "
                               "delete it") from None
     explicit = {k for k in settings.model_fields_set if k in PERSISTED_FIELDS}
+    running = {kind_of(name) for name in running}
     clashes = [f"{k}={getattr(settings, k)!r} (the stack runs with {values[k]!r})"
                for k in sorted(explicit) if k in values and getattr(settings, k) != values[k]
                and running.intersection(PERSISTED_FIELDS[k])]

@@ -13,6 +13,9 @@ Signals: SIGTERM / SIGINT stop every service in reverse order (SIGTERM, SIGKILL 
 services running (``chatpipe down`` then stops them one by one and reports each). It also exits
 once the spec wants nothing and nothing runs (after ``chatpipe stop`` of its last service).
 
+Services are names in the spec and nothing more: ``streams-2`` (a second streams worker) is started,
+reaped, backed off and recorded like ``streams``.
+
 A service found running when the supervisor starts (a supervisor before it was killed) is adopted:
 watched through its pid, restarted when it goes, but its exit status cannot be known (not our child).
 

@@ -22,28 +22,37 @@ GatewayPort = Annotated[Optional[int], typer.Option("--gateway-port", help="Gate
 MetricsPort = Annotated[Optional[int], typer.Option("--worker-metrics-port", help="Inference worker /metrics port [env CHATPIPE_WORKER_METRICS_PORT; default 9464]")]
 Brokers = Annotated[Optional[int], typer.Option("--brokers", help="Kafka nodes: 1 = one broker; 3 = a KRaft cluster (nodes on CHATPIPE_CLUSTER_BASE_PORT, default 9192-9197; catalog replicated 3 ways, min.insync.replicas 2) [env CHATPIPE_BROKERS; default 1]")]
 QdrantUrl = Annotated[Optional[str], typer.Option("--qdrant-url", help="Qdrant server URL(s) for the streams worker's memory, instead of local mode in <state>/qdrant; kept with the state folder, '' goes back to local mode [env CHATPIPE_QDRANT_URL; default: local mode]")]
-Names = Annotated[list[str], typer.Argument(help="Services: kafka, streams, inference, gateway", show_default=False)]
+StreamsWorkers = Annotated[Optional[int], typer.Option("--streams-workers", help="Streams worker processes (streams, streams-2, ...), one consumer group; more than 1 needs --qdrant-url; kept with the state folder, a smaller number stops the surplus [env CHATPIPE_STREAMS_WORKERS; default 1]")]
+InferenceWorkers = Annotated[Optional[int], typer.Option("--inference-workers", help="Inference worker processes (inference, inference-2, ...), one consumer group; worker n's /metrics on --worker-metrics-port + n - 1; kept with the state folder [env CHATPIPE_INFERENCE_WORKERS; default 1]")]
+Names = Annotated[list[str], typer.Argument(help="Services: kafka, streams, streams-2, ..., inference, inference-2, ..., gateway", show_default=False)]
+KafkaSecurity = Annotated[Optional[str], typer.Option("--kafka-security", help="The broker's client listener: plaintext, or sasl_ssl (SCRAM-SHA-512 over TLS: a CA, the broker's certificate and one user per service made under <state>/kafka/security; every service gets its own login; docs/security_broker.md); kept with the state folder [env CHATPIPE_KAFKA_SECURITY; default plaintext]")]
 Only = Annotated[Optional[str], typer.Option("--only", help="Start only these, comma-separated: kafka (broker + topics), streams, inference, gateway; Kafka always [default: all]")]
 
 
 def _open(state_dir, kafka_port=None, controller_port=None, gateway_port=None, worker_metrics_port=None,
-          brokers=None, qdrant_url=None):
+          brokers=None, qdrant_url=None, streams_workers=None, inference_workers=None, kafka_security=None):
     from infra.settings import StackSettings
     from infra.stack import LocalStack
 
     settings = build_settings(StackSettings, state_dir=state_dir, kafka_port=kafka_port,
                               controller_port=controller_port, gateway_port=gateway_port,
-                              worker_metrics_port=worker_metrics_port, brokers=brokers, qdrant_url=qdrant_url)
+                              worker_metrics_port=worker_metrics_port, brokers=brokers, qdrant_url=qdrant_url,
+                              streams_workers=streams_workers, inference_workers=inference_workers,
+                              kafka_security=kafka_security)
     return LocalStack.open(settings)
 
 
-def _parse_names(names: list[str]) -> list[str]:
-    from infra.stack import ALL, StackError
+def _parse_names(names: list[str], stack) -> list[str]:
+    from infra.instances import parse_instance
+    from infra.stack import StackError
 
-    unknown = [n for n in names if n not in ALL]
+    unknown = [n for n in names if n not in stack.names]
     if unknown or not names:
-        raise StackError(f"no service {', '.join(unknown) or 'named'}; choose from {', '.join(ALL)}")
-    return [n for n in ALL if n in names]  # in start order
+        beyond = [n for n in unknown if parse_instance(n) is not None]
+        hint = (f" ({', '.join(beyond)}: more workers than the stack runs; `chatpipe up --streams-workers N` / "
+                "`--inference-workers N` changes how many)" if beyond else "")
+        raise StackError(f"no service {', '.join(unknown) or 'named'}; choose from {', '.join(stack.names)}{hint}")
+    return [n for n in stack.names if n in names]  # in start order
 
 
 def _parse_only(only: str | None) -> list[str] | None:
@@ -66,13 +75,16 @@ def _on_ready(health, started, seconds):
 
 def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port: ControllerPort = None,
        gateway_port: GatewayPort = None, worker_metrics_port: MetricsPort = None, only: Only = None,
-       brokers: Brokers = None, qdrant_url: QdrantUrl = None) -> None:
+       brokers: Brokers = None, qdrant_url: QdrantUrl = None, streams_workers: StreamsWorkers = None,
+       inference_workers: InferenceWorkers = None, kafka_security: KafkaSecurity = None) -> None:
     """Start the stack in the background (what is not running yet) under its supervisor, which starts a
-    service again when it exits; wait until each service is healthy."""
+    service again when it exits; wait until each service is healthy. A worker count smaller than the
+    running stack's stops the surplus workers; a larger one starts the extra ones."""
     import time
 
     wanted = _parse_only(only)
-    stack = _open(state_dir, kafka_port, controller_port, gateway_port, worker_metrics_port, brokers, qdrant_url)
+    stack = _open(state_dir, kafka_port, controller_port, gateway_port, worker_metrics_port, brokers, qdrant_url,
+                  streams_workers, inference_workers, kafka_security)
     s = stack.settings
     began = time.monotonic()
     with console.status(f"starting Kafka on {stack.bootstrap_servers} (first run fetches jars with mvn)...") as spinner:
@@ -87,7 +99,7 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
             spinner.update(f"waiting for {waiting} ... {seconds:.0f} s")
 
         try:
-            stack.up(wanted, on_ready=_on_ready, on_topics=on_topics, on_wait=on_wait)
+            stack.up(wanted, on_ready=_on_ready, on_topics=on_topics, on_wait=on_wait, on_stopped=_on_stopped)
         except KeyboardInterrupt:
             # The services run in their own sessions: Ctrl-C stopped the waiting, not them.
             console.print("interrupted: what was started keeps running; `chatpipe status` / `chatpipe down`")
@@ -96,15 +108,18 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
         from infra.local_keys import first_key
 
         console.print(f"gateway: {s.gateway_url}/v1  API key {first_key(s.keys_file)}  (in {s.keys_file})")
+    if stack.broker_security is not None:
+        from infra.kafka_security import ADMIN_USER
+
+        console.print(f"Kafka is secured (SASL_SSL, SCRAM-SHA-512, one user per service); a shell's clients log in as "
+                      f"{ADMIN_USER} after `set -a; . {stack.broker_security.env_file(ADMIN_USER)}; set +a`")
     _print_supervisor(stack)
     console.print(f"stack up in {time.monotonic() - began:.1f} s; `chatpipe status` shows it, `chatpipe down` stops it")
 
 
 def _print_supervisor(stack) -> None:
-    from infra.stack import ALL
-
     pid, supervised, running = stack.supervisor.pid(), stack.supervised(), stack.running_services()
-    unsupervised = [n for n in ALL if n in running and not (n in supervised and supervised[n].wanted)]
+    unsupervised = [n for n in stack.names if n in running and not (n in supervised and supervised[n].wanted)]
     if stack.settings.brokers > 1 and "kafka" in unsupervised:
         unsupervised.remove("kafka")  # a cluster's nodes are never supervised (`chatpipe cluster node ...`)
     if pid is not None:
@@ -143,8 +158,8 @@ def down(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_po
 def restart(names: Names, state_dir: StateDir = None) -> None:
     """Stop (SIGTERM) and start again the named services through the supervisor, and wait until each is
     healthy; a service stopped by `chatpipe stop` is started. Not counted as a restart, no backoff."""
-    wanted = _parse_names(names)
     stack = _open(state_dir)
+    wanted = _parse_names(names, stack)
     with console.status(f"restarting {', '.join(wanted)} ...") as spinner:
 
         def on_wait(pending, seconds):
@@ -156,8 +171,8 @@ def restart(names: Names, state_dir: StateDir = None) -> None:
 def stop(names: Names, state_dir: StateDir = None) -> None:
     """Stop the named services through the supervisor and keep them stopped (SIGTERM; SIGKILL after the
     stop timeout) while the rest runs on; `chatpipe restart NAME` or `chatpipe up` starts one again."""
-    wanted = _parse_names(names)
-    _open(state_dir).stop(wanted, _on_stopped)
+    stack = _open(state_dir)
+    stack.stop(_parse_names(names, stack), _on_stopped)
 
 
 def supervise(state_dir: StateDir = None) -> None:
