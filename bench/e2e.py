@@ -17,6 +17,10 @@ batch, KV budget, context, threads), on exactly the requests the worker received
 2. Time to first token, each prompt alone, on both sides back to back: client-side sent -> first
    content token through the gateway vs submit -> first token of the engine; the difference per
    prompt is what the whole path adds (HTTP, two Kafka hops in, context assembly, one hop back).
+   Where a lone prompt's time went is printed per hop (p50), from the records' own timestamps (the
+   producers' CreateTime on ``chat.prompts``, ``chat.inference.requests`` and the gateway's reply
+   topic, the worker's ``queue_ms``; one machine, one clock): gateway, streams, to the worker, the
+   worker to its first chunk, and back to the client.
    TTFT under load (the requests of part 1) is printed for both sides too.
 
 Starts its own broker (bench/local_broker.py) unless ``--bootstrap-servers`` is given, and the
@@ -79,14 +83,16 @@ class Answer:
     ttft_s: float
     completion_tokens: int
     prompt_tokens: int
+    sent_ms: float = 0.0  # wall clock (the records' timestamps' clock, one machine): the request sent ...
+    first_ms: float = 0.0  # ... and its first content token read
 
 
 async def ask(http, url: str, key: str, i: int, max_tokens: int, user: str) -> Answer:
     body = {"model": MODEL, "stream": True, "max_tokens": max_tokens, "temperature": 0,
             "messages": [{"role": "user", "content": prompt_text(i)}], "user": user,
             "stream_options": {"include_usage": True}}
-    sent = time.perf_counter()
-    first, usage, done = None, None, False
+    sent, sent_ms = time.perf_counter(), time.time() * 1000
+    first, first_ms, usage, done = None, 0.0, None, False
     async with http.stream("POST", f"{url}/v1/chat/completions", json=body,
                            headers={"Authorization": f"Bearer {key}"}) as response:
         if response.status_code != 200:
@@ -104,10 +110,11 @@ async def ask(http, url: str, key: str, i: int, max_tokens: int, user: str) -> A
                 raise SystemExit(f"error mid-stream: {event['error']}")
             usage = event.get("usage") or usage
             if first is None and any(c["delta"].get("content") for c in event.get("choices", [])):
-                first = time.perf_counter()
+                first, first_ms = time.perf_counter(), time.time() * 1000
     if not done or usage is None:
         raise SystemExit(f"request {request_id}: the stream ended without usage/[DONE]")
-    return Answer(request_id, (first or time.perf_counter()) - sent, usage["completion_tokens"], usage["prompt_tokens"])
+    return Answer(request_id, (first or time.perf_counter()) - sent, usage["completion_tokens"], usage["prompt_tokens"],
+                  sent_ms, first_ms)
 
 
 async def through_gateway(url: str, key: str, indices: list[int], max_tokens: int, tag: str) -> tuple[float, list[Answer]]:
@@ -198,6 +205,55 @@ def worker_requests(kafka, request_ids: list[str], timeout_s: float = 60) -> lis
     return [found[rid] for rid in request_ids]
 
 
+def hops(kafka, answers: list[Answer]) -> dict[str, list[float]]:
+    """Where each lone prompt's time to first token went, in ms, from the records' timestamps (the
+    producers' CreateTime; one machine, one clock) and the worker's own queue time."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    from schemas.codec import default_codec
+    from schemas.topics import spec
+
+    codec = default_codec()
+    replies = [t for t in AdminClient(kafka.client_config()).list_topics(timeout=10).topics
+               if t.startswith(kafka.topic("chat.replies") + ".")]
+    topics = {kafka.topic(n): spec(n).partitions for n in ("chat.prompts", "chat.inference.requests", "chat.responses")}
+    consumer = Consumer({**kafka.client_config(), "group.id": "e2e-hops", "enable.auto.commit": False,
+                         "enable.partition.eof": True})
+    consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, n in {**topics, **{r: 1 for r in replies}}.items()
+                     for p in range(n)])
+    wanted = {a.request_id for a in answers}
+    prompt_at, request_at, enqueued_at, queue_ms, first_chunk_at = {}, {}, {}, {}, {}
+    eof, partitions, deadline = set(), sum(topics.values()) + len(replies), time.monotonic() + 30
+    while len(eof) < partitions and time.monotonic() < deadline:
+        for msg in consumer.consume(500, 0.2):
+            if msg.error() is not None:
+                eof.add((msg.topic(), msg.partition()))
+                continue
+            record, stamp = codec.decode(msg.value()), msg.timestamp()[1]
+            if record.request_id not in wanted:
+                continue
+            if msg.topic() == kafka.topic("chat.prompts"):
+                prompt_at[record.request_id] = stamp
+            elif msg.topic() == kafka.topic("chat.inference.requests"):
+                request_at[record.request_id], enqueued_at[record.request_id] = stamp, record.enqueued_at
+            elif msg.topic() == kafka.topic("chat.responses"):
+                queue_ms[record.request_id] = record.queue_ms
+            elif record.text and record.request_id not in first_chunk_at:
+                first_chunk_at[record.request_id] = stamp
+    consumer.close()
+    out: dict[str, list[float]] = {k: [] for k in ("gateway", "streams", "to worker", "worker", "back")}
+    for a in answers:
+        r = a.request_id
+        if not all(r in d for d in (prompt_at, request_at, queue_ms, first_chunk_at)):
+            continue
+        out["gateway"].append(prompt_at[r] - a.sent_ms)  # HTTP in, PromptRequest produced
+        out["streams"].append(request_at[r] - prompt_at[r])  # chat.prompts -> InferenceRequest produced
+        out["to worker"].append(queue_ms[r])  # enqueued_at -> the worker takes it
+        out["worker"].append(first_chunk_at[r] - enqueued_at[r] - queue_ms[r])  # taken -> first chunk produced
+        out["back"].append(a.first_ms - first_chunk_at[r])  # reply topic -> gateway -> SSE -> client
+    return out
+
+
 # -- the run --------------------------------------------------------------------------------------
 
 def main() -> None:
@@ -249,17 +305,19 @@ def run(bootstrap: str, quick: bool) -> None:
             alone.rates.append(sum(outs) / secs)
             alone.tokens.append(sum(outs))
             alone.ttft_load += ttfts
+        lone: list[Answer] = []
         for i in range(n_alone):  # each prompt alone, on both sides back to back
             req = requests[i % n]
             alone.ttft_alone += asyncio.run(engine_alone(engine, tokenizer, [req]))[2]
-            pipe.ttft_alone += [a.ttft_s for a in asyncio.run(through_gateway(url, key, [i % n], max_tokens, f"a{i}"))[1]]
+            lone += asyncio.run(through_gateway(url, key, [i % n], max_tokens, f"a{i}"))[1]
+        pipe.ttft_alone += [a.ttft_s for a in lone]
     finally:
         stop_stack(stack)
-    report(n, max_tokens, rounds, n_alone, pipe, alone, prompt_tokens_pipe, prompt_tokens_engine)
+    report(n, max_tokens, rounds, n_alone, pipe, alone, prompt_tokens_pipe, prompt_tokens_engine, hops(kafka, lone))
 
 
 def report(n: int, max_tokens: int, rounds: int, n_alone: int, pipe: Side, alone: Side,
-           prompt_tokens_pipe: list[int], prompt_tokens_engine: list[int]) -> None:
+           prompt_tokens_pipe: list[int], prompt_tokens_engine: list[int], lone_hops: dict[str, list[float]]) -> None:
     ms = lambda s: s * 1000  # noqa: E731
     added = [ms(p - e) for p, e in zip(pipe.ttft_alone, alone.ttft_alone)]
     same = "same" if prompt_tokens_pipe == prompt_tokens_engine else "DIFFERENT"
@@ -285,6 +343,11 @@ def report(n: int, max_tokens: int, rounds: int, n_alone: int, pipe: Side, alone
     print(f"{'':{width}}  {'engine alone':>16}  {'gateway+kafka+streams+worker':>28}  added / ratio")
     for name, a, p, extra in rows:
         print(f"{name:{width}}  {a:>16}  {p:>28}  {extra}")
+    if lone_hops["gateway"]:
+        print(f"a lone prompt's time to first token through the pipeline, p50 of {len(lone_hops['gateway'])} (ms): " +
+              ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in lone_hops.items()) +
+              "  (gateway: HTTP in -> chat.prompts; streams: -> InferenceRequest produced; to worker: -> taken; "
+              "worker: -> first chunk produced; back: -> client)")
     print(f"e2e/gateway+kafka+streams+worker vs engine tokens/s ratio = {max(pipe.rates) / max(alone.rates):.2f}")
 
 

@@ -14,11 +14,19 @@ The worker runs with torch's default threads on both sides, as it does in servic
 (``--torch-threads N`` pins N; on a 2-core machine shared with other work, 1 is steadier: torch's
 2 threads then stall on each other's barriers and make a batch slower than single texts).
 
+(1b) **2 streams workers vs 1** (batched): the same backlog served by one ``chatpipe streams`` and by
+two in one Faust group (each its own state folder; the web server is off by default, so no port),
+both sides on one real Qdrant server (``../shared/tools/qdrant``, started here; memory must be shared
+between workers), the backlog produced once the group is stable and both are warm. Each worker gets
+its share of the cores for torch (``cores // workers`` threads, unless ``--torch-threads``). On a
+2-core machine little is to be gained (the two compete for the same cores; the point of several
+workers is exactness and fail-over, and the figure says what it costs). Skipped without the server.
+
 (2) **embed+upsert turns/s vs raw sentence-transformers encoding** and (3) **recall p99 at 100k
 stored turns** (local mode) are the memory engineer's measurements, called from
 ``bench/memory.py`` (``measure_embed_upsert``, ``measure_recall_latency``).
 
-``python bench/intake.py [--quick]``; the last line is the intake ratio. The broker, the worker
+``python bench/intake.py [--quick] [--skip-scaling]``; the last line is the intake ratio. The broker, the worker
 and this script share the machine's cores: figures measured while other work runs are noisy.
 """
 
@@ -77,47 +85,80 @@ def remembered_turns(users: int, per_user: int):
             for u in range(users) for k in range(per_user)]
 
 
-def seed_memory(folder: Path, turns, vectors) -> None:
+def seed_memory(settings, turns, vectors) -> None:
     from streams.memory import ConversationMemory
-    from streams.memory_settings import MemorySettings
 
-    memory = ConversationMemory(MemorySettings(path=folder), vectors.shape[1])
+    memory = ConversationMemory(settings, vectors.shape[1])
     memory.upsert(turns, vectors)
     memory.close()
 
 
-def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup: list[PromptRequest],
-               batch_size: int, turns, vectors, timeout_s: float = 900) -> float:
-    """Prompts/s of one worker run with intake batch size ``batch_size``.
+def run_memory(root: Path, label: str, qdrant_url: str | None):
+    """(worker environment, MemorySettings) of a run's fresh memory: a local folder, or a collection of
+    its own on the shared server (every worker of the run then recalls from the same points)."""
+    from streams.memory_settings import MemorySettings
 
-    The worker first serves ``warmup`` (first model calls of each input shape are slow); then all
-    of ``prompts`` are produced at once, so intake works through a backlog, and the rate is taken
-    from the moment they are produced to the last of *their* requests.
+    if qdrant_url is None:
+        folder = root / f"qdrant-{label}"
+        return {"CHATPIPE_MEMORY_PATH": str(folder)}, MemorySettings(path=folder)
+    collection = f"bench_{label}_{uuid.uuid4().hex[:8]}"
+    return ({"CHATPIPE_MEMORY_URL": qdrant_url, "CHATPIPE_MEMORY_COLLECTION": collection},
+            MemorySettings(url=qdrant_url, collection=collection))
+
+
+def wait_group_stable(kafka: KafkaSettings, group: str, members: int, timeout_s: float = 180) -> None:
+    """Until the Faust group has ``members`` members, is Stable and each holds partitions."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(kafka.client_config())
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            last = admin.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=10)
+            if (last.state == ConsumerGroupState.STABLE and len(last.members) == members
+                    and all(m.assignment.topic_partitions for m in last.members)):
+                return
+        except Exception:  # noqa: BLE001 - not there yet (the group forms as the workers start)
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"group {group} not stable with {members} member(s) within {timeout_s:.0f} s: {last}")
+
+
+def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup: list[PromptRequest],
+               batch_size: int, turns, vectors, *, workers: int = 1, qdrant_url: str | None = None,
+               label: str | None = None, timeout_s: float = 900) -> float:
+    """Prompts/s of one run: ``workers`` workers (one Faust group) with intake batch size ``batch_size``.
+
+    The workers start and the group settles, then they serve ``warmup`` (first model calls of each
+    input shape are slow); then all of ``prompts`` are produced at once, so intake works through a
+    backlog, and the rate is taken from the moment they are produced to the last of *their* requests.
     """
+    label = label or f"b{batch_size}-w{workers}"
     kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.")
     TopicAdmin(kafka).apply()
-    memory_dir = root / f"qdrant-{batch_size}"
-    seed_memory(memory_dir, turns, vectors)
+    memory_env, memory_settings = run_memory(root, label, qdrant_url)
+    seed_memory(memory_settings, turns, vectors)
     producer = RecordProducer(kafka)
-    for p in warmup:
-        producer.send(kafka.topic("chat.prompts"), p, key=p.conversation_id)
-    producer.flush()
+    threads = TORCH_THREADS or (max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None)
     env = {**os.environ, "CHATPIPE_BOOTSTRAP_SERVERS": bootstrap, "CHATPIPE_TOPIC_PREFIX": kafka.topic_prefix,
-           "CHATPIPE_STREAMS_STATE_DIR": str(root / f"faust-{batch_size}"),
-           "CHATPIPE_STREAMS_ARCHIVE_DIR": str(root / f"archive-{batch_size}"),
-           "CHATPIPE_MEMORY_PATH": str(memory_dir), "CHATPIPE_STREAMS_INTAKE_BATCH_SIZE": str(batch_size),
+           "CHATPIPE_STREAMS_INTAKE_BATCH_SIZE": str(batch_size), **memory_env,
            "CHATPIPE_STREAMS_LOG_LEVEL": os.environ.get("CHATPIPE_STREAMS_LOG_LEVEL", "warning"), "HF_HUB_OFFLINE": "1",
-           **({"CHATPIPE_STREAMS_TORCH_THREADS": str(TORCH_THREADS)} if TORCH_THREADS else {})}
-    log = root / f"worker-{batch_size}.log"
+           **({"CHATPIPE_STREAMS_TORCH_THREADS": str(threads)} if threads else {})}
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer({**kafka.client_config(), "group.id": "bench", "enable.auto.commit": False})
     topic = kafka.topic("chat.inference.requests")
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(spec("chat.inference.requests").partitions)])
     codec = default_codec()
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "chatpipe.cli", "streams"], cwd=REPO, env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+    procs, logs = [], []
+    for i in range(workers):  # each its own state and archive folder; Faust's web server is off by default
+        logs.append(root / f"worker-{label}-{i}.log")
+        with open(logs[-1], "w") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "chatpipe.cli", "streams"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                env={**env, "CHATPIPE_STREAMS_STATE_DIR": str(root / f"faust-{label}-{i}"),
+                     "CHATPIPE_STREAMS_ARCHIVE_DIR": str(root / f"archive-{label}-{i}")}))
     measured = {p.request_id for p in prompts}
     stamps: list[int] = []
     try:
@@ -126,8 +167,10 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
 
         def read() -> None:
             nonlocal seen
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"worker (batch {batch_size}) stopped or timed out ({seen} requests seen); "
+            stopped = [i for i, proc in enumerate(procs) if proc.poll() is not None]
+            if stopped or time.monotonic() > deadline:
+                log = logs[stopped[0] if stopped else 0]
+                raise SystemExit(f"worker ({label}) stopped or timed out ({seen} requests seen); "
                                  f"log: {log}\n{log.read_text()[-3000:]}")
             for msg in consumer.consume(500, 0.5):
                 if msg.error() is None:
@@ -136,6 +179,10 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
                     if request.request_id in measured:
                         stamps.append(request.enqueued_at)
 
+        wait_group_stable(kafka, kafka.topic_prefix + "chatpipe-streams", workers)
+        for p in warmup:
+            producer.send(kafka.topic("chat.prompts"), p, key=p.conversation_id)
+        producer.flush()
         while seen < len(warmup):
             read()
         backlog_at = time.time() * 1000  # same clock as enqueued_at (one machine)
@@ -146,18 +193,22 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
             read()
     finally:
         consumer.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     # From the moment the backlog is produced to the last request: the first batch's embedding and
     # recall are in it. (Counting from the first request's stamp would leave them out, and with only
     # a few batches of 32 that flattered the batched side by up to a batch, ~25% at --quick.)
     return len(stamps) / max((max(stamps) - backlog_at) / 1000, 1e-3)
 
 
-def measure_intake(bootstrap: str, n: int, users: int, per_user: int, batch: int) -> float:
+def measure_intake(bootstrap: str, n: int, users: int, per_user: int, batch: int,
+                   scaling: bool) -> tuple[float, float | None]:
+    """(batched / one-at-a-time ratio, 2 workers / 1 ratio or None when skipped)."""
     from streams.embeddings import Embedder, turn_text
     from streams.memory_settings import MemorySettings
 
@@ -172,17 +223,42 @@ def measure_intake(bootstrap: str, n: int, users: int, per_user: int, batch: int
         print(f"  one at a time: {one_rate:8.1f} prompts/s", flush=True)
         batched_rate = serve_once(bootstrap, Path(tmp), prompts, warmup, batch, turns, vectors)
         print(f"  batched ({batch}): {batched_rate:8.1f} prompts/s", flush=True)
-    return batched_rate / one_rate
+        workers_ratio = measure_scaling(bootstrap, Path(tmp), prompts, warmup, batch, turns, vectors) if scaling else None
+    return batched_rate / one_rate, workers_ratio
+
+
+def measure_scaling(bootstrap: str, root: Path, prompts, warmup, batch: int, turns, vectors) -> float | None:
+    """Batched prompts/s of 2 streams workers in one group over 1, both on one Qdrant server."""
+    from tests.streams.qdrant_server import QDRANT_TOOL, QdrantPeer
+
+    if not QDRANT_TOOL.exists():
+        print(f"  2 workers vs 1: skipped, no Qdrant server at {QDRANT_TOOL} (workers must share memory)")
+        return None
+    peer = QdrantPeer(root, "qdrant-server")
+    peer.start()
+    try:
+        peer.wait_ready()
+        rates = {}
+        for workers in (1, 2):
+            rates[workers] = serve_once(bootstrap, root, prompts, warmup, batch, turns, vectors, workers=workers,
+                                        qdrant_url=peer.url)
+            threads = TORCH_THREADS or ((os.cpu_count() or 1) // workers if workers > 1 else "default")
+            print(f"  batched ({batch}), {workers} worker(s), Qdrant server, torch threads {threads} each: "
+                  f"{rates[workers]:8.1f} prompts/s", flush=True)
+    finally:
+        peer.stop()
+    return rates[2] / rates[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a few minutes on 2 cores (two worker starts)")
+    parser.add_argument("--quick", action="store_true", help="a few minutes on 2 cores (four runs, five worker starts)")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per run (default 600, quick 160)")
     parser.add_argument("--users", type=int, default=None, help="users (default 60, quick 30)")
     parser.add_argument("--batch", type=int, default=32, help="intake batch size of the batched run")
     parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
     parser.add_argument("--skip-memory", action="store_true", help="only the intake comparison")
+    parser.add_argument("--skip-scaling", action="store_true", help="without the 2 workers vs 1 comparison")
     parser.add_argument("--torch-threads", type=int, default=0,
                         help="worker's torch threads, both sides (default 0 = torch's default). On a 2-core "
                              "machine shared with other work, 1 is steadier")
@@ -204,8 +280,11 @@ def main() -> None:
             measure_recall_latency(points=20_000 if quick else 100_000, queries=300 if quick else 2000)
 
     with bench_broker(args.bootstrap_servers) as bootstrap:
-        ratio = measure_intake(bootstrap, args.prompts or (160 if quick else 600), args.users or (30 if quick else 60),
-                               per_user=10, batch=args.batch)
+        ratio, workers_ratio = measure_intake(bootstrap, args.prompts or (160 if quick else 600),
+                                              args.users or (30 if quick else 60), per_user=10, batch=args.batch,
+                                              scaling=not args.skip_scaling)
+    if workers_ratio is not None:
+        print(f"streams/intake 2 workers vs 1 prompts/s ratio = {workers_ratio:.2f}", flush=True)
     print(f"streams/intake batched vs one-at-a-time prompts/s ratio = {ratio:.2f}", flush=True)
 
 

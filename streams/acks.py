@@ -49,6 +49,7 @@ import weakref
 from typing import Any, AsyncIterator, ClassVar, Sequence
 
 from streams.errors import InfrastructureUnavailableError
+from streams.take import take_while_arriving
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +76,19 @@ def _committed_position(stream: Any, tp: Any) -> int | None:
 
 class Batches:
     """An agent's batches: up to ``max_events`` events or what came within ``within_s``, none acked
-    until ``ack``; events this process already handled are acked and left out."""
+    until ``ack``; events this process already handled are acked and left out.
+
+    With ``idle_s`` (intake) a batch closes as soon as no further event came within ``idle_s``, and
+    ``within_s`` only bounds how long it stays open while events keep coming (``take.py``); without
+    it, Faust's ``noack_take`` (its timer closes a batch every ``within_s``)."""
 
     live: ClassVar[weakref.WeakSet] = weakref.WeakSet()  # every Batches of this process (watchdog.py)
 
-    def __init__(self, stream: Any, max_events: int, within_s: float) -> None:
+    def __init__(self, stream: Any, max_events: int, within_s: float, idle_s: float | None = None) -> None:
         self.stream = stream
         self.max_events = max_events
         self.within_s = within_s
+        self.idle_s = idle_s
         self._handled: dict[Any, int] = {}  # TP -> highest offset handled and acked by this process
         self.repeats = 0
         self.last_event_at: dict[tuple[str, int], float] = {}  # (topic, partition) -> monotonic time
@@ -93,7 +99,9 @@ class Batches:
         Batches.live.add(self)
 
     async def __aiter__(self) -> AsyncIterator[Sequence[Any]]:
-        async for events in self.stream.noack_take(self.max_events, self.within_s):
+        taken = (self.stream.noack_take(self.max_events, self.within_s) if self.idle_s is None
+                 else take_while_arriving(self.stream, self.max_events, self.within_s, self.idle_s))
+        async for events in taken:
             now = time.monotonic()
             handed = []
             for event in events:
@@ -114,7 +122,17 @@ class Batches:
                          len(repeats))
             if fresh:
                 self.out = True
+                if log.isEnabledFor(logging.DEBUG):
+                    self._log_age(fresh)
                 yield fresh
+
+    @staticmethod
+    def _log_age(events: Sequence[Any]) -> None:
+        """How long the batch's oldest record took from its producer to the agent (Kafka hop, fetch, take)."""
+        stamps = [t for e in events if isinstance(t := getattr(e.message, "timestamp", None), (int, float))]
+        if stamps:
+            log.debug("batch of %d from %s handed out %.1f ms after its oldest record was produced", len(events),
+                      events[0].message.tp[0], (time.time() - min(stamps)) * 1e3)
 
     async def _past_a_gap(self, tp: Any, offset: int, now: float) -> bool:
         """Whether ``offset`` lies past offsets of ``tp`` never handed out (it is withheld then)."""

@@ -1,7 +1,7 @@
-"""The intake batch bounds: count and time come from Faust's ``take(n, within)``, tokens from here.
+"""The intake batch bounds: count and time come from the take (``take.py``), tokens from here.
 
-Faust's ``take`` closes a batch at ``n`` events or after ``within`` seconds; it has no notion
-of size. Intake therefore takes up to ``n`` prompts and splits them, in arrival order, into
+The take closes a batch at ``n`` events, when no more arrive, or ``within`` seconds after its
+first; it has no notion of size. Intake therefore takes up to ``n`` prompts and splits them, in arrival order, into
 runs whose prompt tokens stay within the token bound: a run closes *before* the prompt that
 would pass the bound, so every run is within it, except a single prompt larger than the bound,
 which forms a run of its own (it is still served; the context budget decides if it fits the

@@ -1,7 +1,8 @@
 """The intake agent: ``chat.prompts`` -> ``InferenceRequest``s with assembled context.
 
-Per batch (``acks.Batches``: n prompts or what came within the window, then split by prompt
-tokens, see ``batching.py``):
+Per batch (``acks.Batches`` over ``take.py``: adaptive, up to n prompts while they keep arriving,
+closed as soon as none more came within ``intake_batch_idle_s``, at most the window; then split by
+prompt tokens, see ``batching.py``):
 decode and validate every prompt (a bad one is dead-lettered and the rest go on), embed all
 prompts of the run in one call, recall memory for all of them in one call (from every
 conversation of the tenant's user for ``MemoryScope.USER``, from the prompt's own conversation
@@ -71,10 +72,11 @@ class Intake:
         self.retrier = retrier
         self.served = 0
         self.batches = 0
+        self.repeats = 0  # prompts read again whose request was answered already (not served twice)
 
     async def __call__(self, stream: Any) -> None:
         s = self.settings
-        batches = Batches(stream, s.intake_batch_size, s.intake_batch_window_s)
+        batches = Batches(stream, s.intake_batch_size, s.intake_batch_window_s, idle_s=s.intake_batch_idle_s)
         async for events in batches:
             await self.handle(events)
             await batches.ack(events)
@@ -148,8 +150,16 @@ class Intake:
     async def _prepare(self, prompt: _Prompt, state: ConversationState, hits: list[Any],
                        outbox: Outbox) -> InferenceRequest | None:
         """The request's context, and its pending entry in ``state`` (not yet written to the table);
-        None when the prompt cannot fit the context (it is dead-lettered)."""
+        None when the prompt cannot fit the context (it is dead-lettered) or was answered already."""
         request, parsed = prompt.request, prompt.parsed
+        if request.request_id in state.recorded:
+            # Answered and recorded already: a prompt read again after a restart or a rebalance (its
+            # batch was served but not committed). Serving it again would put its own turn into its
+            # context and answer it twice; its answer went to its reply address the first time.
+            self.repeats += 1
+            log.info("conversation %s: request %s was answered already (a redelivered prompt); not served again",
+                     request.conversation_id, request.request_id)
+            return None
         if parsed.history:  # the client keeps its own history (OpenAI style): it replaces the table's
             recent = [Segment((m,), order=i) for i, m in enumerate(parsed.history)]
         else:

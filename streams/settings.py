@@ -25,10 +25,14 @@ class StreamsSettings(BaseSettings):
         None, description="Folder of the chat model's tokenizer; empty = the default model (the CLI finds it)")
     system_prompt: str = Field("You are a helpful assistant.",
                                description="System prompt when the request brings none")
-    # Batching of intake: a batch closes at `intake_batch_size` prompts, after `intake_batch_window_s`
-    # without filling, or (split after take) when its prompts' tokens pass `intake_batch_tokens`.
+    # Batching of intake (adaptive, streams/take.py): a batch closes at `intake_batch_size` prompts, when
+    # no further prompt came within `intake_batch_idle_s`, `intake_batch_window_s` after its first prompt
+    # at the latest, or (split after take) when its prompts' tokens pass `intake_batch_tokens`.
     intake_batch_size: int = Field(32, ge=1, description="Most prompts per intake batch")
-    intake_batch_window_s: float = Field(0.05, gt=0, description="Longest wait for a batch to fill")
+    intake_batch_window_s: float = Field(0.05, gt=0, description="Longest a batch stays open while prompts "
+                                                                 "keep arriving")
+    intake_batch_idle_s: float = Field(0.002, ge=0, description="A batch closes when no further prompt came "
+                                                                "within this long (0: when none was waiting)")
     intake_batch_tokens: int = Field(8192, ge=1, description="Most prompt tokens per intake batch")
     record_batch_size: int = Field(64, ge=1, description="Most responses per record batch")
     record_batch_window_s: float = Field(0.05, gt=0, description="Longest wait for a record batch to fill")

@@ -21,12 +21,12 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 from schemas.records import TokenChunk
+from schemas.topics import REPLIES
 from transport.admin import TopicAdmin
 from transport.dedupe import attempt_of
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
-REPLIES = "chat.replies"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,11 @@ class ReplyReader:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            messages = self._consumer.consume(500, 0.1)
+            # librdkafka's consume(n, t) returns after n messages or the whole t: each chunk waited up
+            # to 100 ms. Take what is there; wait only when nothing is, and return at the first chunk.
+            messages = self._consumer.consume(500, 0)
+            if not messages:
+                messages = self._consumer.consume(1, 0.1)
             replies = []
             for msg in messages:
                 err = msg.error()
