@@ -32,7 +32,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from schemas.topics import DLQ, INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH, spec
+from schemas.topics import (
+    DELETIONS,
+    DELETIONS_AUDIT,
+    DELETIONS_FANOUT,
+    DLQ,
+    FEEDBACK,
+    INFERENCE_REQUESTS,
+    INFERENCE_REQUESTS_BATCH,
+    PROMPTS,
+    RESPONSES,
+    TURNS,
+    spec,
+)
 from streams.archive import ArchiveAgent, Archiver
 from streams.dead_letters import DeadLetters
 from streams.erasures import ErasureFollower, ErasureRegistry
@@ -59,20 +71,12 @@ TABLE = "conversations"
 #: reached (the active segment is never compacted; max.compaction.lag.ms rolls and cleans it).
 #: An existing changelog keeps its config: `kafka-configs --alter` it (docs/privacy.md).
 CHANGELOG_ERASURE_CONFIG = {"max.compaction.lag.ms": str(24 * 3600 * 1000), "delete.retention.ms": str(24 * 3600 * 1000)}
-#: A fan-out copy waits at most this long for its partition's worker (a deletion is on chat.deletions
-#: for good; a streams tier down longer than this must replay it: docs/privacy.md).
-FORGET_RETENTION_MS = 30 * 24 * 3600 * 1000
 FOLLOWER_READY_S = 30.0
 RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
 
 def app_id(kafka: KafkaSettings, settings: StreamsSettings) -> str:
     return f"{kafka.topic_prefix}{settings.app_id}"
-
-
-def forget_topic(kafka: KafkaSettings, settings: StreamsSettings) -> str:
-    """The internal topic the forget agent fans each Deletion out on, one copy per partition."""
-    return f"{app_id(kafka, settings)}-forget"
 
 
 def changelog_topic(kafka: KafkaSettings, settings: StreamsSettings) -> str:
@@ -97,11 +101,14 @@ class StreamsApp:
             self.erasure_follower = None
         self.erasures = erasures
         settings.state_dir.mkdir(parents=True, exist_ok=True)
-        partitions = spec("chat.prompts").partitions
+        partitions = spec(PROMPTS).partitions
         self.app = app = faust.App(
             app_id(kafka, settings),
             broker=[f"kafka://{server.strip()}" for server in kafka.bootstrap_servers.split(",")],
             broker_client_id=kafka.client_id,
+            # SASL/TLS of KafkaSettings (None: PLAINTEXT); Faust's producer, its consumers and the admin
+            # requests creating the changelog all connect with them.
+            broker_credentials=kafka.faust_broker_credentials(),
             store="memory://",  # restored from the changelog topic at start
             datadir=str(settings.state_dir),
             topic_partitions=partitions,  # the changelog's partition count
@@ -123,9 +130,9 @@ class StreamsApp:
         # No key/value type: Faust's default json serializer both ways, plain str keys and dict values
         # (a value_type of dict breaks Faust's changelog recovery, which expects a faust.Record).
         self.table = conversation_table(app, TABLE, partitions, extra_topic_configs=CHANGELOG_ERASURE_CONFIG)
-        # One copy of each Deletion per conversation partition (forget.py); kept like chat.turns.
-        self.forget_topic = app.topic(forget_topic(kafka, settings), partitions=partitions, internal=True,
-                                      config={"retention.ms": str(FORGET_RETENTION_MS)}, **RAW)
+        # One copy of each Deletion per conversation partition (forget.py): a catalog topic, so it exists
+        # (with its replication) before any worker subscribes; Faust's own declaration raced the assignor.
+        self.forget_topic = topic(DELETIONS_FANOUT)
         dlq = topic(DLQ)
         retrier = Retrier(settings.retry_budget_s, settings.retry_backoff_s, settings.retry_max_backoff_s)
         # Error chunks for refused prompts (streams/refusals.py says why not through Faust's producer).
@@ -139,7 +146,7 @@ class StreamsApp:
         self.intake = Intake(settings, services, self.table,
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
                              intake_letters, self.refusals, retrier)
-        self.record = Record(settings, services, self.table, topic("chat.turns"),
+        self.record = Record(settings, services, self.table, topic(TURNS),
                              DeadLetters(dlq, codec, "streams.record"), retrier, self.erasures)
         archive_retrier = Retrier(settings.archive_retry_budget_s, settings.retry_backoff_s,
                                   settings.retry_max_backoff_s)
@@ -148,23 +155,22 @@ class StreamsApp:
         self.forget = Forget(services, self.forget_topic, partitions, forget_letters, retrier, archiver=self.archiver,
                              archive_retrier=archive_retrier, erasures=self.erasures)
         self.forget_partition = ForgetPartition(
-            services, self.table, partitions, topic("chat.deletions.audit"), forget_letters, retrier,
-            archiver=self.archiver, archive_topics=[kafka.topic("chat.turns"), kafka.topic("chat.feedback")],
+            services, self.table, partitions, topic(DELETIONS_AUDIT), forget_letters, retrier,
+            archiver=self.archiver, archive_topics=[kafka.topic(TURNS), kafka.topic(FEEDBACK)],
             archive_retrier=archive_retrier, erasures=self.erasures)
         self.archive = ArchiveAgent(self.archiver, settings.archive_batch_size, settings.archive_flush_s,
                                     archive_retrier)
-        archive_source = app.topic(kafka.topic("chat.turns"), kafka.topic("chat.feedback"), **RAW)
+        archive_source = app.topic(kafka.topic(TURNS), kafka.topic(FEEDBACK), **RAW)
         for name, channel, agent in (
-            ("intake", topic("chat.prompts"), self.intake),
-            ("record", topic("chat.responses"), self.record),
-            ("forget", topic("chat.deletions"), self.forget),
+            ("intake", topic(PROMPTS), self.intake),
+            ("record", topic(RESPONSES), self.record),
+            ("forget", topic(DELETIONS), self.forget),
             ("forget_partition", self.forget_topic, self.forget_partition),
             ("archive", archive_source, self.archive),
         ):
             app.agent(channel, name=f"streams.{name}", concurrency=1)(_as_function(agent, name))
         # Records that wait on an assigned partition and reach no agent end the process (watchdog.py).
-        sources = {kafka.topic(t) for t in ("chat.prompts", "chat.responses", "chat.deletions", "chat.turns",
-                                            "chat.feedback")} | {forget_topic(kafka, settings)}
+        sources = {kafka.topic(t) for t in (PROMPTS, RESPONSES, DELETIONS, TURNS, FEEDBACK, DELETIONS_FANOUT)}
         admin = TopicAdmin(kafka, timeout_s=10.0)
         self.watchdog = ProgressWatchdog(lambda tps: admin.backlogs(app_id(kafka, settings), tps), settings.stall_s)
 

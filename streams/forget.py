@@ -8,7 +8,7 @@ several streams workers over several workers' tables; so a deletion is carried o
 1. ``Forget`` reads ``chat.deletions`` (keyed by user, 3 partitions: its partitions may be owned by
    any worker). It checks the deletion (else a dead letter), registers it in this worker's
    ``ErasureRegistry``, and sends one copy to **every partition** of the fan-out topic
-   ``<app id>-forget`` (internal, partitioned like ``chat.prompts``). After the batch, the deletions
+   ``chat.deletions.fanout`` (a catalog topic, partitioned like ``chat.prompts``). After the batch, the deletions
    themselves are archived under ``<archive>/chat.deletions/`` (never rewritten: the dataset job reads
    them to exclude erased users from every later build).
 2. ``ForgetPartition`` reads the fan-out topic: partition ``p`` goes to the worker that owns partition

@@ -11,6 +11,8 @@ the deletion, and reports the dataset built before it as affected. Another user'
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import subprocess
 import sys
 import time
@@ -133,16 +135,20 @@ def test_one_delete_leaves_nothing_of_the_user_in_memory_state_archive_or_a_new_
         assert answer.status_code == 202, answer.text
         deletion_id = answer.json()["event_id"]
         assert answer.json()["user_id"] == ada_id
-        # streams (memory + state, archive) and the one inference worker (its prefix cache) acknowledge
-        got = audits.records(3, timeout_s=ERASED_WITHIN_S,
+        # streams (memory + state, archive: one audit each per conversation partition) and the one
+        # inference worker (its prefix cache) acknowledge
+        got = audits.records(13, timeout_s=ERASED_WITHIN_S,
                              where=lambda r: isinstance(r, DeletionAudit) and r.deletion_event_id == deletion_id)
     finally:
         audits.close()
-    by_component = {a.component: a for a in got}
+    by_component = defaultdict(list)
+    for audit in got:
+        by_component[audit.component].append(audit)
     assert set(by_component) == {"streams.forget", "streams.archive", "inference.worker:gw-test-worker"}
-    assert by_component["streams.forget"].memory_points_deleted == 3
-    assert by_component["streams.forget"].conversations_cleared == 3
-    assert by_component["streams.archive"].conversations_cleared == 3
+    assert [len(by_component[c]) for c in ("streams.forget", "streams.archive")] == [6, 6]
+    assert sum(a.memory_points_deleted for a in by_component["streams.forget"]) == 3
+    assert sum(a.conversations_cleared for a in by_component["streams.forget"]) == 3
+    assert sum(a.conversations_cleared for a in by_component["streams.archive"]) == 3
 
     build_dataset(stack, datasets / "after")
     verified = forget_verify(stack, ada_id, datasets)

@@ -146,6 +146,24 @@ def test_response_delivered_twice_makes_one_turn(producer, requests_tap, turns_t
     assert later.turn_index == first.turn_index + 1
 
 
+def test_a_prompt_read_again_after_its_turn_was_recorded_is_not_served_again(producer, requests_tap, turns_tap):
+    """After a restart or a rebalance a served prompt may be read again; once its turn is recorded it
+    must not be assembled again (its own turn would be in its context) nor answered twice."""
+    conv = Conversation(producer, requests_tap, turns_tap, "initech", "u-repeat", "conv-repeat")
+    first = prompt("initech", "u-repeat", "conv-repeat", "Remember the number 12.",
+                   reply_to=producer.settings.topic("chat.replies"))
+    producer.send(producer.settings.topic("chat.prompts"), first, key="conv-repeat")
+    producer.flush()
+    (request,) = requests_tap.records(1, where=lambda r: r.request_id == first.request_id)
+    conv.reply(request, "Twelve, noted.")
+    producer.send(producer.settings.topic("chat.prompts"), first, key="conv-repeat")  # the same prompt again
+    later = conv.ask("What number?")  # same key, same partition: read after the repeat
+    users = [m.content for m in later.messages if m.role == "user"]
+    assert users == ["Remember the number 12.", "What number?"], users
+    copies = [m for m in requests_tap.drain(0.5) if default_codec().decode(m.value()).request_id == first.request_id]
+    assert len(copies) == 1, "a recorded request is not sent to inference again"
+
+
 def test_deletion_forgets_the_user_and_state_survives_a_restart(
         forty_turns, worker, producer, requests_tap, turns_tap, kafka):
     """After a USER Deletion nothing of that user is recalled and their table state is empty; after a
@@ -157,7 +175,9 @@ def test_deletion_forgets_the_user_and_state_survives_a_restart(
     from streams.memory import ConversationMemory
     from streams.memory_settings import MemorySettings
     from streams.settings import StreamsSettings
+    from streams.table import conversation_of
     from transport.admin import TopicAdmin
+    from transport.partitioning import partition_of
 
     audit_tap = Tap(kafka, "chat.deletions.audit")
     deletion = Deletion(scope=DeletionScope.USER, user_id="u1", tenant="acme")
@@ -185,7 +205,10 @@ def test_deletion_forgets_the_user_and_state_survives_a_restart(
     # which lists TopicAdmin.describe(), shows it with its messages.
     listed = {t.name: t for t in TopicAdmin(kafka).describe()}
     assert changelog in listed and listed[changelog].partitions == 6 and listed[changelog].messages > 0
-    state = _changelog_state(kafka, changelog)
+    placed: dict = {}
+    state = _changelog_state(kafka, changelog, placed)
+    # every write of a key went to its conversation's partition, where its prompts and responses are
+    assert placed and all(parts == {partition_of(conversation_of(key), 6)} for key, parts in placed.items()), placed
     assert not [v for v in state.values() if v["tenant"] == "acme" and v["user_id"] == "u1"]
     globex = [v for v in state.values() if v["tenant"] == "globex"]
     assert globex and globex[0]["turn_count"] == 3
@@ -202,8 +225,9 @@ def test_deletion_forgets_the_user_and_state_survives_a_restart(
     assert not any("Zanzibar" in m.content for m in forgotten.messages)
 
 
-def _changelog_state(kafka: KafkaSettings, topic: str) -> dict:
-    """The conversation table as the changelog says it is (last value per key, tombstones drop)."""
+def _changelog_state(kafka: KafkaSettings, topic: str, placed: dict | None = None) -> dict:
+    """The conversation table as the changelog says it is (last value per key, tombstones drop);
+    ``placed`` gets the changelog partitions each key was written to."""
     import json
 
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -219,6 +243,8 @@ def _changelog_state(kafka: KafkaSettings, topic: str) -> dict:
         for msg in batch:
             if msg.error() is None:
                 key = json.loads(msg.key())
+                if placed is not None:
+                    placed.setdefault(key, set()).add(msg.partition())
                 if msg.value() is None:
                     state.pop(key, None)
                 else:
