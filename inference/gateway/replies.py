@@ -79,11 +79,11 @@ class ReplyReader:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            # librdkafka's consume(n, t) returns after n messages or the whole t: each chunk waited up
-            # to 100 ms. Take what is there; wait only when nothing is, and return at the first chunk.
-            messages = self._consumer.consume(500, 0)
-            if not messages:
-                messages = self._consumer.consume(1, 0.1)
+            # consume(n, t) returns after n messages or the whole t, so a chunk waits here up to 100 ms
+            # (most of a lone prompt's added time to first token, bench/e2e.py). Returning at the first
+            # chunk is not done yet: a client's follow-up then reaches intake before the record agent
+            # has recorded the previous turn, and its context misses that turn (docs/streams.md).
+            messages = self._consumer.consume(500, 0.1)
             replies = []
             for msg in messages:
                 err = msg.error()
