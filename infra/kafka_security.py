@@ -196,7 +196,7 @@ def _topic_rules(service: str) -> list[tuple[str, str, tuple[str, ...]]]:
     if service == "streams":
         return [*read(t.PROMPTS, t.RESPONSES, t.DELETIONS, t.TURNS, t.FEEDBACK, t.DELETIONS_FANOUT),
                 *write(t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.TURNS, t.DLQ, t.DELETIONS_FANOUT,
-                       t.CANCELS),
+                       t.DELETIONS_AUDIT, t.CANCELS),
                 replies, ("PREFIXED", _STREAMS_APP, _OWN)]
     if service == "jobs":  # the Spark jobs read the logged topics; they write files, never to Kafka
         return [("PREFIXED", "chat.", _READ)]

@@ -559,3 +559,24 @@ def test_spark_and_every_client_log_in_with_a_password_holding_quote_and_backsla
     assert asyncio.run(aiokafka_partitions()) == {0, 1}
     rows = read_kafka(spark, odd.spark_kafka_options(), topic).select("value").collect()
     assert sorted(bytes(r.value) for r in rows) == [f"v{i}".encode() for i in range(5)]
+
+
+def test_each_service_may_write_every_topic_its_code_produces_to():
+    """The local broker's ACLs (infra/kafka_security.py) against what each tier produces: a topic
+    missing here is a denial in production, e.g. streams' per-partition forget audits on
+    chat.deletions.audit (streams/forget.py ForgetPartition), which the pipeline test sends none of."""
+    from infra.kafka_security import _topic_rules
+    from schemas import topics as t
+
+    produced = {  # where: streams/app.py + intake/record/forget, inference/worker, inference/gateway
+        "streams": {t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.TURNS, t.DLQ, t.DELETIONS_FANOUT,
+                    t.DELETIONS_AUDIT, f"{t.REPLIES}.gw-1"},
+        "inference": {t.RESPONSES, t.WORKERS_STATUS, t.DELETIONS_AUDIT, t.DLQ, f"{t.REPLIES}.gw-1"},
+        "gateway": {t.PROMPTS, t.CANCELS, t.FEEDBACK, t.DELETIONS, f"{t.REPLIES}.gw-1"},
+    }
+    for service, topics in produced.items():
+        rules = _topic_rules(service)
+        for topic in topics:
+            allowed = any("WRITE" in ops and (name == topic if kind == "LITERAL" else topic.startswith(name))
+                          for kind, name, ops in rules)
+            assert allowed, f"{service} may not write {topic}"
