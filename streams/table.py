@@ -16,7 +16,9 @@ the whole key. ``ConversationTable`` writes each key to the partition of its **c
 And it drops, after each recovery, the keys of partitions it no longer owns (Faust's in-memory store
 forgets only the keys it restored, not those written while the partition was ours): a stale copy
 must not come back when the partition does, e.g. of a conversation forgotten meanwhile whose
-tombstone compaction has removed.
+tombstone compaction has removed. A changelog record found on another partition than its key's
+(written by a chatpipe before this rule) is not replayed: the conversation's state then starts
+again (its recent window; a response still in flight for it is dead-lettered as unknown).
 """
 
 from __future__ import annotations
@@ -50,15 +52,33 @@ def conversation_table(app: Any, name: str, partitions: int, **kwargs: Any) -> A
             for key in [k for k in list(self.data.keys()) if key_partition(k, partitions) not in owned]:
                 self.data.pop(key, None)  # local only: the changelog (and its new owner) keep it
 
+        def apply_changelog_batch(self, batch: Any) -> None:
+            # A record on another partition than its key's was written before this rule (a changelog of
+            # an older chatpipe, which hashed the whole key): replayed with the rest, an older value
+            # could win over a newer one on the right partition. Such a state is dropped instead.
+            events = list(batch)
+            kept = [event for event in events if placed_right(event, partitions)]
+            self.misplaced_dropped += len(events) - len(kept)
+            super().apply_changelog_batch(kept)
+
         def keys_of_partition(self, partition: int) -> Iterator[str]:
             """The keys of one partition this worker holds (the forget agent erases per partition)."""
             return (k for k in list(self.keys()) if key_partition(k, partitions) == partition)
 
     table = ConversationTable(app, name=name, default=None, beacon=app.tables.beacon, partitions=partitions,
                               **kwargs)
+    table.misplaced_dropped = 0
     return app.tables.add(table)
 
 
 def owned_partitions(active_tps: Any, changelog: str) -> set[int]:
     """The changelog partitions among ``active_tps`` (Faust hands the table its changelog's partitions)."""
     return {tp.partition for tp in active_tps if tp.topic == changelog}
+
+
+def placed_right(event: Any, partitions: int) -> bool:
+    """Whether a changelog record sits on its key's conversation partition (an unreadable key is kept)."""
+    try:
+        return key_partition(event.key, partitions) == event.message.partition
+    except (ValueError, TypeError, IndexError, KeyError):
+        return True
