@@ -189,9 +189,9 @@ def _follow_erasures(kafka: KafkaSettings, services: StreamsServices, registry: 
     code 75, and so does a follower that dies later."""
     from confluent_kafka import KafkaException
 
-    follower = ErasureFollower(kafka, registry, services.codec)
+    follower = ErasureFollower(kafka, services.codec)
     try:
-        follower.start(on_failure=lambda exc: exit_without_ack("streams.erasures", exc))
+        follower.start(None, registry.add, on_failure=lambda exc: exit_without_ack("streams.erasures", exc))
         if not follower.ready.wait(FOLLOWER_READY_S):
             raise TimeoutError(f"no first fetch from chat.deletions within {FOLLOWER_READY_S:g} s")
         loaded = ErasureRegistry.load(kafka, services.codec)

@@ -21,7 +21,6 @@ Not here: carrying deletions out (``forget.py``), rewriting the archive (``archi
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -30,6 +29,7 @@ from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
 from schemas.records import Deletion, DeletionScope
 from schemas.topics import DELETIONS
+from transport.broadcast import BroadcastListener
 
 log = logging.getLogger(__name__)
 
@@ -186,57 +186,17 @@ def read_to_end(kafka: Any, topic: str, on_message: Callable[[Any], None], *, ti
         consumer.close()
 
 
-class ErasureFollower:
+class ErasureFollower(BroadcastListener):
     """Keeps a registry current with every deletion made on ``chat.deletions`` after it was loaded.
 
     Each streams worker carries out only the deletions of the partitions it owns (``forget.py``); the
     registry must still know every deletion, since a partition taken over after a rebalance may hold
-    records in flight of a user another worker forgot. A thread tails every partition of the topic
-    (``transport.tail_consumer``, from the end, no group) and adds each Deletion to the registry from
-    the thread (the registry's dict writes are atomic; see ``ErasureRegistry``). Started **before**
-    ``ErasureRegistry.load`` reads the log to its end, so no deletion falls between the two. If the
-    thread fails, ``on_failure`` is called (the app exits with code 75: a worker that no longer hears
-    deletions must not go on archiving).
+    records in flight of a user another worker forgot. The broadcast listener's thread tails every
+    partition (from the end, no group) and hands each Deletion to ``registry.add`` in that thread
+    (``start(None, ...)``: the registry's dict writes are atomic; see ``ErasureRegistry``). Started
+    **before** ``ErasureRegistry.load`` reads the log to its end, so no deletion falls between the two.
+    If the thread fails, ``on_failure`` is called (the app exits with code 75: a worker that no longer
+    hears deletions must not go on archiving).
     """
 
-    def __init__(self, kafka: Any, registry: ErasureRegistry, codec: AvroCodec | None = None,
-                 poll_timeout_s: float = 0.1) -> None:
-        self.kafka, self.registry, self.codec = kafka, registry, codec or default_codec()
-        self.poll_timeout_s = poll_timeout_s
-        self.ready = threading.Event()  # set after the first poll: deletions from here on are seen
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.followed = 0
-
-    def start(self, on_failure: Callable[[BaseException], None]) -> None:
-        from transport.tail_consumer import TailConsumer
-
-        consumer = TailConsumer(self.kafka, topics=[self.kafka.topic(DELETIONS)],
-                                extra_config={"fetch.wait.max.ms": 100})
-        self._thread = threading.Thread(target=self._run, args=(consumer, on_failure), name="chatpipe-erasures",
-                                        daemon=True)
-        self._thread.start()
-
-    def _run(self, consumer: Any, on_failure: Callable[[BaseException], None]) -> None:
-        try:
-            while not self._stop.is_set():
-                messages = consumer.poll_messages(100, self.poll_timeout_s)
-                self.ready.set()
-                for message in messages:
-                    if message.value is None:
-                        continue
-                    try:
-                        self.registry.add(self.codec.decode(message.value, Deletion))
-                        self.followed += 1
-                    except DecodeError:
-                        pass  # dead-lettered by the forget agent that owns its partition
-        except BaseException as exc:  # noqa: BLE001 - the app must hear of it and stop
-            log.exception("the chat.deletions follower failed")
-            on_failure(exc)
-        finally:
-            consumer.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+    topic, record_type, thread_name, fetch_wait_ms = DELETIONS, Deletion, "chatpipe-erasures", 100

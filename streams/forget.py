@@ -94,7 +94,41 @@ def decode_deletion(codec: Any, message: Any) -> Deletion:
     return deletion
 
 
-class Forget:
+class _DeletionAgent:
+    """What both agents do with a batch: each Deletion checked (else a dead letter) and carried out,
+    the batch's records delivered, then the batch acked."""
+
+    services: StreamsServices
+    dead_letters: DeadLetters
+    retrier: Retrier
+
+    async def __call__(self, stream: Any) -> None:
+        batches = Batches(stream, BATCH, WITHIN_S)
+        async for events in batches:
+            outbox = Outbox(self.retrier)
+            for event in events:
+                try:
+                    deletion = decode_deletion(self.services.codec, event.message)
+                except (DecodeError, InvalidDeletionError) as exc:
+                    await self.dead_letters.send(event, exc, outbox)
+                    continue
+                await self.carry_out(deletion, event.message, outbox)
+            await self.after_batch(events)
+            await outbox.deliver()
+            await batches.ack(events)
+
+    async def carry_out(self, deletion: Deletion, message: Any, outbox: Outbox) -> None:
+        raise NotImplementedError
+
+    async def after_batch(self, events: list[Any]) -> None:
+        """Before the batch's records are delivered and it is acked."""
+
+
+def _registry(erasures: ErasureRegistry | None, archiver: Archiver | None) -> ErasureRegistry:
+    return erasures if erasures is not None else (archiver.erasures if archiver else ErasureRegistry())
+
+
+class Forget(_DeletionAgent):
     """``chat.deletions`` -> one copy per conversation partition on the fan-out topic; deletions archived."""
 
     def __init__(self, services: StreamsServices, fanout_topic: Any, partitions: int, dead_letters: DeadLetters,
@@ -107,28 +141,15 @@ class Forget:
         self.retrier = retrier
         self.archiver = archiver  # None: no archive in this process (the deletions are not archived)
         self.archive_retrier = archive_retrier or retrier
-        self.erasures = erasures if erasures is not None else (archiver.erasures if archiver else ErasureRegistry())
+        self.erasures = _registry(erasures, archiver)
         self.fanned_out = 0
 
-    async def __call__(self, stream: Any) -> None:
-        batches = Batches(stream, BATCH, WITHIN_S)
-        async for events in batches:
-            outbox = Outbox(self.retrier)
-            for event in events:
-                await self.handle(event, outbox)
-            if self.archiver is not None:  # the deletion log itself, for the dataset job (never rewritten)
-                await self.archive_retrier.call("archive deletions", asyncio.to_thread, self.archiver.write,
-                                                [archived_message(e) for e in events])
-            await outbox.deliver()
-            await batches.ack(events)
+    async def after_batch(self, events: list[Any]) -> None:
+        if self.archiver is not None:  # the deletion log itself, for the dataset job (never rewritten)
+            await self.archive_retrier.call("archive deletions", asyncio.to_thread, self.archiver.write,
+                                            [archived_message(e) for e in events])
 
-    async def handle(self, event: Any, outbox: Outbox) -> None:
-        m = event.message
-        try:
-            deletion = decode_deletion(self.services.codec, m)
-        except (DecodeError, InvalidDeletionError) as exc:
-            await self.dead_letters.send(event, exc, outbox)
-            return
+    async def carry_out(self, deletion: Deletion, m: Any, outbox: Outbox) -> None:
         self.erasures.add(deletion)  # first: whatever this worker writes after this is checked against it
         for partition in range(self.partitions):
             await outbox.send(self.fanout_topic, key=m.key, value=m.value, headers=child_headers(m),
@@ -136,9 +157,10 @@ class Forget:
         self.fanned_out += 1
 
 
-class ForgetPartition:
+class ForgetPartition(_DeletionAgent):
     """One copy of a Deletion on partition ``p`` of the fan-out topic: memory, the table's partition ``p``
-    and the archive files of partition ``p`` erased, each audited."""
+    and the archive files of partition ``p`` erased, each audited. A record put there by anything but
+    ``Forget`` is checked and refused the same way."""
 
     def __init__(self, services: StreamsServices, table: Any, partitions: int, audit_topic: Any,
                  dead_letters: DeadLetters, retrier: Retrier, *, archiver: Archiver | None = None,
@@ -153,25 +175,10 @@ class ForgetPartition:
         self.archiver = archiver  # None: no archive in this process (nothing to rewrite)
         self.archive_topics = tuple(archive_topics)  # real names (with the prefix) of the rewritten topics
         self.archive_retrier = archive_retrier or retrier
-        self.erasures = erasures if erasures is not None else (archiver.erasures if archiver else ErasureRegistry())
+        self.erasures = _registry(erasures, archiver)
         self.carried_out = 0
 
-    async def __call__(self, stream: Any) -> None:
-        batches = Batches(stream, BATCH, WITHIN_S)
-        async for events in batches:
-            outbox = Outbox(self.retrier)
-            for event in events:
-                await self.handle(event, outbox)
-            await outbox.deliver()
-            await batches.ack(events)
-
-    async def handle(self, event: Any, outbox: Outbox) -> None:
-        m = event.message
-        try:  # checked by Forget already; a record put here by anything else is refused the same way
-            deletion = decode_deletion(self.services.codec, m)
-        except (DecodeError, InvalidDeletionError) as exc:
-            await self.dead_letters.send(event, exc, outbox)
-            return
+    async def carry_out(self, deletion: Deletion, m: Any, outbox: Outbox) -> None:
         partition = m.partition
         conversation = deletion.conversation_id if deletion.scope == DeletionScope.CONVERSATION else None
         self.erasures.add(deletion)  # first: whatever is written after this is checked against it

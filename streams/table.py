@@ -24,7 +24,7 @@ again (its recent window; a response still in flight for it is dead-lettered as 
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any
 
 from transport.partitioning import partition_of
 
@@ -60,10 +60,6 @@ def conversation_table(app: Any, name: str, partitions: int, **kwargs: Any) -> A
             kept = [event for event in events if placed_right(event, partitions)]
             self.misplaced_dropped += len(events) - len(kept)
             super().apply_changelog_batch(kept)
-
-        def keys_of_partition(self, partition: int) -> Iterator[str]:
-            """The keys of one partition this worker holds (the forget agent erases per partition)."""
-            return (k for k in list(self.keys()) if key_partition(k, partitions) == partition)
 
     table = ConversationTable(app, name=name, default=None, beacon=app.tables.beacon, partitions=partitions,
                               **kwargs)

@@ -41,9 +41,11 @@ class BroadcastListener:
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()  # set after the first poll: records from here on are seen
 
-    def start(self, loop: asyncio.AbstractEventLoop, on_record: Callable[[Any], None],
+    def start(self, loop: asyncio.AbstractEventLoop | None, on_record: Callable[[Any], None],
               on_failure: Callable[[BaseException], None],
               on_undecodable: Callable[[ConsumedMessage, DecodeError], None] | None = None) -> None:
+        """``loop`` None: the callbacks run in the listener's own thread (for a listener started before
+        any event loop, whose callback is thread-safe: the streams tier's erasure registry)."""
         self._loop, self._on_record, self._on_failure = loop, on_record, on_failure
         self._on_undecodable = on_undecodable
         self._consumer = TailConsumer(self.kafka, topics=[self.kafka.topic(self.topic)],
@@ -63,17 +65,23 @@ class BroadcastListener:
                     except DecodeError as exc:
                         log.warning("undecodable record on %s: %s", message.topic, exc)
                         if self._on_undecodable is not None:
-                            self._loop.call_soon_threadsafe(self._on_undecodable, message, exc)
+                            self._hand(self._on_undecodable, message, exc)
                         continue
-                    self._loop.call_soon_threadsafe(self._on_record, record)
+                    self._hand(self._on_record, record)
         except BaseException as exc:  # noqa: BLE001 - the worker must hear of it and stop
             log.exception("%s listener failed", self.topic)
             try:
-                self._loop.call_soon_threadsafe(self._on_failure, exc)
+                self._hand(self._on_failure, exc)
             except RuntimeError:  # the loop is closed: the worker has gone already
                 pass
         finally:
             self._consumer.close()
+
+    def _hand(self, callback: Callable[..., None], *args: Any) -> None:
+        if self._loop is None:
+            callback(*args)
+        else:
+            self._loop.call_soon_threadsafe(callback, *args)
 
     def close(self) -> None:
         self._stop.set()
