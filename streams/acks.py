@@ -65,7 +65,11 @@ class DeliveryGapError(InfrastructureUnavailableError):
 
 def _committed_position(stream: Any, tp: Any) -> int | None:
     """Faust's committed position of ``tp`` (the next offset to read; None when not known)."""
-    consumer = getattr(getattr(stream, "app", None), "consumer", None)
+    return committed_position(getattr(getattr(stream, "app", None), "consumer", None), tp)
+
+
+def committed_position(consumer: Any, tp: Any) -> int | None:
+    """The committed position of ``tp`` in Faust's ``consumer`` (next offset to read; None when not known)."""
     committed = getattr(consumer, "_committed_offset", None)  # Faust keeps it per TP, next-to-read
     try:
         value = committed.get(tp) if committed is not None else None

@@ -45,6 +45,7 @@ from schemas.topics import (
     TURNS,
     spec,
 )
+from streams.acks import committed_position
 from streams.archive import ArchiveAgent, Archiver
 from streams.dead_letters import DeadLetters
 from streams.erasures import ErasureFollower, ErasureRegistry
@@ -52,6 +53,7 @@ from streams.faults import EXIT_INFRASTRUCTURE, Retrier, exit_without_ack
 from streams.forget import Forget, ForgetPartition
 from streams.intake import Intake
 from streams.record import Record
+from streams.recorded import BrokerEndOffsets, RecordedOffsets
 from streams.refusals import Refusals
 from streams.reply_address import ReplyAddresses
 from streams.services import StreamsServices
@@ -143,11 +145,18 @@ class StreamsApp:
         codec = services.codec
         intake_letters = DeadLetters(dlq, codec, "streams.intake")
         self.refusals = Refusals(intake_letters, retrier, self.reply_producer, replies)
+        # Read-your-writes: intake waits for record to reach chat.responses' end before a conversation
+        # with a pending request gets its next context (recorded.py).
+        self.response_ends = BrokerEndOffsets(kafka, kafka.topic(RESPONSES))
+        self.recorded = RecordedOffsets(_committed_positions(app, kafka.topic(RESPONSES)), self.response_ends,
+                                        owned=_assigned(app, kafka.topic(RESPONSES)))
         self.intake = Intake(settings, services, self.table,
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
-                             intake_letters, self.refusals, retrier)
+                             intake_letters, self.refusals, retrier, recorded=self.recorded,
+                             partitions=spec(RESPONSES).partitions)
         self.record = Record(settings, services, self.table, topic(TURNS),
-                             DeadLetters(dlq, codec, "streams.record"), retrier, self.erasures)
+                             DeadLetters(dlq, codec, "streams.record"), retrier, self.erasures,
+                             recorded=self.recorded)
         archive_retrier = Retrier(settings.archive_retry_budget_s, settings.retry_backoff_s,
                                   settings.retry_max_backoff_s)
         self.archiver = Archiver(settings.archive_dir, codec, settings.archive_dedupe_window, self.erasures)
@@ -180,6 +189,20 @@ class StreamsApp:
                 await self.watchdog.run(faust_assignment(app, sources), settings.stall_check_s)
             except Exception as exc:  # noqa: BLE001 - a stall or a bug: exit unacked, the supervisor restarts
                 exit_without_ack("streams.watchdog", exc)
+
+
+def _committed_positions(app: Any, topic: str):
+    """Faust's committed position of a partition of ``topic`` (None when it does not know it)."""
+    from faust.types import TP
+
+    return lambda partition: committed_position(app.consumer, TP(topic, partition))
+
+
+def _assigned(app: Any, topic: str):
+    """Whether a partition of ``topic`` is assigned to this worker now."""
+    from faust.types import TP
+
+    return lambda partition: TP(topic, partition) in app.consumer.assignment()
 
 
 def _follow_erasures(kafka: KafkaSettings, services: StreamsServices, registry: ErasureRegistry) -> ErasureFollower:
@@ -229,6 +252,7 @@ def run_worker(streams: StreamsApp) -> None:
         worker.execute_from_commandline()
     finally:
         streams.reply_producer.close(timeout_s=10)
+        streams.response_ends.close()
         if streams.erasure_follower is not None:
             streams.erasure_follower.close()
         streams.services.close()

@@ -13,6 +13,10 @@ table once per batch, before any of the batch's requests is produced) and produc
 ``InferenceRequest`` keyed by conversation id to the topic of its priority. Reply address,
 priority and deadline are carried over.
 
+A prompt of a conversation with a request still pending waits, before its batch is assembled, for
+the record agent to record every response already on ``chat.responses`` (read-your-writes: a
+follow-up sent right after its answer's final chunk sees that answer, ``recorded.py``).
+
 Before that, a prompt whose reply address cannot be answered or whose deadline has passed is
 refused (``refusals.py``). The batch is acked only once every record it produced (requests, dead
 letters, error chunks) is on the broker; Qdrant and broker faults are retried, and past the
@@ -37,10 +41,12 @@ from streams.errors import InvalidPromptError, PromptTooLongError
 from streams.faults import Retrier
 from streams.outbox import Outbox
 from streams.prompts import ParsedPrompt, parse_prompt
+from streams.recorded import RecordedOffsets
 from streams.refusals import Refusals
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.state import ConversationState, PendingRequest, state_key
+from transport.partitioning import partition_of
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +68,10 @@ class _Prompt:
 class Intake:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any,
                  out_topics: dict[str, Any], dead_letters: DeadLetters, refusals: Refusals,
-                 retrier: Retrier) -> None:
+                 retrier: Retrier, recorded: RecordedOffsets | None = None, partitions: int = 1) -> None:
         self.settings = settings
+        self.recorded = recorded  # how far record has got on chat.responses (recorded.py); None: never wait
+        self.partitions = partitions  # of chat.responses: where a conversation's responses are
         self.services = services
         self.table = table  # conversations: state_key -> ConversationState value
         self.out_topics = out_topics  # catalog name -> Faust topic
@@ -73,6 +81,7 @@ class Intake:
         self.served = 0
         self.batches = 0
         self.repeats = 0  # prompts read again whose request was answered already (not served twice)
+        self.unrecorded = 0  # batches assembled after recorded_wait_s with answers still unrecorded
 
     async def __call__(self, stream: Any) -> None:
         s = self.settings
@@ -100,6 +109,7 @@ class Intake:
             except InvalidPromptError as exc:
                 await self.refusals.refuse(event, request, exc, "invalid_request", outbox)
         if prompts:
+            await self._await_recorded(prompts)
             tokens = self.services.counter.text_tokens([p.parsed.prompt for p in prompts])
             for run in split_by_tokens(prompts, tokens, self.settings.intake_batch_tokens):
                 await self.serve(run, outbox)
@@ -107,6 +117,34 @@ class Intake:
         await outbox.deliver()
         log.debug("intake batch of %d prompt(s) on the broker %.1f ms after its last send", len(events),
                   (time.perf_counter() - sent) * 1e3)
+
+    async def _await_recorded(self, prompts: list[_Prompt]) -> None:
+        """Read-your-writes (recorded.py): a conversation with a request still pending may have its
+        answer on chat.responses, not yet recorded; wait for the record agent to reach the end of
+        those conversations' partitions. Not under the state lock: record needs it to catch up."""
+        if self.recorded is None:
+            return
+        partitions = {partition_of(p.request.conversation_id, self.partitions) for p in prompts
+                      if self._has_pending(p.request)}
+        if not partitions:
+            return
+        started = time.perf_counter()
+        try:
+            short = await self.recorded.wait_for_end(partitions, self.settings.recorded_wait_s)
+        except Exception as exc:  # noqa: BLE001 - the end offsets could not be had: assemble as we can
+            log.warning("could not learn how far chat.responses is recorded (%s); assembling without waiting", exc)
+            return
+        if short:
+            self.unrecorded += 1
+            log.warning("responses partition(s) %s: %s response(s) still unrecorded after %.1f s; the "
+                        "follow-ups' contexts may miss those answers", sorted(short), sum(short.values()),
+                        self.settings.recorded_wait_s)
+        log.debug("intake waited %.1f ms for record (partitions %s)", (time.perf_counter() - started) * 1e3,
+                  sorted(partitions))
+
+    def _has_pending(self, request: PromptRequest) -> bool:
+        value = self.table.get(state_key(request.tenant, request.user_id, request.conversation_id))
+        return bool(value and value.get("pending"))
 
     async def serve(self, run: list[_Prompt], outbox: Outbox) -> None:
         """One batch: one embedding call, one recall call, one InferenceRequest per prompt."""

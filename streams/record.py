@@ -1,7 +1,8 @@
 """The record agent: ``chat.responses`` -> conversation state, ``chat.turns`` and memory.
 
-Per batch of responses: join each with its pending request (kept in the conversation's state
-by intake), drop a response whose request id was already recorded (a response delivered twice
+Per batch of responses (adaptive like intake's, ``take.py``: a lone response is recorded at
+once, since a follow-up of its conversation may be waiting for it, ``recorded.py``): join each
+with its pending request (kept in the conversation's state by intake), drop a response whose request id was already recorded (a response delivered twice
 makes one turn), embed the batch's answered turns in one call and upsert them into Qdrant,
 emit a ``ConversationTurn`` per response to ``chat.turns``, and only then write the
 conversation states back to the table.
@@ -36,6 +37,7 @@ from streams.erasures import ErasureRegistry
 from streams.errors import UnknownRequestError
 from streams.faults import Retrier
 from streams.outbox import Outbox
+from streams.recorded import RecordedOffsets
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.state import ConversationState, RecentTurn, state_key
@@ -53,8 +55,10 @@ def turn_id_for(request_id: str) -> str:
 
 class Record:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any, turns_topic: Any,
-                 dead_letters: DeadLetters, retrier: Retrier, erasures: ErasureRegistry | None = None) -> None:
+                 dead_letters: DeadLetters, retrier: Retrier, erasures: ErasureRegistry | None = None,
+                 recorded: RecordedOffsets | None = None) -> None:
         self.settings = settings
+        self.recorded_offsets = recorded  # what intake waits on for a follow-up (recorded.py)
         self.erasures = erasures if erasures is not None else ErasureRegistry()
         self.erased = 0  # responses dropped because a deletion erased their user or conversation
         self.retrier = retrier
@@ -67,7 +71,7 @@ class Record:
 
     async def __call__(self, stream: Any) -> None:
         s = self.settings
-        batches = Batches(stream, s.record_batch_size, s.record_batch_window_s)
+        batches = Batches(stream, s.record_batch_size, s.record_batch_window_s, idle_s=s.record_batch_idle_s)
         async for events in batches:
             await self.handle(events)
             await batches.ack(events)
@@ -151,3 +155,6 @@ class Record:
                 continue
             self.table[key] = state.to_value()
         self.recorded += len(turns)
+        if self.recorded_offsets is not None:  # the table holds these responses' effects now
+            for event in events:
+                self.recorded_offsets.applied(event.message.partition, event.message.offset)

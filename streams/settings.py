@@ -35,7 +35,12 @@ class StreamsSettings(BaseSettings):
                                                                 "within this long (0: when none was waiting)")
     intake_batch_tokens: int = Field(8192, ge=1, description="Most prompt tokens per intake batch")
     record_batch_size: int = Field(64, ge=1, description="Most responses per record batch")
-    record_batch_window_s: float = Field(0.05, gt=0, description="Longest wait for a record batch to fill")
+    record_batch_window_s: float = Field(0.05, gt=0, description="Longest a record batch stays open while "
+                                         "responses keep arriving")
+    record_batch_idle_s: float = Field(0.002, ge=0, description="A record batch closes when no further response "
+                                       "came within this long (a follow-up may be waiting for it)")
+    recorded_wait_s: float = Field(5.0, ge=0, description="Longest intake waits for the record agent to record "
+                                   "a conversation's answered requests before assembling its next prompt")
     archive_batch_size: int = Field(2000, ge=1, description="Most messages per archive write")
     archive_flush_s: float = Field(2.0, gt=0, description="Longest a message waits before it is archived")
     # Context

@@ -51,7 +51,10 @@ class ReplyReader:
             "group.id": f"chatpipe-gateway-{topic}",  # required by librdkafka; never joined or committed
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "fetch.wait.max.ms": 5,  # tokens are latency-bound
+            # The broker answers a waiting fetch as soon as a record is appended (fetch.min.bytes 1), so
+            # this bounds only an idle fetch: 5 ms cost the broker ~200 idle fetches a second for the same
+            # hop latency (bench/kafka_hop.py: 5 and 100 ms alike).
+            "fetch.wait.max.ms": 100,
             "fetch.min.bytes": 1,
         })
         self._waiting: dict[str, asyncio.Queue] = {}
@@ -79,11 +82,12 @@ class ReplyReader:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            # consume(n, t) returns after n messages or the whole t, so a chunk waits here up to 100 ms
-            # (most of a lone prompt's added time to first token, bench/e2e.py). Returning at the first
-            # chunk is not done yet: a client's follow-up then reaches intake before the record agent
-            # has recorded the previous turn, and its context misses that turn (docs/streams.md).
-            messages = self._consumer.consume(500, 0.1)
+            # librdkafka's consume(n, t) returns after n messages or the whole t: with (500, 0.1) every
+            # chunk waited 0-100 ms (most of a lone prompt's added time to first token, bench/e2e.py).
+            # So: what is there now, and only when nothing is, a wait for the next one. A client's
+            # follow-up sent at once still sees this answer in its context: the worker's Response
+            # is on the broker before the final chunk, and intake waits for record (streams/recorded.py).
+            messages = self._consumer.consume(500, 0) or self._consumer.consume(1, 0.1)
             replies = []
             for msg in messages:
                 err = msg.error()

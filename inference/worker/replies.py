@@ -61,8 +61,9 @@ class ReplyStream:
 
     def send(self, text: str, token_id: int | None, *, final: bool = False, finish_reason: FinishReason | None = None,
              tokens_in: int | None = None, tokens_out: int | None = None, error_code: str | None = None,
-             error: str | None = None) -> None:
-        """One chunk; the final one carries how the request ended (finish reason, usage, error)."""
+             error: str | None = None, ack: bool = False) -> None:
+        """One chunk; the final one carries how the request ended (finish reason, usage, error).
+        ``delivered()`` then waits for the final chunk, or for the last one sent with ``ack``."""
         self.text_parts.append(text)
         if not self.enabled:
             return
@@ -71,15 +72,15 @@ class ReplyStream:
                            is_final=final, worker_id=self.worker_id, finish_reason=finish_reason,
                            tokens_in=tokens_in, tokens_out=tokens_out, error_code=error_code, error=error)
         try:
-            ack = self.producer.send(self.request.reply_to, chunk, key=self.request.request_id,
-                                     partition=self.request.reply_partition, headers=self.headers(),
-                                     parent_trace=self.parent_trace, want_ack=final)
+            delivery = self.producer.send(self.request.reply_to, chunk, key=self.request.request_id,
+                                          partition=self.request.reply_partition, headers=self.headers(),
+                                          parent_trace=self.parent_trace, want_ack=final or ack)
         except KafkaException as exc:  # refused before it was queued (e.g. a partition outside the topic)
             if not is_reply_fault(exc):
                 raise
             raise self._fault(exc) from exc
-        if final:  # chunks of one partition land in order: the last one's ack covers them all
-            self.last_ack = ack
+        if final or ack:  # chunks of one partition land in order: the last one's ack covers them all
+            self.last_ack = delivery
         self.index += 1
 
     async def delivered(self) -> None:

@@ -337,17 +337,26 @@ class Worker:
             raise RequestExpiredError(f"the deadline passed while it waited for the engine (deadline_at "
                                       f"{req.deadline_at})")
         error, error_code = self._stop_error(reason, gen)
-        replies.send(final.text, final.token_id, final=True, finish_reason=reason,
-                     tokens_in=final.num_prompt_tokens, tokens_out=final.num_output_tokens, error_code=error_code)
         queue_ms = (item.taken_at_ms - req.enqueued_at) + (final.queue_s or 0.0) * 1000
         ttft_ms = (first_token_ms[0] - req.enqueued_at) if first_token_ms[0] else 0.0
+        # The whole text first, then the Response, then the final chunk, an end marker with no text:
+        # - a Response that is durable has all its text durable in its attempt's stream (what a
+        #   reader pairing the kept Response with its stream needs, docs/worker.md);
+        # - read-your-writes: the Response is on the broker before the client can have the final
+        #   chunk, so a follow-up sent once it has it finds this turn in its context (intake waits
+        #   for record to reach the end of chat.responses, streams/recorded.py). A crash between the
+        #   Response and the end marker serves the request again (a new attempt with its own whole
+        #   stream); record drops the second Response as a repeat.
+        if final.text or final.token_id is not None or replies.index > 0:  # (an empty one only for its ack)
+            replies.send(final.text, final.token_id, ack=True)
+        await replies.delivered()
         response = response_for(req, text=replies.text, worker_id=self.settings.worker_id, model=self.model_name,
                                 tokens_in=final.num_prompt_tokens, tokens_out=final.num_output_tokens,
                                 queue_ms=queue_ms, ttft_ms=ttft_ms, finish_reason=reason, error=error)
-        # The stream first: a Response that is durable always has its whole stream durable
-        # (they go to different partitions, which Kafka does not order against each other).
-        await replies.delivered()
         await send_response(self.producer, response, attempt=attempt, parent_trace=trace)
+        replies.send("", None, final=True, finish_reason=reason, tokens_in=final.num_prompt_tokens,
+                     tokens_out=final.num_output_tokens, error_code=error_code)
+        await replies.delivered()
         self._observe(response, final)
         return Outcome.DONE, reason.value.lower()
 

@@ -69,5 +69,17 @@ class StreamAssembler:
         state = self._attempts.get((request_id, attempt))
         return state.text if state is not None and state.complete else None
 
+    def text_without_gaps(self, request_id: str, attempt: str | None) -> str | None:
+        """The text of that attempt's chunks from index 0 up to the first missing one, end marker or
+        not: all a kept Response's text is durable before it, its end marker only after it (a
+        worker killed in between leaves the attempt without one; docs/worker.md)."""
+        state = self._attempts.get((request_id, attempt))
+        if state is None:
+            return None
+        parts = []
+        while len(parts) in state.parts:
+            parts.append(state.parts[len(parts)])
+        return "".join(parts)
+
     def attempts(self, request_id: str) -> list[str | None]:
         return [a for (rid, a) in self._attempts if rid == request_id]

@@ -54,7 +54,11 @@ def kafka(kafka_stack, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def worker(kafka, tmp_path_factory):
-    w = StreamsWorker(kafka, tmp_path_factory.mktemp("streams"), recent_turns=6)
+    # record closes a batch only after 0.25 s without a response: a follow-up sent right after its
+    # answer's Response then reaches intake well before record has recorded that answer, unless intake
+    # waits for record (test_a_follow_up_sent_right_after_its_answer_has_that_answer_in_its_context).
+    w = StreamsWorker(kafka, tmp_path_factory.mktemp("streams"), recent_turns=6, record_batch_idle_s=0.25,
+                      record_batch_window_s=0.5)
     w.start()
     yield w
     if w.proc is not None and w.proc.poll() is None:
@@ -144,6 +148,24 @@ def test_response_delivered_twice_makes_one_turn(producer, requests_tap, turns_t
     turns = [default_codec().decode(m.value()) for m in turns_tap.history]
     later = next(t for t in turns if t.request_id == follow.request_id)
     assert later.turn_index == first.turn_index + 1
+
+
+def test_a_follow_up_sent_right_after_its_answer_has_that_answer_in_its_context(worker, producer, requests_tap, turns_tap):
+    """Read-your-writes: the worker puts the Response on chat.responses before the client gets the final
+    chunk, and the client may send its follow-up at once; the follow-up's context must hold the answer
+    (intake waits for record to reach chat.responses' end, streams/recorded.py)."""
+    conv = Conversation(producer, requests_tap, turns_tap, "acme", "u-ryw", "conv-ryw")
+    request = conv.ask("My favourite colour is teal.")
+    for i in range(3):
+        producer.send(producer.settings.topic("chat.responses"), answer(request, f"Teal, noted ({i})."),
+                      key=conv.conversation)
+        producer.flush()  # the Response is on the broker; the follow-up comes right after, as a client's would
+        request = conv.ask(f"Follow-up {i}: what colour did I say?")
+        users = [m.content for m in request.messages if m.role == "user"]
+        answers = [m.content for m in request.messages if m.role == "assistant"]
+        assert users[-1] == f"Follow-up {i}: what colour did I say?"
+        assert answers and answers[-1] == f"Teal, noted ({i}).", request.messages
+    conv.reply(request, "Teal.")
 
 
 def test_a_prompt_read_again_after_its_turn_was_recorded_is_not_served_again(producer, requests_tap, turns_tap):

@@ -173,6 +173,13 @@ class Reader:
                 return
         raise AssertionError(f"timed out after {timeout_s}s waiting for {what() if callable(what) else what}")
 
+    def stream_text(self, request_id: str, attempt: str | None, timeout_s: float = 30.0) -> str:
+        """The whole text of that attempt's stream, once its end marker came (the worker sends the
+        end marker after the Response: a reader can hold the Response first)."""
+        self.wait_for(lambda s: s.assembler.text(request_id, attempt) is not None, timeout_s,
+                      f"the whole stream of {request_id}")
+        return self.seen.assembler.text(request_id, attempt)
+
     def wait_responses(self, request_ids, timeout_s: float) -> None:
         ids = set(request_ids)
         self.wait_for(lambda s: ids <= set(s.responses), timeout_s,

@@ -107,7 +107,7 @@ def test_cancel_stops_a_running_generation_at_the_next_step(service, svc_reader)
     # The step running when the cancel arrives still completes (+1), and its token may already be
     # queued for the loop (+1); nothing after that.
     assert response.tokens_out <= at_cancel + 2
-    assert svc_reader.seen.assembler.text(req.request_id, attempt) == response.text
+    assert svc_reader.stream_text(req.request_id, attempt) == response.text
 
 
 def test_heartbeats_and_metrics_report_load(service, svc_reader):
@@ -188,4 +188,4 @@ def test_a_stop_string_ends_the_answer_before_it(service, svc_reader):
     assert response.text == full.text[:full.text.index(stop)], (stop, full.text, response.text)
     assert response.finish_reason is FinishReason.STOP
     assert response.tokens_out < full.tokens_out
-    assert svc_reader.seen.assembler.text(stopped.request_id, attempt) == response.text
+    assert svc_reader.stream_text(stopped.request_id, attempt) == response.text

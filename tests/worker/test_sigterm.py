@@ -37,7 +37,7 @@ def test_sigterm_hands_back_unfinished_requests(intake, worker_kafka, reader, tm
             reader.wait_responses([req.request_id], 120)
             response, attempt = reader.seen.first_response(req.request_id)
             assert response.worker_id == "second" and response.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-            assert reader.seen.assembler.text(req.request_id, attempt) == response.text
+            assert reader.stream_text(req.request_id, attempt) == response.text
         finally:
             assert second.terminate() == 0
     finally:
