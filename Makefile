@@ -42,6 +42,7 @@ test-unit: setup
 
 bench-quick: setup
 	$(PY) bench/kafka_io.py --quick
+	$(PY) bench/kafka_hop.py --quick
 	$(PY) bench/engine.py --quick
 	$(PY) bench/finetune.py --quick
 	$(PY) bench/worker.py --quick

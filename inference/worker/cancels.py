@@ -37,4 +37,6 @@ class RecentCancels:
 class CancelListener(BroadcastListener):
     """Every Cancel of ``chat.cancels``, handed to the loop (``start(loop, on_cancel, on_failure, ...)``)."""
 
-    topic, record_type, thread_name, fetch_wait_ms = CANCELS, Cancel, "chatpipe-cancels", 10
+    # 100 ms bounds only an idle fetch: the broker answers a waiting one when a Cancel is appended
+    # (bench/kafka_hop.py); 10 ms made every worker send ~100 empty fetches a second.
+    topic, record_type, thread_name, fetch_wait_ms = CANCELS, Cancel, "chatpipe-cancels", 100
