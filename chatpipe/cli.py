@@ -10,7 +10,8 @@ import typer
 
 from chatpipe.commands import chat, cluster, demo, engine, gateway, inference, jobs, spark, stack, streams, tail, topics
 from chatpipe.commands import forget
-from chatpipe.commands.common import err_console
+from chatpipe.commands.common import print_error
+
 from schemas.errors import ChatpipeError
 
 app = typer.Typer(
@@ -34,8 +35,8 @@ def main() -> None:
     try:
         app()
     except ChatpipeError as exc:
-        # A named error carries a message meant for the user: no traceback.
-        err_console.print(f"[bold red]error:[/] {exc}")
+        # A named error carries a message meant for the user: no traceback, one line.
+        print_error(exc)
         raise SystemExit(1) from None
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import build_settings, err_console
+from chatpipe.commands.common import build_settings, err_console, print_error
 
 Url = Annotated[Optional[str], typer.Option("--url", help="Gateway base URL [env CHATPIPE_GATEWAY_URL; default http://127.0.0.1:8000]")]
 ApiKey = Annotated[Optional[str], typer.Option("--api-key", help="Bearer key [env CHATPIPE_API_KEY; default: first key of <state dir>/gateway/keys.json]")]
@@ -23,9 +23,7 @@ Model = Annotated[Optional[str], typer.Option("--model", help="Model id [env CHA
 
 def fail(exc: Exception) -> typer.Exit:
     """Print ``exc`` as one error line (no wrapping, no markup) and return the exit to raise."""
-    from rich.markup import escape
-
-    err_console.print(f"[bold red]error:[/] {escape(' '.join(str(exc).split()))}", soft_wrap=True, highlight=False)
+    print_error(" ".join(str(exc).split()))
     return typer.Exit(1)
 
 

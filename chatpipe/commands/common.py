@@ -15,6 +15,14 @@ from schemas.errors import ChatpipeError
 console = Console()
 err_console = Console(stderr=True)
 
+
+def print_error(message: object) -> None:
+    """``error: <message>`` on stderr as one line however long (rich folds at the console's width
+    otherwise), the message's text not read as markup (it may hold ``[...]``)."""
+    from rich.text import Text
+
+    err_console.print(Text.assemble(("error:", "bold red"), " ", str(message)), soft_wrap=True, highlight=False)
+
 S = TypeVar("S", bound=BaseSettings)
 
 

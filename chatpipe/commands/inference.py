@@ -14,7 +14,7 @@ import typer
 
 from chatpipe.commands.common import (KafkaSaslMechanism, KafkaSaslPasswordFile, KafkaSaslUsername,
                                       KafkaSecurityProtocol, KafkaSslCaFile, KafkaSslCertFile, KafkaSslKeyFile,
-                                      build_settings, check_kafka, err_console, kafka_settings)
+                                      build_settings, check_kafka, kafka_settings, print_error)
 
 
 def inference(
@@ -67,7 +67,7 @@ def inference(
         lm, tokenizer = load_model(engine_settings)
         engine = Engine(lm, engine_settings)
     except EngineError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
+        print_error(exc)
         raise typer.Exit(1) from None
     model_name = str(engine_settings.model_path) if engine_settings.model_path else DEFAULT_MODEL_NAME
     worker = Worker(kafka, worker_settings, engine, tokenizer, model_name)

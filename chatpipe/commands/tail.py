@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import build_settings, err_console
+from chatpipe.commands.common import build_settings, err_console, print_error
 
 
 def tail(
@@ -28,8 +28,6 @@ def tail(
     import signal
     import sys
 
-    from rich.markup import escape
-
     from clients.topic_tail import TopicTail
     from schemas.errors import ChatpipeError
     from transport.settings import KafkaSettings
@@ -41,8 +39,7 @@ def tail(
     try:
         tailer = TopicTail(settings, topic, partition=partition, from_beginning=from_beginning)
     except ChatpipeError as exc:
-        # One line whatever the terminal width (rich would wrap the catalog list at 80 columns).
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        print_error(exc)  # one line whatever the terminal width (the catalog list is long)
         raise typer.Exit(1) from None
     where = "the beginning" if from_beginning else "the end"
     err_console.print(f"tailing {tailer.topic} partitions {tailer.partitions} from {where}; Ctrl-C stops",

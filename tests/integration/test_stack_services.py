@@ -85,7 +85,9 @@ def test_flags_that_contradict_the_running_stack_are_a_clear_error(kafka_stack):
 
 def test_a_state_folder_that_is_a_file_is_a_one_line_error(tmp_path):
     """`--state-dir` naming a file must give one clear line from every stack command, no traceback."""
-    not_a_folder = tmp_path / "state"
+    # A long path: the line is longer than any console width (rich once folded it in two).
+    not_a_folder = tmp_path / ("a-long-folder-name-" * 6) / "state"
+    not_a_folder.parent.mkdir()
     not_a_folder.write_text("oops")
     for command in ("up", "status", "down"):
         result = _cli(command, "--state-dir", str(not_a_folder))
