@@ -48,7 +48,7 @@ class BrokerEndOffsets:
     def _ends(self, partitions: list[int]) -> dict[int, int]:
         from confluent_kafka import Consumer, TopicPartition
 
-        if self._consumer is None:  # made in its thread, on first use: most workers never need it
+        if self._consumer is None:  # made in its thread (the warm-up call): librdkafka clients stay in one
             self._consumer = Consumer({**self.kafka.client_config(), "group.id": f"{self.topic}.ends",
                                        "enable.auto.commit": False})
         return {p: self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout_s,
