@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from schemas.errors import DecodeError
 from schemas.records import InferenceRequest, MemoryScope, PromptRequest
 from schemas.topics import inference_requests_topic
@@ -131,7 +133,8 @@ class Intake:
         started = time.perf_counter()
         try:
             short = await self.recorded.wait_for_end(partitions, self.settings.recorded_wait_s)
-        except Exception as exc:  # noqa: BLE001 - the end offsets could not be had: assemble as we can
+        except KafkaException as exc:  # the broker did not say (within 5 s): assemble as we can; a
+            # broker that stays away fails this batch's produce, which the outbox retries (faults.py)
             log.warning("could not learn how far chat.responses is recorded (%s); assembling without waiting", exc)
             return
         if short:
