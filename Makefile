@@ -8,6 +8,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 CHATPIPE := $(VENV)/bin/chatpipe
 PYTEST_ARGS ?=
+# Two pytest workers (pytest-xdist), whole files per worker (`--dist loadfile`): each worker starts its
+# own test broker, and module-scoped stacks stay in one process. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup prerequisites run test test-unit bench-quick down clean
 
@@ -35,7 +38,7 @@ run: setup
 	$(CHATPIPE) demo
 
 test: setup
-	$(PY) -m pytest -q --timeout=900 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --timeout=900 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration and not model and not spark" $(PYTEST_ARGS)

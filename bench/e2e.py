@@ -158,19 +158,28 @@ async def engine_alone(engine, tokenizer, requests: list) -> tuple[float, list[i
 
 # -- the pipeline ---------------------------------------------------------------------------------
 
-def start_stack(kafka, root: Path, max_pending: int):
-    """Streams + one inference worker (ENGINE settings) + one gateway, as tests/gateway/stack.py does."""
+def start_stack(kafka, root: Path, max_pending: int, traces_dir: Path | None = None):
+    """Streams + one inference worker (ENGINE settings) + one gateway, as tests/gateway/stack.py does;
+    with ``traces_dir``, every process writes its spans there (tracing on), else none records any."""
+    from unittest import mock
+
     from tests.gateway.stack import API_KEY, Pipeline, start_gateway
     from tests.streams.pipeline import StreamsWorker
     from tests.worker.harness import start_worker
 
     (root / "streams").mkdir(parents=True, exist_ok=True)
-    streams = StreamsWorker(kafka, root / "streams", context_tokens=CONTEXT_TOKENS, recent_turns=4)
-    worker = start_worker(kafka, root, worker_id="e2e-bench", CHATPIPE_DEVICE="cpu",
-                          CHATPIPE_MAX_BATCH=str(ENGINE["max_batch"]),
-                          CHATPIPE_KV_CACHE_TOKENS=str(ENGINE["kv_cache_tokens"]),
-                          CHATPIPE_MAX_SEQ_LEN=str(ENGINE["max_seq_len"]), CHATPIPE_NUM_THREADS=str(ENGINE["num_threads"]))
-    gateway = start_gateway(kafka, root, CHATPIPE_GATEWAY_MAX_PENDING=str(max_pending))
+    tracing = {"CHATPIPE_TRACING_FILE_DIR": str(traces_dir)} if traces_dir else {}
+    with mock.patch.dict(os.environ, tracing):
+        if not traces_dir:
+            os.environ.pop("CHATPIPE_TRACING_FILE_DIR", None)
+            os.environ.pop("CHATPIPE_TRACING_OTLP_ENDPOINT", None)
+        streams = StreamsWorker(kafka, root / "streams", context_tokens=CONTEXT_TOKENS, recent_turns=4)
+        worker = start_worker(kafka, root, worker_id=f"e2e-bench-{uuid.uuid4().hex[:4]}", CHATPIPE_DEVICE="cpu",
+                              CHATPIPE_MAX_BATCH=str(ENGINE["max_batch"]),
+                              CHATPIPE_KV_CACHE_TOKENS=str(ENGINE["kv_cache_tokens"]),
+                              CHATPIPE_MAX_SEQ_LEN=str(ENGINE["max_seq_len"]),
+                              CHATPIPE_NUM_THREADS=str(ENGINE["num_threads"]))
+        gateway = start_gateway(kafka, root, CHATPIPE_GATEWAY_MAX_PENDING=str(max_pending))
     stack = Pipeline(kafka, streams, worker, gateway, root)
     try:
         streams.start()
@@ -260,9 +269,57 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="about a minute or two on 2 cores")
     parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
+    parser.add_argument("--tracing", action="store_true",
+                        help="instead: the pipeline with spans recorded vs without (two stacks, alternating rounds)")
     args = parser.parse_args()
     with bench_broker(args.bootstrap_servers, prefix="chatpipe-bench-e2e-") as bootstrap:
-        run(bootstrap, args.quick)
+        (run_tracing if args.tracing else run)(bootstrap, args.quick)
+
+
+def run_tracing(bootstrap: str, quick: bool) -> None:
+    """Tracing on vs off: two whole pipelines on one broker (topic prefixes of their own), one writing
+    every span to files (transport/spans.py), one recording none; the same requests, rounds
+    alternating between them (who goes first alternates too), so both see the same machine. Ratio:
+    median of the rounds' tokens/s, on / off."""
+    from clients.traces import read_span_files
+    from transport.admin import TopicAdmin
+    from transport.settings import KafkaSettings
+
+    n, max_tokens, rounds = (8, 16, 4) if quick else (32, 48, 8)
+    root = Path(tempfile.mkdtemp(prefix="chatpipe-bench-e2e-tracing-"))
+    stacks = {}
+    try:
+        for side in ("off", "on"):
+            kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"t{side}{uuid.uuid4().hex[:6]}.")
+            TopicAdmin(kafka).apply()
+            started = time.perf_counter()
+            stacks[side] = start_stack(kafka, root / side, max_pending=max(32, 2 * n),
+                                       traces_dir=root / "traces" if side == "on" else None)
+            print(f"pipeline with tracing {side} up in {time.perf_counter() - started:.0f} s (logs in {root / side})")
+        for side, (stack, key) in stacks.items():
+            asyncio.run(through_gateway(stack.url, key, list(range(4)), 4, f"warm-{side}"))
+        rates: dict[str, list[float]] = {"off": [], "on": []}
+        for round_no in range(rounds):
+            order = ("off", "on") if round_no % 2 == 0 else ("on", "off")
+            for side in order:
+                stack, key = stacks[side]
+                secs, answers = asyncio.run(through_gateway(stack.url, key, list(range(n)), max_tokens,
+                                                            f"{side}{round_no}"))
+                rates[side].append(sum(a.completion_tokens for a in answers) / secs)
+    finally:
+        for stack, _ in stacks.values():
+            stop_stack(stack)
+    spans = read_span_files(root / "traces") if (root / "traces").is_dir() else []
+    requests = {r.attributes.get("chatpipe.request_id") for r in spans if r.name.startswith("POST")}
+    print(f"\n{n} requests at once x max {max_tokens} tokens, greedy, {rounds} alternating rounds per side")
+    for side in ("off", "on"):
+        print(f"tracing {side:3}: tokens/s per round {', '.join(f'{r:.1f}' for r in rates[side])}; "
+              f"median {statistics.median(rates[side]):.1f}")
+    print(f"spans written with tracing on: {len(spans)} for {len(requests)} HTTP requests "
+          f"({len(spans) / max(1, len(requests)):.1f} per request, batch receives included)")
+    pairs = [on / off for on, off in zip(rates["on"], rates["off"])]
+    print(f"ratio per round: {', '.join(f'{p:.2f}' for p in pairs)}")
+    print(f"e2e tracing on vs off tokens/s ratio = {statistics.median(rates['on']) / statistics.median(rates['off']):.2f}")
 
 
 def run(bootstrap: str, quick: bool) -> None:

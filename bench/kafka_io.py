@@ -10,15 +10,22 @@ traceparent per record, delivery reports on its own thread, an acknowledgement f
 records. The ratio is what the adapter's own Python work costs; a raw loop of the same records
 already encoded is printed too (what encoding costs). Consume: both read the adapter's topic,
 (a) a raw ``consume()`` loop and (b) ``GroupConsumer.poll_messages`` (transport/group_consumer.py:
-the worker's intake), from the first batch on (the group join is left out of both). Each side runs
-``--repeats`` times, alternating who goes first, and the median run counts (robust to one lucky
-run on a busy machine); the ratio of every alternated pair is printed too, as the noise. Also
-reports consume + decode, and the codec against raw fastavro on the same record
-(``codec_vs_fastavro``).
+the worker's intake), from the first batch on (the group join is left out of both).
+
+Each adapter side runs twice: spans off, and spans on (``transport/spans.py`` recording to a
+temporary folder, as every service of the local stack does: a "send" span per record produced, a
+"receive" span per batch consumed, linked to each record's producer span). The spans side counts
+the recorder's export thread too: its spans are exported (``spans.shutdown()``) before the CPU
+time is read, and the run fails if any span was dropped instead of exported. Each side runs
+``--repeats`` times, the raw side between the two adapter sides, alternating who goes first, and
+the median run counts (robust to one lucky run on a busy machine); the ratio of every alternated
+pair is printed too, as the noise. Also reports consume + decode, and the codec against raw
+fastavro on the same record (``codec_vs_fastavro``).
 
 Starts its own broker (the project's local Kafka, in a temporary folder) unless
 ``--bootstrap-servers`` is given. Prints wall-clock rates (median and best run) and client CPU
-cost; the last line, the headline, is the CPU-based ratio, min of produce and consume.
+cost, spans off and on; the last line, the headline, is the CPU-based ratio with spans on, min of
+produce and consume.
 """
 
 from __future__ import annotations
@@ -27,9 +34,14 @@ import argparse
 import asyncio
 import gc
 import io
+import shutil
 import statistics
+import tempfile
 import time
 import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
 from confluent_kafka import Consumer, Producer
 from fastavro import schemaless_reader, schemaless_writer
@@ -42,6 +54,7 @@ from transport.admin import TopicAdmin
 from transport.group_consumer import GroupConsumer
 from transport.partitioning import LIBRDKAFKA_PARTITIONER
 from transport.settings import KafkaSettings
+from transport import spans
 
 from local_broker import bench_broker  # bench/, beside this script
 
@@ -65,6 +78,37 @@ def prompt_record(i: int = 0) -> PromptRequest:
     """The ~1 KB PromptRequest of every side (900 characters of text plus the other fields)."""
     return PromptRequest(conversation_id=str(i % 64), user_id="u", tenant="t", model="m",
                          messages=[ChatMessage("user", "x" * 900)])
+
+
+@contextmanager
+def recording(traced: bool) -> Iterator[None]:
+    """With ``traced``, spans recorded to a fresh temporary folder for the duration (removed after)."""
+    if not traced:
+        yield
+        return
+    folder = Path(tempfile.mkdtemp(prefix="chatpipe-bench-spans-"))
+    spans.configure("bench", spans.TracingSettings(file_dir=folder))
+    try:
+        yield
+    finally:
+        spans.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def export_spans(traced: bool) -> None:
+    """Inside the measured window: export what is left (the export thread's CPU counts) and check
+    that every span was exported, none dropped (a dropped span costs nothing to encode)."""
+    if not traced:
+        return
+    recorder = spans._recorder
+    spans.shutdown()
+    if recorder is None or recorder.dropped:
+        raise SystemExit(f"spans were not all exported: recorder {recorder}, dropped "
+                         f"{recorder.dropped if recorder else '-'}")
+    SPANS_EXPORTED.append(recorder.exported)
+
+
+SPANS_EXPORTED: list[int] = []
 
 
 def raw_config(settings: KafkaSettings) -> dict:
@@ -93,7 +137,7 @@ def raw_produce(settings: KafkaSettings, topic: str, n: int, encoded: bytes | No
     return n / (time.perf_counter() - start)
 
 
-def adapter_produce(settings: KafkaSettings, topic: str, n: int) -> float:
+def adapter_produce(settings: KafkaSettings, topic: str, n: int, traced: bool = False) -> float:
     async def run() -> float:
         producer = AckedProducer(settings, linger_ms=LINGER_MS)
         acks = []
@@ -106,12 +150,16 @@ def adapter_produce(settings: KafkaSettings, topic: str, n: int) -> float:
                 await asyncio.sleep(0)  # a service's loop runs other work between sends
         await asyncio.gather(*acks)
         await asyncio.to_thread(producer.flush, 60)
+        export_spans(traced)
         CPU_SECONDS.append(time.process_time() - cpu0)
+        if traced and SPANS_EXPORTED[-1] != n:
+            raise SystemExit(f"{SPANS_EXPORTED[-1]} send spans exported, not {n}")
         elapsed = time.perf_counter() - start
         await asyncio.to_thread(producer.close, 10)
         return n / elapsed
 
-    return asyncio.run(run())
+    with recording(traced):
+        return asyncio.run(run())
 
 
 def raw_consume(settings: KafkaSettings, topic: str, n: int) -> float:
@@ -132,24 +180,26 @@ def raw_consume(settings: KafkaSettings, topic: str, n: int) -> float:
     return n / elapsed
 
 
-def adapter_consume(settings: KafkaSettings, topic: str, n: int, decode: bool = False) -> float:
-    consumer = GroupConsumer(settings, group_id=uuid.uuid4().hex, topics=[topic])
-    codec = AvroCodec()
-    got, start = 0, None
-    while got < n:
-        batch = consumer.poll_messages(BATCH, 1.0)
-        if batch and start is None:
-            start = time.perf_counter()
-            cpu0, gc0 = time.process_time(), GC_STARTS[0]
-        if decode:
-            for message in batch:
-                codec.decode(message.value, PromptRequest)
-        got += len(batch)
-    elapsed = time.perf_counter() - start
-    CPU_SECONDS.append(time.process_time() - cpu0)
-    GC_PER_RUN.append(GC_STARTS[0] - gc0)
-    consumer.close()
-    return n / elapsed
+def adapter_consume(settings: KafkaSettings, topic: str, n: int, decode: bool = False, traced: bool = False) -> float:
+    with recording(traced):
+        consumer = GroupConsumer(settings, group_id=uuid.uuid4().hex, topics=[topic])
+        codec = AvroCodec()
+        got, start = 0, None
+        while got < n:
+            batch = consumer.poll_messages(BATCH, 1.0)
+            if batch and start is None:
+                start = time.perf_counter()
+                cpu0, gc0 = time.process_time(), GC_STARTS[0]
+            if decode:
+                for message in batch:
+                    codec.decode(message.value, PromptRequest)
+            got += len(batch)
+        export_spans(traced)
+        elapsed = time.perf_counter() - start
+        CPU_SECONDS.append(time.process_time() - cpu0)
+        GC_PER_RUN.append(GC_STARTS[0] - gc0)
+        consumer.close()
+        return n / elapsed
 
 
 def codec_vs_fastavro(ops: int, rounds: int) -> dict[str, float]:
@@ -233,7 +283,12 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
     adapter_topics = []
     encoded = AvroCodec().encode(prompt_record())
     pre_encoded = lambda settings, t, n: raw_produce(settings, t, n, encoded=encoded)  # noqa: E731
-    sides = (("raw", raw_produce), ("adapter", adapter_produce), ("raw-bytes", pre_encoded))
+    traced_produce = lambda settings, t, n: adapter_produce(settings, t, n, traced=True)  # noqa: E731
+    traced_consume = lambda settings, t, n: adapter_consume(settings, t, n, traced=True)  # noqa: E731
+    # The raw side between the two adapter sides: each adapter run has a raw run next to it in time,
+    # and the order flips every repeat.
+    sides = (("adapter", adapter_produce), ("raw", raw_produce), ("adapter+spans", traced_produce),
+             ("raw-bytes", pre_encoded))
     for r in range(repeats):
         for side, fn in sides if r % 2 == 0 else sides[::-1]:  # alternate who goes first
             t = topic()
@@ -242,49 +297,60 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
                 adapter_topics.append(t)
             runs.setdefault(f"produce/{side}", []).append(rate)
             runs.setdefault(f"produce-cpu/{side}", []).append(n / CPU_SECONDS[-1])
-            print(f"run {r + 1}: produce {side:9} {rate:10,.0f} msg/s, {n / CPU_SECONDS[-1]:10,.0f} msg per CPU-second")
-    sides = (("raw", raw_consume), ("adapter", adapter_consume))
+            print(f"run {r + 1}: produce {side:13} {rate:10,.0f} msg/s, {n / CPU_SECONDS[-1]:10,.0f} msg per "
+                  f"CPU-second" + (f", {SPANS_EXPORTED[-1]:,} spans exported" if side == "adapter+spans" else ""))
+    sides = (("adapter", adapter_consume), ("raw", raw_consume), ("adapter+spans", traced_consume))
     for r in range(repeats):
         for side, fn in sides if r % 2 == 0 else sides[::-1]:
-            rate = fn(settings, adapter_topics[r], n)  # the same messages for both sides
+            rate = fn(settings, adapter_topics[r], n)  # the same messages for every side
             runs.setdefault(f"consume/{side}", []).append(rate)
             runs.setdefault(f"consume-cpu/{side}", []).append(n / CPU_SECONDS[-1])
             runs.setdefault(f"consume-gc/{side}", []).append(GC_PER_RUN[-1])
-            print(f"run {r + 1}: consume {side:9} {rate:10,.0f} msg/s, {n / CPU_SECONDS[-1]:10,.0f} msg per "
-                  f"CPU-second, {GC_PER_RUN[-1]} garbage collections")
+            print(f"run {r + 1}: consume {side:13} {rate:10,.0f} msg/s, {n / CPU_SECONDS[-1]:10,.0f} msg per "
+                  f"CPU-second, {GC_PER_RUN[-1]} garbage collections"
+                  + (f", {SPANS_EXPORTED[-1]:,} spans exported" if side == "adapter+spans" else ""))
     results = {name: statistics.median(rates) for name, rates in runs.items()}
     best = {name: max(rates) for name, rates in runs.items()}
     results["consume/records"] = adapter_consume(settings, adapter_topics[0], n, decode=True)
 
-    produce_ratio = results["produce/adapter"] / results["produce/raw"]
-    consume_ratio = results["consume/adapter"] / results["consume/raw"]
     print(f"\n{n:,} PromptRequests of ~1 KB ({len(encoded)} bytes), median of {repeats}, broker {bootstrap}")
     print(f"produce: raw (encode + produce) {results['produce/raw']:,.0f} msg/s, AckedProducer "
-          f"{results['produce/adapter']:,.0f} msg/s, ratio {produce_ratio:.2f} (raw of pre-encoded bytes "
-          f"{results['produce/raw-bytes']:,.0f} msg/s)")
-    print(f"consume: raw {results['consume/raw']:,.0f} msg/s, GroupConsumer {results['consume/adapter']:,.0f} msg/s, "
-          f"ratio {consume_ratio:.2f}")
-    print(f"best runs: produce ratio {best['produce/adapter'] / best['produce/raw']:.2f}, consume ratio "
-          f"{best['consume/adapter'] / best['consume/raw']:.2f}")
-    cpu_p = results["produce-cpu/adapter"] / results["produce-cpu/raw"]
-    cpu_c = results["consume-cpu/adapter"] / results["consume-cpu/raw"]
-    print(f"client CPU cost (messages per CPU-second of this process): produce raw "
-          f"{results['produce-cpu/raw']:,.0f}, adapter {results['produce-cpu/adapter']:,.0f} (ratio {cpu_p:.2f}); "
-          f"consume raw {results['consume-cpu/raw']:,.0f}, adapter {results['consume-cpu/adapter']:,.0f} "
-          f"(ratio {cpu_c:.2f})")
+          f"{results['produce/adapter']:,.0f} msg/s (ratio {results['produce/adapter'] / results['produce/raw']:.2f}), "
+          f"with spans {results['produce/adapter+spans']:,.0f} msg/s "
+          f"({results['produce/adapter+spans'] / results['produce/raw']:.2f}); raw of pre-encoded bytes "
+          f"{results['produce/raw-bytes']:,.0f} msg/s")
+    print(f"consume: raw {results['consume/raw']:,.0f} msg/s, GroupConsumer {results['consume/adapter']:,.0f} msg/s "
+          f"(ratio {results['consume/adapter'] / results['consume/raw']:.2f}), with spans "
+          f"{results['consume/adapter+spans']:,.0f} msg/s ({results['consume/adapter+spans'] / results['consume/raw']:.2f})")
+    print(f"best runs: produce ratio {best['produce/adapter'] / best['produce/raw']:.2f}, with spans "
+          f"{best['produce/adapter+spans'] / best['produce/raw']:.2f}; consume ratio "
+          f"{best['consume/adapter'] / best['consume/raw']:.2f}, with spans "
+          f"{best['consume/adapter+spans'] / best['consume/raw']:.2f}")
+    cpu = {f"{op}/{side}": results[f"{op}-cpu/{side}"] / results[f"{op}-cpu/raw"]
+           for op in ("produce", "consume") for side in ("adapter", "adapter+spans")}
+    print("client CPU cost (messages per CPU-second of this process):")
+    for op in ("produce", "consume"):
+        print(f"  {op}: raw {results[f'{op}-cpu/raw']:,.0f}, adapter {results[f'{op}-cpu/adapter']:,.0f} "
+              f"(ratio {cpu[f'{op}/adapter']:.2f}), adapter with spans {results[f'{op}-cpu/adapter+spans']:,.0f} "
+              f"(ratio {cpu[f'{op}/adapter+spans']:.2f})")
     # The noise, run by run: each adapter run against the raw run next to it.
     for kind in ("produce-cpu", "consume", "consume-cpu"):
-        pairs = sorted(a / b for a, b in zip(runs[f"{kind}/adapter"], runs[f"{kind}/raw"]))
-        print(f"{kind} ratio per alternated pair: {', '.join(f'{p:.2f}' for p in pairs)} "
-              f"(median {statistics.median(pairs):.2f})")
-    print(f"garbage collections per consume run: raw {runs['consume-gc/raw']}, adapter {runs['consume-gc/adapter']}")
+        for side in ("adapter", "adapter+spans"):
+            pairs = sorted(a / b for a, b in zip(runs[f"{kind}/{side}"], runs[f"{kind}/raw"]))
+            print(f"{kind} ratio per alternated pair, {side}: {', '.join(f'{p:.2f}' for p in pairs)} "
+                  f"(median {statistics.median(pairs):.2f})")
+    print(f"garbage collections per consume run: raw {runs['consume-gc/raw']}, adapter {runs['consume-gc/adapter']}, "
+          f"adapter with spans {runs['consume-gc/adapter+spans']}")
     codec_vs_fastavro(*codec_sizes)
     print(f"consume + decode (GroupConsumer, AvroCodec): {results['consume/records']:,.0f} msg/s "
           f"({results['consume/records'] / results['consume/raw']:.2f} of the raw consume loop)")
+    print(f"spans off: transport/kafka_io adapter/raw throughput ratio (messages per client CPU-second, "
+          f"min of produce and consume) = {min(cpu['produce/adapter'], cpu['consume/adapter']):.2f}")
     # Headline on client CPU: with the broker on the same 2 cores, wall-clock rates swing with
-    # what else runs; CPU per message is the adapters' own cost and swings less.
-    return (f"transport/kafka_io adapter/raw throughput ratio (messages per client CPU-second, "
-            f"min of produce and consume) = {min(cpu_p, cpu_c):.2f}")
+    # what else runs; CPU per message is the adapters' own cost and swings less. Spans on: what the
+    # services run (every service of the stack records spans).
+    return (f"transport/kafka_io adapter+spans/raw throughput ratio (messages per client CPU-second, "
+            f"min of produce and consume) = {min(cpu['produce/adapter+spans'], cpu['consume/adapter+spans']):.2f}")
 
 
 def main() -> None:

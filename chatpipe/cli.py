@@ -10,6 +10,10 @@ import typer
 
 from chatpipe.commands import chat, cluster, demo, engine, gateway, inference, jobs, spark, stack, streams, tail, topics
 from chatpipe.commands import forget
+from chatpipe.commands import top
+from chatpipe.commands import trace
+from chatpipe.commands import capacity
+from chatpipe.commands import k8s
 from chatpipe.commands.common import print_error
 
 from schemas.errors import ChatpipeError
@@ -29,6 +33,10 @@ app = typer.Typer(
 for group in (stack, topics, engine, jobs, streams, inference, gateway, tail, chat, demo, cluster, spark):
     group.register(app)
 forget.register(app)  # chatpipe forget USER --tenant T [--conversation C] [--verify]
+top.register(app)  # chatpipe top [--once]: the live pipeline from every service's /metrics
+trace.register(app)  # chatpipe trace REQUEST_ID: the request's spans as a waterfall
+capacity.register(app)  # chatpipe capacity [--users N] / capacity simulate: sizing and a day of KEDA autoscaling
+k8s.register(app)  # chatpipe k8s render [--values FILE] [--out DIR]: Kubernetes manifests
 
 
 def main() -> None:

@@ -6,11 +6,11 @@ between them). Instance 1 keeps the plain name (``streams``, ``inference``), so 
 test that names a service goes on working; the others are ``streams-2``, ``streams-3``, ...,
 ``inference-2``, .... Each instance has its own pid file and log (by name, ``infra.services``).
 
-What an instance has of its own (``instance_dir``, ``metrics_port``, ``instance_env``): a streams
-worker its Faust data folder (``<state>/<name>``) and, when ``CHATPIPE_STREAMS_WEB_PORT`` is set,
-Faust's web port plus its index - 1; an inference worker its /metrics port
-(``worker_metrics_port`` + index - 1) and, when ``CHATPIPE_WORKER_WORKER_ID`` is set, that id with
-``-<index>`` (left alone, each worker names itself ``<host>-<pid>``). Shared by all: the archive
+What an instance has of its own (``instance_dir``, ``metrics_port``, ``streams_metrics_port``,
+``instance_env``): a streams worker its Faust data folder (``<state>/<name>``), its /metrics port
+(``streams_metrics_port`` + index - 1) and, when ``CHATPIPE_STREAMS_WEB_PORT`` is set, Faust's web
+port plus its index - 1; an inference worker its /metrics port (``worker_metrics_port`` + index - 1)
+and, when ``CHATPIPE_WORKER_WORKER_ID`` is set, that id with ``-<index>`` (left alone, each worker names itself ``<host>-<pid>``). Shared by all: the archive
 folder (each partition's files are written by the one worker that owns it) and the Qdrant server.
 
 Plain logic, no processes. Not here: starting or probing them (``infra.stack``).
@@ -61,6 +61,11 @@ def count(settings: StackSettings, kind: str) -> int:
 def metrics_port(settings: StackSettings, index: int) -> int:
     """Inference worker ``index``'s /metrics port: one after the other from ``worker_metrics_port``."""
     return settings.worker_metrics_port + index - 1
+
+
+def streams_metrics_port(settings: StackSettings, index: int) -> int:
+    """Streams worker ``index``'s /metrics port: one after the other from ``streams_metrics_port``."""
+    return settings.streams_metrics_port + index - 1
 
 
 def instance_dir(settings: StackSettings, name: str) -> Path:

@@ -20,11 +20,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # value an error). The worker counts name none: `up` with another count adds or stops instances.
 _EVERY_SERVICE = ("kafka", "streams", "inference", "gateway")
 PERSISTED_FIELDS: dict[str, tuple[str, ...]] = {
-    "host": _EVERY_SERVICE, "topic_prefix": _EVERY_SERVICE,
+    "host": (*_EVERY_SERVICE, "jaeger", "prometheus"), "topic_prefix": _EVERY_SERVICE,
     "kafka_port": ("kafka",), "controller_port": ("kafka",), "kafka_heap": ("kafka",), "brokers": ("kafka",),
     "gateway_port": ("gateway",), "worker_metrics_port": ("inference",), "qdrant_url": ("streams",),
+    "streams_metrics_port": ("streams",),
     "kafka_security": _EVERY_SERVICE,
     "streams_workers": (), "inference_workers": (),
+    # The observability backends (infra.observability): `up --no-observability` stops them, like a count.
+    "observability": (), "otlp_grpc_port": ("jaeger",), "otlp_http_port": ("jaeger",),
+    "jaeger_port": ("jaeger",), "jaeger_grpc_port": ("jaeger",), "prometheus_port": ("prometheus",),
 }
 
 
@@ -55,6 +59,8 @@ class StackSettings(BaseSettings):
     mvn: str = Field("mvn", description="Maven executable used once to fetch the broker jars")
     gateway_port: int = Field(8000, ge=1, le=65535, description="Gateway HTTP port (OpenAI API, /healthz)")
     worker_metrics_port: int = Field(9464, ge=1, le=65535, description="Inference worker's /metrics port")
+    streams_metrics_port: int = Field(9474, ge=1, le=65535, description="Streams worker's /metrics port (worker n: "
+                                                                        "+ n - 1)")
     topic_prefix: str = Field("", description="Topic name prefix of every service of the stack")
     kafka_security: Literal["plaintext", "sasl_ssl"] = Field(
         "plaintext", description="Client listener of the one-broker stack: plaintext, or sasl_ssl (SCRAM-SHA-512 "
@@ -68,6 +74,22 @@ class StackSettings(BaseSettings):
     inference_workers: int = Field(1, ge=1, le=16, description="Inference worker processes (`inference`, "
                                                             "`inference-2`, ...), one consumer group; worker n's "
                                                             "/metrics on worker_metrics_port + n - 1")
+    # Observability (infra.observability, docs/observability.md): a trace store and a metrics store,
+    # built once from the Go module proxy into cache_dir/bin; without them spans go to <state>/traces.
+    observability: bool = Field(False, description="Also run Jaeger (trace store + UI, in memory) and Prometheus "
+                                                   "(scraping every service's /metrics); built on first use")
+    otlp_grpc_port: int = Field(4317, ge=1, le=65535, description="Jaeger's OTLP/gRPC receiver")
+    otlp_http_port: int = Field(4318, ge=1, le=65535, description="Jaeger's OTLP/HTTP receiver (the services "
+                                                                  "post spans to <it>/v1/traces)")
+    jaeger_port: int = Field(16686, ge=1, le=65535, description="Jaeger UI and query HTTP API")
+    jaeger_grpc_port: int = Field(16685, ge=1, le=65535, description="Jaeger query gRPC API")
+    prometheus_port: int = Field(9090, ge=1, le=65535, description="Prometheus UI and HTTP API")
+    scrape_interval_s: float = Field(5.0, gt=0, description="How often Prometheus scrapes each service")
+    go: str = Field("go", description="Go executable that builds Jaeger and Prometheus once (1.25+)")
+    npm: str = Field("npm", description="npm executable that builds the Jaeger and Prometheus UIs once")
+    jaeger_ui_source: Path | None = Field(None, description="A jaeger-ui checkout (tag matching Jaeger) or its "
+                                                            "built assets, for the Jaeger UI; none: the query "
+                                                            "API only, the UI page is Jaeger's placeholder")
     start_timeout_s: float = Field(90.0, gt=0, description="How long `up` waits for the broker to answer")
     service_start_timeout_s: float = Field(
         300.0, gt=0, description="How long `up` waits for one service (streams, inference, gateway) to be healthy; "

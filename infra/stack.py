@@ -33,6 +33,7 @@ stack (``infra.stack_state``).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import urllib.error
@@ -43,10 +44,12 @@ from typing import Callable
 
 from infra import stack_state
 from infra.instances import (INFERENCE, STREAMS, found_instances, instance_dir, instance_env, instance_names,
-                             kind_of, metrics_port, parse_instance)
+                             kind_of, metrics_port, parse_instance, streams_metrics_port)
 from infra.kafka_security import ADMIN_USER, MECHANISM, PROTOCOL, SERVICE_USERS
 from infra.local_kafka import LocalKafka, PortInUseError, StackError, port_open
 from infra.local_keys import ensure_keys_file
+from infra.observability import backends, binaries
+from infra.observability.backends import BACKENDS, JAEGER, PROMETHEUS
 from infra.services import ServiceProcess, StopResult, tail
 from infra.settings import StackSettings
 from infra.supervision import (ExitRecord, ServiceSpec, ServiceState, Spec, SupervisorClient, SupervisorState,
@@ -54,7 +57,8 @@ from infra.supervision import (ExitRecord, ServiceSpec, ServiceState, Spec, Supe
 
 KAFKA = "kafka"
 SERVICES = ("streams", "inference", "gateway")  # kinds started after Kafka; stopped before it, in reverse
-ALL = (KAFKA, *SERVICES)  # the kinds (`--only` takes these); a stack's service names: `service_names`
+# The kinds (`--only` takes these; jaeger and prometheus with --observability); names: `service_names`
+ALL = (KAFKA, *SERVICES, *BACKENDS)
 
 # The groups the services join with their default settings (streams: the Faust app id;
 # inference: the worker's consumer group). Literal here so `up` does not import either service.
@@ -83,9 +87,10 @@ class Health:
 
 
 def service_names(settings: StackSettings) -> tuple[str, ...]:
-    """Every service of a stack in start order: kafka, streams, streams-2, ..., inference, inference-2, ...,
-    gateway (stopped in reverse)."""
-    return (KAFKA, *instance_names(STREAMS, settings.streams_workers),
+    """Every service of a stack in start order: kafka, (jaeger, prometheus with observability), streams,
+    streams-2, ..., inference, inference-2, ..., gateway (stopped in reverse: the trace store after the
+    services that send it spans)."""
+    return (KAFKA, *(BACKENDS if settings.observability else ()), *instance_names(STREAMS, settings.streams_workers),
             *instance_names(INFERENCE, settings.inference_workers), "gateway")
 
 
@@ -116,6 +121,11 @@ def _http_status(url: str) -> int | None:
         return None
 
 
+def _rank(name: str) -> tuple[str, int]:
+    """Sort key of service names found beyond a stack's own: "streams-2" -> ("streams", 2), "jaeger" -> ("jaeger", 0)."""
+    return parse_instance(name) or (name, 0)
+
+
 class LocalStack:
     def __init__(self, settings: StackSettings, services: list[str] | None = None) -> None:
         self.settings = settings
@@ -143,7 +153,8 @@ class LocalStack:
         """The stack's services, then instances beyond its counts that have a pid file (an earlier `up`
         with a larger count, a stack whose stack.json is gone)."""
         extra = found_instances(self.settings.run_dir) - set(self.names)
-        return [*self.names, *sorted(extra, key=lambda n: parse_instance(n))]
+        extra |= {b for b in BACKENDS if (self.settings.run_dir / f"{b}.pid").exists()} - set(self.names)
+        return [*self.names, *sorted(extra, key=_rank)]
 
     def _process(self, name: str) -> ServiceProcess:
         return self.processes.get(name) or ServiceProcess(name, self.settings)
@@ -168,7 +179,7 @@ class LocalStack:
             # worker needs one: `_check_scale`).
             memory = ["--qdrant-url", s.qdrant_url] if s.qdrant_url else ["--memory-path", str(state / "qdrant")]
             return ["streams", *kafka, "--state-dir", str(instance_dir(s, name)), "--archive-dir",
-                    str(state / "archive"), *memory]
+                    str(state / "archive"), *memory, "--metrics-port", str(streams_metrics_port(s, index))]
         if kind == INFERENCE:
             # Partition intake (a consumer group) always: its members are how `up` sees the worker
             # serving; a share group is not listed by the admin API (run `chatpipe inference
@@ -184,6 +195,12 @@ class LocalStack:
         are replicated like the catalog's; on a secured broker (``--kafka-security sasl_ssl``),
         service ``name`` logs in as its own user (``CHATPIPE_KAFKA_*``, infra.kafka_security)."""
         env = {"CHATPIPE_REPLICATION_FACTOR": "3"} if self.settings.brokers >= 3 else {}
+        # Spans (transport.spans): always as OTLP JSON lines under <state>/traces, and to Jaeger's OTLP/HTTP
+        # receiver when observability is on; a value set for `up` wins.
+        tracing = {"CHATPIPE_TRACING_FILE_DIR": str(self.settings.state_dir.resolve() / "traces")}
+        if self.settings.observability:
+            tracing["CHATPIPE_TRACING_OTLP_ENDPOINT"] = backends.otlp_endpoint(self.settings)
+        env.update({k: v for k, v in tracing.items() if k not in os.environ})
         if name is not None and name != KAFKA and self.broker_security is not None:
             env.update(self.broker_security.client_env(SERVICE_USERS[kind_of(name)]))
         return env
@@ -202,6 +219,9 @@ class LocalStack:
             return ServiceSpec(KAFKA, tuple(k.prepare()), env, str(k.stdout_file), str(k.pid_file), cwd=str(k.dir),
                                tail_file=str(k.logs_dir / "server.log"))
         proc = self._process(name)
+        if name in BACKENDS:
+            argv, cwd = backends.command(self.settings, name, binaries.installed(self.settings))
+            return ServiceSpec(name, tuple(argv), env, str(proc.log_file), str(proc.pid_file), cwd=str(cwd))
         return ServiceSpec(name, (sys.executable, "-m", "chatpipe.cli", *self.command(name)), env,
                            str(proc.log_file), str(proc.pid_file))
 
@@ -213,8 +233,11 @@ class LocalStack:
         if self.broker_security is not None:  # who logs in how; the passwords stay in <state>/kafka/security
             kafka += f", {PROTOCOL} {MECHANISM} (admin user {ADMIN_USER}, CA {self.broker_security.ca_file})"
         kind, index = parse_instance(name) or (name, 1)
+        if kind in BACKENDS:
+            return backends.address(s, kind, self._installed())
         return {KAFKA: kafka,
-                STREAMS: f"group {s.topic_prefix}{STREAMS_GROUP}{memory}",
+                STREAMS: f"http://{s.host}:{streams_metrics_port(s, index)}/metrics, group {s.topic_prefix}{STREAMS_GROUP}"
+                         f"{memory}",
                 INFERENCE: f"http://{s.host}:{metrics_port(s, index)}/metrics",
                 "gateway": s.gateway_url}[kind]
 
@@ -321,6 +344,8 @@ class LocalStack:
             return "" if self.kafka.status().running and self.kafka.answers() else "the broker does not answer"
         if kind in (STREAMS, INFERENCE) and self.kafka.pid() is None:
             return "Kafka is not running"  # no group to ask about (and no 5 s admin timeout per probe)
+        if kind in BACKENDS:
+            return backends.not_ready(s, kind)
         if kind == "gateway":
             code = _http_status(f"{s.gateway_url}/healthz")
             return "" if code == 200 else f"/healthz answers {code or 'nothing'}"
@@ -341,18 +366,23 @@ class LocalStack:
            on_ready: Callable[[Health, bool, float], None] = lambda h, started, s: None,
            on_topics: Callable[[list], None] = lambda changes: None,
            on_wait: Callable[[dict[str, str], float], None] = lambda pending, s: None,
-           on_stopped: Callable[[StopResult], None] = lambda r: None) -> None:
+           on_stopped: Callable[[StopResult], None] = lambda r: None,
+           on_build: Callable[[str], None] = lambda message: None) -> None:
         """Start Kafka (and apply the topic catalog) and the ``only`` kinds of service (all by default:
         every instance of each) that do not run, under the supervisor; wait until each is healthy.
-        Instances beyond the counts (an earlier ``up`` had more) are stopped first.
+        Instances beyond the counts (an earlier ``up`` had more) are stopped first. With observability,
+        Jaeger and Prometheus are built first if they are not (``on_build(message)`` says what is built).
 
         ``on_ready(health, started_now, seconds)`` once per service; ``on_topics(changes)`` after the
         catalog is applied; ``on_wait({name: why}, seconds)`` while some are not healthy yet;
         ``on_stopped(result)`` per surplus instance stopped.
         """
-        kinds = [k for k in SERVICES if only is None or k in only]
+        kinds = [k for k in (*self._backends(), *SERVICES) if only is None or k in only]
         self._check_scale(kinds)
+        if only is not None and not self.settings.observability and set(only) & set(BACKENDS):
+            raise StackError(f"--only {','.join(only)}: jaeger and prometheus run with --observability only")
         wanted = [n for n in self.names if n != KAFKA and kind_of(n) in kinds]
+        self._prepare_backends(wanted, on_build)
         began, asked_at = time.monotonic(), time.time()
         started = self._up_kafka(asked_at)
         surplus = self._surplus()
@@ -374,13 +404,39 @@ class LocalStack:
             self._ask(entries, drop=frozenset(surplus))
         self._wait_healthy(wanted, fresh, asked_at, on_ready, on_wait)
 
+    def _backends(self) -> tuple[str, ...]:
+        return BACKENDS if self.settings.observability else ()
+
+    def _installed(self) -> binaries.Installed | None:
+        try:
+            return binaries.installed(self.settings)
+        except binaries.BuildError:
+            return None
+
+    def _prepare_backends(self, wanted: list[str], on_build: Callable[[str], None]) -> None:
+        """Build Jaeger and Prometheus if they are not (before anything starts: a missing Go is one line),
+        and write their configs. Prometheus's is written at every ``up`` (another worker count changes its
+        targets); a running Prometheus reloads it on SIGHUP."""
+        if not self.settings.observability:
+            return
+        fresh = [n for n in wanted if n in BACKENDS and self._pid(n) is None]
+        installed = binaries.ensure(self.settings, on_build) if fresh else self._installed()
+        if JAEGER in fresh:
+            backends.write_config(self.settings, JAEGER, installed)
+        pid = self._pid(PROMETHEUS)
+        if backends.write_config(self.settings, PROMETHEUS) and pid is not None:
+            os.kill(pid, signal.SIGHUP)
+
     def _check_scale(self, kinds: list[str]) -> None:
         """One line for worker counts that cannot work: several streams workers on Qdrant local mode (a
-        folder one process opens), inference workers' /metrics ports out of range or on another port."""
+        folder one process opens), the workers' /metrics ports (inference and streams) out of range or on
+        another service's port."""
         s = self.settings
         if STREAMS in kinds and s.streams_workers > 1 and not s.qdrant_url:
             raise StackError(f"--streams-workers {s.streams_workers} needs a Qdrant server: give --qdrant-url URL "
                              "(e.g. ../shared/tools/qdrant); Qdrant local mode is a folder only one process can open")
+        if STREAMS in kinds:
+            self._check_streams_ports()
         if INFERENCE not in kinds:
             return
         first, last = metrics_port(s, 1), metrics_port(s, s.inference_workers)
@@ -395,12 +451,30 @@ class LocalStack:
                 raise StackError(f"port {port} is {whose} and also an inference worker's /metrics port (worker n "
                                  f"listens on --worker-metrics-port + n - 1: {first}-{last}); choose other ports")
 
+    def _check_streams_ports(self) -> None:
+        """The streams workers' /metrics ports: in range, and no other service's port."""
+        s = self.settings
+        first, last = streams_metrics_port(s, 1), streams_metrics_port(s, s.streams_workers)
+        if last > 65535:
+            raise StackError(f"--streams-workers {s.streams_workers} from --streams-metrics-port {first} needs ports up "
+                             f"to {last}, past 65535; choose a lower --streams-metrics-port")
+        taken = {s.gateway_port: "the gateway's (--gateway-port)",
+                 **{metrics_port(s, i): "an inference worker's /metrics port (--worker-metrics-port)"
+                    for i in range(1, s.inference_workers + 1)}}
+        if s.brokers == 1:
+            taken |= {s.kafka_port: "Kafka's (--kafka-port)", s.controller_port: "the controller's (--controller-port)"}
+        for port, whose in taken.items():
+            if first <= port <= last:
+                raise StackError(f"port {port} is {whose} and also a streams worker's /metrics port (worker n listens "
+                                 f"on --streams-metrics-port + n - 1: {first}-{last}); choose other ports")
+
     def _surplus(self) -> list[str]:
         """Instances beyond the stack's counts that run or that the supervisor has in hand, highest first."""
         held = {s.name for s in self.supervisor.spec().services}
         extra = [n for n in self._known() if n not in self.names and self._pid(n) is not None]
-        extra += [n for n in held if parse_instance(n) is not None and n not in self.names and n not in extra]
-        return sorted(extra, key=lambda n: parse_instance(n), reverse=True)
+        extra += [n for n in held if (parse_instance(n) is not None or n in BACKENDS) and n not in self.names
+                  and n not in extra]
+        return sorted(extra, key=_rank, reverse=True)
 
     def _retire(self, names: list[str], on_stopped: Callable[[StopResult], None]) -> None:
         """Stop ``names`` (surplus instances): through the supervisor those it has in hand, the others
@@ -437,6 +511,15 @@ class LocalStack:
                 flag, port = "--worker-metrics-port", metrics_port(self.settings, index)
                 if index > 1:
                     flag += " (inference worker n listens on it + n - 1)"
+            elif kind == STREAMS:
+                flag, port = "--streams-metrics-port", streams_metrics_port(self.settings, index)
+                if index > 1:
+                    flag += " (streams worker n listens on it + n - 1)"
+            elif kind in BACKENDS:
+                flag, port = next(((f, p) for p, f in backends.ports(self.settings, kind).items()
+                                   if port_open(self.settings.host, p)), ("", 0))
+                if not port:
+                    continue
             else:
                 continue
             if port_open(self.settings.host, port):

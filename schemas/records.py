@@ -192,6 +192,10 @@ class ConversationTurn:
     user_id: str
     tenant: str
     request_id: str
+    # v3: the W3C trace id (32 hex) of the request's trace, so a turn, its archive row and the
+    # dataset rows built from it lead to the request's spans (docs/observability.md "Lineage").
+    # None for turns written before v3, or recorded without a trace.
+    trace_id: str | None = None
     turn_index: int
     system_prompt: str | None = None
     prompt: str
@@ -206,7 +210,7 @@ class ConversationTurn:
     finish_reason: FinishReason
     created_at: int
     completed_at: int
-    schema_version: int = 2
+    schema_version: int = 3
 
 
 @dataclass(slots=True, kw_only=True)

@@ -26,6 +26,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 MESSAGE_OVERHEAD = 4
+_HISTORY_TYPE = "array<struct<h_index:int,h_prompt:string,h_answer:string,h_request_id:string,h_trace_id:string>>"
 
 
 def est_tokens(col: Column) -> Column:
@@ -45,13 +46,15 @@ def history_pool(turns: DataFrame) -> DataFrame:
         .withColumn("_n", F.row_number().over(w)).where("_n = 1")
         .select(CONVERSATION, F.col("turn_index").alias("h_index"), F.col("prompt").alias("h_prompt"),
                 F.col("answer").alias("h_answer"), F.col("created_at").alias("h_created_at"),
-                (est_tokens(F.col("prompt")) + est_tokens(F.col("answer"))).alias("h_tokens"))
+                (est_tokens(F.col("prompt")) + est_tokens(F.col("answer"))).alias("h_tokens"),
+                F.col("request_id").alias("h_request_id"), F.col("trace_id").alias("h_trace_id"))
     )
 
 
 def with_history(examples: DataFrame, pool: DataFrame, id_col: str, own_tokens: Column,
                  budget: int) -> DataFrame:
-    """``examples`` plus ``history``: array<struct<h_index, h_prompt, h_answer>> in turn order,
+    """``examples`` plus ``history``: array<struct<h_index, h_prompt, h_answer, h_request_id,
+    h_trace_id>> in turn order (the ids: lineage, :func:`lineage_ids`),
     ``history_tokens``: the estimated tokens of those turns (0 without history), and
     ``history_oldest_at``: the earliest ``created_at`` among them (null without history).
 
@@ -74,14 +77,24 @@ def with_history(examples: DataFrame, pool: DataFrame, id_col: str, own_tokens: 
         .withColumn("_back", F.row_number().over(newest))
         .where((F.col("turn_index") - F.col("h_index") == F.col("_back")) & (F.col("_cum") + F.col("_own") <= budget))
         .select(id_col, CONVERSATION, "h_index", "h_tokens", "h_created_at")
-        .join(pool.select(CONVERSATION, "h_index", "h_prompt", "h_answer"), [CONVERSATION, "h_index"])
+        .join(pool.select(CONVERSATION, "h_index", "h_prompt", "h_answer", "h_request_id", "h_trace_id"),
+              [CONVERSATION, "h_index"])
         .groupBy(id_col)
-        .agg(F.sort_array(F.collect_list(F.struct("h_index", "h_prompt", "h_answer"))).alias("history"),
+        .agg(F.sort_array(F.collect_list(F.struct("h_index", "h_prompt", "h_answer", "h_request_id", "h_trace_id")))
+             .alias("history"),
              F.sum("h_tokens").alias("history_tokens"), F.min("h_created_at").alias("history_oldest_at"))
     )
     return ex.join(fitting, id_col, "left").withColumn(
-        "history", F.coalesce(F.col("history"), F.array().cast("array<struct<h_index:int,h_prompt:string,h_answer:string>>"))
+        "history", F.coalesce(F.col("history"), F.array().cast(_HISTORY_TYPE))
     ).withColumn("history_tokens", F.coalesce(F.col("history_tokens"), F.lit(0).cast("long"))).drop("_own")
+
+
+def lineage_ids(history_field: str, own: Column) -> Column:
+    """The ids (``history_field``: ``h_request_id`` or ``h_trace_id``) of the turns an example is
+    built from, in turn order: its history's, then ``own`` (an array: the example's own turn; a
+    pair's chosen then rejected turn). Null entries (a turn written before ConversationTurn v3 has
+    no trace id) keep their place, so ``request_ids[i]`` and ``trace_ids[i]`` name the same turn."""
+    return F.concat(F.transform(F.col("history"), lambda h: h[history_field]), own)
 
 
 def _msg(role: str, content: Column) -> Column:

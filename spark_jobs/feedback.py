@@ -88,8 +88,10 @@ def drop_rated_down(rated: DataFrame) -> DataFrame:
 
 def preference_pairs(rated: DataFrame) -> DataFrame:
     """Columns: tenant, subject, conversation_key, conversation_id, turn_index, system_prompt,
-    prompt, chosen, rejected, chosen_event_id, rejected_event_id, created_at (of the chosen
-    side's turn), rejected_created_at, pair_source (regenerate|edit).
+    prompt, chosen, rejected, chosen_event_id, rejected_event_id, chosen_request_id,
+    rejected_request_id, chosen_trace_id, rejected_trace_id (lineage: the turns of each side; an
+    edit's two sides are one turn), created_at (of the chosen side's turn), rejected_created_at,
+    pair_source (regenerate|edit).
 
     Both sides of a pair come from one ``conversation_key`` (tenant, user, conversation id), so a
     pair never joins two tenants' or two users' turns that share a client-chosen conversation id.
@@ -99,16 +101,21 @@ def preference_pairs(rated: DataFrame) -> DataFrame:
     ids = ("tenant", "subject", "conversation_key", "conversation_id")
     up = base.where("rating = 'up'").select(
         *ids, "_pkey", "turn_index", "system_prompt", "prompt", "created_at",
-        F.col("answer").alias("chosen"), F.col("event_id").alias("chosen_event_id"))
+        F.col("answer").alias("chosen"), F.col("event_id").alias("chosen_event_id"),
+        F.col("request_id").alias("chosen_request_id"), F.col("trace_id").alias("chosen_trace_id"))
     down = base.where("rating = 'down'").select(
         "conversation_key", "_pkey", F.col("answer").alias("rejected"),
-        F.col("event_id").alias("rejected_event_id"), F.col("created_at").alias("rejected_created_at"))
+        F.col("event_id").alias("rejected_event_id"), F.col("created_at").alias("rejected_created_at"),
+        F.col("request_id").alias("rejected_request_id"), F.col("trace_id").alias("rejected_trace_id"))
     regenerated = up.join(down, ["conversation_key", "_pkey"]).withColumn("pair_source", F.lit("regenerate"))
     edits = base.where((F.col("feedback_kind") == "EDIT") & (F.length(F.trim("feedback_edited_text")) > 0)).select(
         *ids, "_pkey", "turn_index", "system_prompt", "prompt", "created_at",
         F.col("feedback_edited_text").alias("chosen"),
         F.concat(F.col("event_id"), F.lit(":edit")).alias("chosen_event_id"),
+        F.col("request_id").alias("chosen_request_id"), F.col("trace_id").alias("chosen_trace_id"),
         F.col("answer").alias("rejected"), F.col("event_id").alias("rejected_event_id"),
-        F.col("created_at").alias("rejected_created_at"), F.lit("edit").alias("pair_source"))
+        F.col("created_at").alias("rejected_created_at"),
+        F.col("request_id").alias("rejected_request_id"), F.col("trace_id").alias("rejected_trace_id"),
+        F.lit("edit").alias("pair_source"))
     pairs = regenerated.unionByName(edits).where(F.col("chosen") != F.col("rejected"))
     return pairs.drop("_pkey").dropDuplicates(["chosen_event_id", "rejected_event_id"])

@@ -14,7 +14,9 @@ Conversations are keyed by (tenant, user_id, conversation_id) everywhere (histor
 split: ``conversation_key``); Parquet rows carry ``subject`` (a hash of tenant and user, no raw
 user id), ``conversation_key``, ``request_id`` and ``oldest_at`` so an erasure can find them
 (``spark_jobs.erasure``); the manifest says when the dataset was built and which erasures it
-applied.
+applied. Lineage: SFT and dropped rows carry their turn's ``request_id`` and ``trace_id``, SFT and
+preference rows ``request_ids`` / ``trace_ids`` of every turn they hold, in turn order
+(docs/observability.md "Lineage").
 
 Also runnable as ``spark-submit spark_jobs/finetune_dataset.py --out DIR [--source ...]``.
 """
@@ -31,7 +33,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs import card as card_mod
-from spark_jobs.chat_format import est_tokens, history_pool, prompt_messages, sft_messages, with_history
+from spark_jobs.chat_format import (est_tokens, history_pool, lineage_ids, prompt_messages, sft_messages,
+                                   with_history)
 from spark_jobs.decode import decode_tagged
 from spark_jobs.decontam import decontaminate
 from spark_jobs.dedup import exact_dedup, near_dedup, normalized_text
@@ -167,7 +170,8 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
                           + est_tokens(F.col("prompt")) + est_tokens(F.col("answer")) + F.col("history_tokens")).cast("int")
         sft_rows = with_history(sft, pool, "event_id", own, s.max_context_tokens).select(
             "event_id", "tenant", "subject", "conversation_key", "conversation_id", "turn_index", "request_id",
-            "model", "created_at", F.least("created_at", "history_oldest_at").alias("oldest_at"),
+            "trace_id", lineage_ids("h_request_id", F.array("request_id")).alias("request_ids"),
+            lineage_ids("h_trace_id", F.array("trace_id")).alias("trace_ids"), "model", "created_at", F.least("created_at", "history_oldest_at").alias("oldest_at"),
             F.size("history").alias("history_turns"), sft_messages(s.default_system_prompt).alias("messages"),
             est_tokens(F.col("prompt")).alias("prompt_tokens"), est_tokens(F.col("answer")).alias("answer_tokens"),
             split_column(s.validation_fraction).alias("split"), example_tokens.alias("example_tokens"))
@@ -175,9 +179,15 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
         pairs = preference_pairs(rated).withColumn("pair_id", F.concat_ws("|", "chosen_event_id", "rejected_event_id"))
         own_pair = est_tokens(F.col("system_prompt")) + est_tokens(F.col("prompt")) + F.greatest(
             est_tokens(F.col("chosen")), est_tokens(F.col("rejected")))
+        # An edit's two sides are one turn: its ids once. Otherwise the chosen turn's, then the rejected one's.
+        def sides(name: str):
+            return F.when(F.col("pair_source") == "edit", F.array(f"chosen_{name}")).otherwise(
+                F.array(f"chosen_{name}", f"rejected_{name}"))
         pair_rows = with_history(pairs, pool, "pair_id", own_pair, s.max_context_tokens).select(
             "pair_id", "tenant", "subject", "conversation_key", "conversation_id", "turn_index", "chosen_event_id",
-            "rejected_event_id", "pair_source", "created_at",
+            "rejected_event_id", "chosen_request_id", "rejected_request_id", "chosen_trace_id", "rejected_trace_id",
+            lineage_ids("h_request_id", sides("request_id")).alias("request_ids"),
+            lineage_ids("h_trace_id", sides("trace_id")).alias("trace_ids"), "pair_source", "created_at",
             F.least("created_at", "rejected_created_at", "history_oldest_at").alias("oldest_at"),
             prompt_messages(s.default_system_prompt).alias("prompt_messages"),
             F.array(F.struct(F.lit("assistant").alias("role"), F.col("chosen").alias("content"))).alias("chosen"),

@@ -36,6 +36,7 @@ DROPPED_FIELDS = (
     ("conversation_key", StringType()),   # erasure.conversation_key(tenant, user_id, conversation_id)
     ("conversation_id", StringType()),
     ("request_id", StringType()),
+    ("trace_id", StringType()),           # the turn's trace (ConversationTurn v3); null for older turns, feedback
     ("turn_index", IntegerType()),
     ("prompt", StringType()),
     ("answer", StringType()),

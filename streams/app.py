@@ -52,6 +52,7 @@ from streams.erasures import ErasureFollower, ErasureRegistry
 from streams.faults import EXIT_INFRASTRUCTURE, Retrier, exit_without_ack
 from streams.forget import Forget, ForgetPartition
 from streams.intake import Intake
+from streams.metrics import StreamsMetrics
 from streams.record import Record
 from streams.recorded import BrokerEndOffsets, RecordedOffsets
 from streams.refusals import Refusals
@@ -63,6 +64,9 @@ from streams.watchdog import ProgressWatchdog, faust_assignment
 from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
 from transport.errors import TransportError
+from transport.lag import GroupTopics
+from transport import spans
+from transport.logs import faust_logging_config
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -139,7 +143,7 @@ class StreamsApp:
         retrier = Retrier(settings.retry_budget_s, settings.retry_backoff_s, settings.retry_max_backoff_s)
         # Error chunks for refused prompts (streams/refusals.py says why not through Faust's producer).
         # A reply topic that does not exist fails within 10 s instead of librdkafka's 5 minutes.
-        self.reply_producer = AckedProducer(kafka, codec=services.codec, linger_ms=0,
+        self.reply_producer = AckedProducer(kafka, codec=services.codec, linger_ms=0, tracer=services.tracer,
                                             extra_config={"message.timeout.ms": 10_000})
         replies = ReplyAddresses(TopicAdmin(kafka, timeout_s=10.0).topic_partitions, settings.reply_topics_cache_s)
         codec = services.codec
@@ -150,10 +154,11 @@ class StreamsApp:
         self.response_ends = BrokerEndOffsets(kafka, kafka.topic(RESPONSES))
         self.recorded = RecordedOffsets(_committed_positions(app, kafka.topic(RESPONSES)), self.response_ends,
                                         owned=_assigned(app, kafka.topic(RESPONSES)))
+        self.metrics = StreamsMetrics()  # /metrics (streams/metrics.py), served by run_worker
         self.intake = Intake(settings, services, self.table,
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
                              intake_letters, self.refusals, retrier, recorded=self.recorded,
-                             partitions=spec(RESPONSES).partitions)
+                             partitions=spec(RESPONSES).partitions, metrics=self.metrics)
         self.record = Record(settings, services, self.table, topic(TURNS),
                              DeadLetters(dlq, codec, "streams.record"), retrier, self.erasures,
                              recorded=self.recorded)
@@ -168,7 +173,7 @@ class StreamsApp:
             archiver=self.archiver, archive_topics=[kafka.topic(TURNS), kafka.topic(FEEDBACK)],
             archive_retrier=archive_retrier, erasures=self.erasures)
         self.archive = ArchiveAgent(self.archiver, settings.archive_batch_size, settings.archive_flush_s,
-                                    archive_retrier)
+                                    archive_retrier, tracer=services.tracer, group=settings.app_id)
         archive_source = app.topic(kafka.topic(TURNS), kafka.topic(FEEDBACK), **RAW)
         for name, channel, agent in (
             ("intake", topic(PROMPTS), self.intake),
@@ -180,6 +185,8 @@ class StreamsApp:
             app.agent(channel, name=f"streams.{name}", concurrency=1)(_as_function(agent, name))
         # Records that wait on an assigned partition and reach no agent end the process (watchdog.py).
         sources = {kafka.topic(t) for t in (PROMPTS, RESPONSES, DELETIONS, TURNS, FEEDBACK, DELETIONS_FANOUT)}
+        self.metrics.watch(self)
+        self.lag_groups = [GroupTopics(app_id(kafka, settings), tuple(sorted(sources)))]  # Faust's one group
         admin = TopicAdmin(kafka, timeout_s=10.0)
         self.watchdog = ProgressWatchdog(lambda tps: admin.backlogs(app_id(kafka, settings), tps), settings.stall_s)
 
@@ -247,10 +254,16 @@ def run_worker(streams: StreamsApp) -> None:
     """Run until SIGTERM/SIGINT (Faust's worker handles both and stops the app cleanly)."""
     import faust
 
-    worker = faust.Worker(streams.app, loglevel=streams.settings.log_level, redirect_stdouts=False)
+    worker = faust.Worker(streams.app, loglevel=streams.settings.log_level, redirect_stdouts=False,
+                          logging_config=faust_logging_config("streams", streams.settings.log_level))
+    spans.configure("streams")  # CHATPIPE_TRACING_*: where spans go (docs/observability.md)
+    s = streams.settings
+    streams.metrics.serve(s.metrics_port, streams.kafka, streams.lag_groups, s.lag_interval_s, host=s.metrics_host)
     try:
         worker.execute_from_commandline()
     finally:
+        streams.metrics.close()
+        spans.shutdown()
         streams.reply_producer.close(timeout_s=10)
         streams.response_ends.close()
         if streams.erasure_follower is not None:

@@ -37,6 +37,7 @@ import asyncio
 import bisect
 import logging
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Collection, Iterable
@@ -48,6 +49,8 @@ from streams.archive_erasure import ArchiveErasure, erase_from_archive
 from streams.dead_letters import event_headers
 from streams.erasures import ErasureRegistry, Subject
 from streams.faults import Retrier
+from transport import tracing
+from transport.spans import Tracer
 from transport.archive import (
     ArchivedMessage,
     file_name,
@@ -252,17 +255,30 @@ def archived_message(event: Any) -> ArchivedMessage:
 
 
 class ArchiveAgent:
-    def __init__(self, archiver: Archiver, batch_size: int, flush_s: float, retrier: Retrier) -> None:
+    def __init__(self, archiver: Archiver, batch_size: int, flush_s: float, retrier: Retrier,
+                 tracer: Tracer | None = None, group: str | None = None) -> None:
         self.archiver = archiver
         self.batch_size = batch_size
         self.flush_s = flush_s
         self.retrier = retrier
+        self.tracer = tracer  # a "process <topic>" span per archived record, child of its producer span
+        self.group = group
 
     async def __call__(self, stream: Any) -> None:
         batches = Batches(stream, self.batch_size, self.flush_s)
         async for events in batches:
+            start_ns = time.time_ns()
             messages = [archived_message(e) for e in events]
             # fsync and deflate off the event loop; the events are acked only after every file is renamed.
             paths = await self.retrier.call("archive write", asyncio.to_thread, self.archiver.write, messages)
+            if self.tracer is not None:
+                self._spans(messages, len(paths), start_ns)
             await batches.ack(events)
             log.debug("archived %d messages in %d files", len(messages), len(paths))
+
+    def _spans(self, messages: list[ArchivedMessage], files: int, start_ns: int) -> None:
+        ended_ns = time.time_ns()
+        attributes = {"chatpipe.batch.size": len(messages), "chatpipe.archive.files": files}
+        for m in messages:
+            self.tracer.process(m.topic, tracing.find(list(m.headers)), group=self.group, partition=m.partition,
+                                offset=m.offset, start_ns=start_ns, attributes=attributes).end(ended_ns)

@@ -11,9 +11,11 @@ refused record is acked with its batch, and only once its dead letter is on the 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 
 from schemas.codec import AvroCodec
+from schemas.errors import DecodeError
 from schemas.records import DeadLetter
 from transport import tracing
 from transport.dead_letters import dead_letter_for, dead_letter_headers, dead_letter_key, source_headers
@@ -38,6 +40,8 @@ class DeadLetters:
         self.codec = codec
         self.component = component
         self.count = 0
+        self.undecodable = 0  # of those, records that did not decode (the rest decoded and were refused)
+        self.reasons: Counter[str] = Counter()  # error type -> letters (streams/metrics.py exposes them)
 
     async def send(self, event: Any, error: BaseException, outbox: Any) -> DeadLetter:
         """Dead-letter ``event`` through ``outbox`` (a ``streams.outbox.Outbox``)."""
@@ -47,4 +51,6 @@ class DeadLetters:
         await outbox.send(self.topic, key=dead_letter_key(m), value=self.codec.encode(letter),
                           headers=dead_letter_headers(m))
         self.count += 1
+        self.undecodable += isinstance(error, DecodeError)
+        self.reasons[type(error).__name__] += 1
         return letter

@@ -38,9 +38,10 @@ from schemas.topics import inference_requests_topic
 from streams.acks import Batches
 from streams.batching import split_by_tokens
 from streams.context import Segment, assemble_context
-from streams.dead_letters import DeadLetters, child_headers
+from streams.dead_letters import DeadLetters, event_headers
 from streams.errors import InvalidPromptError, PromptTooLongError
 from streams.faults import Retrier
+from streams.metrics import StreamsMetrics
 from streams.outbox import Outbox
 from streams.prompts import ParsedPrompt, parse_prompt
 from streams.recorded import RecordedOffsets
@@ -48,7 +49,10 @@ from streams.refusals import Refusals
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.state import ConversationState, PendingRequest, state_key
+from transport import tracing
 from transport.partitioning import partition_of
+from transport import spans
+from transport.spans import Span
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +69,14 @@ class _Prompt:
     event: Any
     request: PromptRequest
     parsed: ParsedPrompt
+    span: Span  # "process chat.prompts": its request is produced as its child
 
 
 class Intake:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any,
                  out_topics: dict[str, Any], dead_letters: DeadLetters, refusals: Refusals,
-                 retrier: Retrier, recorded: RecordedOffsets | None = None, partitions: int = 1) -> None:
+                 retrier: Retrier, recorded: RecordedOffsets | None = None, partitions: int = 1,
+                 metrics: StreamsMetrics | None = None) -> None:
         self.settings = settings
         self.recorded = recorded  # how far record has got on chat.responses (recorded.py); None: never wait
         self.partitions = partitions  # of chat.responses: where a conversation's responses are
@@ -80,6 +86,7 @@ class Intake:
         self.dead_letters = dead_letters
         self.refusals = refusals
         self.retrier = retrier
+        self.metrics = metrics or StreamsMetrics()  # observed here; served by the app (streams/metrics.py)
         self.served = 0
         self.batches = 0
         self.repeats = 0  # prompts read again whose request was answered already (not served twice)
@@ -94,7 +101,12 @@ class Intake:
 
     async def handle(self, events: list[Any]) -> None:
         """Serve or refuse every prompt of ``events``; returns once all they produced is durable."""
-        outbox = Outbox(self.retrier)
+        self.metrics.intake_batch_size.observe(len(events))
+        tracer = self.services.tracer
+        start_ns = time.time_ns()
+        if events:
+            tracer.record_receive(events[0].message.topic, self.settings.app_id, [e.message for e in events], start_ns)
+        outbox = Outbox(self.retrier, tracer)
         prompts: list[_Prompt] = []
         for event in events:
             m = event.message
@@ -104,12 +116,17 @@ class Intake:
             except DecodeError as exc:
                 await self.dead_letters.send(event, exc, outbox)
                 continue
+            span = tracer.process(m.topic, tracing.find(event_headers(m)), group=self.settings.app_id,
+                                  partition=m.partition, offset=m.offset, start_ns=start_ns,
+                                  attributes={"chatpipe.request_id": request.request_id}).activate()
             if not await self.refusals.admit(event, request, outbox):
+                span.set("chatpipe.outcome", "refused").end()
                 continue
             try:
-                prompts.append(_Prompt(event, request, parse_prompt(request, self.settings.context_tokens)))
+                prompts.append(_Prompt(event, request, parse_prompt(request, self.settings.context_tokens), span))
             except InvalidPromptError as exc:
                 await self.refusals.refuse(event, request, exc, "invalid_request", outbox)
+                span.fail(exc).end()
         if prompts:
             await self._await_recorded(prompts)
             tokens = self.services.counter.text_tokens([p.parsed.prompt for p in prompts])
@@ -117,6 +134,9 @@ class Intake:
                 await self.serve(run, outbox)
         sent = time.perf_counter()
         await outbox.deliver()
+        for prompt in prompts:  # served (or refused) and durable
+            prompt.span.end()
+        spans.deactivate()
         log.debug("intake batch of %d prompt(s) on the broker %.1f ms after its last send", len(events),
                   (time.perf_counter() - sent) * 1e3)
 
@@ -131,6 +151,7 @@ class Intake:
         if not partitions:
             return
         started = time.perf_counter()
+        started_ns = time.time_ns()
         try:
             short = await self.recorded.wait_for_end(partitions, self.settings.recorded_wait_s)
         except KafkaException as exc:  # the broker did not say (within 5 s): assemble as we can; a
@@ -144,6 +165,11 @@ class Intake:
                         self.settings.recorded_wait_s)
         log.debug("intake waited %.1f ms for record (partitions %s)", (time.perf_counter() - started) * 1e3,
                   sorted(partitions))
+        ended_ns = time.time_ns()
+        for p in prompts:
+            if partition_of(p.request.conversation_id, self.partitions) in partitions:
+                p.span.child("wait for record", start_ns=started_ns,
+                             attributes={"chatpipe.unrecorded": sum(short.values()) if short else 0}).end(ended_ns)
 
     def _has_pending(self, request: PromptRequest) -> bool:
         value = self.table.get(state_key(request.tenant, request.user_id, request.conversation_id))
@@ -154,9 +180,9 @@ class Intake:
         from streams.memory import RecallQuery
 
         services = self.services
-        started = time.perf_counter()
+        started, started_ns = time.perf_counter(), time.time_ns()
         vectors = await services.embedder.aencode([p.parsed.prompt for p in run])
-        embedded = time.perf_counter()
+        embedded, embedded_ns = time.perf_counter(), time.time_ns()
         async with services.state_lock:
             by_key: dict[str, ConversationState] = {}  # two prompts of one conversation share its state
             states = [self._state(p.request, by_key) for p in run]
@@ -166,7 +192,14 @@ class Intake:
                        for i, p in enumerate(run)]
             recalled = await self.retrier.call("memory recall", services.in_memory_thread,
                                                services.memory.recall_many, queries)
-            recalled_at = time.perf_counter()
+            recalled_at, recalled_ns = time.perf_counter(), time.time_ns()
+            self.metrics.embed_seconds.observe(embedded - started)
+            self.metrics.recall_seconds.observe(recalled_at - embedded)
+            batch = {"chatpipe.batch.size": len(run)}
+            for prompt, hits in zip(run, recalled):
+                prompt.span.child("embed", start_ns=started_ns, attributes=batch).end(embedded_ns)
+                prompt.span.child("recall", start_ns=embedded_ns,
+                                  attributes={**batch, "chatpipe.recall.hits": len(hits)}).end(recalled_ns)
             ready = [(prompt, state, out) for prompt, state, hits in zip(run, states, recalled)
                      if (out := await self._prepare(prompt, state, hits, outbox)) is not None]
             # State first, then the requests: a response can never find its conversation without its
@@ -193,6 +226,8 @@ class Intake:
         """The request's context, and its pending entry in ``state`` (not yet written to the table);
         None when the prompt cannot fit the context (it is dead-lettered) or was answered already."""
         request, parsed = prompt.request, prompt.parsed
+        prompt.span.activate()  # this prompt's log lines carry its ids
+        assembling_ns = time.time_ns()
         if request.request_id in state.recorded:
             # Answered and recorded already: a prompt read again after a restart or a rebalance (its
             # batch was served but not committed). Serving it again would put its own turn into its
@@ -214,6 +249,11 @@ class Intake:
         except PromptTooLongError as exc:
             await self.refusals.refuse(prompt.event, request, exc, "context_length_exceeded", outbox)
             return None
+        self.metrics.assembled_tokens.observe(context.tokens)
+        prompt.span.child("assemble", start_ns=assembling_ns, attributes={
+            "chatpipe.context.tokens": context.tokens, "chatpipe.context.messages": len(context.messages),
+            "chatpipe.context.recalled_turns": len(context.recalled_turn_ids),
+            "gen_ai.request.max_tokens": request.sampling.max_tokens}).end()
         evicted = state.add_pending(
             PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at),
             self.settings.pending_limit)
@@ -234,5 +274,5 @@ class Intake:
         # is never committed as served before its request is on the broker.
         topic = self.out_topics[inference_requests_topic(out.priority)]
         await outbox.send(topic, key=out.conversation_id.encode(), value=self.services.codec.encode(out),
-                          headers=child_headers(prompt.event.message))
+                          parent_trace=prompt.span.traceparent)
         self.served += 1

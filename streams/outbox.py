@@ -14,12 +14,15 @@ written here is read by key (request id, turn id, deletion event id), so a repea
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka.errors import KafkaError
 
 from streams.faults import Retrier
+from transport import tracing
+from transport.spans import Tracer
 
 #: Longest one wait for the broker lasts before it counts as a failed attempt (and is logged):
 #: aiokafka keeps retrying meanwhile, so a later attempt waits on the same futures again.
@@ -39,17 +42,29 @@ class _Send:
 @dataclass
 class Outbox:
     retrier: Retrier
+    tracer: Tracer | None = None  # records a "send <topic>" span for each record sent with a parent_trace
     _pending: list[_Send] = field(default_factory=list)
 
     async def send(self, topic: Any, *, key: bytes | None, value: bytes, headers: list | None = None,
-                   partition: int | None = None) -> None:
-        """Hand one record to the producer; ``partition`` None: the key's partition (murmur2)."""
+                   partition: int | None = None, parent_trace: str | None = None) -> None:
+        """Hand one record to the producer; ``partition`` None: the key's partition (murmur2).
+
+        With ``parent_trace`` (the traceparent of the span this record is produced in) and no
+        ``headers``, the record gets a child traceparent, recorded as its producer span."""
+        start_ns = time.time_ns()
+        traceparent = None
+        if parent_trace is not None and headers is None:
+            traceparent = tracing.child_traceparent(parent_trace)
+            headers = [(tracing.HEADER, traceparent.encode("ascii"))]
         record = {"key": key, "value": value, "headers": headers}
         if partition is not None:
             record["partition"] = partition
         item = _Send(topic, record)
         self._pending.append(item)
-        await self.retrier.call(f"send to {topic.get_topic_name()}", item.start)
+        name = topic.get_topic_name()
+        await self.retrier.call(f"send to {name}", item.start)
+        if traceparent is not None and self.tracer is not None:
+            self.tracer.record_send(name, traceparent, parent_trace, start_ns, partition)
 
     async def deliver(self) -> None:
         """Return once the broker has acknowledged every record sent through this outbox."""

@@ -26,13 +26,14 @@ request leaves the state, and a state left with nothing goes (``streams/erasures
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import Any
 
 from schemas.errors import DecodeError
 from schemas.records import ConversationTurn, FinishReason, Response
 from streams.acks import Batches
-from streams.dead_letters import DeadLetters, child_headers
+from streams.dead_letters import DeadLetters, event_headers
 from streams.erasures import ErasureRegistry
 from streams.errors import UnknownRequestError
 from streams.faults import Retrier
@@ -41,6 +42,8 @@ from streams.recorded import RecordedOffsets
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.state import ConversationState, RecentTurn, state_key
+from transport import tracing
+from transport.spans import Span, deactivate
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +81,28 @@ class Record:
 
     async def handle(self, events: list[Any]) -> None:
         """Record every response of ``events``; returns once all they produced is durable."""
-        outbox = Outbox(self.retrier)
+        tracer = self.services.tracer
+        start_ns = time.time_ns()
+        if events:
+            tracer.record_receive(events[0].message.topic, self.settings.app_id, [e.message for e in events], start_ns)
+        outbox = Outbox(self.retrier, tracer)
+        spans: list[Span] = []  # one "process chat.responses" per response, ended once its turn is durable
         async with self.services.state_lock:
-            await self._handle_locked(events, outbox)
+            await self._handle_locked(events, outbox, spans, start_ns)
         await outbox.deliver()
+        for span in spans:
+            span.end()
+        deactivate()
 
-    async def _handle_locked(self, events: list[Any], outbox: Outbox) -> None:
+    async def _handle_locked(self, events: list[Any], outbox: Outbox, spans: list[Span], start_ns: int) -> None:
         from streams.embeddings import turn_text
         from streams.memory import StoredTurn
 
         services, settings = self.services, self.settings
         states: dict[str, ConversationState] = {}
-        turns: list[tuple[ConversationTurn, Any]] = []
+        turns: list[tuple[ConversationTurn, Span]] = []
         stored: list[Any] = []
+        stored_spans: list[Span] = []
         for event in events:
             m = event.message
             try:
@@ -99,6 +111,10 @@ class Record:
             except DecodeError as exc:
                 await self.dead_letters.send(event, exc, outbox)
                 continue
+            span = services.tracer.process(m.topic, tracing.find(event_headers(m)), group=settings.app_id,
+                                           partition=m.partition, offset=m.offset, start_ns=start_ns,
+                                           attributes={"chatpipe.request_id": response.request_id}).activate()
+            spans.append(span)
             key = state_key(response.tenant, response.user_id, response.conversation_id)
             if key not in states:
                 value = self.table.get(key)
@@ -107,10 +123,12 @@ class Record:
             state = states.get(key)
             if state is not None and state.was_recorded(response.request_id):
                 self.duplicates += 1
+                span.set("chatpipe.outcome", "duplicate")
                 log.info("response %s delivered again; already recorded", response.request_id)
                 continue
             pending = state.take_pending(response.request_id) if state is not None else None
             if pending is None:
+                span.set("chatpipe.outcome", "dead_letter")
                 await self.dead_letters.send(event, UnknownRequestError(
                     f"response {response.request_id} of conversation {response.conversation_id}: no pending "
                     "request (never seen by intake, or the conversation was forgotten meanwhile)"), outbox)
@@ -118,6 +136,7 @@ class Record:
             if self.erasures.erased(response.tenant, response.user_id, response.conversation_id,
                                     pending.created_at):
                 self.erased += 1
+                span.set("chatpipe.outcome", "erased")
                 log.info("response %s: its prompt predates a deletion of %s/%s; not recorded", response.request_id,
                          response.tenant, response.user_id)
                 continue
@@ -135,19 +154,28 @@ class Record:
                 tokens_out=response.tokens_out, queue_ms=response.queue_ms, ttft_ms=response.ttft_ms,
                 total_ms=response.total_ms, finish_reason=response.finish_reason,
                 created_at=pending.created_at, completed_at=response.completed_at,
+                trace_id=span.trace_id,  # lineage: the turn, its archive row and dataset rows lead to this trace
             )
-            turns.append((turn, event))
+            span.set("chatpipe.outcome", "recorded")
+            turns.append((turn, span))
             if remembered:
+                stored_spans.append(span)
                 stored.append(StoredTurn(turn_id=turn_id, tenant=turn.tenant, user_id=turn.user_id,
                                          conversation_id=turn.conversation_id, turn_index=index,
                                          prompt=turn.prompt, answer=turn.answer, created_at=turn.created_at))
         if stored:
+            embed_ns = time.time_ns()
             vectors = await services.embedder.aencode([turn_text(t) for t in stored])
+            upsert_ns = time.time_ns()
             await self.retrier.call("memory upsert", services.in_memory_thread, services.memory.upsert, stored,
                                     vectors)
-        for turn, event in turns:
+            done_ns, batch = time.time_ns(), {"chatpipe.batch.size": len(stored)}
+            for span in stored_spans:
+                span.child("embed", start_ns=embed_ns, attributes=batch).end(upsert_ns)
+                span.child("memory upsert", start_ns=upsert_ns, attributes=batch).end(done_ns)
+        for turn, span in turns:
             await outbox.send(self.turns_topic, key=turn.conversation_id.encode(), value=services.codec.encode(turn),
-                              headers=child_headers(event.message))
+                              parent_trace=span.traceparent)
         for key, state in states.items():
             if state.turn_count == 0 and not state.pending and not state.recent:
                 if key in self.table:  # only an erased prompt had made it: nothing of the user stays

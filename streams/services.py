@@ -16,6 +16,7 @@ from typing import Any, Callable, TypeVar
 
 from schemas.codec import AvroCodec, default_codec
 from streams.tokens import TokenCounter, load_chat_tokenizer
+from transport.spans import Tracer
 
 R = TypeVar("R")
 
@@ -26,6 +27,7 @@ class StreamsServices:
     embedder: Any  # streams.embeddings.Embedder
     counter: TokenCounter
     codec: AvroCodec = field(default_factory=default_codec)
+    tracer: Tracer = field(default_factory=lambda: Tracer("streams"))  # the agents' spans (transport/spans.py)
     _executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory"))
     _lock: asyncio.Lock | None = None

@@ -85,6 +85,11 @@ class StreamsSettings(BaseSettings):
     reply_topics_cache_s: float = Field(30.0, gt=0, description="How long intake trusts its list of topics "
                                                                 "when checking reply addresses")
     web_port: int | None = Field(None, ge=1, le=65535, description="Faust's web server port; empty = off")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port (streams/metrics.py); 0 = off")
+    metrics_host: str = Field("127.0.0.1", description="Address /metrics listens on: loopback by default; 0.0.0.0 "
+                              "in a Kubernetes pod, where the kubelet's probes and Prometheus reach the pod's IP")
+    lag_interval_s: float = Field(5.0, gt=0, description="How often the consumer group's lag is measured for "
+                                  "/metrics (records and seconds, transport/lag.py)")
     log_level: str = Field("info", description="Worker log level")
 
     @classmethod

@@ -45,6 +45,7 @@ from transport.batches import wrap_batch
 from transport.errors import TransportError
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
+from transport.spans import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +144,11 @@ class GroupConsumer:
         on_commit: CommitHook | None = None,
         error_budget_s: float = 60.0,
         extra_config: dict[str, Any] | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.settings = settings
+        self.group_id = group_id
+        self.tracer = tracer or Tracer(settings.client_id)  # a "receive" span per batch (transport/spans.py)
         self._hooks = (on_assign, on_revoke, on_lost or on_revoke)
         self._on_commit = on_commit
         self.errors = ErrorBudget(error_budget_s)
@@ -161,6 +165,7 @@ class GroupConsumer:
             **(extra_config or {}),
         })
         self.topics = list(topics)
+        self._destination = ",".join(self.topics)  # the receive span's messaging.destination.name
         self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
                                  on_lost=self._lost)
 
@@ -200,11 +205,15 @@ class GroupConsumer:
         ``consume(n, timeout)`` alone waits for n messages or the whole timeout: a lone
         request would sit ``timeout_s`` in the client before anyone sees it.
         """
+        start_ns = time.time_ns()
         raw = self._consumer.consume(max(1, max_messages), 0)
         if not raw and timeout_s > 0:
             raw = self._consumer.consume(1, timeout_s)
+            start_ns = time.time_ns()  # the receive span starts when a record came, not with the wait
             if raw and max_messages > 1:
                 raw += self._consumer.consume(max_messages - 1, 0)
+        if raw:
+            self.tracer.record_receive(self._destination, self.group_id, raw, start_ns)
         out = wrap_batch(raw)  # the common case (no error events), built in a GC pause (transport/batches.py)
         if out is None:
             out = messages_of(raw, self.errors, lambda msg: f"consumer error on {msg.topic() or self.topics}")
@@ -247,24 +256,6 @@ class GroupConsumer:
     def committed(self, partitions: Iterable[tuple[str, int]], timeout_s: float = 10.0) -> dict[tuple[str, int], int]:
         tps = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout_s)
         return {(tp.topic, tp.partition): tp.offset for tp in tps}
-
-    def lag(self) -> int:
-        """Messages behind the end of the assigned partitions (cached watermarks; -1 unknown)."""
-        total = 0
-        assigned = [TopicPartition(t, p) for t, p in self.assignment]
-        if not assigned:
-            return 0
-        try:
-            positions = self._consumer.position(assigned)
-        except KafkaException:
-            return -1
-        for tp in positions:
-            low, high = self._consumer.get_watermark_offsets(tp, cached=True)
-            if high < 0:
-                continue
-            pos = tp.offset if tp.offset >= 0 else low
-            total += max(0, high - pos)
-        return total
 
     def close(self) -> None:
         """Leave the group (partitions move at once instead of after the session timeout)."""

@@ -28,6 +28,7 @@ One thread owns an instance. Not here: decoding, dead letters (the caller's poli
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Iterable
 
 from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, ShareConsumer
@@ -36,6 +37,7 @@ from transport.errors import TransportError
 from transport.group_consumer import ErrorBudget, messages_of
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
+from transport.spans import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +70,11 @@ class ShareGroupConsumer:
         fetch_max_bytes: int = 16384,
         error_budget_s: float = 60.0,
         extra_config: dict[str, Any] | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.settings = settings
         self.group_id = group_id
+        self.tracer = tracer or Tracer(settings.client_id)  # a "receive" span per batch (transport/spans.py)
         self.errors = ErrorBudget(error_budget_s)
         self._consumer = ShareConsumer({
             **settings.client_config(),
@@ -92,6 +96,8 @@ class ShareGroupConsumer:
                 raise TransportError(f"{where}: poll failed: {exc}") from exc
             self.errors.check(where, err)  # raises TransportError unless transient and within the budget
             return []
+        if batch:
+            self.tracer.record_receive(",".join(self.topics), self.group_id, batch, time.time_ns())
         out = messages_of(batch, self.errors, lambda msg: where, SharedMessage)
         if out:
             self.errors.ok()

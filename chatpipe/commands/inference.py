@@ -43,7 +43,6 @@ def inference(
     """Serve InferenceRequests from Kafka with the local engine until SIGTERM."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import asyncio
-    import logging
     import signal
 
     from inference.engine.engine import Engine
@@ -52,8 +51,10 @@ def inference(
     from inference.engine.settings import DEFAULT_MODEL_NAME, EngineSettings
     from inference.worker.settings import WorkerSettings
     from inference.worker.worker import Worker
+    from transport import spans
+    from transport.logs import configure_logging
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging("inference", log_level)  # CHATPIPE_LOG_FORMAT: text or JSON lines
     kafka = kafka_settings(bootstrap_servers, topic_prefix, security_protocol=kafka_security_protocol,
                            sasl_mechanism=kafka_sasl_mechanism, sasl_username=kafka_sasl_username,
                            sasl_password_file=kafka_sasl_password_file, ssl_ca_file=kafka_ssl_ca_file,
@@ -78,7 +79,11 @@ def inference(
             loop.add_signal_handler(sig, worker.request_stop)
         return await worker.run()
 
-    code = asyncio.run(main())
+    spans.configure("inference")  # CHATPIPE_TRACING_*: where spans go (docs/observability.md)
+    try:
+        code = asyncio.run(main())
+    finally:
+        spans.shutdown()  # export what is left
     raise typer.Exit(code)
 
 

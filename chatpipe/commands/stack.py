@@ -20,17 +20,20 @@ KafkaPort = Annotated[Optional[int], typer.Option("--kafka-port", help="Broker c
 ControllerPort = Annotated[Optional[int], typer.Option("--controller-port", help="KRaft controller port [env CHATPIPE_CONTROLLER_PORT; default 9093]")]
 GatewayPort = Annotated[Optional[int], typer.Option("--gateway-port", help="Gateway HTTP port [env CHATPIPE_GATEWAY_PORT; default 8000]")]
 MetricsPort = Annotated[Optional[int], typer.Option("--worker-metrics-port", help="Inference worker /metrics port [env CHATPIPE_WORKER_METRICS_PORT; default 9464]")]
+StreamsMetricsPort = Annotated[Optional[int], typer.Option("--streams-metrics-port", help="Streams worker /metrics port; worker n's on it + n - 1 [env CHATPIPE_STREAMS_METRICS_PORT; default 9474]")]
 Brokers = Annotated[Optional[int], typer.Option("--brokers", help="Kafka nodes: 1 = one broker; 3 = a KRaft cluster (nodes on CHATPIPE_CLUSTER_BASE_PORT, default 9192-9197; catalog replicated 3 ways, min.insync.replicas 2) [env CHATPIPE_BROKERS; default 1]")]
 QdrantUrl = Annotated[Optional[str], typer.Option("--qdrant-url", help="Qdrant server URL(s) for the streams worker's memory, instead of local mode in <state>/qdrant; kept with the state folder, '' goes back to local mode [env CHATPIPE_QDRANT_URL; default: local mode]")]
 StreamsWorkers = Annotated[Optional[int], typer.Option("--streams-workers", help="Streams worker processes (streams, streams-2, ...), one consumer group; more than 1 needs --qdrant-url; kept with the state folder, a smaller number stops the surplus [env CHATPIPE_STREAMS_WORKERS; default 1]")]
 InferenceWorkers = Annotated[Optional[int], typer.Option("--inference-workers", help="Inference worker processes (inference, inference-2, ...), one consumer group; worker n's /metrics on --worker-metrics-port + n - 1; kept with the state folder [env CHATPIPE_INFERENCE_WORKERS; default 1]")]
 Names = Annotated[list[str], typer.Argument(help="Services: kafka, streams, streams-2, ..., inference, inference-2, ..., gateway", show_default=False)]
 KafkaSecurity = Annotated[Optional[str], typer.Option("--kafka-security", help="The broker's client listener: plaintext, or sasl_ssl (SCRAM-SHA-512 over TLS: a CA, the broker's certificate and one user per service made under <state>/kafka/security; every service gets its own login; docs/security_broker.md); kept with the state folder [env CHATPIPE_KAFKA_SECURITY; default plaintext]")]
-Only = Annotated[Optional[str], typer.Option("--only", help="Start only these, comma-separated: kafka (broker + topics), streams, inference, gateway; Kafka always [default: all]")]
+Only = Annotated[Optional[str], typer.Option("--only", help="Start only these, comma-separated: kafka (broker + topics), streams, inference, gateway (jaeger, prometheus with --observability); Kafka always [default: all]")]
+Observability = Annotated[Optional[bool], typer.Option("--observability/--no-observability", help="Also run Jaeger (traces, UI on :16686, OTLP on :4317/:4318) and Prometheus (scrapes every service, :9090), built once with Go and npm into ~/.cache/chatpipe/bin (docs/observability.md); kept with the state folder, --no-observability stops them [env CHATPIPE_OBSERVABILITY; default off]")]
 
 
 def _open(state_dir, kafka_port=None, controller_port=None, gateway_port=None, worker_metrics_port=None,
-          brokers=None, qdrant_url=None, streams_workers=None, inference_workers=None, kafka_security=None):
+          brokers=None, qdrant_url=None, streams_workers=None, inference_workers=None, kafka_security=None,
+          observability=None, streams_metrics_port=None):
     from infra.settings import StackSettings
     from infra.stack import LocalStack
 
@@ -38,7 +41,8 @@ def _open(state_dir, kafka_port=None, controller_port=None, gateway_port=None, w
                               controller_port=controller_port, gateway_port=gateway_port,
                               worker_metrics_port=worker_metrics_port, brokers=brokers, qdrant_url=qdrant_url,
                               streams_workers=streams_workers, inference_workers=inference_workers,
-                              kafka_security=kafka_security)
+                              kafka_security=kafka_security, observability=observability,
+                              streams_metrics_port=streams_metrics_port)
     return LocalStack.open(settings)
 
 
@@ -76,7 +80,8 @@ def _on_ready(health, started, seconds):
 def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port: ControllerPort = None,
        gateway_port: GatewayPort = None, worker_metrics_port: MetricsPort = None, only: Only = None,
        brokers: Brokers = None, qdrant_url: QdrantUrl = None, streams_workers: StreamsWorkers = None,
-       inference_workers: InferenceWorkers = None, kafka_security: KafkaSecurity = None) -> None:
+       inference_workers: InferenceWorkers = None, kafka_security: KafkaSecurity = None,
+       observability: Observability = None, streams_metrics_port: StreamsMetricsPort = None) -> None:
     """Start the stack in the background (what is not running yet) under its supervisor, which starts a
     service again when it exits; wait until each service is healthy. A worker count smaller than the
     running stack's stops the surplus workers; a larger one starts the extra ones."""
@@ -84,7 +89,7 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
 
     wanted = _parse_only(only)
     stack = _open(state_dir, kafka_port, controller_port, gateway_port, worker_metrics_port, brokers, qdrant_url,
-                  streams_workers, inference_workers, kafka_security)
+                  streams_workers, inference_workers, kafka_security, observability, streams_metrics_port)
     s = stack.settings
     began = time.monotonic()
     with console.status(f"starting Kafka on {stack.bootstrap_servers} (first run fetches jars with mvn)...") as spinner:
@@ -99,7 +104,8 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
             spinner.update(f"waiting for {waiting} ... {seconds:.0f} s")
 
         try:
-            stack.up(wanted, on_ready=_on_ready, on_topics=on_topics, on_wait=on_wait, on_stopped=_on_stopped)
+            stack.up(wanted, on_ready=_on_ready, on_topics=on_topics, on_wait=on_wait, on_stopped=_on_stopped,
+                     on_build=lambda message: console.print(f"  {message}"))
         except KeyboardInterrupt:
             # The services run in their own sessions: Ctrl-C stopped the waiting, not them.
             console.print("interrupted: what was started keeps running; `chatpipe status` / `chatpipe down`")
@@ -113,6 +119,9 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
 
         console.print(f"Kafka is secured (SASL_SSL, SCRAM-SHA-512, one user per service); a shell's clients log in as "
                       f"{ADMIN_USER} after `set -a; . {stack.broker_security.env_file(ADMIN_USER)}; set +a`")
+    if s.observability:
+        console.print(f"traces: http://{s.host}:{s.jaeger_port} (Jaeger)  metrics: http://{s.host}:{s.prometheus_port} "
+                      f"(Prometheus)  spans also in {s.state_dir.resolve() / 'traces'}")
     _print_supervisor(stack)
     console.print(f"stack up in {time.monotonic() - began:.1f} s; `chatpipe status` shows it, `chatpipe down` stops it")
 

@@ -13,7 +13,6 @@ broker refused the Kafka credentials or its certificate is not trusted (transpor
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Optional
@@ -35,6 +34,8 @@ def streams(
     tokenizer: Optional[Path] = typer.Option(None, help="Chat model folder for its tokenizer "
                                                         "(env CHATPIPE_STREAMS_TOKENIZER_PATH)"),
     log_level: Optional[str] = typer.Option(None, help="debug|info|warning (env CHATPIPE_STREAMS_LOG_LEVEL)"),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Prometheus /metrics port; 0 = off "
+                                                                            "(env CHATPIPE_STREAMS_METRICS_PORT)"),
     kafka_security_protocol: KafkaSecurityProtocol = None,
     kafka_sasl_mechanism: KafkaSaslMechanism = None,
     kafka_sasl_username: KafkaSaslUsername = None,
@@ -56,16 +57,17 @@ def streams(
     from streams.memory_settings import MemorySettings
     from streams.services import StreamsServices
     from streams.settings import StreamsSettings
+    from transport.logs import configure_logging
 
     kafka = kafka_settings(bootstrap_servers, topic_prefix, security_protocol=kafka_security_protocol,
                            sasl_mechanism=kafka_sasl_mechanism, sasl_username=kafka_sasl_username,
                            sasl_password_file=kafka_sasl_password_file, ssl_ca_file=kafka_ssl_ca_file,
                            ssl_cert_file=kafka_ssl_cert_file, ssl_key_file=kafka_ssl_key_file)
     settings = build_settings(StreamsSettings, state_dir=state_dir, archive_dir=archive_dir,
-                              tokenizer_path=tokenizer, log_level=log_level)
+                              tokenizer_path=tokenizer, log_level=log_level, metrics_port=metrics_port)
     memory = build_settings(MemorySettings, path=memory_path, url=qdrant_url)
     folder = settings.tokenizer_path or locate_model(build_settings(EngineSettings)).folder
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging("streams", settings.log_level)  # CHATPIPE_LOG_FORMAT: text or JSON lines
     if settings.torch_threads is not None:
         import torch
 

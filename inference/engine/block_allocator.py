@@ -77,6 +77,9 @@ class BlockAllocator:
         self._owners: list[set[Owner] | None] = [None] * num_blocks
         self._by_owner: dict[Owner, set[int]] = {}
         self.hit_tokens = 0  # tokens taken from the prefix cache since start
+        # Prompt tokens of the admissions that looked the cache up (vLLM's prefix_cache_queries):
+        # hit_tokens / queried_tokens is the hit rate. Counted by the scheduler, which does the lookup.
+        self.queried_tokens = 0
         # Of those, tokens of blocks no request of the same tenant had computed or reused before:
         # always 0 with the salt (the test checks it); what the salt closes without it.
         self.cross_tenant_hit_tokens = 0

@@ -62,6 +62,7 @@ class EngineStats:
     tokens_per_s: float  # generated tokens per second over the last few seconds
     prefix_cache_cross_tenant_hit_tokens: int = 0  # hits on other tenants' blocks: 0 unless the salt is off
     prefix_cache_forgotten_blocks: int = 0  # dropped by forget_prefixes since start
+    prefix_cache_queried_tokens: int = 0  # prompt tokens of the admissions that looked the cache up since start
 
     @property
     def kv_usage(self) -> float:
@@ -267,6 +268,7 @@ class Engine:
             tokens_per_s=recent / span if span > 0 else 0.0,
             prefix_cache_cross_tenant_hit_tokens=self.allocator.cross_tenant_hit_tokens,
             prefix_cache_forgotten_blocks=self.allocator.forgotten_blocks,
+            prefix_cache_queried_tokens=self.allocator.queried_tokens,
         )
 
     def _count(self, prompt_tokens: int, generated: int) -> None:

@@ -297,6 +297,8 @@ class Scheduler:
             target, headroom = start + n, len(self.running)
         if not alloc.fits(target, cached, headroom) or not alloc.allocate_slots(req.request_id, target, cached):
             return None
+        if alloc.prefix_caching:
+            alloc.queried_tokens += req.num_tokens  # of an admission, like the hits allocate_slots counts
         req.num_computed_tokens = start
         req.num_cached_tokens = start
         req.num_cross_tenant_cached_tokens = alloc.note_reuse(cached, req.owner) * alloc.block_size if cached else 0

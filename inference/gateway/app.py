@@ -152,7 +152,8 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
                                    f"Served: {', '.join(settings.models)}", param="model", code="model_not_found")
         conversation_id = conversation_of(request, body)
         service.admit(principal.tenant)
-        sub = await service.submit(principal, body, conversation_id, received)
+        sub = await service.submit(principal, body, conversation_id, received,
+                                   traceparent=request.headers.get("traceparent"))
         headers = {CONVERSATION_HEADER: conversation_id, REQUEST_HEADER: sub.request_id}
         texts = service.replies(sub)
         try:

@@ -22,6 +22,7 @@ from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 from schemas.records import TokenChunk
 from schemas.topics import REPLIES
+from transport import tracing
 from transport.admin import TopicAdmin
 from transport.dedupe import attempt_of
 from transport.settings import KafkaSettings
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 class Reply:
     chunk: TokenChunk
     attempt: str | None  # the serving attempt (a worker crash makes a second one)
+    traceparent: str | None = None  # the worker's span that sent the stream (the reply read links to it)
 
 
 def ensure_reply_topic(kafka: KafkaSettings, gateway_id: str, retention_ms: int) -> str:
@@ -102,7 +104,8 @@ class ReplyReader:
                     self.undecodable += 1
                     log.error("undecodable record on %s@%s: %s", self.topic, msg.offset(), exc)
                     continue
-                replies.append(Reply(chunk, attempt_of(msg.headers())))
+                headers = msg.headers()
+                replies.append(Reply(chunk, attempt_of(headers), tracing.find(headers)))
             if replies and self._loop is not None:
                 self._loop.call_soon_threadsafe(self._dispatch, replies)
 

@@ -7,12 +7,13 @@ producer is flushed, the reply reader stops).
 
 from __future__ import annotations
 
-import logging
 import signal
 
 from inference.gateway.app import create_app
 from inference.gateway.keys import KeyStore
 from inference.gateway.settings import GatewaySettings
+from transport import spans
+from transport.logs import configure_logging, log_format
 from transport.settings import KafkaSettings
 
 
@@ -20,15 +21,21 @@ def serve(kafka: KafkaSettings, settings: GatewaySettings, graceful_s: float = 1
     import uvicorn
 
     keys = KeyStore.load(settings.keys_file)  # a bad keys file fails here, before the port is taken
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging("gateway", settings.log_level)  # CHATPIPE_LOG_FORMAT: text or JSON lines
     app = create_app(kafka, settings, keys)
+    # JSON logs: uvicorn's own loggers go through the root handler too (log_config None), one format.
+    own_logs = {} if log_format() == "text" else {"log_config": None}
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                            timeout_graceful_shutdown=graceful_s, access_log=False, lifespan="on")
+                            timeout_graceful_shutdown=graceful_s, access_log=False, lifespan="on", **own_logs)
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal that stopped it once it has shut down; with the default handler
     # that would end the process as "killed by SIGTERM". A clean shutdown exits 0 instead.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    spans.configure("gateway")  # CHATPIPE_TRACING_*: where spans go (docs/observability.md)
+    try:
+        server.run()
+    finally:
+        spans.shutdown()  # export what is left
     if not server.started:
         raise SystemExit(1)  # the port was taken or startup failed: uvicorn logged why

@@ -44,6 +44,7 @@ from transport.acked_producer import AckedProducer
 from transport.dedupe import AnswerText
 from transport.errors import DeliveryError
 from transport.settings import KafkaSettings
+from transport.spans import CONSUMER, SERVER, Span, Tracer
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ class Submitted:
     first_token_at: float | None = None
     done: bool = False
     tenant: str = ""  # whose backlog share this request takes (admit)
+    span: Span | None = None  # the HTTP request's span: the PromptRequest is produced as its child
+    read_span: Span | None = None  # reading the answer's chunks from the reply topic
+    chunks: int = 0
 
     @property
     def text(self) -> str:
@@ -79,6 +83,7 @@ class GatewayService:
         self.reader: ReplyReader | None = None
         self.producer: AckedProducer | None = None
         self.pending: dict[str, Submitted] = {}
+        self.tracer = Tracer("gateway")  # spans (transport/spans.py, docs/observability.md)
         self._mean_duration_s = 5.0  # EWMA of request durations: the Retry-After estimate
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -88,7 +93,7 @@ class GatewayService:
         self.reply_topic = await asyncio.to_thread(ensure_reply_topic, self.kafka, self.gateway_id,
                                                    self.settings.reply_retention_ms)
         self.producer = AckedProducer(self.kafka, codec=self.codec, linger_ms=1.0,
-                                      delivery_timeout_s=self.settings.delivery_timeout_s)
+                                      delivery_timeout_s=self.settings.delivery_timeout_s, tracer=self.tracer)
         self.reader = ReplyReader(self.kafka, self.reply_topic, self.codec)
         await asyncio.to_thread(self.reader.start, loop)
         log.info("gateway %s: replies on %s", self.gateway_id, self.reply_topic)
@@ -127,7 +132,9 @@ class GatewayService:
                               type="rate_limit_error", code="tenant_backlog_full", headers={"Retry-After": str(retry)})
 
     async def submit(self, principal: Principal, body: ChatCompletionRequest, conversation_id: str,
-                     received_at: float) -> Submitted:
+                     received_at: float, traceparent: str | None = None) -> Submitted:
+        """Produce the request's PromptRequest; ``traceparent`` (the HTTP header, when the client sent
+        one) makes the request's span part of the client's trace."""
         # Whose request: the key decides which user it may name (403 otherwise). A user that is not
         # identified recalls from this conversation only, so one key's many people never mix memories.
         user = resolve_user(principal, body.user)
@@ -151,10 +158,16 @@ class GatewayService:
             deadline_at=deadline_at)
         sub = Submitted(request_id, conversation_id, body.model, self.reader.register(request_id), received_at,
                         deadline_at, tenant=principal.tenant)
+        sub.span = self.tracer.start(
+            "POST /v1/chat/completions", traceparent, SERVER,
+            {"http.request.method": "POST", "http.route": "/v1/chat/completions", "chatpipe.request_id": request_id,
+             "gen_ai.operation.name": "chat", "gen_ai.request.model": body.model, "chatpipe.stream": body.stream},
+            start_ns=time.time_ns() - int((time.perf_counter() - received_at) * 1e9)).activate()  # log lines: its ids
         self.pending[request_id] = sub
         self.metrics.pending.set(len(self.pending))
         try:
-            await self.producer.send(self.kafka.topic(PROMPTS), prompt, key=conversation_id)
+            await self.producer.send(self.kafka.topic(PROMPTS), prompt, key=conversation_id,
+                                     parent_trace=sub.span.traceparent)
         except EncodeError as exc:  # e.g. a lone surrogate (valid JSON, not encodable text)
             self.finish(sub, "invalid")
             raise OpenAIError(400, f"the request cannot be encoded: {exc}", param="messages",
@@ -189,6 +202,7 @@ class GatewayService:
             if text is None:
                 continue
             chunk = reply.chunk
+            self._read(sub, reply)
             if chunk.is_final and chunk.error_code:
                 raise error_for_chunk(chunk.error_code, chunk.error)
             if sub.first_token_at is None:
@@ -211,9 +225,35 @@ class GatewayService:
         self.metrics.cancels.inc()
         self.finish(sub, "cancelled")
 
+    def _read(self, sub: Submitted, reply: Reply) -> None:
+        """The reply read's span: from the first chunk to the final one, linked to the worker's stream."""
+        sub.chunks += 1
+        if sub.read_span is None and sub.span is not None:
+            sub.read_span = self.tracer.start(
+                f"receive {self.reply_topic}", sub.span.traceparent, CONSUMER,
+                {"messaging.system": "kafka", "messaging.operation.type": "receive",
+                 "messaging.destination.name": self.reply_topic, "chatpipe.request_id": sub.request_id},
+                links=[reply.traceparent] if reply.traceparent else None)
+        if reply.chunk.is_final:
+            self._end_read(sub)
+
+    @staticmethod
+    def _end_read(sub: Submitted) -> None:
+        if sub.read_span is not None and not sub.read_span.ended:
+            sub.read_span.set("messaging.batch.message_count", sub.chunks).end()
+
     def finish(self, sub: Submitted, outcome: str) -> None:
         if sub.done:
             return
+        self._end_read(sub)
+        if sub.span is not None:
+            sub.span.set("chatpipe.outcome", outcome)
+            if sub.final is not None:
+                sub.span.update({"gen_ai.usage.input_tokens": sub.final.tokens_in or 0,
+                                 "gen_ai.usage.output_tokens": sub.final.tokens_out or 0})
+            if outcome not in ("ok", "cancelled"):
+                sub.span.fail(outcome)
+            sub.span.end()
         sub.done = True
         self.pending.pop(sub.request_id, None)
         self.reader.unregister(sub.request_id)

@@ -12,6 +12,7 @@ exactly the increments streamed, so a reader's assembled stream equals it by con
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -42,7 +43,8 @@ class Delta:
 class Generation:
     def __init__(self, aengine: AsyncEngine, tokenizer: Any, engine_request_id: str, prepared: PreparedRequest,
                  on_first_token: Callable[[], None] = lambda: None, *, tenant: str = DEFAULT_TENANT,
-                 user_id: str = "", cache_prefix: bool = True) -> None:
+                 user_id: str = "", cache_prefix: bool = True,
+                 on_token: Callable[[float | None], None] = lambda gap_s: None) -> None:
         self.aengine = aengine
         self.tenant = tenant  # salts the prefix cache: only this tenant's requests share its blocks
         self.user_id = user_id  # whose blocks they are (a Deletion of the user drops them)
@@ -51,6 +53,9 @@ class Generation:
         self.engine_request_id = engine_request_id
         self.prepared = prepared
         self.on_first_token = on_first_token
+        # Each token as it reaches the worker, with the seconds since the previous one (None for the
+        # first): the inter-token latency a streaming client sees, measured where vLLM measures it.
+        self.on_token = on_token
         self.cancelled = False
         self.stop_reason: str | None = None  # why it was cancelled: "cancelled", "deadline", "lock", ...
         self.tokens = 0  # token events received so far
@@ -81,11 +86,15 @@ class Generation:
         if self.cancelled:  # a cancel came while we were submitting
             stream.cancel()
         first = True
+        last_at = 0.0
         events = stream.__aiter__()
         try:
             async for ev in events:
                 if ev.token_id is not None:
                     self.tokens += 1
+                    now = time.perf_counter()
+                    self.on_token(None if first else now - last_at)
+                    last_at = now
                     if first:
                         first = False
                         self.on_first_token()

@@ -32,10 +32,10 @@ from schemas.records import Priority, now_ms
 from transport.errors import TransportError
 from transport.group_consumer import GroupConsumer
 from transport.settings import KafkaSettings
+from transport.spans import Tracer
 
 log = logging.getLogger(__name__)
 
-LAG_EVERY_S = 2.0
 # With fewer free slots than assigned partitions, only a window of as many partitions as there
 # are slots is fetched from, rotated least-recently-visited first: after every pause/resume
 # librdkafka refetches and hands out the lowest partitions first, so without a window the same
@@ -57,6 +57,7 @@ class PartitionIntake:
         self.settings = settings
         self.capacity = capacity
         self.codec = codec
+        self.tracer = Tracer("inference")  # the worker gives its own: a "receive" span per batch
         self.topics = request_topics(kafka)
         self.tracker = OffsetTracker()
         self._finished: queue.SimpleQueue[tuple[WorkItem, Outcome]] = queue.SimpleQueue()
@@ -68,7 +69,6 @@ class PartitionIntake:
         self._visited: dict[tuple[str, int], float] = {}  # when each partition was last in a window
         self._taking = True
         self._stop = threading.Event()
-        self._lag = 0
         self._thread: threading.Thread | None = None
         self._consumers: dict[Priority, GroupConsumer] = {}
         self._error: BaseException | None = None
@@ -86,7 +86,7 @@ class PartitionIntake:
             priority: GroupConsumer(
                 self.kafka, group_id=group, topics=[topic],
                 on_assign=self._on_assign, on_revoke=self._on_revoke, on_commit=self._on_commit,
-                error_budget_s=self.settings.kafka_error_budget_s,
+                error_budget_s=self.settings.kafka_error_budget_s, tracer=self.tracer,
                 extra_config={
                     "session.timeout.ms": self.settings.session_timeout_ms,
                     "heartbeat.interval.ms": max(500, self.settings.session_timeout_ms // 6),
@@ -119,14 +119,10 @@ class PartitionIntake:
         if self._error is not None:
             raise self._error
 
-    def lag(self) -> int:
-        return self._lag
-
     # -- the intake thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
         interactive, batch = self._consumers[Priority.INTERACTIVE], self._consumers[Priority.BATCH]
-        last_lag = 0.0
         try:
             while not self._stop.is_set():
                 self._apply_finished()
@@ -150,9 +146,6 @@ class PartitionIntake:
                 polled = batch.poll_messages(room_b, 0) if room_b > 0 else batch.poll_messages(1, 0)
                 for message in self._outside_window(batch, Priority.BATCH, polled):
                     self._take(message, Priority.BATCH)
-                if time.monotonic() - last_lag > LAG_EVERY_S:
-                    last_lag = time.monotonic()
-                    self._lag = interactive.lag() + batch.lag()
             self._apply_finished()
             for consumer in self._consumers.values():
                 self._commit(consumer, asynchronous=False)

@@ -50,6 +50,7 @@ from schemas.records import Priority, now_ms
 from transport.admin import TopicAdmin
 from transport.settings import KafkaSettings
 from transport.share_consumer import ACCEPT, REJECT, RELEASE, ShareGroupConsumer, SharedMessage
+from transport.spans import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class _Member:
             self.consumer = ShareGroupConsumer(o.kafka, group_id=share_group_ids(o.settings)[self.priority],
                                                topics=[self.topic], fetch_max_bytes=o.settings.share_fetch_max_bytes,
                                                error_budget_s=o.settings.kafka_error_budget_s,
-                                               extra_config={"fetch.wait.max.ms": 5})
+                                               extra_config={"fetch.wait.max.ms": 5}, tracer=o.tracer)
             while not o.stopping.is_set():
                 self.apply_acks()
                 if self.held:
@@ -212,6 +213,7 @@ class ShareIntake:
         self.settings = settings
         self.capacity = capacity
         self.codec = codec
+        self.tracer = Tracer("inference")  # the worker gives its own: a "receive" span per batch
         self.taking = True
         self.stopping = threading.Event()
         self.released = 0  # records given back because they exceeded free capacity
@@ -261,6 +263,3 @@ class ShareIntake:
         errors = [m.error for m in self.members if m.error is not None]
         if errors:
             raise errors[0]
-
-    def lag(self) -> int:
-        return -1  # a share group has no per-member position; watch the topic's backlog instead

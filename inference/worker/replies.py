@@ -17,11 +17,12 @@ from inference.worker.errors import ReplyAddressError
 from inference.worker.reply_address import is_reply_fault
 from schemas.records import FinishReason, InferenceRequest, Response, TokenChunk, now_ms
 from schemas.topics import RESPONSES
-from transport import dead_letters
+from transport import dead_letters, tracing
 from transport.acked_producer import AckedProducer
 from transport.dedupe import ATTEMPT_HEADER
 from transport.errors import DeliveryError
 from transport.message import ConsumedMessage
+from transport.spans import PRODUCER, Span, Tracer
 
 COMPONENT = "inference-worker"
 # On the first chunk of an attempt: microseconds from the worker starting on the request (chat
@@ -43,6 +44,11 @@ class ReplyStream:
     text_parts: list[str] = field(default_factory=list)
     last_ack: asyncio.Future | None = None
     started_at: float | None = None  # perf_counter when the worker started on the request
+    # One "send <reply topic>" span for the whole stream, its context on every chunk (a span per
+    # token would cost more than the chunk); ended once the last chunk is on the broker.
+    tracer: Tracer | None = None
+    chunk_span: Span | None = None
+    final_sent: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -54,6 +60,15 @@ class ReplyStream:
 
     def headers(self) -> list[tuple[str, bytes]]:
         headers = [(ATTEMPT_HEADER, self.attempt.encode("ascii"))]
+        if self.tracer is not None:
+            if self.chunk_span is None:
+                self.chunk_span = self.tracer.start(
+                    f"send {self.request.reply_to}", self.parent_trace, PRODUCER,
+                    {"messaging.system": "kafka", "messaging.operation.type": "send",
+                     "messaging.destination.name": self.request.reply_to,
+                     "messaging.destination.partition.id": str(self.request.reply_partition),
+                     "chatpipe.request_id": self.request.request_id})
+            headers.append((tracing.HEADER, self.chunk_span.traceparent.encode("ascii")))
         if self.index == 0 and self.started_at is not None:
             engine_us = int((time.perf_counter() - self.started_at) * 1e6)
             headers.append((ENGINE_TIME_HEADER, str(engine_us).encode("ascii")))
@@ -81,6 +96,7 @@ class ReplyStream:
             raise self._fault(exc) from exc
         if final or ack:  # chunks of one partition land in order: the last one's ack covers them all
             self.last_ack = delivery
+        self.final_sent = self.final_sent or final
         self.index += 1
 
     async def delivered(self) -> None:
@@ -92,9 +108,14 @@ class ReplyStream:
         try:
             await self.last_ack
         except DeliveryError as exc:
+            if self.chunk_span is not None:
+                self.chunk_span.fail(exc)
             if not is_reply_fault(exc):
                 raise
             raise self._fault(exc) from exc
+        finally:
+            if self.final_sent and self.chunk_span is not None:
+                self.chunk_span.set("messaging.batch.message_count", self.index).end()
 
     def _fault(self, exc: BaseException) -> ReplyAddressError:
         where = f"{self.request.reply_to}[{self.request.reply_partition}]"

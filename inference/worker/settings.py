@@ -47,6 +47,10 @@ class WorkerSettings(BaseSettings):
     grace_s: float = Field(20.0, ge=0, description="On SIGTERM, how long in-flight requests may finish before hand-back")
     heartbeat_s: float = Field(2.0, gt=0, description="WorkerStatus period")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port; 0 = off")
+    metrics_host: str = Field("127.0.0.1", description="Address /metrics listens on: loopback by default; 0.0.0.0 "
+                              "in a Kubernetes pod, where the kubelet's probes and Prometheus reach the pod's IP")
+    lag_interval_s: float = Field(5.0, gt=0, description="How often the consumer lag of the worker's groups is "
+                                  "measured for /metrics (records and seconds, transport/lag.py)")
     session_timeout_ms: int = Field(6000, ge=1000, description="partition: group session timeout (crash detection)")
     cancel_memory: int = Field(10_000, ge=0, description="Cancels remembered for requests not seen yet")
     deletion_memory: int = Field(10_000, ge=0, description="Users whose latest Deletion is remembered, so a "

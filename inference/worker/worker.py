@@ -48,11 +48,13 @@ from inference.worker.prompts import PreparedRequest, prepare
 from inference.worker.replies import ReplyStream, response_for, send_dead_letter, send_response
 from inference.worker.reply_address import ReplyAddresses
 from inference.worker.settings import WorkerSettings
+from inference.worker.trace_spans import generation_spans
 from schemas.codec import default_codec
 from schemas.records import Cancel, Deletion, FinishReason, InferenceRequest, WorkerState, now_ms
 from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
 from transport.settings import KafkaSettings
+from transport.spans import Span, Tracer
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +78,13 @@ class Worker:
         self.capacity = Capacity(*settings.capacity(engine.settings.max_batch))
         self.codec = default_codec()
         intake_cls = ShareIntake if settings.intake == "share" else PartitionIntake
+        self.tracer = Tracer("inference")  # spans (transport/spans.py, docs/observability.md)
         self.intake: Intake = intake_cls(kafka, settings, self.capacity, self.codec)
-        self.producer = AckedProducer(kafka, codec=self.codec, linger_ms=settings.chunk_linger_ms)
+        self.intake.tracer = self.tracer
+        self.producer = AckedProducer(kafka, codec=self.codec, linger_ms=settings.chunk_linger_ms, tracer=self.tracer)
         admin = TopicAdmin(kafka, timeout_s=settings.kafka_error_budget_s)
         self.reply_addresses = ReplyAddresses(admin.topic_partitions, own_topics=request_topics(kafka))
-        self.metrics = WorkerMetrics()
+        self.metrics = WorkerMetrics(model_name)
         self.cancels = CancelListener(kafka, self.codec)
         self.recent_cancels = RecentCancels(settings.cancel_memory)
         self.deletions = DeletionListener(kafka, self.codec)
@@ -106,7 +110,7 @@ class Worker:
         self.aengine = AsyncEngine(self.engine, idle_wait_s=0.01)
         self.aengine.start()
         self._set_state(WorkerState.STARTING)
-        self.metrics.serve(self.settings.metrics_port)
+        self.metrics.serve(self.settings.metrics_port, self.kafka, self.settings)  # + the groups' lag, measured
         self.cancels.start(loop, self._on_cancel, self._thread_failed("cancel listener"), self._on_bad_cancel)
         self.deletions.start(loop, self._on_deletion, self._thread_failed("deletion listener"),
                              self._on_bad_record)
@@ -133,6 +137,7 @@ class Worker:
                 await asyncio.to_thread(close)
             except Exception as exc:  # noqa: BLE001 - already reported through _fail; shut down the rest
                 self._fail(f"{name} closed with an error", exc)
+        await asyncio.to_thread(self.metrics.close)  # the lag measurements' thread
         if self.failure is None:
             self._set_state(WorkerState.STOPPED)
         self._send_status()
@@ -261,7 +266,27 @@ class Worker:
         started_at = time.perf_counter()  # the worker's own time on the request starts here
         req = item.record
         attempt = uuid.uuid4().hex[:16]
-        trace = item.message.traceparent
+        m = item.message
+        # The request's span on this hop: what the worker sends for it (chunks, Response, dead letter)
+        # are its children, so they carry its traceparent.
+        span = self.tracer.process(m.topic, m.traceparent, partition=m.partition, offset=m.offset,
+                                   start_ns=item.taken_at_ms * 1_000_000 or None,
+                                   attributes={"chatpipe.request_id": req.request_id, "chatpipe.attempt": attempt,
+                                               "chatpipe.worker_id": self.settings.worker_id}).activate()
+        try:
+            outcome, label = await self._answer_in(item, started, started_at, attempt, span)
+            span.set("chatpipe.outcome", label)
+            return outcome, label
+        except BaseException as exc:
+            span.fail(exc)
+            raise
+        finally:
+            span.end()
+
+    async def _answer_in(self, item: WorkItem, started: list[bool], started_at: float, attempt: str,
+                         span: Span) -> tuple[Outcome, str]:
+        req = item.record
+        trace = span.traceparent
         try:
             await self.reply_addresses.check(req)  # before anything is sent there
             if item.error is not None:  # e.g. delivered too often: answered with that reason
@@ -271,13 +296,14 @@ class Worker:
             if cancelled is not None:
                 return await self._answer_cancelled(req, cancelled, attempt, trace), "cancelled"
             prepared = prepare(req, self.tokenizer, self.max_seq_len)
-            return await self._generate(item, prepared, started, started_at, attempt, trace)
+            return await self._generate(item, prepared, started, started_at, attempt, span)
         except BadRequestError as exc:
             label = "expired" if isinstance(exc, RequestExpiredError) else "bad_request"
+            span.fail(exc)
             return await self._reject(item, exc, attempt, trace), label
 
     async def _answer_cancelled(self, req: InferenceRequest, reason: str, attempt: str, trace: str | None) -> Outcome:
-        replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace)
+        replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace, tracer=self.tracer)
         replies.send_error("cancelled", f"cancelled: {reason}", FinishReason.CANCELLED)
         response = response_for(req, text="", worker_id=self.settings.worker_id, model=self.model_name,
                                 tokens_in=0, tokens_out=0, queue_ms=0, ttft_ms=0,
@@ -287,20 +313,26 @@ class Worker:
         return Outcome.DONE
 
     async def _generate(self, item: WorkItem, prepared: PreparedRequest, started: list[bool], started_at: float,
-                        attempt: str, trace: str | None) -> tuple[Outcome, str]:
+                        attempt: str, span: Span) -> tuple[Outcome, str]:
         req = item.record
+        trace = span.traceparent
         first_token_ms = [0]
+        first_token_ns = [0]
+        generation_ns = time.time_ns()
 
         def on_first_token() -> None:
             started[0] = True
             first_token_ms[0] = now_ms()
+            first_token_ns[0] = time.time_ns()
             self.capacity.started(item.priority)
 
         covered = self.recent_deletions.covers(req.tenant, req.user_id, req.created_at)  # by a Deletion since
         gen = Generation(self.aengine, self.tokenizer, f"{req.request_id}#{attempt}", prepared, on_first_token,
-                         tenant=req.tenant, user_id=req.user_id, cache_prefix=not covered)
+                         tenant=req.tenant, user_id=req.user_id, cache_prefix=not covered,
+                         on_token=self.metrics.token)
         self.active[req.request_id] = (item, gen)
-        replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace, started_at=started_at)
+        replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace, started_at=started_at,
+                              tracer=self.tracer)
         timer = self._stop_timer(item, gen)
         final = None
         try:
@@ -336,6 +368,9 @@ class Worker:
         if reason is FinishReason.TIMEOUT and gen.stop_reason == "deadline" and final.num_output_tokens == 0:
             raise RequestExpiredError(f"the deadline passed while it waited for the engine (deadline_at "
                                       f"{req.deadline_at})")
+        generation_spans(span, self.model_name, req, final, reason, queued_from_ns=span.start_ns,
+                         started_ns=generation_ns, first_token_ns=first_token_ns[0], ended_ns=time.time_ns(),
+                         answer=replies.text + (final.text or ""))
         error, error_code = self._stop_error(reason, gen)
         queue_ms = (item.taken_at_ms - req.enqueued_at) + (final.queue_s or 0.0) * 1000
         ttft_ms = (first_token_ms[0] - req.enqueued_at) if first_token_ms[0] else 0.0
@@ -387,7 +422,7 @@ class Worker:
         """Dead letter with the reason, an error final chunk where the reply address works, and an
         error Response, so the asker is not left waiting."""
         req = item.record
-        replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace)
+        replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace, tracer=self.tracer)
         if not isinstance(exc, ReplyAddressError):
             try:
                 replies.send_error(exc.error_code, str(exc), exc.finish_reason)
@@ -406,13 +441,9 @@ class Worker:
         return Outcome.DEAD
 
     def _observe(self, response: Any, final: Any) -> None:
-        m = self.metrics
-        m.queue_time.observe(response.queue_ms / 1000)
-        if response.ttft_ms:
-            m.ttft.observe(response.ttft_ms / 1000)
-        if final.tpot_s is not None:
-            m.tpot.observe(final.tpot_s)
-        m.tokens.inc(response.tokens_out)
+        self.metrics.finished(response.finish_reason.value, queue_s=response.queue_ms / 1000,
+                              ttft_s=response.ttft_ms / 1000 if response.ttft_ms else None,
+                              e2e_s=response.total_ms / 1000, tpot_s=final.tpot_s, prompt_tokens=response.tokens_in)
 
     # -- load reports ------------------------------------------------------------------------------
 
@@ -420,11 +451,7 @@ class Worker:
         stats = self.engine.stats()
         status = worker_status(self.settings.worker_id, self.model_name, self.state, stats, self.capacity.in_flight)
         self.producer.send(self.kafka.topic(WORKERS_STATUS), status, key=self.settings.worker_id, want_ack=False)
-        m = self.metrics
-        m.tokens_per_s.set(stats.tokens_per_s)
-        m.batch_size.set(stats.running)
-        m.in_flight.set(self.capacity.in_flight)
-        m.consumer_lag.set(self.intake.lag())
+        self.metrics.engine(stats, self.capacity.in_flight)
 
     async def _heartbeat(self) -> None:
         while True:

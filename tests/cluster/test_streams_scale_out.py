@@ -157,7 +157,8 @@ def scaled_stack(tmp_path_factory):
     try:
         up = chatpipe("up", "--brokers", "3", "--streams-workers", "2", "--inference-workers", "2",
                       "--qdrant-url", qdrant.url, "--gateway-port", str(gateway_port),
-                      "--worker-metrics-port", str(_free_port()), env=env, timeout=900)
+                      "--worker-metrics-port", str(_free_port()), "--streams-metrics-port", str(_free_port()),
+                      env=env, timeout=900)
         assert up.returncode == 0, up.stdout + up.stderr
         yield {"env": env, "state": state, "bootstrap": ",".join(f"127.0.0.1:{p}" for p in client_ports),
                "gateway_url": f"http://127.0.0.1:{gateway_port}",

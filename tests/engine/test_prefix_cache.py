@@ -65,7 +65,12 @@ def test_shared_system_prompt_across_concurrent_requests(engine_factory, tiny_mo
     for p, r in zip(prompts, reqs):
         assert r.output_token_ids == hf_greedy(tiny_model, p, GREEDY.max_new_tokens)
         assert r.num_cached_tokens == 28  # 7 full blocks of the 30-token system prompt
-    assert engine.stats().prefix_cache_hit_tokens >= 4 * 28
+    stats = engine.stats()
+    assert stats.prefix_cache_hit_tokens >= 4 * 28
+    # vLLM's prefix_cache_queries: the prompt tokens of every admission that looked the cache up
+    # (the warm-up's and the four), so hits / queries is the hit rate /metrics shows.
+    assert stats.prefix_cache_queried_tokens == 33 + sum(len(p) for p in prompts)
+    assert stats.prefix_cache_hit_tokens <= stats.prefix_cache_queried_tokens
 
 
 def test_eviction_under_pressure_keeps_outputs_exact(engine_factory, tiny_model):
@@ -115,3 +120,4 @@ def test_cache_off_setting_disables_reuse(engine_factory, monkeypatch):
     engine.generate([p, p], GREEDY)
     s = engine.stats()
     assert s.prefix_cache_hit_tokens == 0 and s.kv_cached_blocks == 0 and s.prompt_tokens == 40
+    assert s.prefix_cache_queried_tokens == 0  # no cache, no lookups

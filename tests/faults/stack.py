@@ -48,7 +48,7 @@ class FaultStack:
         self.kafka_port = free_port()
         self.flags = ["--state-dir", str(self.state), "--kafka-port", str(self.kafka_port),
                       "--controller-port", str(free_port()), "--gateway-port", str(self.gateway_port),
-                      "--worker-metrics-port", str(free_port())]
+                      "--worker-metrics-port", str(free_port()), "--streams-metrics-port", str(free_port())]
         self._mounted = False
 
     @property

@@ -97,6 +97,11 @@ class Pipeline:
     root: Path
 
     @property
+    def traces_dir(self) -> Path:
+        """Where the three processes write their spans (OTLP/JSON, transport/spans.py)."""
+        return self.root / "traces"
+
+    @property
     def url(self) -> str:
         return self.gateway.url
 
@@ -112,12 +117,17 @@ class Pipeline:
 
 
 def start_pipeline(kafka: KafkaSettings, root: Path) -> Pipeline:
-    """Streams, one inference worker and one gateway, started together and waited for."""
-    streams = StreamsWorker(kafka, root / "streams", context_tokens=CONTEXT_TOKENS, recent_turns=4)
-    (root / "streams").mkdir(parents=True, exist_ok=True)
-    worker = start_worker(kafka, root, worker_id="gw-test-worker", CHATPIPE_MAX_SEQ_LEN=str(CONTEXT_TOKENS),
-                          CHATPIPE_KV_CACHE_TOKENS=str(8 * CONTEXT_TOKENS), CHATPIPE_MAX_BATCH="8")
-    gateway = start_gateway(kafka, root)
+    """Streams, one inference worker and one gateway, started together and waited for. Each writes
+    its spans under ``root/traces`` (as ``chatpipe up`` has them write under the state folder), so
+    every gateway test runs with tracing on."""
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {"CHATPIPE_TRACING_FILE_DIR": str(root / "traces")}):
+        streams = StreamsWorker(kafka, root / "streams", context_tokens=CONTEXT_TOKENS, recent_turns=4)
+        (root / "streams").mkdir(parents=True, exist_ok=True)
+        worker = start_worker(kafka, root, worker_id="gw-test-worker", CHATPIPE_MAX_SEQ_LEN=str(CONTEXT_TOKENS),
+                              CHATPIPE_KV_CACHE_TOKENS=str(8 * CONTEXT_TOKENS), CHATPIPE_MAX_BATCH="8")
+        gateway = start_gateway(kafka, root)
     try:
         streams.start()
         worker.wait_serving(240)

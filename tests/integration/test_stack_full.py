@@ -47,7 +47,8 @@ def test_up_starts_every_service_healthy_and_down_stops_every_process(tmp_path):
     state = tmp_path / "state"
     gateway_port = _free_port()
     flags = ["--state-dir", str(state), "--kafka-port", str(_free_port()), "--controller-port", str(_free_port()),
-             "--gateway-port", str(gateway_port), "--worker-metrics-port", str(_free_port())]
+             "--gateway-port", str(gateway_port), "--worker-metrics-port", str(_free_port()),
+             "--streams-metrics-port", str(_free_port())]
     pids: dict[str, int] = {}
     try:
         up = _cli("up", *flags, timeout=600)

@@ -197,8 +197,11 @@ def test_faust_app_is_built_with_the_credentials(pki, tmp_path):
     from streams.erasures import ErasureRegistry
     from streams.settings import StreamsSettings
 
+    from transport.spans import Tracer
+
     class NoServices:  # building the app touches no service (nothing runs until the worker starts)
         codec = None
+        tracer = Tracer("streams")
 
     streams = StreamsApp(_sasl_ssl(pki), StreamsSettings(state_dir=tmp_path / "state"), NoServices(),
                          erasures=ErasureRegistry())

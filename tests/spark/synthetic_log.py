@@ -9,6 +9,7 @@ or a real topic. Pure Python; no pyspark.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import zlib
 from dataclasses import dataclass, field, replace
@@ -52,6 +53,7 @@ class Planted:
 class SyntheticLog:
     turns: list[ConversationTurn] = field(default_factory=list)
     v1_event_ids: set[str] = field(default_factory=set)   # written with ConversationTurn v1
+    # Turns not of v1 with a trace id are written with v3, those without (``trace_for``) with v2.
     feedback: list[Feedback] = field(default_factory=list)
     junk_turn_values: list[tuple[str, bytes]] = field(default_factory=list)  # (expected reason, bytes)
     planted: list[Planted] = field(default_factory=list)
@@ -73,12 +75,23 @@ class _Words:
         return "\n".join(lines)
 
 
+def trace_for(event_id: str) -> str | None:
+    """The trace id a generated turn carries: derived from its event id (no draw from the generator's
+    random stream, so the rest of a log is what it was before trace ids); one turn in four has none
+    (written with ConversationTurn v2, before trace ids)."""
+    if zlib.crc32(event_id.encode()) % 4 == 0:
+        return None
+    return hashlib.sha256(b"trace|" + event_id.encode()).hexdigest()[:32]
+
+
 def _turn(rng, conv: str, idx: int, prompt: str, answer: str, at: int, v1: bool = False, **kw) -> ConversationTurn:
     tokens_in, tokens_out = len(prompt) // 4 + 1, len(answer) // 4 + 1
+    event_id = kw.pop("event_id", f"{rng.getrandbits(128):032x}")
     return ConversationTurn(
-        event_id=kw.pop("event_id", f"{rng.getrandbits(128):032x}"), conversation_id=conv,
+        event_id=event_id, conversation_id=conv,
         user_id=kw.pop("user_id", f"user-{zlib.crc32(conv.encode()) % 97}"), tenant="acme",
-        request_id=kw.pop("request_id", f"req-{rng.getrandbits(64):016x}"), turn_index=idx,
+        request_id=kw.pop("request_id", f"req-{rng.getrandbits(64):016x}"),
+        trace_id=None if v1 else kw.pop("trace_id", trace_for(event_id)), turn_index=idx,
         system_prompt=None if v1 else kw.pop("system_prompt", "You are a helpful assistant."),
         prompt=prompt, answer=answer, model=kw.pop("model", rng.choice(MODELS)), worker_id="w0",
         tokens_in=tokens_in, tokens_out=tokens_out, queue_ms=rng.uniform(1, 50),
@@ -191,12 +204,20 @@ def generate(n_turns: int = 2000, seed: int = 7, planted: bool = True, v1_share:
     return log
 
 
+def writer_version(t: ConversationTurn, v1: bool) -> int:
+    """The ConversationTurn version :func:`encode_turn` writes ``t`` with: 1 when asked, 3 with a
+    trace id, else 2."""
+    return 1 if v1 else 3 if t.trace_id is not None else 2
+
+
 def encode_turn(codec: AvroCodec, t: ConversationTurn, v1: bool) -> bytes:
-    if not v1:
+    version = writer_version(t, v1)
+    if version == 3:
         return codec.encode(t)
-    d = {k: getattr(t, k) for k in t.__slots__ if k not in ("system_prompt", "ttft_ms")}
-    d["finish_reason"], d["schema_version"] = str(t.finish_reason), 1
-    return codec.encode_dict("ConversationTurn", d, version=1)
+    left_out = ("trace_id",) if version == 2 else ("trace_id", "system_prompt", "ttft_ms")
+    d = {k: getattr(t, k) for k in t.__slots__ if k not in left_out}
+    d["finish_reason"], d["schema_version"] = str(t.finish_reason), version
+    return codec.encode_dict("ConversationTurn", d, version=version)
 
 
 def to_messages(log: SyntheticLog, turns_topic: str, feedback_topic: str, partitions: int = 3) -> list[ArchivedMessage]:

@@ -37,9 +37,10 @@ def _spark_histories(spark, log: SyntheticLog) -> dict:
     from spark_jobs.chat_format import est_tokens, history_pool, with_history
 
     passed = [t for t in log.turns if t.answer.strip()]
-    rows = [(t.event_id, t.conversation_id, t.turn_index, t.created_at, None, t.prompt, t.answer) for t in passed]
+    rows = [(t.event_id, t.conversation_id, t.turn_index, t.created_at, None, t.prompt, t.answer, t.request_id,
+             t.trace_id) for t in passed]
     turns = spark.createDataFrame(rows, "event_id string, conversation_id string, turn_index int, created_at long, "
-                                        "rating string, prompt string, answer string")
+                                        "rating string, prompt string, answer string, request_id string, trace_id string")
     turns = turns.withColumn("conversation_key", F.col("conversation_id"))  # one tenant and user per conversation
     own = est_tokens(F.col("prompt")) + est_tokens(F.col("answer"))
     out = with_history(turns, history_pool(turns), "event_id", own, 2048).collect()

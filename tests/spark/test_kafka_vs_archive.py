@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_jobs.settings import FinetuneSettings
-from tests.spark.synthetic_log import generate, to_messages
+from tests.spark.synthetic_log import generate, to_messages, writer_version
 from transport.archive import ArchivedMessage, write_messages
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -69,3 +69,20 @@ def test_kafka_and_archive_sources_give_identical_datasets(spark, kafka_settings
     k = pd.read_parquet(from_kafka.out / "parquet" / "dropped")
     a = pd.read_parquet(from_archive.out / "parquet" / "dropped")
     assert k.equals(a)
+
+    # Lineage: both sources give every SFT and pair row the same trace and request ids, the turns' own.
+    def lineage(out, table: str, cols: list[str]) -> list[dict]:
+        rows = pd.read_parquet(out / "parquet" / table)[cols].to_dict("records")
+        return [{c: list(v) if c.endswith("_ids") else (None if pd.isna(v) else v) for c, v in r.items()} for r in rows]
+    pair_cols = ["pair_id", "chosen_trace_id", "rejected_trace_id", "request_ids", "trace_ids"]
+    for table, cols in (("sft", ["event_id", "request_id", "trace_id", "request_ids", "trace_ids"]),
+                        ("preference", pair_cols)):
+        assert lineage(from_kafka.out, table, cols) == lineage(from_archive.out, table, cols), table
+    by_event = {t.event_id: t for t in log.turns}
+
+    def written_trace(event_id: str) -> str | None:  # v1/v2 turns carry none
+        t = by_event[event_id]
+        return t.trace_id if writer_version(t, event_id in log.v1_event_ids) == 3 else None
+    sft = lineage(from_kafka.out, "sft", ["event_id", "trace_id"])
+    expected = [written_trace(r["event_id"]) for r in sft]
+    assert [r["trace_id"] for r in sft] == expected and any(expected) and None in expected

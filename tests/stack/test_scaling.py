@@ -48,7 +48,10 @@ def test_each_instance_gets_its_own_name_folder_and_port_and_shares_the_rest(tmp
     assert {_arg(c, "--bootstrap-servers") for c in streams + inference} == {settings.bootstrap_servers}
     assert "--group-id" not in inference[1]  # one group: the workers split its partitions
     assert stack.address("inference-2") == "http://127.0.0.1:9501/metrics"
-    assert stack.address("streams-3") == stack.address("streams")  # same group, same Qdrant server
+    # each streams worker its own /metrics, the same group and Qdrant server
+    assert [_arg(c, "--metrics-port") for c in streams] == ["9474", "9475", "9476"]
+    assert stack.address("streams-3") == f"http://127.0.0.1:9476/metrics, group chatpipe-streams, qdrant {QDRANT}"
+    assert stack.address("streams").split(", ", 1)[1] == stack.address("streams-3").split(", ", 1)[1]
 
     single = LocalStack(StackSettings(state_dir=tmp_path))
     assert single.names == ("kafka", "streams", "inference", "gateway")
@@ -84,6 +87,10 @@ def test_counts_that_cannot_work_are_one_line_before_anything_starts(tmp_path):
     with pytest.raises(StackError, match=r"port 8000 is the gateway's .* 7999-8001"):
         LocalStack(StackSettings(state_dir=tmp_path, worker_metrics_port=7999, inference_workers=3)).up()
     assert not (tmp_path / "kafka").exists()  # refused before the broker was prepared
+    with pytest.raises(StackError, match=r"port 9464 is an inference worker's /metrics port .* streams worker's "
+                                         r"/metrics port .* 9463-9464"):
+        LocalStack(StackSettings(state_dir=tmp_path, streams_metrics_port=9463, streams_workers=2,
+                                 qdrant_url=QDRANT)).up()
     # `--only kafka,inference` starts no streams worker: no Qdrant server needed for it
     with pytest.raises(StackError, match="gateway"):
         LocalStack(StackSettings(state_dir=tmp_path, streams_workers=2, worker_metrics_port=7999,

@@ -100,3 +100,69 @@ async def test_a_full_queue_never_blocks_the_event_loop(away):
         await ticks
         producer.close(0.1)
     assert max(gaps) < 0.25, f"the event loop stalled for {max(gaps):.2f} s"
+
+
+class _Librdkafka:
+    """Stands in for confluent-kafka's Producer: what send hands it, kept."""
+
+    def __init__(self):
+        self.produced = []
+
+    def produce(self, *args, **kwargs):
+        self.produced.append((args, kwargs))
+
+    def poll(self, timeout=0):
+        time.sleep(min(timeout, 0.01))
+        return 0
+
+    def flush(self, timeout=0):
+        return 0
+
+
+class _Report:
+    def topic(self):
+        return "chat.prompts"
+
+    def partition(self):
+        return 0
+
+
+def test_each_record_gets_its_own_traceparent_its_send_span_and_a_delivery_report(away, tmp_path, caplog):
+    """What the send path hands librdkafka and the trace store: a child traceparent of its own per
+    record (the context of its send span, recorded with the topic and partition), the partition
+    (-1: librdkafka's "unassigned"), a delivery callback that counts (and logs) every outcome; a
+    record the caller gave a traceparent keeps it and records no send span."""
+    from clients.traces import read_span_files
+    from transport import spans, tracing
+
+    spans.shutdown()
+    spans.configure("unit", spans.TracingSettings(file_dir=tmp_path, export_interval_s=60))
+    producer = AckedProducer(away, delivery_timeout_s=1.0)
+    fake = _Librdkafka()
+    producer._producer = fake
+    try:
+        parent = tracing.new_traceparent()
+        own = [("traceparent", tracing.new_traceparent().encode())]
+        producer.send("chat.prompts", record(0), key="c", want_ack=False, parent_trace=parent)
+        producer.send("chat.prompts", record(1), key="c", want_ack=False, partition=2, headers=[("x", b"1")])
+        producer.send("chat.prompts", record(2), key="c", want_ack=False, headers=own)
+        spans.flush()
+    finally:
+        spans.shutdown()
+        producer.close(0.1)
+    (a0, k0), (a1, k1), (a2, k2) = fake.produced
+    assert a0[0] == "chat.prompts" and a0[2] == "c" and a0[3] == -1 and a1[3] == 2
+    tp0, tp1 = (tracing.find(k["headers"]) for k in (k0, k1))
+    assert tracing.trace_id(tp0) == tracing.trace_id(parent) and tp0 != parent
+    assert tracing.trace_id(tp1) not in (None, tracing.trace_id(parent)), "no parent: a trace of its own"
+    assert k1["headers"][0] == ("x", b"1") and k2["headers"] == own
+    rows = {r.span_id: r for r in read_span_files(tmp_path)}
+    assert set(rows) == {tp0[36:52], tp1[36:52]}, "a send span per record, none for a caller's traceparent"
+    assert rows[tp0[36:52]].parent_id == parent[36:52] and rows[tp1[36:52]].parent_id is None
+    assert rows[tp1[36:52]].attributes["messaging.destination.partition.id"] == "2"
+    assert rows[tp0[36:52]].name == "send chat.prompts" and rows[tp0[36:52]].kind == spans.PRODUCER
+    # librdkafka's delivery reports, through the callback each record was produced with
+    k0["on_delivery"](None, _Report())
+    k1["on_delivery"](KafkaError(KafkaError._MSG_TIMED_OUT), _Report())
+    assert producer.delivered == 1 and producer.failed == 1
+    assert "delivery to chat.prompts[0] failed" in caplog.text

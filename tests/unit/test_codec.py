@@ -57,9 +57,31 @@ def test_old_version_is_read_by_newer_reader():
     data = codec.encode_dict("ConversationTurn", old, version=1)
     assert data[2:HEADER_LEN] == default_registry().version("ConversationTurn", 1).fingerprint
     decoded = codec.decode(data, expected=records.ConversationTurn)
-    assert decoded.system_prompt is None and decoded.ttft_ms == 0.0
+    assert decoded.system_prompt is None and decoded.ttft_ms == 0.0 and decoded.trace_id is None
     assert decoded.schema_version == 1
     assert (decoded.prompt, decoded.answer, decoded.created_at) == (turn.prompt, turn.answer, turn.created_at)
+
+
+def test_turn_keeps_its_trace_id_and_v2_turns_read_without_one():
+    """Lineage (ConversationTurn v3): the trace id written with a turn reads back exactly, and a turn
+    written with v2 (before trace ids) still decodes, as a turn without a trace (None), everything
+    else intact; v3 with no trace (a turn recorded without a span) reads as None too."""
+    from dataclasses import replace
+
+    turn = next(r for r in sample_records() if isinstance(r, records.ConversationTurn))
+    assert turn.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" and turn.schema_version == 3
+    data = codec.encode(turn)
+    assert data[2:HEADER_LEN] == default_registry().version("ConversationTurn", 3).fingerprint
+    assert codec.decode(data, expected=records.ConversationTurn).trace_id == turn.trace_id
+    assert codec.decode(codec.encode(replace(turn, trace_id=None))).trace_id is None
+
+    v2_fields = {f["name"] for f in json.loads((SCHEMA_DIR / "ConversationTurn.v2.avsc").read_text())["fields"]}
+    assert "trace_id" not in v2_fields
+    old = {k: v for k, v in to_avro_dict(turn).items() if k in v2_fields} | {"schema_version": 2}
+    data = codec.encode_dict("ConversationTurn", old, version=2)
+    assert data[2:HEADER_LEN] == default_registry().version("ConversationTurn", 2).fingerprint
+    decoded = codec.decode(data, expected=records.ConversationTurn)
+    assert decoded == replace(turn, trace_id=None, schema_version=2)
 
 
 def test_prompt_request_v1_gets_default_priority():

@@ -11,6 +11,7 @@ import urllib.request
 import uuid
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.records import Cancel, FinishReason, Priority, WorkerState
 from schemas.topics import inference_requests_topic
@@ -117,12 +118,42 @@ def test_heartbeats_and_metrics_report_load(service, svc_reader):
                         30, "a SERVING heartbeat")
     status = next(st for st in svc_reader.seen.statuses if st.state is WorkerState.SERVING)
     assert status.kv_cache_total_tokens == 4096 and status.model
+    served = make_request(50, max_tokens=4)  # at least one served here, whatever ran before
+    send_requests(kafka, [served])
+    svc_reader.wait_responses([served.request_id], 60)
+    time.sleep(2.5)  # the next heartbeat brings the engine's counters to /metrics
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    for name in ("chatpipe_worker_ttft_seconds_bucket", "chatpipe_worker_tpot_seconds", "chatpipe_worker_queue_seconds",
-                 "chatpipe_worker_tokens_per_second", "chatpipe_worker_batch_size", "chatpipe_worker_consumer_lag",
+    for name in ("chatpipe_worker_tokens_per_second", "chatpipe_worker_in_flight",
                  'chatpipe_worker_requests_total{outcome="dead_letter"}',
                  'chatpipe_worker_state{chatpipe_worker_state="SERVING"} 1.0'):
         assert name in body, name
+    # vLLM's names, labels and buckets (chatpipe: for vllm:): a vLLM dashboard reads them unchanged.
+    samples = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    served = samples["chatpipe:request_success_total"]  # the earlier tests of this module served requests
+    assert {labels["finished_reason"] for labels, v in served if v > 0} & {"stop", "length"}, served
+    for name in ("chatpipe:time_to_first_token_seconds", "chatpipe:inter_token_latency_seconds",
+                 "chatpipe:request_time_per_output_token_seconds", "chatpipe:request_queue_time_seconds",
+                 "chatpipe:e2e_request_latency_seconds"):
+        count = samples[f"{name}_count"]
+        assert count[0][0] == {"model_name": count[0][0]["model_name"]} and count[0][1] > 0, name
+    last_bound = {name: max(float(labels["le"]) for labels, _ in samples[f"{name}_bucket"] if labels["le"] != "+Inf")
+                  for name in ("chatpipe:time_to_first_token_seconds", "chatpipe:e2e_request_latency_seconds")}
+    assert last_bound == {"chatpipe:time_to_first_token_seconds": 2560.0, "chatpipe:e2e_request_latency_seconds": 7680.0}
+    for name in ("chatpipe:generation_tokens_total", "chatpipe:prompt_tokens_total", "chatpipe:prefix_cache_queries_total"):
+        assert samples[name][0][1] > 0, name
+    assert samples["chatpipe:prefix_cache_hits_total"][0][1] <= samples["chatpipe:prefix_cache_queries_total"][0][1]
+    assert 0 <= samples["chatpipe:kv_cache_usage_perc"][0][1] <= 1
+    assert "chatpipe:num_requests_running" in samples and "chatpipe:num_requests_waiting" in samples
+    # The lag of its own groups, in records and seconds (transport/lag.py): nothing waits once all is served.
+    group = f"{kafka.topic_prefix}workers"
+    lag = {(labels["group"], labels["topic"]): v for labels, v in samples["chatpipe_consumer_lag_records"]}
+    age = {(labels["group"], labels["topic"]): v for labels, v in samples["chatpipe_consumer_lag_seconds"]}
+    assert set(lag) == {(group, kafka.topic("chat.inference.requests")),
+                        (f"{group}.batch", kafka.topic("chat.inference.requests.batch"))}
+    assert all(v >= 0 for v in lag.values()) and all(v >= 0 for v in age.values()), (lag, age)
 
 
 def test_flood_of_ten_times_capacity_keeps_memory_bounded_and_loses_nothing(service, svc_reader):
