@@ -336,6 +336,7 @@ class SpanRecorder:
         self.dropped = 0
         self.exported = 0
         self._posting_failed = False
+        self._unposted: deque[str] = deque(maxlen=_UNPOSTED_LIMIT)  # bodies the trace store did not take yet
         self._lock = threading.Lock()  # one export at a time (the thread, or flush())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chatpipe-spans", daemon=True)
@@ -395,27 +396,40 @@ class SpanRecorder:
             log.warning("could not write spans to %s: %s", path, exc)
 
     def _post(self, body: str) -> None:
+        """POST ``body``, and first the bodies an earlier export could not post (the trace store was
+        busy or restarting): up to ``_UNPOSTED_LIMIT`` bodies wait, beyond, the oldest are given up
+        (the span file, if any, keeps every span)."""
         endpoint = self.settings.otlp_endpoint
         if not endpoint:
             return
-        request = urllib.request.Request(endpoint.rstrip("/") + "/v1/traces", data=body.encode("utf-8"),
-                                         headers={"Content-Type": "application/json"}, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=2.0) as response:
-                response.read()
+        self._unposted.append(body)
+        while self._unposted:
+            request = urllib.request.Request(endpoint.rstrip("/") + "/v1/traces",
+                                             data=self._unposted[0].encode("utf-8"),
+                                             headers={"Content-Type": "application/json"}, method="POST")
+            try:
+                with _direct.open(request, timeout=5.0) as response:
+                    response.read()
+            except OSError as exc:  # away or busy: tried again at the next export
+                if not self._posting_failed:
+                    log.warning("could not post spans to %s (%s); retrying at every export, logged once",
+                                endpoint, exc)
+                    self._posting_failed = True
+                return
+            self._unposted.popleft()
             if self._posting_failed:
                 log.info("spans reach %s again", endpoint)
                 self._posting_failed = False
-        except OSError as exc:  # the trace store is away: the file (if any) still has them
-            if not self._posting_failed:
-                log.warning("could not post spans to %s (%s); retrying every export, logged once", endpoint, exc)
-                self._posting_failed = True
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
         self.flush()
 
+
+_UNPOSTED_LIMIT = 64  # export bodies kept for a trace store that is away (each at most one interval's spans)
+# The trace store is a local or cluster-internal address: never through an HTTP(S)_PROXY of the environment.
+_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 _service_names: list[str] = []
 

@@ -313,3 +313,38 @@ def test_sends_beyond_the_queue_are_dropped_oldest_first(tmp_path):
         assert rec.exported == 100
     finally:
         spans.shutdown()
+
+
+def test_spans_the_trace_store_did_not_take_are_posted_at_the_next_export():
+    """A trace store that is away (or too busy to answer) loses nothing it can get later."""
+    received: list[dict] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    spans.shutdown()
+    spans.configure("unit", spans.TracingSettings(otlp_endpoint=f"http://127.0.0.1:{port}", export_interval_s=60))
+    try:
+        spans.Tracer("svc").start("while away").end()
+        spans.flush()  # nobody listens on the port yet
+        server = HTTPServer(("127.0.0.1", port), Receiver)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        spans.Tracer("svc").start("once back").end()
+        spans.flush()
+    finally:
+        spans.shutdown()
+        server.shutdown()
+    names = [s["name"] for export in received for r in export["resourceSpans"] for sc in r["scopeSpans"]
+             for s in sc["spans"]]
+    assert names == ["while away", "once back"]
