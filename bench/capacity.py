@@ -460,6 +460,16 @@ def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -
         m_speed, s_speed = rows[0][1] / rows[1][1], rows[0][2] / rows[1][2]
         print(f"   speedup 1 -> 2 workers (drain 1 / drain 2): measured {m_speed:.2f}x, simulated {s_speed:.2f}x "
               f"({rel(s_speed, m_speed):.1%})")
+    # Diagnostic, not a prediction: the same with the CPU each worker did get during the run (/proc), which
+    # splits the error into the model's (batching, queueing, partitions) and the probe's (the machine's speed).
+    got = []
+    for run_, n, names in ((run1, 1, ("worker A",)), (run2, 2, ("worker A", "worker B"))):
+        share = sum(run_.cpu[name] for name in names) / n / run_.drain_s()
+        sim = predict(run_, core_curve.scaled(share), n)
+        got.append((share, rel(sim.drain_s(), run_.drain_s())))
+    print(f"   diagnostic: CPU the workers got (from /proc) {got[0][0]:.2f} and {got[1][0]:.2f} per worker (the probe "
+          f"said {run1.share:.2f}, {run2.share:.2f}); with it the drain errors would be {got[0][1]:.1%} and "
+          f"{got[1][1]:.1%}")
     rows = tables["as probed"]
     error = max(rel(rows[0][2], rows[0][1]), rel(rows[1][2], rows[1][1]))
     raw = tables["unscaled"]
@@ -480,7 +490,7 @@ def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -
         print(f"   {name}: {value:,.1f}")
     figures.update(curve=points, core_curve=core_points, shares={k: v for k, v in shares.items()},
                    run_shares=[run1.share, run2.share], answer_tokens=out_mean, worker_start_s=[start_a, start_b],
-                   join_s=join_b, tables=tables, error=error, raw_error=raw_error, sizes=sizes,
+                   join_s=join_b, tables=tables, error=error, raw_error=raw_error, sizes=sizes, cpu_got=got,
                    speedup=[m_speed, s_speed], cpu=[run1.cpu, run2.cpu], requests=detail)
     if not skip_broker and bpid:
         figures["broker"] = broker_cost(kafka, bpid, quick)

@@ -34,18 +34,20 @@ GPU_SOURCE = ("README.md 'GPU' table (bench/engine.py --device cuda --shapes lla
               "engine tok/s at batch 32 and batch-1 decode ms/token; random-init weights")
 
 # bench/capacity.py: one `chatpipe inference` process, SmolLM2-135M-Instruct, float32, 1 torch thread,
-# engine max batch 4, requests straight on chat.inference.requests (closed loop). CPU_RUN names the run.
-CPU_RUN = "bench/capacity.py full run of 2026-12-02 00:04 UTC (docs/deploy.md 'Validation')"
-CPU = Curve(((1, 15.5), (2, 17.9), (3, 16.5), (4, 25.1)),
+# engine max batch 4, requests straight on chat.inference.requests (closed loop, medians of 3 rounds spread
+# over the run). CPU_RUN names the run; SIZES_RUN the one the record sizes come from.
+CPU_RUN = "bench/capacity.py full run of 2026-12-02 00:54 UTC (docs/deploy.md 'Validation')"
+SIZES_RUN = "bench/capacity.py full run of 2026-12-02 00:04 UTC"
+CPU = Curve(((1, 11.9), (2, 11.8), (3, 13.9), (4, 20.7)),
             label="CPU SmolLM2-135M, 1 thread, max batch 4 (bench/capacity.py)")
-CPU_ANSWER_TOKENS = Figure(35.1, "tokens", "CPU", f"{CPU_RUN}: mean answer of the curve's requests")
+CPU_ANSWER_TOKENS = Figure(33.8, "tokens", "CPU", f"{CPU_RUN}: mean answer of the curve's requests")
 
 CURVES = {"gpu-8b": GPU_8B, "gpu-1b": GPU_1B, "cpu": CPU}
 
-WORKER_START_S = Figure(8.8, "s", "CPU", f"{CPU_RUN}: `chatpipe inference` process start to SERVING, model "
-                        "load included (tests/worker/harness.py start_worker; 9-16 s in other runs)")
-JOIN_S = Figure(2.4, "s", "CPU", f"{CPU_RUN}: the second worker's SERVING to its first answer (the group's "
-                "rebalance; 3.4-9 s in loaded runs)")
+WORKER_START_S = Figure(13.1, "s", "CPU", f"{CPU_RUN}: `chatpipe inference` process start to SERVING, model "
+                        "load included (tests/worker/harness.py start_worker; 9-17 s over the runs)")
+JOIN_S = Figure(2.6, "s", "CPU", f"{CPU_RUN}: the second worker's SERVING to its first answer (the group's "
+                "rebalance; 2.4-9 s over the runs)")
 
 # -- streams tier (2 cores per worker) -----------------------------------------------------------------
 STREAMS_INTAKE = Figure(389.5, "prompts/s per worker", "CPU",
@@ -56,11 +58,13 @@ STREAMS_RECORD = Figure(246.1, "turns/s per worker", "CPU",
                         "upsert of answered turns")
 
 # -- Kafka ------------------------------------------------------------------------------------------------
-# bench/capacity.py step 5: one broker (KRaft, Kafka 4.4.0) on the same 2 shared cores as the client.
-BROKER_PRODUCE_CPU = Figure(0.98, "broker CPU-s per million records produced", "CPU",
-                            f"{CPU_RUN} step 5: 122-byte TokenChunks, lz4, linger 5 ms, acks=all, 429k records/s")
-BROKER_CONSUME_CPU = Figure(0.15, "broker CPU-s per million records read", "CPU",
-                            f"{CPU_RUN} step 5: one consumer, 216k records/s")
+# bench/capacity.py step 5: one broker (KRaft, Kafka 4.4.0) on the same 2 shared cores as its client;
+# medians of 7 runs of 2026-12-01/02 (produced 0.98-2.90, read 0.15-1.05: least on a quiet machine).
+BROKER_PRODUCE_CPU = Figure(2.20, "broker CPU-s per million records produced", "CPU",
+                            "bench/capacity.py step 5, median of 7 runs (0.98-2.90): 122-byte TokenChunks, lz4, "
+                            "linger 5 ms, acks=all")
+BROKER_CONSUME_CPU = Figure(0.17, "broker CPU-s per million records read", "CPU",
+                            "bench/capacity.py step 5, median of 7 runs (0.15-1.05): one consumer")
 CLIENT_CONSUME = Figure(30_000, "records/s per consumer", "CPU",
                         "README 'bench/kafka_io.py': record path end to end, consume+decode 30-54k msg/s (low end)")
 
@@ -79,7 +83,7 @@ SIZES = {  # bytes; turns of 70.9 prompt / 238.3 answer tokens built from 40 of 
     "archive bytes per turn (deflate)": 235.4,
     "archive bytes per turn (raw: value + key + headers)": 1706.7,
 }
-SIZES_SOURCE = f"{CPU_RUN} step 4 (capacity/records.py: the codec, transport/archive.py's deflate)"
+SIZES_SOURCE = f"{SIZES_RUN} step 4 (capacity/records.py: the codec, transport/archive.py's deflate)"
 
 # -- Qdrant (docs) ----------------------------------------------------------------------------------------
 EMBEDDING_DIM = Figure(384, "dimensions", "docs", "all-MiniLM-L6-v2 (streams/embeddings.py)")
