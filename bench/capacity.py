@@ -37,7 +37,7 @@ Starts its own broker (bench/local_broker.py) unless ``--bootstrap-servers`` is 
 ``capacity/simulation vs measured 1->2 workers error = X%``.
 
     python bench/capacity.py --quick     # ~5 minutes on 2 CPU cores
-    python bench/capacity.py             # the docs/deploy.md figures (~10 minutes)
+    python bench/capacity.py             # the docs/deploy.md figures (~11 minutes)
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ def rel(a: float, b: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="about four minutes on 2 cores")
+    parser.add_argument("--quick", action="store_true", help="about five minutes on 2 cores")
     parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
     parser.add_argument("--skip-broker", action="store_true", help="skip the broker CPU measurement")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this file")

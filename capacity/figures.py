@@ -36,17 +36,17 @@ GPU_SOURCE = ("README.md 'GPU' table (bench/engine.py --device cuda --shapes lla
 # bench/capacity.py: one `chatpipe inference` process, SmolLM2-135M-Instruct, float32, 1 torch thread,
 # engine max batch 4, requests straight on chat.inference.requests (closed loop, medians of 3 rounds spread
 # over the run). CPU_RUN names the run; SIZES_RUN the one the record sizes come from.
-CPU_RUN = "bench/capacity.py full run of 2026-12-02 00:54 UTC (docs/deploy.md 'Validation')"
-SIZES_RUN = "bench/capacity.py full run of 2026-12-02 00:04 UTC"
-CPU = Curve(((1, 11.9), (2, 11.8), (3, 13.9), (4, 20.7)),
+CPU_RUN = "bench/capacity.py full run of 2026-12-02 01:46 UTC, quiet machine (docs/deploy.md 'Validation')"
+SIZES_RUN = CPU_RUN
+CPU = Curve(((1, 13.8), (2, 16.4), (3, 19.3), (4, 28.7)),
             label="CPU SmolLM2-135M, 1 thread, max batch 4 (bench/capacity.py)")
-CPU_ANSWER_TOKENS = Figure(33.8, "tokens", "CPU", f"{CPU_RUN}: mean answer of the curve's requests")
+CPU_ANSWER_TOKENS = Figure(34.0, "tokens", "CPU", f"{CPU_RUN}: mean answer of the curve's requests")
 
 CURVES = {"gpu-8b": GPU_8B, "gpu-1b": GPU_1B, "cpu": CPU}
 
-WORKER_START_S = Figure(13.1, "s", "CPU", f"{CPU_RUN}: `chatpipe inference` process start to SERVING, model "
-                        "load included (tests/worker/harness.py start_worker; 9-17 s over the runs)")
-JOIN_S = Figure(2.6, "s", "CPU", f"{CPU_RUN}: the second worker's SERVING to its first answer (the group's "
+WORKER_START_S = Figure(13.7, "s", "CPU", f"{CPU_RUN}: `chatpipe inference` process start to SERVING, model "
+                        "load included (tests/worker/harness.py start_worker; 8-17 s over the runs)")
+JOIN_S = Figure(2.9, "s", "CPU", f"{CPU_RUN}: the second worker's SERVING to its first answer (the group's "
                 "rebalance; 2.4-9 s over the runs)")
 
 # -- streams tier (2 cores per worker) -----------------------------------------------------------------
@@ -59,29 +59,29 @@ STREAMS_RECORD = Figure(246.1, "turns/s per worker", "CPU",
 
 # -- Kafka ------------------------------------------------------------------------------------------------
 # bench/capacity.py step 5: one broker (KRaft, Kafka 4.4.0) on the same 2 shared cores as its client;
-# medians of 7 runs of 2026-12-01/02 (produced 0.98-2.90, read 0.15-1.05: least on a quiet machine).
+# medians of 8 runs of 2026-12-02 (produced 0.98-2.90, read 0.15-1.05: least on a quiet machine).
 BROKER_PRODUCE_CPU = Figure(2.20, "broker CPU-s per million records produced", "CPU",
-                            "bench/capacity.py step 5, median of 7 runs (0.98-2.90): 122-byte TokenChunks, lz4, "
+                            "bench/capacity.py step 5, median of 8 runs (0.98-2.90): 122-byte TokenChunks, lz4, "
                             "linger 5 ms, acks=all")
 BROKER_CONSUME_CPU = Figure(0.17, "broker CPU-s per million records read", "CPU",
-                            "bench/capacity.py step 5, median of 7 runs (0.15-1.05): one consumer")
+                            "bench/capacity.py step 5, median of 8 runs (0.15-1.05): one consumer")
 CLIENT_CONSUME = Figure(30_000, "records/s per consumer", "CPU",
                         "README 'bench/kafka_io.py': record path end to end, consume+decode 30-54k msg/s (low end)")
 
 # -- record sizes (capacity/records.py on this run's answers; bytes) -------------------------------------
-SIZES = {  # bytes; turns of 70.9 prompt / 238.3 answer tokens built from 40 of the run's answers
-    "PromptRequest": 508.0,
-    "InferenceRequest (prompt only)": 555.0,
-    "InferenceRequest (4 recalled turns)": 6229.7,
-    "Response": 1198.7,
-    "ConversationTurn": 1604.7,
+SIZES = {  # bytes; 48 turns of 70.9 prompt / 238.6 answer tokens built from the run's answers
+    "PromptRequest": 508.2,
+    "InferenceRequest (prompt only)": 555.2,
+    "InferenceRequest (4 recalled turns)": 6239.0,
+    "Response": 1200.8,
+    "ConversationTurn": 1607.0,
     "TokenChunk": 121.0,
-    "Qdrant payload (JSON)": 1598.2,
-    "TokenChunks per answer": 238.3,
-    "answer tokens per turn": 238.3,
+    "Qdrant payload (JSON)": 1600.8,
+    "TokenChunks per answer": 238.6,
+    "answer tokens per turn": 238.6,
     "Kafka headers per record (traceparent)": 66.0,
-    "archive bytes per turn (deflate)": 235.4,
-    "archive bytes per turn (raw: value + key + headers)": 1706.7,
+    "archive bytes per turn (deflate)": 234.7,
+    "archive bytes per turn (raw: value + key + headers)": 1709.0,
 }
 SIZES_SOURCE = f"{SIZES_RUN} step 4 (capacity/records.py: the codec, transport/archive.py's deflate)"
 

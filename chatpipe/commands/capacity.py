@@ -144,7 +144,7 @@ def _simulate(workload, traffic, scaling, worker, *, step_minutes: float = 60.0)
         f"\nqueue wait (produced to engine admission): p50 {percentile(waits, .5):.2f} s, p99 {percentile(waits, .99):.2f} s, "
         f"max {max(waits):.1f} s; latency p50 {percentile(lat, .5):.1f} s, p99 {percentile(lat, .99):.1f} s\n"
         f"replicas {result.min_pods}-{result.max_pods}; GPU-hours {hours:,.1f} ({worker.gpus_per_worker} per worker; "
-        f"static at the max: {result.max_pods * worker.gpus_per_worker * (result.end_s / 3600):,.1f}); rebalances "
+        f"static at the max: {result.max_pods * worker.gpus_per_worker * (result.end_s / 3600):,.1f}); moves and drains "
         f"restarted {result.restarts:,} running requests, {result.duplicates:,} answered twice",
         highlight=False, soft_wrap=True)
 
