@@ -25,6 +25,8 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +82,21 @@ def ensure_jars(settings: StackSettings) -> Path:
     shutil.rmtree(lib, ignore_errors=True)
     tmp.rename(lib)
     return lib
+
+
+_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+
+
+def http_status(url: str) -> int | None:
+    """The HTTP status a GET of ``url`` answers (an error status too), None when nothing answers: the
+    health probe of the stack's services and backends."""
+    try:
+        with _no_proxy.open(url, timeout=2) as reply:
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:

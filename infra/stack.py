@@ -36,8 +36,6 @@ import os
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -46,7 +44,7 @@ from infra import stack_state
 from infra.instances import (INFERENCE, STREAMS, found_instances, instance_dir, instance_env, instance_names,
                              kind_of, metrics_port, parse_instance, streams_metrics_port)
 from infra.kafka_security import ADMIN_USER, MECHANISM, PROTOCOL, SERVICE_USERS
-from infra.local_kafka import LocalKafka, PortInUseError, StackError, port_open
+from infra.local_kafka import LocalKafka, PortInUseError, StackError, http_status, port_open
 from infra.local_keys import ensure_keys_file
 from infra.observability import backends, binaries
 from infra.observability.backends import BACKENDS, JAEGER, PROMETHEUS
@@ -64,8 +62,6 @@ ALL = (KAFKA, *SERVICES, *BACKENDS)
 # inference: the worker's consumer group). Literal here so `up` does not import either service.
 STREAMS_GROUP = "chatpipe-streams"
 INFERENCE_GROUP = "chatpipe-inference"
-
-_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
 
 
 class ServiceStartError(StackError):
@@ -109,16 +105,6 @@ def broker_for(settings: StackSettings):
                              f"{settings.brokers}-node cluster; use --brokers 1")
         return ClusterBroker(settings)
     return LocalKafka(settings)
-
-
-def _http_status(url: str) -> int | None:
-    try:
-        with _no_proxy.open(url, timeout=2) as reply:
-            return reply.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (OSError, ValueError):
-        return None
 
 
 def _rank(name: str) -> tuple[str, int]:
@@ -347,10 +333,10 @@ class LocalStack:
         if kind in BACKENDS:
             return backends.not_ready(s, kind)
         if kind == "gateway":
-            code = _http_status(f"{s.gateway_url}/healthz")
+            code = http_status(f"{s.gateway_url}/healthz")
             return "" if code == 200 else f"/healthz answers {code or 'nothing'}"
         if kind == INFERENCE:
-            if _http_status(f"http://{s.host}:{metrics_port(s, index)}/metrics") != 200:
+            if http_status(f"http://{s.host}:{metrics_port(s, index)}/metrics") != 200:
                 return "loading the model (/metrics not up yet)"
             return self._group_short(INFERENCE, INFERENCE_GROUP, "joining its consumer group")
         if kind == STREAMS:

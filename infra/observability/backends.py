@@ -19,19 +19,16 @@ is started here. Not here: building the programs (``binaries``), starting them (
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from infra import instances
-from infra.local_kafka import port_open
+from infra.local_kafka import http_status, port_open
 from infra.observability.binaries import Installed
 from infra.settings import StackSettings
 
 JAEGER, PROMETHEUS = "jaeger", "prometheus"
 BACKENDS = (JAEGER, PROMETHEUS)  # started after Kafka, before the services (stopped after them)
 MAX_TRACES = 100_000  # Jaeger's in-memory store: the oldest trace goes first past this
-_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
 
 
 def folder(settings: StackSettings, name: str) -> Path:
@@ -161,26 +158,16 @@ def command(settings: StackSettings, name: str, installed: Installed) -> tuple[l
             installed.prometheus_ui or home)
 
 
-def _http_status(url: str) -> int | None:
-    try:
-        with _no_proxy.open(url, timeout=2) as reply:
-            return reply.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (OSError, ValueError):
-        return None
-
-
 def not_ready(settings: StackSettings, name: str) -> str:
     """Why the running ``name`` is not healthy yet ("" when it is): Jaeger's query API answers and its
     OTLP/HTTP port takes connections; Prometheus says it is ready."""
     s = settings
     if name == JAEGER:
-        code = _http_status(f"http://{s.host}:{s.jaeger_port}/api/services")
+        code = http_status(f"http://{s.host}:{s.jaeger_port}/api/services")
         if code != 200:
             return f"query API /api/services answers {code or 'nothing'}"
         return "" if port_open(s.host, s.otlp_http_port) else f"OTLP/HTTP :{s.otlp_http_port} not open"
-    code = _http_status(f"http://{s.host}:{s.prometheus_port}/-/ready")
+    code = http_status(f"http://{s.host}:{s.prometheus_port}/-/ready")
     return "" if code == 200 else f"/-/ready answers {code or 'nothing'}"
 
 
