@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -63,6 +63,9 @@ class Observer:
     def __init__(self, bootstrap: str) -> None:
         self.seen = Observed()
         self.lock = threading.Lock()
+        self.read_count = 0
+        self.last_read_at = time.monotonic()
+        self.errors: deque[str] = deque(maxlen=20)  # what the consumer itself reported (for a failure's detail)
         self._stop = threading.Event()
         self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"faults-observer-{uuid.uuid4().hex[:6]}",
                                    "auto.offset.reset": "earliest", "enable.auto.commit": False,
@@ -74,9 +77,20 @@ class Observer:
     def _run(self) -> None:
         codec = default_codec()
         while not self._stop.is_set():
-            for msg in self._consumer.consume(500, 0.5):
-                if msg.error() is not None or msg.value() is None:
+            try:
+                messages = self._consumer.consume(500, 0.5)
+            except Exception as exc:  # noqa: BLE001 - the test's own consumer failing is not a lost record
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                time.sleep(0.5)
+                continue
+            for msg in messages:
+                if msg.error() is not None:
+                    self.errors.append(str(msg.error()))
                     continue
+                if msg.value() is None:
+                    continue
+                self.read_count += 1
+                self.last_read_at = time.monotonic()
                 try:
                     record = codec.decode(msg.value())
                 except Exception:  # noqa: BLE001 - a poison record the test itself put on a topic
@@ -94,7 +108,17 @@ class Observer:
             finals = self.seen.finals.get(request_id)
             return finals[0] if finals else None
 
+    def wait_caught_up(self, quiet_s: float = 5.0, timeout_s: float = 90.0) -> None:
+        """Until it has read something and then nothing new for ``quiet_s`` (it reads from the beginning)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.read_count and time.monotonic() - self.last_read_at > quiet_s:
+                return
+            time.sleep(0.5)
+
     def close(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._thread.join(10)
         self._consumer.close()

@@ -23,7 +23,7 @@ def test_sigterm_hands_back_unfinished_requests(intake, worker_kafka, reader, tm
     first = start_worker(kafka, tmp_path, intake=intake, worker_id="first", CHATPIPE_WORKER_GRACE_S="0")
     try:
         first.wait_serving()
-        req = make_request(1, max_tokens=200, reply_to=kafka.topic(REPLIES), reply_partition=0,
+        req = make_request(1, max_tokens=96, reply_to=kafka.topic(REPLIES), reply_partition=0,
                            text="Write a long story about a lighthouse keeper.")
         send_requests(kafka, [req])
         reader.wait_for(lambda s: s.chunk_count.get(req.request_id, 0) >= 2, 60, "the generation to start")
