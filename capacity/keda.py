@@ -59,6 +59,11 @@ class HorizontalPodAutoscaler:
     up_events: list[tuple[float, int]] = field(default_factory=list)  # (time, replicas added)
     down_events: list[tuple[float, int]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if self.s.lag_threshold <= 0:
+            raise ValueError("lag_threshold 0 stands for 3/4 of the worker's max batch: resolve it first "
+                             "(capacity.simulate.with_lag_threshold)")
+
     @property
     def min_replicas(self) -> int:
         return max(1, self.s.min_replicas)  # KEDA gives the HPA minReplicas >= 1

@@ -58,16 +58,17 @@ class ScalingSettings(BaseSettings):
     # KEDA ScaledObject (keda.sh/docs/latest/reference/scaledobject-spec)
     min_replicas: int = Field(1, ge=0, description="ScaledObject minReplicaCount (`chatpipe k8s render`: 1, a warm "
                               "worker; KEDA's default 0 scales to zero)")
-    max_replicas: int = Field(6, ge=1, description="ScaledObject maxReplicaCount (`chatpipe k8s render`: 6, the "
-                              "partitions; KEDA's default 100)")
+    max_replicas: int = Field(12, ge=1, description="ScaledObject maxReplicaCount (`chatpipe k8s render`: 12; "
+                              "KEDA's default 100); partition intake stops at the partitions anyway")
     polling_interval_s: float = Field(15.0, gt=0, description="pollingInterval: how often KEDA checks the trigger "
                                       "for activation, 0 <-> 1 (`chatpipe k8s render`: 15; KEDA's default 30)")
     cooldown_period_s: float = Field(300.0, ge=0, description="cooldownPeriod: seconds after the last active check "
                                      "before scaling to 0 (only with min_replicas 0); default 300")
     # Kafka trigger (keda.sh/docs/latest/scalers/apache-kafka)
-    lag_threshold: float = Field(16.0, gt=0, description="lagThreshold: target lag per replica, the HPA's "
-                                 "AverageValue target (`chatpipe k8s render`: 16; KEDA's default 10). The lag counts "
-                                 "running requests too: the worker commits after the answer")
+    lag_threshold: float = Field(0.0, ge=0, description="lagThreshold (Kafka scaler) / threshold (Prometheus "
+                                 "scaler): target lag per replica, the HPA's AverageValue target; 0 = 3/4 of the "
+                                 "worker's max batch, as `chatpipe k8s render` sets it (KEDA's default 10). The lag "
+                                 "counts running requests too: the worker acknowledges after the answer")
     activation_lag_threshold: float = Field(0.0, ge=0, description="activationLagThreshold: lag above which the "
                                             "scaler is active (0 -> 1); default 0")
     allow_idle_consumers: bool = Field(False, description="allowIdleConsumers: false caps the metric so replicas "
@@ -111,7 +112,8 @@ class WorkerModelSettings(BaseSettings):
                                "weights load: set it)")
     join_s: float = Field(-1.0, description="Seconds a joining or leaving member's partitions pause (the group's "
                           "rebalance); < 0 = the figure measured by bench/capacity.py")
-    intake: Literal["partition", "share"] = Field("partition", description="partition: a consumer group (one worker "
-                                                  "per partition; rebalances restart moved work); share: any worker")
+    intake: Literal["partition", "share"] = Field("share", description="share: any worker takes any record "
+                                                  "(`chatpipe k8s render`'s default); partition: a consumer group (one "
+                                                  "worker per partition; rebalances restart moved work)")
     grace_s: float = Field(20.0, ge=0, description="SIGTERM grace of a worker scaled down (WorkerSettings.grace_s)")
     gpus_per_worker: int = Field(1, ge=1, description="GPUs one worker holds (GPU-hours = pod-hours x this)")

@@ -178,6 +178,14 @@ def sticky_assignment(partitions: int, members: Sequence[int], current: dict[int
     return result
 
 
+def with_lag_threshold(scaling: ScalingSettings, max_batch: int) -> ScalingSettings:
+    """``scaling`` with its lag threshold set: 0 means 3/4 of the worker's max batch, the rule
+    ``chatpipe k8s render`` applies (``infra.k8s.keda.lag_per_worker``)."""
+    if scaling.lag_threshold > 0:
+        return scaling
+    return scaling.model_copy(update={"lag_threshold": float(max(1, round(0.75 * max_batch)))})
+
+
 class Simulation:
     def __init__(self, requests: Sequence[Request], worker: WorkerParams, *, partitions: int = 6,
                  scaling: ScalingSettings | None = None, replicas: int | None = None, sample_s: float = 15.0) -> None:
@@ -188,7 +196,7 @@ class Simulation:
             self.requests.sort(key=lambda r: r.arrival_s)
         self.wp = worker
         self.partitions = partitions if worker.intake == "partition" else 1
-        self.scaling = scaling
+        self.scaling = with_lag_threshold(scaling, worker.batch) if scaling is not None else None
         self.fixed = replicas
         self.sample_s = sample_s
         n = len(self.requests)

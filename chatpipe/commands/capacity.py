@@ -90,7 +90,7 @@ def _clock(seconds: float) -> str:
 def _simulate(workload, traffic, scaling, worker, *, step_minutes: float = 60.0) -> None:
     """Replay a bursty day against KEDA's scaling rule: replicas over time, queue wait p50/p99, GPU-hours."""
     from capacity import figures as F
-    from capacity.simulate import Curve, WorkerParams, percentile, simulate
+    from capacity.simulate import Curve, WorkerParams, percentile, simulate, with_lag_threshold
     from capacity.traffic import bursty_day, peak_to_mean
 
     curve: Curve = F.CURVES[worker.curve]
@@ -98,6 +98,7 @@ def _simulate(workload, traffic, scaling, worker, *, step_minutes: float = 60.0)
     join = worker.join_s if worker.join_s >= 0 else F.JOIN_S.value
     params = WorkerParams(curve, max_batch=worker.max_batch, pod_start_s=pod_start, join_s=join,
                           intake=worker.intake, grace_s=worker.grace_s)
+    scaling = with_lag_threshold(scaling, params.batch)
     requests = bursty_day(traffic, workload, scaling.partitions)
     cap = "" if scaling.allow_idle_consumers or worker.intake == "share" else \
         f", so at most {min(scaling.partitions, scaling.max_replicas)} replicas (allowIdleConsumers false)"

@@ -48,13 +48,23 @@ def backlog_query(group: str, topic: str) -> str:
     return f'max(chatpipe_consumer_lag_records{{group="{group}",topic="{topic}"}})'
 
 
+def lag_per_worker(values: Values) -> int:
+    """The scaler's target per worker: the value, else 3/4 of the engine's max batch. The lag counts running
+    requests too, so a target below a full batch adds a worker before the batches are full, and one at or
+    above it lets a queue form first (docs/deploy.md "Autoscaling", the simulated day)."""
+    from infra.k8s.services import engine_settings
+
+    return values.inference.keda.lag_per_worker or max(1, round(0.75 * engine_settings(values).max_batch))
+
+
 def triggers(values: Values) -> list[dict[str, Any]]:
     k = values.inference.keda
+    lag = str(lag_per_worker(values))
     out = []
     for group, topic, kind in worker_groups(values):
         if kind == "consumer":
             metadata = {"bootstrapServers": bootstrap_servers(values), "consumerGroup": group, "topic": topic,
-                        "lagThreshold": str(k.lag_per_worker), "activationLagThreshold": str(k.activation_lag),
+                        "lagThreshold": lag, "activationLagThreshold": str(k.activation_lag),
                         "offsetResetPolicy": OFFSET_RESET, "allowIdleConsumers": "false"}
             trigger: dict[str, Any] = {"type": "kafka", "name": _trigger_name(topic), "metadata": metadata}
             if values.security:
@@ -63,7 +73,7 @@ def triggers(values: Values) -> list[dict[str, Any]]:
         else:
             trigger = {"type": "prometheus", "name": _trigger_name(topic),
                        "metadata": {"serverAddress": k.prometheus_url, "query": backlog_query(group, topic),
-                                    "threshold": str(k.lag_per_worker),
+                                    "threshold": lag,
                                     "activationThreshold": str(k.activation_lag), "ignoreNullValues": "true"}}
         out.append(trigger)
     return out

@@ -259,8 +259,24 @@ def inference_env(values: Values) -> dict[str, str]:
     metrics_port = StackSettings.model_fields["worker_metrics_port"].default  # the stack's port, here too
     return {**env_of(WorkerSettings, intake=values.inference.intake, metrics_port=metrics_port,
                      metrics_host="0.0.0.0"),
-            **env_of(EngineSettings, device="cuda" if values.inference.gpus else "cpu"), **model_env(values),
+            **env_of(EngineSettings, device="cuda" if values.inference.gpus else "cpu", max_batch=_max_batch(values)),
+            **model_env(values),
             **kafka_env(values, "inference"), **tracing_env(values), **values.inference.env}
+
+
+GPU_MAX_BATCH = 32  # what the README "GPU" runs measured on one H200 (and capacity/figures.py's GPU curves)
+
+
+def _max_batch(values: Values) -> int | None:
+    iv = values.inference
+    return iv.max_batch or (GPU_MAX_BATCH if iv.gpus else None)
+
+
+def engine_settings(values: Values):
+    """The ``EngineSettings`` an inference container builds from its variables."""
+    from inference.engine.settings import EngineSettings
+
+    return settings_from_env(EngineSettings, inference_env(values))
 
 
 def _inference_classes():

@@ -112,10 +112,11 @@ class StreamsValues(_Model):
 class InferenceKeda(_Model):
     enabled: bool = Field(True, description="Render a KEDA ScaledObject for the workers (else replicas is fixed)")
     min_replicas: int = Field(1, ge=0, description="Fewest workers (0: none while nothing waits)")
-    max_replicas: int = Field(6, ge=1, description="Most workers (partition intake: at most the partitions of a "
-                              "request topic)")
-    lag_per_worker: int = Field(16, ge=1, description="Records waiting per worker the scaler aims at (Kafka "
-                                "scaler: lagThreshold; Prometheus scaler: threshold)")
+    max_replicas: int = Field(12, ge=1, description="Most workers (partition intake: KEDA stops at the partitions "
+                              "of a request topic, 6)")
+    lag_per_worker: int | None = Field(None, ge=1, description="Unfinished records per worker the scaler aims at "
+                                       "(Kafka scaler: lagThreshold; Prometheus scaler: threshold); empty: 3/4 of the "
+                                       "engine's max batch, docs/deploy.md 'Autoscaling'")
     activation_lag: int = Field(0, ge=0, description="Waiting records below which a scaled-to-zero deployment "
                                 "stays at zero")
     polling_interval_s: int = Field(15, ge=1, description="How often KEDA asks")
@@ -126,8 +127,11 @@ class InferenceKeda(_Model):
 
 class InferenceValues(_Model):
     intake: Literal["partition", "share"] = Field(
-        "partition", description="partition: consumer groups (KEDA's Kafka scaler); share: share groups (KEDA's "
-                                 "Prometheus scaler on the workers' own backlog metric)")
+        "share", description="share: share groups (KEDA's Prometheus scaler on the workers' own backlog metric: "
+                             "scales on what is unfinished); partition: consumer groups (KEDA's Kafka scaler: the lag "
+                             "includes every record behind a running generation, docs/deploy.md 'Autoscaling')")
+    max_batch: int | None = Field(None, ge=1, description="Engine max batch (CHATPIPE_MAX_BATCH); empty: 32 on GPU "
+                                  "workers (the README 'GPU' runs), the engine's default on CPU")
     replicas: int = Field(1, ge=0, description="Workers when KEDA is off")
     gpus: int = Field(1, ge=0, description="nvidia.com/gpu per worker; 0: CPU workers (no GPU node pool)")
     node_selector: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"},

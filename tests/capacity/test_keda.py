@@ -33,7 +33,7 @@ def test_nothing_changes_within_the_tolerance():
 def test_the_hpa_does_nothing_at_zero_replicas():
     with pytest.raises(ValueError):
         hpa_desired(0, 100, 10)
-    assert HorizontalPodAutoscaler(ScalingSettings()).reconcile(0.0, 0, 1000) == 0
+    assert HorizontalPodAutoscaler(ScalingSettings(lag_threshold=16)).reconcile(0.0, 0, 1000) == 0
 
 
 def test_kedas_lag_is_capped_at_the_partitions_unless_idle_consumers_are_allowed():
@@ -45,7 +45,7 @@ def test_kedas_lag_is_capped_at_the_partitions_unless_idle_consumers_are_allowed
 
 
 def test_scale_up_is_limited_to_the_larger_of_doubling_and_four_pods_per_period():
-    hpa = HorizontalPodAutoscaler(ScalingSettings(max_replicas=100))
+    hpa = HorizontalPodAutoscaler(ScalingSettings(lag_threshold=16, max_replicas=100))
     assert hpa.reconcile(0.0, 1, 10_000) == 5  # max(1 x 2, 1 + 4)
     assert hpa.reconcile(15.0, 5, 10_000) == 10  # max(5 x 2, 5 + 4)
     assert hpa.reconcile(30.0, 10, 10_000) == 20
@@ -55,13 +55,13 @@ def test_scale_up_is_limited_to_the_larger_of_doubling_and_four_pods_per_period(
 
 
 def test_two_syncs_in_one_period_share_its_budget():
-    hpa = HorizontalPodAutoscaler(ScalingSettings(max_replicas=100))
+    hpa = HorizontalPodAutoscaler(ScalingSettings(lag_threshold=16, max_replicas=100))
     assert hpa.reconcile(0.0, 1, 10_000) == 5
     assert hpa.reconcile(5.0, 5, 10_000) == 5  # 4 pods already added in this 15 s period: start 1 -> at most 5
 
 
 def test_scale_down_waits_for_the_stabilization_window():
-    s = ScalingSettings(max_replicas=20)
+    s = ScalingSettings(lag_threshold=16, max_replicas=20)
     hpa = HorizontalPodAutoscaler(s)
     assert hpa.reconcile(0.0, 10, 160) == 10  # 160 / 16 = 10: steady
     # The lag falls to nothing: the window holds the highest recommendation of the last 300 s (10).
@@ -71,21 +71,21 @@ def test_scale_down_waits_for_the_stabilization_window():
 
 
 def test_a_shorter_window_scales_down_sooner():
-    hpa = HorizontalPodAutoscaler(ScalingSettings(max_replicas=20, scale_down_stabilization_s=30))
+    hpa = HorizontalPodAutoscaler(ScalingSettings(lag_threshold=16, max_replicas=20, scale_down_stabilization_s=30))
     assert hpa.reconcile(0.0, 8, 128) == 8
     assert hpa.reconcile(15.0, 8, 0) == 8
     assert hpa.reconcile(45.0, 8, 0) == 1
 
 
 def test_scale_down_policy_percent():
-    hpa = HorizontalPodAutoscaler(ScalingSettings(max_replicas=20, scale_down_stabilization_s=0, scale_down_percent=50))
+    hpa = HorizontalPodAutoscaler(ScalingSettings(lag_threshold=16, max_replicas=20, scale_down_stabilization_s=0, scale_down_percent=50))
     assert hpa.reconcile(0.0, 8, 0) == 4  # -50% per 15 s
     assert hpa.reconcile(15.0, 4, 0) == 2
     assert hpa.reconcile(20.0, 2, 0) == 2  # 2 removed in this period already: start 4 -> 2
 
 
 def test_keda_activates_from_zero_and_scales_to_zero_after_the_cooldown():
-    so = ScaledObject(ScalingSettings(min_replicas=0, cooldown_period_s=300, activation_lag_threshold=0))
+    so = ScaledObject(ScalingSettings(lag_threshold=16, min_replicas=0, cooldown_period_s=300, activation_lag_threshold=0))
     assert so.poll(0.0, 0, [0] * 6) == 0
     assert so.poll(30.0, 0, [1, 0, 0, 0, 0, 0]) == 1  # lag > activationLagThreshold: 0 -> 1
     assert so.poll(60.0, 1, [0] * 6) == 1  # inactive, but the last active check was 30 s ago
@@ -94,13 +94,13 @@ def test_keda_activates_from_zero_and_scales_to_zero_after_the_cooldown():
 
 
 def test_activation_threshold_is_strictly_greater_than():
-    so = ScaledObject(ScalingSettings(min_replicas=0, activation_lag_threshold=5))
+    so = ScaledObject(ScalingSettings(lag_threshold=16, min_replicas=0, activation_lag_threshold=5))
     assert so.poll(0.0, 0, [5, 0, 0, 0, 0, 0]) == 0
     assert so.poll(30.0, 0, [6, 0, 0, 0, 0, 0]) == 1
 
 
 def test_min_replicas_one_never_scales_to_zero():
-    so = ScaledObject(ScalingSettings(min_replicas=1))
+    so = ScaledObject(ScalingSettings(lag_threshold=16, min_replicas=1))
     assert so.poll(10_000.0, 1, [0] * 6) == 1
     assert so.sync(10_000.0, 1, [0] * 6) == 1
 
@@ -113,5 +113,14 @@ def test_invalid_combinations_are_refused():
 
 
 def test_a_count_above_max_comes_down_to_max_at_once():
-    hpa = HorizontalPodAutoscaler(ScalingSettings(max_replicas=6))
+    hpa = HorizontalPodAutoscaler(ScalingSettings(lag_threshold=16, max_replicas=6))
     assert hpa.reconcile(0.0, 8, 0) == 6  # the HPA's first rule: current > maxReplicas -> maxReplicas
+
+
+def test_an_unset_threshold_is_three_quarters_of_the_batch_as_rendered():
+    from capacity.simulate import with_lag_threshold
+
+    assert with_lag_threshold(ScalingSettings(), 32).lag_threshold == 24  # = infra.k8s.keda.lag_per_worker
+    assert with_lag_threshold(ScalingSettings(lag_threshold=7), 32).lag_threshold == 7
+    with pytest.raises(ValueError, match="resolve it first"):
+        HorizontalPodAutoscaler(ScalingSettings())

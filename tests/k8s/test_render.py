@@ -298,7 +298,8 @@ def test_keda_partition_triggers_name_the_workers_groups_and_topics(monkeypatch)
     from inference.worker.settings import WorkerSettings
     from transport.settings import KafkaSettings
 
-    values = _values(topic_prefix="staging.", inference={"env": {"CHATPIPE_WORKER_GROUP_ID": "team-a-inference"}})
+    values = _values(topic_prefix="staging.", inference={"intake": "partition",
+                                                         "env": {"CHATPIPE_WORKER_GROUP_ID": "team-a-inference"}})
     rendered = render(values)
     worker = _container(_one(rendered, "Deployment", "chatpipe-inference"))
     ws = _settings(WorkerSettings, worker, monkeypatch)
@@ -345,7 +346,7 @@ def test_keda_share_triggers_read_the_workers_backlog_metric(secret_files, monke
 
 
 def test_keda_secured_kafka_trigger_logs_in_as_the_worker(secret_files):
-    rendered = render(_secured(secret_files))
+    rendered = render(_secured(secret_files, inference={"intake": "partition"}))
     auth = _one(rendered, "TriggerAuthentication", "chatpipe-inference-kafka")
     assert {r["parameter"] for r in auth["spec"]["secretTargetRef"]} == {"password", "ca"}
     assert auth["spec"]["env"] == [{"parameter": "username", "name": "CHATPIPE_KAFKA_SASL_USERNAME",
@@ -358,7 +359,7 @@ def test_keda_secured_kafka_trigger_logs_in_as_the_worker(secret_files):
 def test_share_intake_cannot_scale_to_zero():
     with pytest.raises(RenderError, match="min_replicas 0 with share intake"):
         render(_values(inference={"intake": "share", "keda": {"min_replicas": 0}}))
-    render(_values(inference={"keda": {"min_replicas": 0}}))  # partition: KEDA reads the lag from Kafka
+    render(_values(inference={"intake": "partition", "keda": {"min_replicas": 0}}))  # KEDA reads the lag from Kafka
 
 
 # --- Secrets --------------------------------------------------------------------------------------------
@@ -453,3 +454,19 @@ def test_metrics_servers_listen_on_the_settings_address(monkeypatch):
     assert WorkerSettings().metrics_host == StreamsSettings().metrics_host == "127.0.0.1"
     run_worker = (ROOT / "streams" / "app.py").read_text()
     assert "host=s.metrics_host" in run_worker  # run_worker hands the setting to serve
+
+
+def test_keda_threshold_defaults_to_three_quarters_of_the_workers_max_batch(monkeypatch):
+    """The docs' rule ("Autoscaling": the lag counts running requests, so a target of 3/4 of a batch adds a
+    worker before the batches are full): read from the engine settings the container really gets."""
+    from inference.engine.settings import EngineSettings
+
+    cases = [({}, 24), ({"max_batch": 8}, 6), ({"env": {"CHATPIPE_MAX_BATCH": "64"}}, 48),
+             ({"keda": {"lag_per_worker": 5}}, 5)]
+    for inference, threshold in cases:
+        rendered = render(_values(inference=inference))
+        engine = _settings(EngineSettings, _container(_one(rendered, "Deployment", "chatpipe-inference")), monkeypatch)
+        triggers = _one(rendered, "ScaledObject", "chatpipe-inference")["spec"]["triggers"]
+        assert {t["metadata"]["threshold"] for t in triggers} == {str(threshold)}, inference
+        if "lag_per_worker" not in inference.get("keda", {}):
+            assert threshold == round(0.75 * engine.max_batch)
