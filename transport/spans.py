@@ -78,6 +78,9 @@ class TracingSettings(BaseSettings):
                             "spans; beyond, the oldest are dropped")
     file_max_bytes: int = Field(64 << 20, ge=1 << 16, description="A span file past this size is rotated "
                                 "to <name>.1 (one old file kept)")
+    max_links: int = Field(32, ge=1, description="Links of a batch's receive span: to at most this many of its "
+                           "records, evenly spread, the rest counted as droppedLinksCount (OpenTelemetry's SDK "
+                           "keeps 128 a span); each record's own process span is a child of its producer span either way")
 
     @property
     def exporting(self) -> bool:
@@ -223,9 +226,13 @@ class Tracer:
 
     def record_receive(self, topic: str, group: str | None, messages: list, start_ns: int) -> None:
         """A batch consume: one CLIENT "receive" span, its own trace, linked to each record's producer
-        span (OpenTelemetry's messaging conventions: a batch has no single parent). ``messages`` are
-        confluent-kafka or Faust messages; their traceparents are read here, encoded on the export
-        thread."""
+        span (OpenTelemetry's messaging conventions: a batch has no single parent), up to
+        ``max_links`` records evenly spread over a larger batch. ``messages`` are confluent-kafka or
+        Faust messages; their traceparents are read here, encoded on the export thread.
+
+        Why a bound: reading a record's headers costs about half of what consuming it does
+        (bench/kafka_io.py), so links to every record of a bulk batch would cost the consumer more
+        than the rest of tracing; a chat batch (a few records a poll) is linked whole."""
         recorder = _recorder
         if recorder is None or not messages:
             return
@@ -235,8 +242,10 @@ class Tracer:
             attributes["messaging.consumer.group.name"] = group
         traceparent = tracing.new_traceparent(sampled=_sample_ratio >= 1.0 or random.random() < _sample_ratio)
         if traceparent[-1] == "1":
+            n = len(messages)
+            picked = messages if n <= _max_links else messages[::-(-n // _max_links)]
             recorder.add((self.service, traceparent, None, f"receive {topic}", CLIENT, start_ns, _time_ns(),
-                          attributes, _MessageLinks(messages), None))
+                          attributes, _MessageLinks(picked, n - len(picked)), None))
 
     def process(self, topic: str, traceparent: str | None, *, group: str | None = None,
                 partition: int | None = None, offset: int | None = None,
@@ -266,9 +275,10 @@ class _MessageLinks:
     them back from memory gone cold; 0.9 us a message more than reading them here
     (bench/kafka_io.py, consume with spans, collector off)."""
 
-    __slots__ = ("values", "traceparents")
+    __slots__ = ("values", "traceparents", "dropped")
 
-    def __init__(self, messages: list) -> None:
+    def __init__(self, messages: list, dropped: int = 0) -> None:
+        self.dropped = dropped  # records of the batch not linked (Tracer.record_receive)
         # A GC pause: confluent-kafka keeps the header list and tuple it builds on each message,
         # two tracked objects a message, which would start a young collection in the middle of
         # every batch (see transport/batches.py, pause_gc).
@@ -315,6 +325,7 @@ def _traceparents(messages: list) -> Iterable[str]:
 _recorder: "SpanRecorder | None" = None
 _sample_ratio = 1.0
 _capture_content = False
+_max_links = 32
 
 
 def capture_content() -> bool:
@@ -441,7 +452,7 @@ def _service_of_process() -> str:
 def configure(service: str, settings: TracingSettings | None = None) -> SpanRecorder | None:
     """Record this process's spans (once per process; later calls only add a service name). Returns
     the recorder, or None when tracing is off or has nowhere to go."""
-    global _recorder, _sample_ratio, _capture_content
+    global _recorder, _sample_ratio, _capture_content, _max_links
     settings = settings or TracingSettings()
     if service not in _service_names:
         _service_names.append(service)
@@ -449,6 +460,7 @@ def configure(service: str, settings: TracingSettings | None = None) -> SpanReco
         return _recorder
     _sample_ratio = settings.sample_ratio
     _capture_content = settings.capture_content
+    _max_links = settings.max_links
     _recorder = SpanRecorder(settings)
     atexit.register(shutdown)
     log.info("spans of %s go to %s", service, ", ".join(
@@ -545,6 +557,8 @@ def _span_json(record: _Record) -> str:
         if isinstance(links, _MessageLinks) and links.values is not None:  # a batch consumed: a link a record
             encoded = _links_json(links.values)
         out += (',"links":[', encoded if encoded is not None else _links_json_slow(links), "]")
+        if isinstance(links, _MessageLinks) and links.dropped:
+            out.append(',"droppedLinksCount":%d' % links.dropped)
     if error:
         out += (',"status":{"code":%d,"message":' % _STATUS_ERROR, _str(error), "}")
     out.append("}")

@@ -81,6 +81,35 @@ def test_a_batch_receive_links_to_each_records_producer_span(recorder, tmp_path)
     assert row.links == [(p[3:35], p[36:52]) for p in parents]
 
 
+def test_a_bulk_batch_links_to_at_most_max_links_records_and_counts_the_rest(tmp_path):
+    spans.shutdown()
+    spans.configure("unit", spans.TracingSettings(file_dir=tmp_path, export_interval_s=60, max_links=8))
+    try:
+        class Msg:
+            def __init__(self, tp):
+                self._tp = tp
+
+            def headers(self):
+                return [("traceparent", self._tp.encode())]
+
+        small = [tracing.new_traceparent() for _ in range(8)]
+        bulk = [tracing.new_traceparent() for _ in range(30)]
+        tracer = spans.Tracer("svc")
+        tracer.record_receive("small", None, [Msg(p) for p in small], 1)
+        tracer.record_receive("bulk", None, [Msg(p) for p in bulk], 2)
+        spans.flush()
+    finally:
+        spans.shutdown()
+    rows = {r.name: r for r in read_span_files(tmp_path)}
+    assert rows["receive small"].links == [(p[3:35], p[36:52]) for p in small]  # within the bound: every record
+    assert rows["receive bulk"].links == [(p[3:35], p[36:52]) for p in bulk[::4]]  # 8 of 30: every 4th, 8 at most
+    assert rows["receive bulk"].attributes["messaging.batch.message_count"] == 30
+    exported = [json.loads(line) for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
+    dropped = {s["name"]: s.get("droppedLinksCount", 0) for e in exported for r in e["resourceSpans"]
+               for ss in r["scopeSpans"] for s in ss["spans"]}
+    assert dropped == {"receive small": 0, "receive bulk": 30 - 8}
+
+
 def test_errors_become_the_span_status(recorder, tmp_path):
     with pytest.raises(ValueError):
         with spans.Tracer("svc").start("failing"):
