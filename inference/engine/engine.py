@@ -108,7 +108,9 @@ class Engine:
             ),
             self.allocator,
         )
-        self.runner = ModelRunner(model, self.cache, compile=settings.compile)
+        self.runner = ModelRunner(model, self.cache, compile=settings.compile,
+                                  lean=settings.resolved_lean_layers(param.device.type),
+                                  paged_kernel=settings.resolved_paged_kernel(param.device.type))
         self.sampler = Sampler(param.device)
         self._ids = itertools.count()
         self._steps = 0

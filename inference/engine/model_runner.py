@@ -8,8 +8,10 @@ prefix. A step thus mixes prefill into running decode without padding decodes to
 
 The runner reuses the Hugging Face model's own modules (embeddings, norms, projections, rotary
 embedding, MLP, LM head) and replaces only the attention/cache plumbing, so the math is the
-model's. Supported: ``llama`` (SmolLM, Llama 2/3), ``mistral`` and ``qwen2`` without sliding
-windows. Other architectures are refused with ``UnsupportedModelError``.
+model's. With ``lean=True`` the layers' dense math runs through ``lean_llama`` instead (fused qkv
+and gate_up GEMMs, rotary in place, residual add fused with RMSNorm) on the same weights; the HF
+modules stay the reference path. Supported: ``llama`` (SmolLM, Llama 2/3), ``mistral`` and
+``qwen2`` without sliding windows. Other architectures are refused with ``UnsupportedModelError``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.kernels import paged_attention
 from inference.engine.kv_cache import DeviceBlockTables, PagedKVCache, slots_for_positions
+from inference.engine.lean_llama import LeanLlama, add_rms_norm, rms_norm
 from inference.engine.scheduler import ScheduledChunk
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -42,7 +46,8 @@ class StepBatch:
     write_slots: torch.Tensor  # [T] long, cache slot each token's K/V is written to
     num_decodes: int  # rows [0, num_decodes) are single-token chunks
     decode_ctx_blocks: torch.Tensor | None  # [Bd, Nd] long, blocks of each decode's context
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Nd * block_size] bool
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Nd * block_size] bool (None with the paged kernel)
+    decode_lens: torch.Tensor | None  # [Bd] long, tokens each decode attends to (its own included)
     prefills: list[PrefillSpan]
     sample_rows: torch.Tensor  # [S] long, rows whose logits pick a next token
     sample_request_ids: list[str]
@@ -63,7 +68,9 @@ def check_supported(config: Any, max_seq_len: int) -> None:
 
 
 class ModelRunner:
-    def __init__(self, model: Any, cache: PagedKVCache, compile: bool = False) -> None:
+    def __init__(
+        self, model: Any, cache: PagedKVCache, compile: bool = False, lean: bool = False, paged_kernel: bool | None = None
+    ) -> None:
         self.model = model
         self.cache = cache
         self.device = next(model.parameters()).device
@@ -72,12 +79,19 @@ class ModelRunner:
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.groups = self.num_heads // self.num_kv_heads  # query heads per KV head (GQA)
+        # Decode attention by the Triton kernel that reads the pool in place (kernels/paged_attention.py)
+        # instead of read_blocks' gather + SDPA: issue 22. None = wherever it can run (CUDA + triton).
+        if paged_kernel is None:
+            paged_kernel = self.device.type == "cuda" and paged_attention.HAVE_TRITON
+        self.paged_kernel = paged_kernel
         max_pos = getattr(cfg, "max_position_embeddings", None) or 1 << 16
         self.tables = DeviceBlockTables(-(-min(max_pos, cache.num_slots) // cache.block_size), self.device)
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self._rope = apply_rotary_pos_emb
-        if compile:
+        # The fused weights are built once per runner (lean_llama's docstring: what they cost).
+        self.lean = LeanLlama.from_hf(model) if lean else None
+        if compile:  # the HF MLP modules: the lean path does not call them
             for layer in model.model.layers:
                 layer.mlp.compile(dynamic=True)
 
@@ -115,12 +129,13 @@ class ModelRunner:
                 sample_rows.append(row0 + n - 1)
                 sample_ids.append(req.request_id)
         dev = self.device
-        decode_ctx = decode_mask = None
+        decode_ctx = decode_mask = lens = None
         if decode_ids:
             decode_ctx = self.tables.gather(decode_ids, block_tables, max(decode_lens), bs)
-            kd = decode_ctx.shape[1] * bs  # context rounded up to whole blocks; the mask hides the tail
             lens = torch.tensor(decode_lens, device=dev)
-            decode_mask = (torch.arange(kd, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+            if not self.paged_kernel:  # the kernel masks by length itself
+                kd = decode_ctx.shape[1] * bs  # context rounded up to whole blocks; the mask hides the tail
+                decode_mask = (torch.arange(kd, device=dev)[None, :] < lens[:, None])[:, None, None, :]
         spans = []
         for row0, row1, chunk in prefills:
             end = chunk.start + chunk.num_new_tokens
@@ -138,6 +153,7 @@ class ModelRunner:
             num_decodes=len(decode_ids),
             decode_ctx_blocks=decode_ctx,
             decode_mask=decode_mask,
+            decode_lens=lens,
             prefills=spans,
             sample_rows=as_long(sample_rows),
             sample_request_ids=sample_ids,
@@ -152,31 +168,57 @@ class ModelRunner:
         h = core.embed_tokens(batch.input_ids)  # [T, hidden]
         cos, sin = core.rotary_emb(h, batch.positions[None, :])  # [1, T, D] each
         cos, sin = cos[0], sin[0]
-        for i, layer in enumerate(core.layers):
-            residual = h
-            x = layer.input_layernorm(h)
-            h = residual + self._attention(i, layer.self_attn, x, cos, sin, batch)
-            residual = h
-            h = residual + layer.mlp(layer.post_attention_layernorm(h))
+        if self.lean is not None:
+            h = self._lean_layers(h, cos, sin, batch)
+        else:
+            for i, layer in enumerate(core.layers):
+                residual = h
+                x = layer.input_layernorm(h)
+                h = residual + self._attention(i, layer.self_attn, x, cos, sin, batch)
+                residual = h
+                h = residual + layer.mlp(layer.post_attention_layernorm(h))
         if batch.sample_rows.numel() == 0:
             return torch.empty(0, self.model.config.vocab_size, device=self.device)
         last = core.norm(h[batch.sample_rows])  # [S, hidden]
         return self.model.lm_head(last).float()  # [S, vocab]
+
+    def _lean_layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+        """The decoder layers on the lean path; h [T, hidden] (the embeddings, updated in place as
+        the residual) -> the last layer's output, before the final norm."""
+        attns = [layer.self_attn for layer in self.model.model.layers]
+        layers = self.lean.layers
+        x = rms_norm(h, layers[0].input_norm, layers[0].input_eps)
+        for i, ly in enumerate(layers):
+            x, h = add_rms_norm(self._attention(i, attns[i], x, cos, sin, batch), h, ly.post_norm, ly.post_eps)
+            m = ly.mlp(x)
+            if i + 1 < len(layers):  # this layer's residual add fused with the next layer's input norm
+                x, h = add_rms_norm(m, h, layers[i + 1].input_norm, layers[i + 1].input_eps)
+            else:  # the final norm runs on the sample rows only (forward)
+                h.add_(m)
+        return h
 
     def _attention(
         self, layer_idx: int, attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: StepBatch
     ) -> torch.Tensor:
         t = x.shape[0]
         hq, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.groups
-        q = attn.q_proj(x).view(t, hq, d)
-        k = attn.k_proj(x).view(t, hkv, d)
-        v = attn.v_proj(x).view(t, hkv, d)
-        q, k = self._rope(q, k, cos, sin, unsqueeze_dim=1)  # cos/sin [T, D] -> [T, 1, D]
+        if self.lean is not None:  # views of one qkv tensor (q non-contiguous: empty_like below is dense)
+            q, k, v = self.lean.layers[layer_idx].qkv_rope(x, cos, sin)
+        else:
+            q = attn.q_proj(x).view(t, hq, d)
+            k = attn.k_proj(x).view(t, hkv, d)
+            v = attn.v_proj(x).view(t, hkv, d)
+            q, k = self._rope(q, k, cos, sin, unsqueeze_dim=1)  # cos/sin [T, D] -> [T, 1, D]
         self.cache.write(layer_idx, batch.write_slots, k, v)
         out = torch.empty_like(q)  # [T, Hq, D]
         scale = attn.scaling
         nd = batch.num_decodes
-        if nd:
+        if nd and self.paged_kernel:  # K/V read in place through the block tables, written into out
+            paged_attention.paged_decode_attention(
+                q[:nd], self.cache.k[layer_idx], self.cache.v[layer_idx], batch.decode_ctx_blocks,
+                batch.decode_lens, self.cache.block_size, scale, out=out[:nd],
+            )  # fmt: skip
+        elif nd:
             kc, vc = self.cache.read_blocks(layer_idx, batch.decode_ctx_blocks)  # [Hkv, Bd, Kd, D]
             # GQA without repeating K/V: the G query heads sharing a KV head become G query rows.
             # (Hkv, Bd) are both batch dims to SDPA; the mask [Bd, 1, 1, Kd] broadcasts as [1, Bd, 1, Kd].

@@ -6,6 +6,8 @@ the reading; no engine module touches ``os.environ``), then passed explicitly. F
 
 from __future__ import annotations
 
+import os
+
 import re
 from pathlib import Path
 from typing import Literal
@@ -58,6 +60,18 @@ class EngineSettings(BaseSettings):
     )
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch's default")
     compile: bool = Field(False, description="torch.compile the per-layer dense math (CUDA; unverified)")
+    lean_layers: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Dense layer math through inference/engine/lean_llama.py (fused qkv and gate_up GEMMs, rotary "
+        "in place, residual add fused with RMSNorm) instead of the HF modules one by one; auto = on for CUDA, off "
+        "on CPU (CHATPIPE_LEAN_LAYERS)",
+    )
+    paged_kernel: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Decode attention by the Triton kernel of inference/engine/kernels/paged_attention.py, reading "
+        "K/V in place through the block tables, instead of a gather + SDPA; auto = on for CUDA with triton, off "
+        "on CPU, where triton cannot compile (CHATPIPE_PAGED_KERNEL)",
+    )
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
@@ -84,6 +98,25 @@ class EngineSettings(BaseSettings):
         if self.dtype != "auto":
             return self.dtype
         return "bfloat16" if self.resolved_device().startswith("cuda") else "float32"
+
+    def resolved_lean_layers(self, device_type: str) -> bool:
+        """Whether the engine runs the lean layers on a model whose weights are on ``device_type``."""
+        if self.lean_layers != "auto":
+            return self.lean_layers == "on"
+        return device_type == "cuda"
+
+    def resolved_paged_kernel(self, device_type: str) -> bool:
+        """Whether decode attention runs the Triton paged kernel on ``device_type``."""
+        from inference.engine.kernels.paged_attention import HAVE_TRITON
+
+        if self.paged_kernel == "off" or (self.paged_kernel == "auto" and device_type != "cuda"):
+            return False
+        # On CPU tensors only Triton's interpreter runs the kernel (TRITON_INTERPRET=1: the tests).
+        runnable = device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        if not HAVE_TRITON or not runnable:
+            raise ValueError(f"paged_kernel on needs CUDA and triton (device {device_type}, triton "
+                             f"{'installed' if HAVE_TRITON else 'missing'}); use auto or off")
+        return True
 
     def default_model_dir(self) -> Path:
         return self.model_cache.expanduser() / DEFAULT_MODEL_NAME
