@@ -10,18 +10,21 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BUCKETS = (
-    "HF submodule kernels per layer",
-    "host->device tensor builds",
-    "device->host syncs",
-    "KV gather (index_select) in attention",
-    "SDPA",
-    "GEMMs",
-    "KV write (index_copy_)",
-    "sampling",
-    "other ops",
-    "Python outside ops",
-)
+
+
+def _script_buckets() -> tuple[str, ...]:
+    """The buckets the script declares, read from its source: importing it would put bench/ on
+    sys.path, where bench/capacity.py would shadow the capacity package for later tests."""
+    import ast
+
+    tree = ast.parse((ROOT / "bench" / "profile_step.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUCKETS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("bench/profile_step.py declares no BUCKETS")
+
+
+BUCKETS = _script_buckets()
 
 
 def test_profile_step_quick_prints_the_buckets_and_the_headline():
