@@ -8,6 +8,7 @@ Every session uses a fresh topic prefix; ``topic_factory`` makes one-off topics.
 from __future__ import annotations
 
 import itertools
+import random
 import socket
 import uuid
 
@@ -20,6 +21,28 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_port_block(n: int) -> int:
+    """The first of ``n`` consecutive free ports (a stack gives its k-th worker ``base + k``), below
+    Linux's ephemeral range (32768-60999): a port picked by binding 0 lies in that range, where
+    any client connection made meanwhile (a Kafka client, another xdist worker's) may take
+    ``base + 1`` before the second worker binds it, as happened once in CI."""
+    rng = random.Random()
+    while True:
+        base = rng.randrange(20000, 32700 - n)
+        socks = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ from infra.services import alive
 from schemas.codec import default_codec
 from schemas.records import (ChatMessage, ConversationTurn, InferenceRequest, MemoryScope, PromptRequest,
                              SamplingParams, now_ms)
-from tests.conftest import _free_port
+from tests.conftest import _free_port, free_port_block
 from tests.faults.stack import SERVICE_ENV
 from tests.java_partitions import partitions_of
 from tests.streams.qdrant_server import QdrantPeer
@@ -157,7 +157,7 @@ def scaled_stack(tmp_path_factory):
     try:
         up = chatpipe("up", "--brokers", "3", "--streams-workers", "2", "--inference-workers", "2",
                       "--qdrant-url", qdrant.url, "--gateway-port", str(gateway_port),
-                      "--worker-metrics-port", str(_free_port()), "--streams-metrics-port", str(_free_port()),
+                      "--worker-metrics-port", str(free_port_block(2)), "--streams-metrics-port", str(free_port_block(2)),
                       env=env, timeout=900)
         assert up.returncode == 0, up.stdout + up.stderr
         yield {"env": env, "state": state, "bootstrap": ",".join(f"127.0.0.1:{p}" for p in client_ports),

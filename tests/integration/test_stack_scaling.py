@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra.services import alive
+from tests.conftest import _free_port, free_port_block
 from tests.faults.stack import SERVICE_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
@@ -28,22 +28,6 @@ def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "220", **SERVICE_ENV}
     return subprocess.run([sys.executable, "-m", "chatpipe.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
-
-
-def _free_port(pair: bool = False) -> int:
-    """A free port (with ``pair``: one whose next port is free too, for the second worker's /metrics)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if not pair or port >= 65535:
-            return port
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
 
 
 def _status(state: Path) -> tuple[int, dict]:
@@ -58,7 +42,7 @@ def _pids(state: Path) -> set[int]:
 
 def test_two_inference_workers_share_one_group_and_are_services_of_their_own(tmp_path):
     state = tmp_path / "state"
-    metrics = _free_port(pair=True)
+    metrics = free_port_block(2)
     flags = ["--state-dir", str(state), "--kafka-port", str(_free_port()), "--controller-port", str(_free_port()),
              "--gateway-port", str(_free_port()), "--worker-metrics-port", str(metrics)]
     seen: set[int] = set()
