@@ -40,6 +40,14 @@ def kafka_lag_metric(partition_lags: Sequence[int], lag_threshold: float, *, all
     return total
 
 
+def default_lag_threshold(max_batch: int) -> int:
+    """The target lag per worker when none is given: 3/4 of the engine's max batch. The lag counts
+    running requests too, so a target below a full batch adds a worker before the batches are full,
+    and one at or above it lets a queue form first (docs/deploy.md "Autoscaling", the simulated day).
+    ``chatpipe k8s render`` and ``chatpipe capacity simulate`` both use it."""
+    return max(1, round(0.75 * max_batch))
+
+
 def hpa_desired(current: int, metric_total: float, target_average: float, tolerance: float = 0.1) -> int:
     """Replicas the HPA's replica calculator proposes for an AverageValue external metric."""
     if current <= 0:

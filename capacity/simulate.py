@@ -32,7 +32,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from capacity.keda import ScaledObject
+from capacity.keda import ScaledObject, default_lag_threshold
 from capacity.settings import ScalingSettings
 from capacity.traffic import Request
 
@@ -179,11 +179,11 @@ def sticky_assignment(partitions: int, members: Sequence[int], current: dict[int
 
 
 def with_lag_threshold(scaling: ScalingSettings, max_batch: int) -> ScalingSettings:
-    """``scaling`` with its lag threshold set: 0 means 3/4 of the worker's max batch, the rule
-    ``chatpipe k8s render`` applies (``infra.k8s.keda.lag_per_worker``)."""
+    """``scaling`` with its lag threshold set: 0 means ``default_lag_threshold`` of the worker's max
+    batch, the rule ``chatpipe k8s render`` applies."""
     if scaling.lag_threshold > 0:
         return scaling
-    return scaling.model_copy(update={"lag_threshold": float(max(1, round(0.75 * max_batch)))})
+    return scaling.model_copy(update={"lag_threshold": float(default_lag_threshold(max_batch))})
 
 
 class Simulation:

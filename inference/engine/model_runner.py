@@ -69,7 +69,7 @@ def check_supported(config: Any, max_seq_len: int) -> None:
 
 class ModelRunner:
     def __init__(
-        self, model: Any, cache: PagedKVCache, compile: bool = False, lean: bool = False, paged_kernel: bool | None = None
+        self, model: Any, cache: PagedKVCache, compile: bool = False, lean: bool = False, paged_kernel: bool = False
     ) -> None:
         self.model = model
         self.cache = cache
@@ -80,9 +80,7 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.groups = self.num_heads // self.num_kv_heads  # query heads per KV head (GQA)
         # Decode attention by the Triton kernel that reads the pool in place (kernels/paged_attention.py)
-        # instead of read_blocks' gather + SDPA: issue 22. None = wherever it can run (CUDA + triton).
-        if paged_kernel is None:
-            paged_kernel = self.device.type == "cuda" and paged_attention.HAVE_TRITON
+        # instead of read_blocks' gather + SDPA: issue 22 (EngineSettings.resolved_paged_kernel decides).
         self.paged_kernel = paged_kernel
         max_pos = getattr(cfg, "max_position_embeddings", None) or 1 << 16
         self.tables = DeviceBlockTables(-(-min(max_pos, cache.num_slots) // cache.block_size), self.device)

@@ -7,7 +7,6 @@ the reading; no engine module touches ``os.environ``), then passed explicitly. F
 from __future__ import annotations
 
 import os
-
 import re
 from pathlib import Path
 from typing import Literal
@@ -109,8 +108,10 @@ class EngineSettings(BaseSettings):
         """Whether decode attention runs the Triton paged kernel on ``device_type``."""
         from inference.engine.kernels.paged_attention import HAVE_TRITON
 
-        if self.paged_kernel == "off" or (self.paged_kernel == "auto" and device_type != "cuda"):
+        if self.paged_kernel == "off":
             return False
+        if self.paged_kernel == "auto":
+            return device_type == "cuda" and HAVE_TRITON
         # On CPU tensors only Triton's interpreter runs the kernel (TRITON_INTERPRET=1: the tests).
         runnable = device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
         if not HAVE_TRITON or not runnable:

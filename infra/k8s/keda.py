@@ -49,12 +49,12 @@ def backlog_query(group: str, topic: str) -> str:
 
 
 def lag_per_worker(values: Values) -> int:
-    """The scaler's target per worker: the value, else 3/4 of the engine's max batch. The lag counts running
-    requests too, so a target below a full batch adds a worker before the batches are full, and one at or
-    above it lets a queue form first (docs/deploy.md "Autoscaling", the simulated day)."""
+    """The scaler's target per worker: the value, else ``capacity.keda.default_lag_threshold`` of the
+    engine's max batch the containers get (3/4 of it)."""
+    from capacity.keda import default_lag_threshold
     from infra.k8s.services import engine_settings
 
-    return values.inference.keda.lag_per_worker or max(1, round(0.75 * engine_settings(values).max_batch))
+    return values.inference.keda.lag_per_worker or default_lag_threshold(engine_settings(values).max_batch)
 
 
 def triggers(values: Values) -> list[dict[str, Any]]:

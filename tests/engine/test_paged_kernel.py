@@ -272,6 +272,21 @@ if __name__ != "__main__":
         pa.store_kv_reference(kp, vp, slots, k, v)
         assert torch.equal(kp, cache.k[0]) and torch.equal(vp, cache.v[0])
 
+    def test_paged_kernel_setting_resolves_per_device(monkeypatch):
+        from inference.engine.settings import EngineSettings
+
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        auto, on, off = (EngineSettings(paged_kernel=v) for v in ("auto", "on", "off"))
+        monkeypatch.setattr(pa, "HAVE_TRITON", True)
+        assert auto.resolved_paged_kernel("cuda") and not auto.resolved_paged_kernel("cpu")
+        assert on.resolved_paged_kernel("cuda") and not off.resolved_paged_kernel("cuda")
+        with pytest.raises(ValueError, match="needs CUDA and triton"):
+            on.resolved_paged_kernel("cpu")
+        monkeypatch.setattr(pa, "HAVE_TRITON", False)  # a CUDA build without triton: auto falls back to SDPA
+        assert not auto.resolved_paged_kernel("cuda")
+        with pytest.raises(ValueError, match="triton missing"):
+            on.resolved_paged_kernel("cuda")
+
     def test_bad_shapes_are_refused():
         q, kp, vp, tables, lens, scale = decode_inputs(**SMOL, bs=16, dtype=F32, seed=23, lens=[3])
         with pytest.raises(ValueError, match="block_size 0"):
