@@ -8,6 +8,9 @@ The engine knows token ids only: no tokenizer, no chat template, no threads or a
 (``streaming.py`` runs it in a thread; ``text.py`` holds the text edge). A request may carry a
 ``text.TextStream``: the step feeds it each sampled token and ends the request in that same step
 when a stop string completes (a caller cancelling from its own thread would be a step late).
+A request may also carry a token constraint (``Request.constraint``, an xgrammar ``GrammarMatcher``):
+the sampler masks what it forbids, and the request ends (STOP) once the constraint terminates.
+``add_request_group`` adds the n > 1 siblings of one prompt, which share its KV blocks.
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ class TokenEvent:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     text: str | None = None  # text safe to show after this token (requests with a text_stream only)
+    # params.logprobs is not None: the token's log-probability and the params.logprobs most likely
+    # (token id, logprob), best first; log_softmax of the raw logits (before penalties, temperature
+    # and a constraint's mask).
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
+    error: str | None = None  # finish_reason ERROR: why
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,7 @@ class Engine:
         tenant: str = DEFAULT_TENANT,
         user_id: str = "",
         cache_prefix: bool = True,
+        constraint: Any = None,
     ) -> tuple[Admission, Request]:
         """Queue a request. Refusals (OVERLOADED, TOO_LARGE) come back as the Admission result
         (``refusal_error`` turns one into an error); a request that can never run raises
@@ -137,14 +147,61 @@ class Engine:
         request's text and end it at the step whose token completes a stop string. ``tenant``
         salts its prefix-cache hashes (only that tenant's requests share its blocks); ``user_id``
         is whose blocks they are, for ``forget_prefixes``; ``cache_prefix=False`` reads the cache
-        but registers none of its blocks (a request its user's deletion already covers)."""
+        but registers none of its blocks (a request its user's deletion already covers).
+        ``constraint`` (an ``xgrammar.GrammarMatcher`` built for this model's vocabulary, fresh for
+        this request) restricts each sampled token to what it allows; the request ends with STOP
+        when it terminates (it accepted its stop token)."""
+        req = self._request(prompt_token_ids, params, priority, request_id, text_stream, tenant, user_id,
+                            cache_prefix, constraint)  # fmt: skip
+        return self.scheduler.add_request(req), req
+
+    def add_request_group(
+        self,
+        request_ids: Sequence[str] | int,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams = SamplingParams(),
+        priority: Priority = Priority.INTERACTIVE,
+        text_streams: Sequence[Any] | None = None,
+        tenant: str = DEFAULT_TENANT,
+        user_id: str = "",
+        cache_prefix: bool = True,
+        constraints: Sequence[Any] | None = None,
+    ) -> tuple[Admission, list[Request]]:
+        """n > 1: one request per id in ``request_ids`` (or ``n`` with generated ids) on the same
+        prompt, all accepted or all refused. The first computes the prompt; the others are
+        admitted only once it has (the step after its first token), so they take the prompt's
+        full blocks from the prefix cache instead of computing them again (with prefix caching
+        off they run at once). With a seed, sibling i gets ``seed + i``, so the n answers differ and
+        each is reproducible. ``text_streams`` / ``constraints``: one per sibling (each its own
+        object: both are stateful), or None."""
+        ids = [None] * request_ids if isinstance(request_ids, int) else list(request_ids)
+        n = len(ids)
+        if n < 1:
+            raise InvalidRequestError("a request group needs at least one request id")
+        for name, per in (("text_streams", text_streams), ("constraints", constraints)):
+            if per is not None and len(per) != n:
+                raise InvalidRequestError(f"{name} has {len(per)} entries for {n} requests")
+        reqs: list[Request] = []
+        for i, rid in enumerate(ids):
+            p = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=params.seed + i)
+            req = self._request(prompt_token_ids, p, priority, rid, text_streams[i] if text_streams else None,
+                                tenant, user_id, cache_prefix, constraints[i] if constraints else None)  # fmt: skip
+            if reqs:
+                req.prompt_leader = reqs[0]
+            reqs.append(req)
+        return self.scheduler.add_group(reqs), reqs
+
+    def _request(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, priority: Priority, request_id: str | None,
+        text_stream: Any, tenant: str, user_id: str, cache_prefix: bool, constraint: Any,
+    ) -> Request:  # fmt: skip
         ids = [int(t) for t in prompt_token_ids]
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         if not params.ignore_eos:
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids | self.eos_token_ids)
-        req = Request(
+        return Request(
             request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
             prompt_token_ids=ids,
             params=params,
@@ -153,8 +210,8 @@ class Engine:
             tenant=tenant,
             user_id=user_id,
             register_blocks=cache_prefix,
+            constraint=constraint,
         )
-        return self.scheduler.add_request(req), req
 
     def forget_prefixes(self, tenant: str, user_id: str) -> int:
         """Drop every prefix-cache block that requests of (tenant, user_id) computed or reused:
@@ -201,23 +258,35 @@ class Engine:
         batch = self.runner.prepare(out.chunks, tables)
         logits = self.runner.forward(batch)  # [S, V]
         by_id = {c.request.request_id: c.request for c in out.chunks}
-        params = [by_id[rid].params for rid in batch.sample_request_ids]
-        tokens = self.sampler.sample(logits, batch.sample_request_ids, params)
-        sampled = dict(zip(batch.sample_request_ids, tokens))
+        reqs = [by_id[rid] for rid in batch.sample_request_ids]
+        constraints = [r.constraint for r in reqs]
+        res = self.sampler.sample_step(
+            logits, batch.sample_request_ids, [r.params for r in reqs], [r.output_token_ids for r in reqs],
+            constraints if any(c is not None for c in constraints) else None,
+        )  # fmt: skip
+        sampled = dict(zip(batch.sample_request_ids, res.token_ids))
         self.scheduler.update_from_output(out, sampled)
         prompt_computed = sum(
             max(0, min(c.start + c.num_new_tokens, len(c.request.prompt_token_ids)) - c.start) for c in out.chunks
         )
         self._count(prompt_computed, len(sampled))
-        for rid, tok in sampled.items():
-            req = by_id[rid]
+        rejected = set(res.rejected)
+        for i, (rid, tok) in enumerate(sampled.items()):
+            req = reqs[i]
+            if req.constraint is not None and not req.is_finished:
+                if i in rejected:  # the mask allowed a token the matcher refuses: a bug, end this request only
+                    req.error = f"the token constraint refused token {tok}, which its own mask allowed"
+                    self.scheduler.finish(req, FinishReason.ERROR)
+                elif req.constraint.is_terminated():  # it accepted its stop token
+                    self.scheduler.finish(req, FinishReason.STOP)
             text = self._text(req, tok)
+            lp, top = res.logprobs[i], res.top_logprobs[i]
             if req.is_finished:
                 self.sampler.remove(rid)
                 self.runner.forget(rid)
-                events.append(self._finished_event(req, tok, text))
+                events.append(self._finished_event(req, tok, text, lp, top))
             else:
-                events.append(TokenEvent(rid, tok, finished=False, text=text))
+                events.append(TokenEvent(rid, tok, finished=False, text=text, logprob=lp, top_logprobs=top))
         return events
 
     def _text(self, req: Request, token: int) -> str | None:
@@ -280,11 +349,15 @@ class Engine:
         self._recent.append((time.monotonic(), generated))
 
     @staticmethod
-    def _finished_event(req: Request, token: int | None, text: str | None = None) -> TokenEvent:
+    def _finished_event(
+        req: Request, token: int | None, text: str | None = None, logprob: float | None = None,
+        top_logprobs: tuple[tuple[int, float], ...] | None = None,
+    ) -> TokenEvent:  # fmt: skip
         if text is None and req.text_stream is not None:
             text = req.text_stream.finish()  # cancelled: what was held back
         return TokenEvent(
             req.request_id, token, finished=True, finish_reason=req.finish_reason,
             timings=dataclasses.replace(req.timings),
             num_prompt_tokens=len(req.prompt_token_ids), num_output_tokens=len(req.output_token_ids), text=text,
+            logprob=logprob, top_logprobs=top_logprobs, error=req.error,
         )  # fmt: skip

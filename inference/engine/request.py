@@ -42,12 +42,24 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # a stop token id was sampled (or a stop string matched, at the text edge)
     LENGTH = "length"  # max_new_tokens or max_seq_len reached
     ABORTED = "aborted"  # cancelled by the caller
+    ERROR = "error"  # the engine could not go on with this request (``Request.error`` says why)
+
+
+MAX_LOGPROBS = 20  # most alternatives per position ``logprobs`` may ask for (OpenAI's top_logprobs bound)
+MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| bound (OpenAI's)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling. ``temperature == 0`` means greedy (argmax), and then top-p/top-k/seed
-    are ignored. ``seed`` makes sampling reproducible: same seed, same logits -> same tokens."""
+    are ignored. ``seed`` makes sampling reproducible: same seed, same logits -> same tokens.
+
+    Penalties follow OpenAI: before temperature, the logit of every token that occurs ``c > 0``
+    times in this request's *output so far* is lowered by ``frequency_penalty * c +
+    presence_penalty`` (prompt tokens do not count). They apply to greedy requests too.
+    ``logprobs``: None = none; 0 = the chosen token's log-probability; k in 1..20 = that plus the k
+    most likely tokens. They are the log-softmax of the model's raw logits (before penalties,
+    temperature and a constraint's mask), vLLM's default."""
 
     max_new_tokens: int = 256
     temperature: float = 0.0
@@ -56,6 +68,9 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False  # True: the model's end-of-sequence ids do not stop this request (benchmarks)
+    presence_penalty: float = 0.0  # [-2, 2]
+    frequency_penalty: float = 0.0  # [-2, 2]
+    logprobs: int | None = None  # None, 0 (the chosen token's), or 1..MAX_LOGPROBS alternatives too
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -66,6 +81,17 @@ class SamplingParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:  # also refuses NaN
+                raise InvalidRequestError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_LOGPROBS):
+            raise InvalidRequestError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}")
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def greedy(self) -> bool:
@@ -128,6 +154,14 @@ class Request:
     # Text edge (``text.TextStream``): fed each sampled token in the engine's step; when it reports
     # a stop string the request ends in that same step. None = token ids only.
     text_stream: Any = None
+    # Token constraint (an ``xgrammar.GrammarMatcher`` or anything with its ``fill_next_token_bitmask``,
+    # ``accept_token`` and ``is_terminated``): the sampler masks the tokens it forbids and feeds it
+    # each sampled token; the request ends (STOP) when it terminates. Stateful, hence not a param.
+    constraint: Any = None
+    # n > 1 (``Engine.add_request_group``): a sibling is admitted only once this request's prompt
+    # is computed, so it takes the prompt's full blocks from the prefix cache. None = no wait.
+    prompt_leader: Request | None = None
+    error: str | None = None  # why it ended with FinishReason.ERROR
 
     @property
     def owner(self) -> Owner:

@@ -18,7 +18,9 @@ Policy, in order, each ``schedule()``:
      class, preempted requests first in their class by admission order) while there is a free
      batch slot, KV room and step budget. A new request reuses the longest cached prefix of its
      tokens and computes only the rest. The head of the queue is never skipped for a smaller
-     request behind it, and a new arrival never preempts a running request (no starvation).
+     request behind it, and a new arrival never preempts a running request (no starvation). An
+     n > 1 sibling (``add_group``, ``Request.prompt_leader``) waits at the head until its leader
+     has computed the shared prompt, then takes those blocks from the prefix cache.
 
 ``kv_allocation="reserve"`` keeps the old worst-case reservation (prompt + max_new_tokens at
 admission, never preempted): the baseline of ``bench/engine.py --multi-turn``.
@@ -203,21 +205,32 @@ class Scheduler:
     # -- callers ---------------------------------------------------------------------------------
 
     def add_request(self, request: Request) -> Admission:
+        return self.add_group([request])
+
+    def add_group(self, requests: list[Request]) -> Admission:
+        """Queue requests together (n > 1 siblings): all accepted or none."""
         with self._lock:
-            if request.request_id in self._by_id:
-                raise InvalidRequestError(f"request id {request.request_id!r} is already in the engine")
-            if not request.prompt_token_ids:
-                raise InvalidRequestError("the prompt is empty (no tokens): give some text to answer or continue")
-            if request.max_tokens > self.config.max_seq_len or not self.allocator.can_ever_fit(request.max_tokens):
-                return Admission.TOO_LARGE
-            if len(self.waiting) >= self.config.max_waiting:
+            ids = [r.request_id for r in requests]
+            for rid in ids:
+                if rid in self._by_id:
+                    raise InvalidRequestError(f"request id {rid!r} is already in the engine")
+            if len(set(ids)) != len(ids):
+                raise InvalidRequestError(f"request ids {ids} repeat one another")
+            for request in requests:
+                if not request.prompt_token_ids:
+                    raise InvalidRequestError("the prompt is empty (no tokens): give some text to answer or continue")
+            for request in requests:
+                if request.max_tokens > self.config.max_seq_len or not self.allocator.can_ever_fit(request.max_tokens):
+                    return Admission.TOO_LARGE
+            if len(self.waiting) + len(requests) > self.config.max_waiting:
                 return Admission.OVERLOADED
-            request.timings.arrival = self.clock()
-            request.arrival_seq = self._arrivals
-            self._arrivals += 1
-            request.status = RequestStatus.WAITING
-            self.waiting.push(request)
-            self._by_id[request.request_id] = request
+            for request in requests:
+                request.timings.arrival = self.clock()
+                request.arrival_seq = self._arrivals
+                self._arrivals += 1
+                request.status = RequestStatus.WAITING
+                self.waiting.push(request)
+                self._by_id[request.request_id] = request
             return Admission.ACCEPTED
 
     def abort(self, request_id: str) -> bool:
@@ -260,7 +273,7 @@ class Scheduler:
             # A step that had to preempt admits nobody: the room it made is for the running requests.
             while not out.preempted and budget > 0 and len(self.running) < self.config.max_batch:
                 req = self.waiting.peek()
-                if req is None:
+                if req is None or not self._prompt_ready(req):
                     break
                 chunk = self._admit(req, budget)
                 if chunk is None:
@@ -272,6 +285,16 @@ class Scheduler:
             chunks = list(scheduled.values())
             out.chunks = [c for c in chunks if c.num_new_tokens == 1] + [c for c in chunks if c.num_new_tokens > 1]
             return out
+
+    def _prompt_ready(self, req: Request) -> bool:
+        """False for an n > 1 sibling whose leader has not computed the shared prompt yet: admitted
+        now, it would compute the same blocks a second time. The queue waits for it (its head is
+        never skipped); the leader is ahead of it, so this lasts until the leader's first token."""
+        leader = req.prompt_leader
+        if leader is None or not self.allocator.prefix_caching or not leader.register_blocks:
+            return True
+        return leader.is_finished or bool(leader.output_token_ids) or (
+            leader.num_computed_tokens >= len(leader.prompt_token_ids))
 
     def _rank(self, req: Request) -> tuple[int, int]:
         """Preemption order: the largest is preempted first (lowest priority, most recently admitted)."""

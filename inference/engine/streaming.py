@@ -98,26 +98,54 @@ class AsyncEngine:
     def submit(
         self, prompt_token_ids: Sequence[int], params: SamplingParams = SamplingParams(),
         priority: Priority = Priority.INTERACTIVE, request_id: str | None = None, text_stream: Any = None,
-        tenant: str = DEFAULT_TENANT, user_id: str = "", cache_prefix: bool = True,
+        tenant: str = DEFAULT_TENANT, user_id: str = "", cache_prefix: bool = True, constraint: Any = None,
     ) -> RequestStream:  # fmt: skip
         """Queue a request; look at ``.admission`` (or ``.refusal``) before iterating (a refused
         stream is empty). Raises ``EngineFailed`` / ``EngineStopped`` when the engine is no longer
         serving, ``InvalidRequestError`` for a request it can never run. With a ``text.TextStream``
         each event carries its ``text`` and a stop string ends the request in the step that
-        completes it. ``tenant`` salts its prefix-cache hashes, ``user_id`` owns its blocks
-        (``Engine.add_request``)."""
-        queue: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
+        completes it. ``tenant`` salts its prefix-cache hashes, ``user_id`` owns its blocks,
+        ``constraint`` restricts its tokens (``Engine.add_request``)."""
         loop = asyncio.get_running_loop()
         with self._lock:  # registered before the engine can produce its first event
-            if self._failure is not None:
-                raise EngineFailed(str(self._failure)) from self._failure.__cause__
-            if self._stopped:
-                raise EngineStopped("the engine was stopped; it takes no more requests")
+            self._check_serving()
             admission, req = self.engine.add_request(prompt_token_ids, params, priority, request_id, text_stream,
-                                                     tenant=tenant, user_id=user_id, cache_prefix=cache_prefix)
-            if admission is Admission.ACCEPTED:
-                self._queues[req.request_id] = (loop, queue)
+                                                     tenant=tenant, user_id=user_id, cache_prefix=cache_prefix,
+                                                     constraint=constraint)  # fmt: skip
+            stream = self._stream(loop, admission, req)
         self._wake.set()
+        return stream
+
+    def submit_group(
+        self, request_ids: Sequence[str] | int, prompt_token_ids: Sequence[int], params: SamplingParams = SamplingParams(),
+        priority: Priority = Priority.INTERACTIVE, text_streams: Sequence[Any] | None = None,
+        tenant: str = DEFAULT_TENANT, user_id: str = "", cache_prefix: bool = True,
+        constraints: Sequence[Any] | None = None,
+    ) -> list[RequestStream]:  # fmt: skip
+        """n > 1 answers to one prompt sharing its KV (``Engine.add_request_group``): one stream per
+        request id, in order, all accepted or all refused (each refused stream carries the
+        refusal). Sibling i gets ``seed + i`` when the params have a seed."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            self._check_serving()
+            admission, reqs = self.engine.add_request_group(
+                request_ids, prompt_token_ids, params, priority, text_streams, tenant=tenant, user_id=user_id,
+                cache_prefix=cache_prefix, constraints=constraints,
+            )  # fmt: skip
+            streams = [self._stream(loop, admission, req) for req in reqs]
+        self._wake.set()
+        return streams
+
+    def _check_serving(self) -> None:
+        if self._failure is not None:
+            raise EngineFailed(str(self._failure)) from self._failure.__cause__
+        if self._stopped:
+            raise EngineStopped("the engine was stopped; it takes no more requests")
+
+    def _stream(self, loop: asyncio.AbstractEventLoop, admission: Admission, req: Any) -> RequestStream:
+        queue: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
+        if admission is Admission.ACCEPTED:
+            self._queues[req.request_id] = (loop, queue)
         refusal = None if admission is Admission.ACCEPTED else self.engine.refusal_error(admission, req)
         return RequestStream(self, req.request_id, admission, queue, refusal)
 
@@ -266,7 +294,7 @@ class TextDelta:
 
 async def stream_text(
     aengine: AsyncEngine, tokenizer: Any, prompt_token_ids: Sequence[int], params: SamplingParams = SamplingParams(),
-    stop: Sequence[str] = (), priority: Priority = Priority.INTERACTIVE,
+    stop: Sequence[str] = (), priority: Priority = Priority.INTERACTIVE, constraint: Any = None,
 ) -> AsyncIterator[TextDelta]:  # fmt: skip
     """Text increments of one generation; a stop string ends it (reason STOP) and is not shown.
     The deltas joined equal the decoded output (up to the stop string).
@@ -275,7 +303,7 @@ async def stream_text(
     the request, ``InvalidRequestError`` for a request it can never run, ``EngineFailed`` /
     ``EngineStopped`` when the engine fails or stops before the end."""
     text_stream = TextStream(tokenizer, stop)
-    stream = aengine.submit(prompt_token_ids, params, priority, text_stream=text_stream)
+    stream = aengine.submit(prompt_token_ids, params, priority, text_stream=text_stream, constraint=constraint)
     if stream.refusal is not None:
         raise stream.refusal
     events = stream.__aiter__()
