@@ -22,7 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from clients.record_json import decoded_line, error_line
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import ChatpipeError, DecodeError
-from schemas.records import RECORD_TYPES
+from schemas.records import RECORD_TYPES, EmbeddingResult
 from schemas.topics import BY_NAME, REPLIES, TopicSpec
 from transport.errors import TransportError
 from transport.message import ConsumedMessage
@@ -31,6 +31,9 @@ from transport.settings import KafkaSettings
 #: Catalog topics that also exist per instance as ``<name>.<instance>`` (a gateway's own reply
 #: topic, ``chat.replies.<gateway_id>``): same record type as the catalog entry.
 PER_INSTANCE_TOPICS = (REPLIES,)
+#: Topics that carry more than their catalog record type: a reply topic also carries the
+#: ``EmbeddingResult`` of POST /v1/embeddings (streams/embedding_requests.py).
+ALSO_CARRIED = {REPLIES: (EmbeddingResult,)}
 
 
 class UnknownTopicError(ChatpipeError):
@@ -63,7 +66,7 @@ class TopicTail:
                  codec: AvroCodec | None = None) -> None:
         self.spec = resolve_topic(name)
         self.topic = settings.topic(name)
-        self.expected = RECORD_TYPES[self.spec.value]
+        self.expected = (RECORD_TYPES[self.spec.value], *ALSO_CARRIED.get(self.spec.name, ()))
         self.codec = codec or default_codec()
         self._broker_errors: list[str] = []
         self._consumer = Consumer({
@@ -119,7 +122,10 @@ class TopicTail:
         if value is None:  # a tombstone (compacted topics, e.g. chat.workers.status): a valid message with no record
             return decoded_line(message, None)
         try:
-            record = self.codec.decode(value, self.expected)
+            record = self.codec.decode(value)
+            if not isinstance(record, self.expected):
+                names = " or ".join(t.__name__ for t in self.expected)
+                raise DecodeError(f"expected {names}, got {type(record).__name__}")
         except DecodeError as exc:
             return error_line(message, str(exc))
         return decoded_line(message, record)

@@ -189,12 +189,14 @@ def _topic_rules(service: str) -> list[tuple[str, str, tuple[str, ...]]]:
     write = lambda *names: [("LITERAL", n, _WRITE) for n in names]  # noqa: E731
     replies = ("PREFIXED", t.REPLIES, _WRITE)  # chat.replies and every gateway's chat.replies.<id>
     if service == "gateway":
-        return [*write(t.PROMPTS, t.CANCELS, t.FEEDBACK, t.DELETIONS), ("PREFIXED", f"{t.REPLIES}.", _OWN)]
+        return [*write(t.PROMPTS, t.CANCELS, t.FEEDBACK, t.DELETIONS, t.EMBEDDING_REQUESTS),
+                ("PREFIXED", f"{t.REPLIES}.", _OWN)]
     if service == "inference":
         return [*read(t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.CANCELS, t.DELETIONS),
                 *write(t.RESPONSES, t.WORKERS_STATUS, t.DELETIONS_AUDIT, t.DLQ), replies]
     if service == "streams":
-        return [*read(t.PROMPTS, t.RESPONSES, t.DELETIONS, t.TURNS, t.FEEDBACK, t.DELETIONS_FANOUT),
+        return [*read(t.PROMPTS, t.RESPONSES, t.DELETIONS, t.TURNS, t.FEEDBACK, t.DELETIONS_FANOUT,
+                      t.EMBEDDING_REQUESTS),
                 *write(t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.TURNS, t.DLQ, t.DELETIONS_FANOUT,
                        t.DELETIONS_AUDIT, t.CANCELS),
                 replies, ("PREFIXED", _STREAMS_APP, _OWN)]

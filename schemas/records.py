@@ -12,6 +12,7 @@ This module does no I/O and knows nothing about Kafka.
 
 from __future__ import annotations
 
+import builtins
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -83,6 +84,15 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    # PromptRequest v5 / InferenceRequest v3 (OpenAI's meanings; rules in schemas/requests.py):
+    presence_penalty: float = 0.0  # [-2, 2], once per token already in the answer
+    frequency_penalty: float = 0.0  # [-2, 2], times the token's count in the answer
+    logprobs: bool = False  # each generated token's logprob on the chunks (TokenChunk v3)
+    top_logprobs: int = 0  # 0-20 most likely alternatives per position, only with logprobs
+    n: int = 1  # 1-8 choices, each streamed with its choice_index
+    # OpenAI's response_format object as JSON text (json_object / json_schema); None = free text
+    # ({"type": "text"} is stored as None). schemas.requests.response_format_text writes it.
+    response_format: str | None = None
 
 
 @dataclass(slots=True)
@@ -112,7 +122,10 @@ class PromptRequest:
     # user_id is an identified end user (versions before v4 read as USER). CONVERSATION = recall
     # from this conversation only; the gateway sets it when a request names no identified user.
     memory_scope: MemoryScope = MemoryScope.USER
-    schema_version: int = 4
+    # v5 (POST /v1/completions): a raw text prompt, tokenized as it is: no chat template, no system
+    # prompt, no memory recall, not remembered; ``messages`` is then empty. None: a chat request.
+    raw_prompt: str | None = None
+    schema_version: int = 5  # v5: the sampling fields of issue 23 (penalties, logprobs, n, response_format)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -132,7 +145,28 @@ class InferenceRequest:
     context_tokens: int = 0
     recalled_turn_ids: list[str] = field(default_factory=list)
     deadline_at: int | None = None  # v2: carried over from the PromptRequest
-    schema_version: int = 2
+    # v3: PromptRequest v5's raw_prompt, carried over: the worker tokenizes it as it is (no chat
+    # template) and ``messages`` is empty. None: the chat template over ``messages``.
+    raw_prompt: str | None = None
+    schema_version: int = 3  # v3: the sampling fields of PromptRequest v5, carried over unchanged
+
+
+@dataclass(slots=True)
+class TopLogprob:
+    """One of the most likely tokens at a position (TokenChunk v3)."""
+    token: str  # the token's text (a partial UTF-8 character shows as U+FFFD: see bytes)
+    logprob: float
+    # the token's own UTF-8 bytes, possibly part of a character (builtins.: the field shadows the name)
+    bytes: builtins.bytes
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """The chosen token at one position and, with top_logprobs, its most likely alternatives."""
+    token: str
+    logprob: float  # log_softmax of the model's raw logits (before penalties, temperature, masks)
+    bytes: builtins.bytes
+    top: list[TopLogprob] = field(default_factory=list)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -152,7 +186,11 @@ class TokenChunk:
     tokens_out: int | None = None
     error_code: str | None = None  # context_length_exceeded | invalid_request | cancelled | internal_error
     error: str | None = None
-    schema_version: int = 2
+    # v3: which of the request's n choices (index counts 0, 1, 2, ... per choice), and with
+    # sampling.logprobs one TokenLogprob per token of token_ids, in order (None without).
+    choice_index: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    schema_version: int = 3
 
 
 @dataclass(slots=True, kw_only=True)
@@ -173,7 +211,9 @@ class Response:
     error: str | None = None
     created_at: int
     completed_at: int = field(default_factory=now_ms)
-    schema_version: int = 1
+    # v2: a request with n > 1 is answered by one Response per choice; streams records choice 0's.
+    choice_index: int = 0
+    schema_version: int = 2
 
 
 @dataclass(slots=True, kw_only=True)
@@ -285,9 +325,43 @@ class DeletionAudit:
     schema_version: int = 1
 
 
+@dataclass(slots=True, kw_only=True)
+class EmbeddingRequest:
+    """Texts to embed with the streams tier's memory model (POST /v1/embeddings; streams/embedding_requests.py)."""
+    request_id: str = field(default_factory=new_id)
+    tenant: str
+    user_id: str
+    created_at: int = field(default_factory=now_ms)
+    model: str
+    inputs: list[str]
+    dimensions: int | None = None  # None: the model's own; any other is refused
+    reply_to: str
+    reply_partition: int | None = None
+    deadline_at: int | None = None
+    schema_version: int = 1
+
+
+@dataclass(slots=True, kw_only=True)
+class EmbeddingResult:
+    """An EmbeddingRequest's answer on its reply address: ``count`` x ``dimensions`` little-endian
+    float32 in ``vectors`` (row-major), or ``error_code`` with the reason."""
+    request_id: str
+    model: str
+    dimensions: int = 0
+    count: int = 0
+    vectors: bytes = b""
+    tokens_in: int = 0
+    worker_id: str
+    error_code: str | None = None
+    error: str | None = None
+    error_param: str | None = None  # OpenAI's param: input[2], dimensions, model
+    created_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
 Record = (
     PromptRequest | InferenceRequest | TokenChunk | Response | Cancel | ConversationTurn
-    | Feedback | Deletion | WorkerStatus | DeadLetter | DeletionAudit
+    | Feedback | Deletion | WorkerStatus | DeadLetter | DeletionAudit | EmbeddingRequest | EmbeddingResult
 )
 
 #: Every top-level record type, by its Avro record name.
@@ -295,6 +369,6 @@ RECORD_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (
         PromptRequest, InferenceRequest, TokenChunk, Response, Cancel, ConversationTurn,
-        Feedback, Deletion, WorkerStatus, DeadLetter, DeletionAudit,
+        Feedback, Deletion, WorkerStatus, DeadLetter, DeletionAudit, EmbeddingRequest, EmbeddingResult,
     )
 }

@@ -18,6 +18,17 @@ tested by encoding such a record). Metadata follows OpenAI's limits (16 pairs, k
 512 characters). Stop strings: 16 of at most 256 characters (the engine's text edge holds the longest
 stop string's tail back from every increment).
 
+**Sampling beyond the basics** (PromptRequest v5, issue 23), with OpenAI's ranges:
+``presence_penalty`` and ``frequency_penalty`` in [-2, 2]; ``top_logprobs`` 0-20, and more than 0
+only with ``logprobs``; ``n`` 1-8: every choice is one more sequence in the engine's running batch
+(16 by default) for the whole answer, so 8 lets one request take half the batch at most and leaves
+the rest to other requests; its answers (n times max_tokens, with logprobs) also stay well inside
+one reply stream. ``response_format`` is OpenAI's object (``text``, ``json_object``, ``json_schema``
+with a ``json_schema.schema`` object); records carry it as JSON text of at most 16,384 characters
+(``response_format_text``), which keeps the largest valid record under the broker's limit. Whether
+a schema compiles to a grammar is ``inference.engine.grammar.check_response_format``'s rule (the
+gateway runs it; a worker that cannot compile one answers ``invalid_request``).
+
 **The context size** (prompt + answer tokens) is one setting, ``CHATPIPE_CONTEXT_TOKENS``, read by
 streams (its assembly budget), the engine (its ``max_seq_len``) and the gateway (``max_tokens`` at
 most the context - 1). The names each tier had before, ``CHATPIPE_STREAMS_CONTEXT_TOKENS`` and
@@ -32,6 +43,7 @@ Pure except ``SharedContextTokens``, the settings source that hands the environm
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -49,7 +61,8 @@ log = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")  # what the records carry and the chat templates know
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system message (gateway only)
-OPENAI_ROLES = ROLES + tuple(ROLE_ALIASES)
+TOOL_ROLE = "tool"  # OpenAI's tool result message: the gateway renders it as a user turn (inference/gateway/tools.py)
+OPENAI_ROLES = ROLES + tuple(ROLE_ALIASES) + (TOOL_ROLE,)
 
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 CONVERSATION_ID_RULE = "1-128 characters of A-Z a-z 0-9 . _ : @ -"
@@ -93,6 +106,10 @@ class RequestLimits:
     max_stop_strings: int = 16
     max_stop_chars: int = 256
     max_temperature: float = 2.0
+    max_penalty: float = 2.0  # presence_penalty and frequency_penalty in [-max_penalty, max_penalty]
+    max_top_logprobs: int = 20
+    max_choices: int = 8  # n: each choice is a sequence of the engine's batch (module docstring)
+    max_response_format_chars: int = 16_384  # the JSON text of response_format
     broker_message_bytes: int = 1_048_576  # Kafka's default message.max.bytes
 
     def __post_init__(self) -> None:
@@ -104,7 +121,7 @@ class RequestLimits:
         """An upper bound of the encoded PromptRequest at these limits: 4 UTF-8 bytes per character,
         a few bytes per message (role, lengths), a generous allowance for ids, model and addresses."""
         chars = (self.max_prompt_chars + self.max_user_chars + self.max_tenant_chars + 128
-                 + self.max_stop_strings * self.max_stop_chars)
+                 + self.max_stop_strings * self.max_stop_chars + self.max_response_format_chars)
         return 4 * chars + 24 * self.max_messages + 4096
 
 
@@ -114,9 +131,10 @@ LIMITS = RequestLimits()
 # -- messages ---------------------------------------------------------------------------------------
 
 def check_messages(messages: Sequence[tuple[str, str]], limits: RequestLimits = LIMITS, *,
-                   roles: Sequence[str] = ROLES) -> None:
+                   roles: Sequence[str] = ROLES, last_roles: Sequence[str] = ("user",)) -> None:
     """``(role, text)`` pairs: at least one, at most ``max_messages``, known roles, each text and
-    all together within the character limits, the last one a non-empty user message."""
+    all together within the character limits, the last one a non-empty user message (or, with
+    ``last_roles``, one of those: the gateway takes a tool result last, which it renders as a user turn)."""
     if not messages:
         raise RequestRuleError("messages", "is empty: no messages; send at least one user message")
     if len(messages) > limits.max_messages:
@@ -137,12 +155,23 @@ def check_messages(messages: Sequence[tuple[str, str]], limits: RequestLimits = 
                                            f"{limits.max_prompt_chars}; shorten the prompt or send fewer messages",
                                limit=limits.max_prompt_chars, code="string_above_max_length")
     last_role, last_text = messages[-1]
-    if last_role != "user":
+    if last_role not in last_roles:
         raise RequestRuleError("messages", f"has no user message to answer (the last message is from {last_role!r}); "
-                                           "end the messages with the user's")
-    if not last_text.strip():
+                                           "end the messages with the user's" +
+                               (" (or a tool result)" if TOOL_ROLE in last_roles else ""))
+    if last_role == "user" and not last_text.strip():
         raise RequestRuleError(f"messages[{len(messages) - 1}].content",
                                "is empty: the user message needs the text to answer")
+
+
+def check_raw_prompt(text: str, limits: RequestLimits = LIMITS, *, field: str = "raw_prompt") -> None:
+    """A raw text prompt (PromptRequest v5 ``raw_prompt``, POST /v1/completions' ``prompt``): not
+    empty, at most ``max_prompt_chars`` (the whole prompt of a chat request has the same bound)."""
+    if not text:
+        raise RequestRuleError(field, "is empty: a completion needs the text to continue")
+    if len(text) > limits.max_prompt_chars:
+        raise RequestRuleError(field, f"is {len(text)} characters, over the limit of {limits.max_prompt_chars}; "
+                                      "shorten it", limit=limits.max_prompt_chars, code="string_above_max_length")
 
 
 def check_roles(roles_given: Iterable[str], *, roles: Sequence[str] = ROLES) -> None:
@@ -156,11 +185,15 @@ def check_roles(roles_given: Iterable[str], *, roles: Sequence[str] = ROLES) -> 
 
 def check_sampling(*, max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
                    top_k: int | None = None, seed: int | None = None, stop: Sequence[str] = (),
+                   presence_penalty: float | None = None, frequency_penalty: float | None = None,
+                   logprobs: bool | None = None, top_logprobs: int | None = None, n: int | None = None,
+                   response_format: str | Mapping[str, Any] | None = None,
                    context_tokens: int | None = None, limits: RequestLimits = LIMITS,
                    max_tokens_field: str = "max_tokens") -> None:
     """Sampling parameters in range; None = not given (the default applies). With ``context_tokens``,
     ``max_tokens`` must leave the prompt at least one token of the context. ``max_tokens_field``:
-    the name the caller gave it (OpenAI's ``max_completion_tokens`` is the same bound)."""
+    the name the caller gave it (OpenAI's ``max_completion_tokens`` is the same bound).
+    ``response_format``: OpenAI's object, as a dict (the gateway) or its JSON text (a record)."""
     if max_tokens is not None:
         name = max_tokens_field
         if max_tokens < 1:
@@ -184,6 +217,97 @@ def check_sampling(*, max_tokens: int | None = None, temperature: float | None =
         raise RequestRuleError("seed", f"is {seed}, which does not fit a 64-bit signed integer; use one in "
                                        f"[{INT64[0]}, {INT64[1]}]", limit=INT64, code="integer_above_max_value")
     check_stop(stop, limits)
+    for name, penalty in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+        if penalty is not None:
+            _in_range(name, penalty, -limits.max_penalty, limits.max_penalty,
+                      "0 = off; positive values make the answer repeat itself less")
+    if top_logprobs is not None:
+        if not 0 <= top_logprobs <= limits.max_top_logprobs:
+            raise RequestRuleError("top_logprobs", f"must be in [0, {limits.max_top_logprobs}], got {top_logprobs}; "
+                                                   "ask for at most that many alternatives per token",
+                                   limit=(0, limits.max_top_logprobs),
+                                   code="integer_below_min_value" if top_logprobs < 0 else "integer_above_max_value")
+        if top_logprobs > 0 and not logprobs:
+            raise RequestRuleError("top_logprobs", f"is {top_logprobs} but logprobs is not true; set logprobs to true "
+                                                   "to get top_logprobs (or leave top_logprobs out)")
+    if n is not None and not 1 <= n <= limits.max_choices:
+        raise RequestRuleError("n", f"must be in [1, {limits.max_choices}], got {n}; ask for at most "
+                                    f"{limits.max_choices} choices per request (send more requests for more)",
+                               limit=(1, limits.max_choices),
+                               code="integer_below_min_value" if n < 1 else "integer_above_max_value")
+    if response_format is not None:
+        response_format_of(response_format, limits)
+
+
+# -- response_format --------------------------------------------------------------------------------
+
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")  # what a client may send
+# Internal: the gateway's tool-call constraint (tool_choice required / a named function / auto), carried
+# in the same record field; clients cannot send it (the gateway refuses it). Its object:
+# {"type": "chatpipe_tool_calls", "tool_calls": {"mode": "required" | "auto", "parallel": bool,
+#  "tools": [{"name": ..., "parameters": {JSON Schema}}]}} (inference/engine/grammar.py compiles it).
+TOOL_CALLS_FORMAT = "chatpipe_tool_calls"
+RECORD_FORMAT_TYPES = RESPONSE_FORMAT_TYPES + (TOOL_CALLS_FORMAT,)
+
+
+def response_format_of(value: str | Mapping[str, Any] | None, limits: RequestLimits = LIMITS) -> dict | None:
+    """OpenAI's ``response_format`` object, checked, from a dict or its JSON text (a record's
+    ``sampling.response_format``); None for none or ``{"type": "text"}`` (free text). Raises
+    RequestRuleError for text that is not JSON, an unknown type or a json_schema without its object.
+    Whether the schema compiles is the grammar's rule, not this one."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if len(value) > limits.max_response_format_chars:
+            raise RequestRuleError("response_format", f"is {len(value)} characters as JSON, over the limit of "
+                                                      f"{limits.max_response_format_chars}; use a smaller schema",
+                                   limit=limits.max_response_format_chars, code="string_above_max_length")
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise RequestRuleError("response_format", f"is not JSON text ({exc}); write OpenAI's response_format "
+                                                      'object as JSON, e.g. {"type": "json_object"}') from None
+    if not isinstance(value, Mapping):
+        raise RequestRuleError("response_format", f"is a {type(value).__name__}, not an object; use e.g. "
+                                                  '{"type": "json_object"}', code="invalid_type")
+    kind = value.get("type")
+    if kind not in RECORD_FORMAT_TYPES:
+        raise RequestRuleError("response_format.type", f"is {kind!r}; use one of {', '.join(RESPONSE_FORMAT_TYPES)}")
+    if kind == "text":
+        return None
+    if kind == TOOL_CALLS_FORMAT:
+        spec = value.get("tool_calls")
+        if not (isinstance(spec, Mapping) and spec.get("mode") in ("required", "auto")
+                and isinstance(spec.get("tools"), list) and spec["tools"]
+                and all(isinstance(t, Mapping) and isinstance(t.get("name"), str) for t in spec["tools"])):
+            raise RequestRuleError("response_format.tool_calls", "must be {\"mode\": \"required\" | \"auto\", "
+                                   "\"parallel\": bool, \"tools\": [{\"name\", \"parameters\"}, ...]} (the "
+                                   "gateway's tool-call constraint)", code="invalid_type")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, Mapping):
+            raise RequestRuleError("response_format.json_schema", "is missing or not an object; give "
+                                   '{"name": ..., "schema": {...}, "strict": true}', code="invalid_type")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, (Mapping, bool)):
+            raise RequestRuleError("response_format.json_schema.schema", f"is a {type(schema).__name__}; give the "
+                                   "JSON Schema as an object", code="invalid_type")
+        name = spec.get("name")
+        if name is not None and not isinstance(name, str):
+            raise RequestRuleError("response_format.json_schema.name", "must be a string", code="invalid_type")
+    return dict(value)
+
+
+def response_format_text(value: str | Mapping[str, Any] | None, limits: RequestLimits = LIMITS) -> str | None:
+    """What a record's ``sampling.response_format`` holds for OpenAI's object: compact JSON text, key
+    order kept (a schema's property order is the order the answer writes them); None for none or
+    ``{"type": "text"}``. Checked like ``response_format_of``, the length included."""
+    fmt = response_format_of(value, limits)
+    if fmt is None:
+        return None
+    text = json.dumps(fmt, ensure_ascii=False, separators=(",", ":"))
+    response_format_of(text, limits)  # the length rule, on the text the record carries
+    return text
 
 
 def check_stop(stop: Sequence[str], limits: RequestLimits = LIMITS) -> None:
@@ -260,15 +384,23 @@ def check_prompt_request(request: Any, *, context_tokens: int | None = None, lim
     check_tenant(request.tenant, limits)
     check_user(request.user_id, limits, field="user_id")
     check_conversation_id(request.conversation_id)
-    check_messages([(m.role, m.content) for m in request.messages], limits)
+    if getattr(request, "raw_prompt", None) is not None:  # v5: a raw text prompt instead of messages
+        check_raw_prompt(request.raw_prompt, limits)
+        if request.messages:
+            raise RequestRuleError("messages", "must be empty with raw_prompt: a raw prompt is the whole text the "
+                                               "model continues (no chat template); send one or the other")
+    else:
+        check_messages([(m.role, m.content) for m in request.messages], limits)
     check_record_sampling(request.sampling, context_tokens=context_tokens, limits=limits)
 
 
 def check_record_sampling(sampling: Any, *, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> None:
     """``check_sampling`` on a ``schemas.records.SamplingParams``."""
     check_sampling(max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                   top_k=sampling.top_k, seed=sampling.seed, stop=sampling.stop, context_tokens=context_tokens,
-                   limits=limits)
+                   top_k=sampling.top_k, seed=sampling.seed, stop=sampling.stop,
+                   presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+                   logprobs=sampling.logprobs, top_logprobs=sampling.top_logprobs, n=sampling.n,
+                   response_format=sampling.response_format, context_tokens=context_tokens, limits=limits)
 
 
 # -- the context size -------------------------------------------------------------------------------

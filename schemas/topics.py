@@ -67,6 +67,10 @@ CATALOG: tuple[TopicSpec, ...] = (
               retention_ms=1 * DAY_MS, doc="Latest load report per inference worker."),
     TopicSpec("chat.dlq", 3, "source topic", "DeadLetter", retention_ms=30 * DAY_MS,
               doc="Everything that could not be decoded or served, with the reason."),
+    # POST /v1/embeddings: the streams tier embeds with its memory model and answers on the asker's
+    # reply address (an EmbeddingResult on chat.replies.<gateway id>; streams/embedding_requests.py).
+    TopicSpec("chat.embeddings.requests", 6, "request_id", "EmbeddingRequest", retention_ms=60 * 60 * 1000,
+              doc="Texts to embed (gateway -> streams); the result goes to the request's reply address."),
 )
 
 BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in CATALOG}
@@ -87,6 +91,7 @@ DELETIONS_FANOUT = "chat.deletions.fanout"
 CANCELS = "chat.cancels"
 WORKERS_STATUS = "chat.workers.status"
 DLQ = "chat.dlq"
+EMBEDDING_REQUESTS = "chat.embeddings.requests"
 
 
 def inference_requests_topic(priority: str) -> str:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from typing import Any, AsyncIterator, ClassVar, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, Sequence
 
 from streams.errors import InfrastructureUnavailableError
 from streams.take import take_while_arriving
@@ -180,6 +180,13 @@ class Batches:
             return False
         return first is not None and offset <= first
 
+    async def serve(self, handle: Callable[[Sequence[Any]], Awaitable[None]]) -> None:
+        """An agent's loop: each batch to ``handle``, acked once ``handle`` returns (it returns
+        once all the batch produced is durable)."""
+        async for events in self:
+            await handle(events)
+            await self.ack(events)
+
     async def ack(self, events: Sequence[Any]) -> None:
         """Ack ``events`` in order once their effects are durable: their offsets become committable."""
         for event in events:
@@ -194,3 +201,12 @@ class Batches:
             if not self._withheld[tp]:
                 del self._withheld[tp]
         self.out = False
+
+
+def receive_batch(tracer: Any, group: str, events: Sequence[Any]) -> int:
+    """Record a batch's "receive" span (linked to each record's producer, transport/spans.py) and
+    return when the batch's handling began (ns), the start of the agent's own spans."""
+    start_ns = time.time_ns()
+    if events:
+        tracer.record_receive(events[0].message.topic, group, [e.message for e in events], start_ns)
+    return start_ns

@@ -1,4 +1,4 @@
-"""The Faust app of ``chatpipe streams``: topics, the conversation table, the five agents.
+"""The Faust app of ``chatpipe streams``: topics, the conversation table, the six agents.
 
 Several workers of one app id split the partitions; every stream that reads or writes a
 conversation's state (``chat.prompts``, ``chat.responses``, the table's changelog, the forget
@@ -37,6 +37,7 @@ from schemas.topics import (
     DELETIONS_AUDIT,
     DELETIONS_FANOUT,
     DLQ,
+    EMBEDDING_REQUESTS,
     FEEDBACK,
     INFERENCE_REQUESTS,
     INFERENCE_REQUESTS_BATCH,
@@ -48,6 +49,7 @@ from schemas.topics import (
 from streams.acks import committed_position
 from streams.archive import ArchiveAgent, Archiver
 from streams.dead_letters import DeadLetters
+from streams.embedding_requests import EmbeddingRequests
 from streams.erasures import ErasureFollower, ErasureRegistry
 from streams.faults import EXIT_INFRASTRUCTURE, Retrier, exit_without_ack
 from streams.forget import Forget, ForgetPartition
@@ -175,16 +177,21 @@ class StreamsApp:
         self.archive = ArchiveAgent(self.archiver, settings.archive_batch_size, settings.archive_flush_s,
                                     archive_retrier, tracer=services.tracer, group=settings.app_id)
         archive_source = app.topic(kafka.topic(TURNS), kafka.topic(FEEDBACK), **RAW)
+        # POST /v1/embeddings: embedded with memory's own model, answered on the asker's reply address.
+        self.embeddings = EmbeddingRequests(settings, services, DeadLetters(dlq, codec, "streams.embeddings"), retrier,
+                                            self.reply_producer, replies)
         for name, channel, agent in (
             ("intake", topic(PROMPTS), self.intake),
             ("record", topic(RESPONSES), self.record),
             ("forget", topic(DELETIONS), self.forget),
             ("forget_partition", self.forget_topic, self.forget_partition),
             ("archive", archive_source, self.archive),
+            ("embeddings", topic(EMBEDDING_REQUESTS), self.embeddings),
         ):
             app.agent(channel, name=f"streams.{name}", concurrency=1)(_as_function(agent, name))
         # Records that wait on an assigned partition and reach no agent end the process (watchdog.py).
-        sources = {kafka.topic(t) for t in (PROMPTS, RESPONSES, DELETIONS, TURNS, FEEDBACK, DELETIONS_FANOUT)}
+        sources = {kafka.topic(t) for t in (PROMPTS, RESPONSES, DELETIONS, TURNS, FEEDBACK, DELETIONS_FANOUT,
+                                            EMBEDDING_REQUESTS)}
         self.metrics.watch(self)
         self.lag_groups = [GroupTopics(app_id(kafka, settings), tuple(sorted(sources)))]  # Faust's one group
         admin = TopicAdmin(kafka, timeout_s=10.0)

@@ -6,7 +6,8 @@ prompt tokens, see ``batching.py``):
 decode and validate every prompt (a bad one is dead-lettered and the rest go on), embed all
 prompts of the run in one call, recall memory for all of them in one call (from every
 conversation of the tenant's user for ``MemoryScope.USER``, from the prompt's own conversation
-only for ``CONVERSATION``: docs/memory.md "Memory scoping"), assemble each
+only for ``CONVERSATION``: docs/memory.md "Memory scoping"; a raw prompt, PromptRequest v5
+``raw_prompt`` from POST /v1/completions, is neither embedded nor recalled for), assemble each
 context (``context.py``), remember each request as pending in its conversation's state (record
 needs the prompt text when the answer comes back; each conversation's state is written to the
 table once per batch, before any of the batch's requests is produced) and produce the
@@ -35,7 +36,7 @@ from confluent_kafka import KafkaException
 from schemas.errors import DecodeError
 from schemas.records import InferenceRequest, MemoryScope, PromptRequest
 from schemas.topics import inference_requests_topic
-from streams.acks import Batches
+from streams.acks import Batches, receive_batch
 from streams.batching import split_by_tokens
 from streams.context import Segment, assemble_context
 from streams.dead_letters import DeadLetters, event_headers
@@ -94,18 +95,13 @@ class Intake:
 
     async def __call__(self, stream: Any) -> None:
         s = self.settings
-        batches = Batches(stream, s.intake_batch_size, s.intake_batch_window_s, idle_s=s.intake_batch_idle_s)
-        async for events in batches:
-            await self.handle(events)
-            await batches.ack(events)
+        await Batches(stream, s.intake_batch_size, s.intake_batch_window_s, idle_s=s.intake_batch_idle_s).serve(self.handle)
 
     async def handle(self, events: list[Any]) -> None:
         """Serve or refuse every prompt of ``events``; returns once all they produced is durable."""
         self.metrics.intake_batch_size.observe(len(events))
         tracer = self.services.tracer
-        start_ns = time.time_ns()
-        if events:
-            tracer.record_receive(events[0].message.topic, self.settings.app_id, [e.message for e in events], start_ns)
+        start_ns = receive_batch(tracer, self.settings.app_id, events)
         outbox = Outbox(self.retrier, tracer)
         prompts: list[_Prompt] = []
         for event in events:
@@ -181,22 +177,29 @@ class Intake:
 
         services = self.services
         started, started_ns = time.perf_counter(), time.time_ns()
-        vectors = await services.embedder.aencode([p.parsed.prompt for p in run])
+        # A raw prompt (PromptRequest v5 raw_prompt, POST /v1/completions) recalls nothing: not embedded.
+        chat = [i for i, p in enumerate(run) if not p.parsed.raw]
+        vectors = await services.embedder.aencode([run[i].parsed.prompt for i in chat]) if chat else []
         embedded, embedded_ns = time.perf_counter(), time.time_ns()
         async with services.state_lock:
             by_key: dict[str, ConversationState] = {}  # two prompts of one conversation share its state
             states = [self._state(p.request, by_key) for p in run]
-            queries = [RecallQuery(tenant=p.request.tenant, user_id=p.request.user_id, vector=vectors[i],
+            queries = [RecallQuery(tenant=run[i].request.tenant, user_id=run[i].request.user_id, vector=vectors[j],
                                    exclude_turn_ids=[t.turn_id for t in states[i].recent],
-                                   conversation_id=recall_conversation(p.request))
-                       for i, p in enumerate(run)]
-            recalled = await self.retrier.call("memory recall", services.in_memory_thread,
-                                               services.memory.recall_many, queries)
+                                   conversation_id=recall_conversation(run[i].request))
+                       for j, i in enumerate(chat)]
+            chat_hits = await self.retrier.call("memory recall", services.in_memory_thread,
+                                                services.memory.recall_many, queries) if queries else []
+            recalled: list[list[Any]] = [[] for _ in run]
+            for i, hits in zip(chat, chat_hits):
+                recalled[i] = hits
             recalled_at, recalled_ns = time.perf_counter(), time.time_ns()
             self.metrics.embed_seconds.observe(embedded - started)
             self.metrics.recall_seconds.observe(recalled_at - embedded)
             batch = {"chatpipe.batch.size": len(run)}
             for prompt, hits in zip(run, recalled):
+                if prompt.parsed.raw:  # neither embedded nor recalled for
+                    continue
                 prompt.span.child("embed", start_ns=started_ns, attributes=batch).end(embedded_ns)
                 prompt.span.child("recall", start_ns=embedded_ns,
                                   attributes={**batch, "chatpipe.recall.hits": len(hits)}).end(recalled_ns)
@@ -236,6 +239,8 @@ class Intake:
             log.info("conversation %s: request %s was answered already (a redelivered prompt); not served again",
                      request.conversation_id, request.request_id)
             return None
+        if parsed.raw:
+            return await self._prepare_raw(prompt, state, outbox, assembling_ns)
         if parsed.history:  # the client keeps its own history (OpenAI style): it replaces the table's
             recent = [Segment((m,), order=i) for i, m in enumerate(parsed.history)]
         else:
@@ -267,6 +272,37 @@ class Intake:
             reply_to=request.reply_to, reply_partition=request.reply_partition,
             context_tokens=context.tokens, recalled_turn_ids=context.recalled_turn_ids,
             deadline_at=request.deadline_at,
+        )
+
+    async def _prepare_raw(self, prompt: _Prompt, state: ConversationState, outbox: Outbox,
+                           assembling_ns: int) -> InferenceRequest | None:
+        """A raw prompt (v5 ``raw_prompt``): passed through as it is, no system prompt, no history, no
+        recall; within the budget or refused as context_length_exceeded (the worker counts exactly:
+        it may add the tokenizer's BOS). Pending like a chat prompt, so its response is recorded as
+        the conversation's turn, but not remembered (``PendingRequest.remember``)."""
+        request, text = prompt.request, prompt.parsed.prompt
+        budget = self.settings.context_tokens - request.sampling.max_tokens
+        tokens = self.services.counter.text_tokens([text])[0]
+        if tokens > budget:
+            exc = PromptTooLongError(f"the raw prompt takes {tokens} tokens, more than the budget of {budget} "
+                                     "(context window minus the request's max_tokens)")
+            await self.refusals.refuse(prompt.event, request, exc, "context_length_exceeded", outbox)
+            return None
+        self.metrics.assembled_tokens.observe(tokens)
+        prompt.span.child("assemble", start_ns=assembling_ns, attributes={
+            "chatpipe.context.tokens": tokens, "chatpipe.context.messages": 0, "chatpipe.context.raw": True,
+            "gen_ai.request.max_tokens": request.sampling.max_tokens}).end()
+        evicted = state.add_pending(PendingRequest(request.request_id, text, None, request.created_at, remember=False),
+                                    self.settings.pending_limit)
+        if evicted is not None:
+            log.warning("conversation %s: no response for request %s among the last %d; forgetting it",
+                        request.conversation_id, evicted.request_id, self.settings.pending_limit)
+        return InferenceRequest(
+            request_id=request.request_id, conversation_id=request.conversation_id, user_id=request.user_id,
+            tenant=request.tenant, created_at=request.created_at, model=request.model, messages=[],
+            sampling=request.sampling, priority=request.priority, reply_to=request.reply_to,
+            reply_partition=request.reply_partition, context_tokens=tokens, deadline_at=request.deadline_at,
+            raw_prompt=text,
         )
 
     async def _send(self, prompt: _Prompt, out: InferenceRequest, outbox: Outbox) -> None:

@@ -21,7 +21,8 @@ __all__ = ["ROLES", "ParsedPrompt", "parse_prompt"]
 class ParsedPrompt:
     system_prompt: str | None  # the request's system message(s), joined; None = use the default
     history: list[ChatMessage]  # user/assistant messages the client sent before the new prompt
-    prompt: str  # the last user message
+    prompt: str  # the last user message; a raw prompt's whole text
+    raw: bool = False  # PromptRequest v5 raw_prompt: no chat template, no memory (intake.py)
 
 
 def parse_prompt(request: PromptRequest, context_tokens: int | None = None) -> ParsedPrompt:
@@ -31,6 +32,8 @@ def parse_prompt(request: PromptRequest, context_tokens: int | None = None) -> P
         check_prompt_request(request, context_tokens=context_tokens)
     except RequestRuleError as exc:
         raise InvalidPromptError(f"PromptRequest {request.request_id!r}: {exc}") from None
+    if request.raw_prompt is not None:
+        return ParsedPrompt(None, [], request.raw_prompt, raw=True)
     last = request.messages[-1]
     systems = [m.content for m in request.messages if m.role == "system" and m.content.strip()]
     history = [m for m in request.messages[:-1] if m.role != "system"]

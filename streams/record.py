@@ -14,8 +14,13 @@ the same facts, not new ones. The batch is acked only after every turn and dead 
 the broker; a Qdrant or broker fault is retried, and past the retry budget the batch stays
 unacked and the process exits (``faults.py``).
 
+A request with ``n`` > 1 choices is answered by n Responses (v2 ``choice_index``); its turn is
+choice 0's, the others are skipped (counted in ``other_choices``): a conversation has one history,
+and the turn the next prompt continues from is the first choice, as OpenAI clients show it.
+
 Answers that failed (ERROR, TIMEOUT, OVERLOADED, CANCELLED) are emitted as turns for analytics
-but neither remembered nor put in the recent window.
+but neither remembered nor put in the recent window; so are answers to raw prompts (PromptRequest
+v5 ``raw_prompt``, POST /v1/completions: ``PendingRequest.remember`` false).
 
 A response to a prompt made at or before a ``Deletion`` of its user or conversation (it was in
 flight while the user was forgotten, or intake took the prompt after the forget) is dropped:
@@ -32,7 +37,7 @@ from typing import Any
 
 from schemas.errors import DecodeError
 from schemas.records import ConversationTurn, FinishReason, Response
-from streams.acks import Batches
+from streams.acks import Batches, receive_batch
 from streams.dead_letters import DeadLetters, event_headers
 from streams.erasures import ErasureRegistry
 from streams.errors import UnknownRequestError
@@ -71,20 +76,16 @@ class Record:
         self.dead_letters = dead_letters
         self.recorded = 0
         self.duplicates = 0
+        self.other_choices = 0  # Responses of choices other than 0 (n > 1): not turns
 
     async def __call__(self, stream: Any) -> None:
         s = self.settings
-        batches = Batches(stream, s.record_batch_size, s.record_batch_window_s, idle_s=s.record_batch_idle_s)
-        async for events in batches:
-            await self.handle(events)
-            await batches.ack(events)
+        await Batches(stream, s.record_batch_size, s.record_batch_window_s, idle_s=s.record_batch_idle_s).serve(self.handle)
 
     async def handle(self, events: list[Any]) -> None:
         """Record every response of ``events``; returns once all they produced is durable."""
         tracer = self.services.tracer
-        start_ns = time.time_ns()
-        if events:
-            tracer.record_receive(events[0].message.topic, self.settings.app_id, [e.message for e in events], start_ns)
+        start_ns = receive_batch(tracer, self.settings.app_id, events)
         outbox = Outbox(self.retrier, tracer)
         spans: list[Span] = []  # one "process chat.responses" per response, ended once its turn is durable
         async with self.services.state_lock:
@@ -115,6 +116,10 @@ class Record:
                                            partition=m.partition, offset=m.offset, start_ns=start_ns,
                                            attributes={"chatpipe.request_id": response.request_id}).activate()
             spans.append(span)
+            if response.choice_index != 0:  # n > 1: the turn is choice 0's (module docstring)
+                self.other_choices += 1
+                span.set("chatpipe.outcome", "other_choice")
+                continue
             key = state_key(response.tenant, response.user_id, response.conversation_id)
             if key not in states:
                 value = self.table.get(key)
@@ -141,7 +146,7 @@ class Record:
                          response.tenant, response.user_id)
                 continue
             turn_id = turn_id_for(response.request_id)
-            remembered = response.finish_reason in REMEMBERED
+            remembered = response.finish_reason in REMEMBERED and pending.remember  # a raw prompt's: never
             recent = RecentTurn(turn_id, state.turn_count, pending.prompt, response.text, pending.created_at)
             index = state.record(response.request_id, recent if remembered else None,
                                  tokens_in=response.tokens_in, tokens_out=response.tokens_out,

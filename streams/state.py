@@ -34,6 +34,9 @@ class PendingRequest:
     prompt: str
     system_prompt: str | None
     created_at: int  # PromptRequest.created_at, epoch ms
+    # False for a raw prompt (PromptRequest v5 raw_prompt): its turn is emitted, never remembered
+    # (no memory point, not in the recent window). States written before it read as True.
+    remember: bool = True
 
 
 @dataclass(slots=True)

@@ -94,4 +94,9 @@ def sample_records() -> list:
         r.DeletionAudit(deletion_event_id="ev-1", scope=r.DeletionScope.USER, user_id="u-1", tenant="acme",
                         memory_points_deleted=12, conversations_cleared=2, component="streams.forget",
                         requested_at=1_700_000_000_000),
+        r.EmbeddingRequest(tenant="acme", user_id="u-1", model="all-MiniLM-L6-v2", inputs=["a cat", "ein Hund"],
+                           dimensions=384, reply_to="chat.replies.gw-1", reply_partition=0,
+                           deadline_at=1_700_000_300_000),
+        r.EmbeddingResult(request_id="req-1", model="all-MiniLM-L6-v2", dimensions=2, count=2,
+                          vectors=b"\x00\x00\x80?" * 4, tokens_in=9, worker_id="streams.embeddings"),
     ]

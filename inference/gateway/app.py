@@ -20,20 +20,22 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inference.gateway.completions import add_completion_routes
+from inference.gateway.embeddings import add_embeddings_route
 from inference.gateway.erasure import add_erasure_routes
 from inference.gateway.keys import KeyStore, Principal
 from inference.gateway.limits import BodySizeLimit
 from inference.gateway.metrics import GatewayMetrics
 from inference.gateway.openai_api import (
-    FINISH,
     ChatCompletionRequest,
     OpenAIError,
+    choice,
     chunk,
     completion,
     sse,
     usage,
 )
-from inference.gateway.service import GatewayService, Submitted
+from inference.gateway.service import Delta, GatewayService, Submitted
 from inference.gateway.settings import GatewaySettings
 from schemas.records import FeedbackKind, new_id
 from schemas.requests import CONVERSATION_ID, CONVERSATION_ID_RULE
@@ -82,6 +84,12 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid" or (not loc and first.get("type") == "model_attributes_type"):
             message, param = "the request body must be a JSON object (Content-Type: application/json)", None
+        elif first.get("type") == "extra_forbidden":  # OpenAI's own words for a field it does not know
+            name = ".".join(loc)
+            return JSONResponse(OpenAIError(
+                400, f"Unrecognized request argument supplied: {name}. docs/gateway.md lists the fields this route "
+                     "takes (for chat completions: \"Request fields\", which are honoured, refused or ignored)",
+                param=name, code="unknown_parameter").body(), status_code=400)
         else:
             message, param = f"{'.'.join(loc) or 'body'}: {first.get('msg')}", ".".join(loc) or None
         return JSONResponse(OpenAIError(400, message, param=param).body(), status_code=400)
@@ -124,6 +132,8 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
                                            for m in settings.models]}
 
     add_erasure_routes(app, authenticate, service)  # DELETE /v1/users/{user}[...], /v1/conversations/{id}
+    add_embeddings_route(app, authenticate, service)  # POST /v1/embeddings (inference/gateway/embeddings.py)
+    add_completion_routes(app, authenticate, service, settings)  # POST /v1/completions (completions.py)
 
     @app.post("/v1/feedback", status_code=202)
     async def feedback(body: FeedbackBody, principal: Principal = Depends(authenticate)) -> dict[str, str]:
@@ -155,12 +165,12 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         sub = await service.submit(principal, body, conversation_id, received,
                                    traceparent=request.headers.get("traceparent"))
         headers = {CONVERSATION_HEADER: conversation_id, REQUEST_HEADER: sub.request_id}
-        texts = service.replies(sub)
+        deltas = service.replies(sub)
         try:
             if body.stream:
-                first = await until_disconnect(request, anext(texts, None))
+                first = await until_disconnect(request, anext(deltas, None))
             else:
-                await until_disconnect(request, drain(texts))
+                await until_disconnect(request, drain(deltas))
         except ClientGone:
             service.cancel(sub, "client_disconnected")
             return PlainTextResponse("", status_code=499)
@@ -169,11 +179,12 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
             raise
         if not body.stream:
             service.finish(sub, "ok")
-            final = sub.final
-            return JSONResponse(completion(sub.request_id, sub.model, sub.text, FINISH[final.finish_reason or "STOP"],
-                                           final.tokens_in or 0, final.tokens_out or 0, sub.created), headers=headers)
+            choices = [choice(c.index, c.message()[0], c.finish_reason, c.logprobs, c.message()[1])
+                       for c in sub.choices]
+            return JSONResponse(completion(sub.request_id, sub.model, choices, sub.tokens_in, sub.tokens_out,
+                                           sub.created), headers=headers)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(events(service, sub, first, texts, include_usage), media_type="text/event-stream",
+        return StreamingResponse(events(service, sub, first, deltas, include_usage), media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return app
@@ -194,8 +205,8 @@ def outcome_of(exc: OpenAIError) -> str:
     return "expired" if exc.code == "expired" else "error"
 
 
-async def drain(texts: AsyncIterator[str]) -> None:
-    async for _ in texts:
+async def drain(deltas: AsyncIterator[Delta]) -> None:
+    async for _ in deltas:
         pass
 
 
@@ -218,21 +229,40 @@ async def wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def events(service: GatewayService, sub: Submitted, first: str | None, texts: AsyncIterator[str],
+async def events(service: GatewayService, sub: Submitted, first: Delta | None, deltas: AsyncIterator[Delta],
                  include_usage: bool) -> AsyncIterator[str]:
-    """The SSE body: role, text deltas, the finish reason, usage when asked, ``[DONE]``."""
+    """The SSE body: each choice's role, its text deltas (with their tokens' logprobs when asked),
+    its finish reason; usage when asked (all choices' tokens), once every choice ended; ``[DONE]``."""
     finished = False
+
+    def event(delta: Delta) -> list[str]:
+        out = []
+        if delta.parts is not None:  # tools: content and tool_calls deltas (the logprobs on the first)
+            parts = delta.parts or ([{}] if delta.logprobs else [])
+            for i, part in enumerate(parts):
+                out.append(chunk(sub.request_id, sub.model, sub.created, index=delta.index, delta=part,
+                                 logprobs=delta.logprobs if i == 0 else None))
+        elif delta.text or delta.logprobs:
+            out.append(chunk(sub.request_id, sub.model, sub.created, index=delta.index, delta={"content": delta.text},
+                             logprobs=delta.logprobs))
+        if delta.finish_reason is not None:
+            out.append(chunk(sub.request_id, sub.model, sub.created, index=delta.index,
+                             finish_reason=delta.finish_reason))
+        return out
+
     try:
-        yield chunk(sub.request_id, sub.model, sub.created, delta={"role": "assistant", "content": ""})
-        if first:
-            yield chunk(sub.request_id, sub.model, sub.created, delta={"content": first})
-        async for text in texts:
-            yield chunk(sub.request_id, sub.model, sub.created, delta={"content": text})
-        final = sub.final
-        yield chunk(sub.request_id, sub.model, sub.created, finish_reason=FINISH[final.finish_reason or "STOP"])
+        for c in sub.choices:
+            yield chunk(sub.request_id, sub.model, sub.created, index=c.index,
+                        delta={"role": "assistant", "content": ""})
+        if first is not None:
+            for text in event(first):
+                yield text
+        async for delta in deltas:
+            for text in event(delta):
+                yield text
         if include_usage:
             yield chunk(sub.request_id, sub.model, sub.created, final_usage=True,
-                        usage_=usage(final.tokens_in or 0, final.tokens_out or 0))
+                        usage_=usage(sub.tokens_in, sub.tokens_out))
         yield sse("[DONE]")
         finished = True
         service.finish(sub, "ok")

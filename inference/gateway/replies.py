@@ -7,6 +7,10 @@ fixed before the gateway reports healthy, so no reply of a request sent after th
 
 A chunk whose request is not waiting any more (finished, cancelled, or from before a restart)
 is dropped here on purpose: its request's Response on ``chat.responses`` is the record of it.
+
+The topic carries two record types: ``TokenChunk`` (chat and completions, handed on as ``Reply``)
+and ``EmbeddingResult`` (POST /v1/embeddings, streams/embedding_requests.py; handed on as it is).
+Both go to the queue of the request id they name.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
-from schemas.records import TokenChunk
+from schemas.records import EmbeddingResult, TokenChunk
 from schemas.topics import REPLIES
 from transport import tracing
 from transport.admin import TopicAdmin
@@ -98,20 +102,25 @@ class ReplyReader:
                         log.warning("reply topic %s: %s", self.topic, err.str())
                     continue
                 try:
-                    chunk = self.codec.decode(msg.value(), TokenChunk, topic=msg.topic(), partition=msg.partition(),
+                    chunk = self.codec.decode(msg.value(), None, topic=msg.topic(), partition=msg.partition(),
                                               offset=msg.offset())
+                    if not isinstance(chunk, (TokenChunk, EmbeddingResult)):
+                        raise DecodeError(f"a {type(chunk).__name__}, not a TokenChunk or EmbeddingResult")
                 except DecodeError as exc:  # not ours to dead-letter: the asker is unknown; say so
                     self.undecodable += 1
                     log.error("undecodable record on %s@%s: %s", self.topic, msg.offset(), exc)
+                    continue
+                if isinstance(chunk, EmbeddingResult):
+                    replies.append(chunk)
                     continue
                 headers = msg.headers()
                 replies.append(Reply(chunk, attempt_of(headers), tracing.find(headers)))
             if replies and self._loop is not None:
                 self._loop.call_soon_threadsafe(self._dispatch, replies)
 
-    def _dispatch(self, replies: list[Reply]) -> None:
+    def _dispatch(self, replies: list[Reply | EmbeddingResult]) -> None:
         for reply in replies:
-            queue = self._waiting.get(reply.chunk.request_id)
+            queue = self._waiting.get(reply.chunk.request_id if isinstance(reply, Reply) else reply.request_id)
             if queue is not None:
                 queue.put_nowait(reply)
 

@@ -3,8 +3,10 @@
 ``submit`` produces the ``PromptRequest`` (keyed by conversation id, reply address = this
 gateway's reply topic, deadline = when this gateway stops waiting for its first token) and waits
 for the broker's acknowledgement, at most ``delivery_timeout_s`` (then 503: a broker that is away
-frees the request's backlog slot in seconds). ``replies`` yields the text increments as they come
-(``transport.dedupe.AnswerText``: the newest serving attempt wins). ``cancel`` sends a ``Cancel``
+frees the request's backlog slot in seconds). ``replies`` yields each choice's increments as they
+come (``Delta``: text, its tokens' logprobs, the finish reason on the choice's last), the
+request's ``n`` choices interleaved; per choice the newest serving attempt wins
+(``transport.dedupe.AnswerText``; ``LogprobsShown`` does the same for the logprobs). ``cancel`` sends a ``Cancel``
 (the client went away, or it timed out) so the worker stops generating. ``admit`` refuses new
 work with 429 while ``max_pending`` requests are in flight: the backlog is bounded here instead
 of queueing without limit.
@@ -23,9 +25,11 @@ from typing import AsyncIterator
 
 from inference.gateway.keys import Principal, owns_request, request_id_for, resolve_user
 from inference.gateway.metrics import GatewayMetrics
-from inference.gateway.openai_api import ChatCompletionRequest, OpenAIError, error_for_chunk
+from inference.gateway.openai_api import FINISH, ChatCompletionRequest, OpenAIError, error_for_chunk
 from inference.gateway.replies import Reply, ReplyReader, ensure_reply_topic
 from inference.gateway.settings import GatewaySettings
+from inference.gateway.tools import ToolCallStream
+from inference.gateway.tools import finish_reason as tool_finish_reason
 from schemas.codec import default_codec
 from schemas.errors import EncodeError
 from schemas.records import (
@@ -37,6 +41,7 @@ from schemas.records import (
     PromptRequest,
     SamplingParams,
     TokenChunk,
+    TokenLogprob,
     now_ms,
 )
 from schemas.topics import CANCELS, FEEDBACK, PROMPTS
@@ -50,6 +55,68 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class LogprobsShown:
+    """Which logprob entries of one choice the client has, across serving attempts (as AnswerText
+    does for the text): a retried attempt's entries are shown from the count already shown on."""
+
+    attempt: str | None = None
+    attempt_tokens: int = 0
+    shown_tokens: int = 0
+
+    def feed(self, chunk: TokenChunk, attempt: str | None) -> list[TokenLogprob]:
+        """The new entries of a chunk that AnswerText took as part of the answer."""
+        if attempt != self.attempt:
+            self.attempt, self.attempt_tokens = attempt, 0
+        entries = chunk.logprobs or []
+        start = max(0, self.shown_tokens - self.attempt_tokens)
+        self.attempt_tokens += len(entries)
+        new = entries[start:]
+        self.shown_tokens += len(new)
+        return new
+
+
+@dataclass
+class Choice:
+    """One of a request's ``n`` answers, as the client has been shown it."""
+
+    index: int
+    logprobs: list[TokenLogprob] | None = None  # None: the request did not ask for them
+    text_parts: list[str] = field(default_factory=list)
+    final: TokenChunk | None = None
+    answer: AnswerText = field(default_factory=AnswerText)
+    shown: LogprobsShown = field(default_factory=LogprobsShown)
+    tools: ToolCallStream | None = None  # the request has tools: the answer is read for tool calls
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    @property
+    def finish_reason(self) -> str:
+        reason = FINISH[(self.final.finish_reason if self.final else None) or "STOP"]
+        return tool_finish_reason(self.tools, reason) if self.tools is not None else reason
+
+    def message(self) -> tuple[str | None, list[dict] | None]:
+        """The answer's ``content`` and ``tool_calls`` (None: no calls; with tools, a content of
+        only whitespace is None) once the choice ended."""
+        if self.tools is None:
+            return self.text, None
+        return self.tools.text, [c.openai() for c in self.tools.calls] or None
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """What ``GatewayService.replies`` yields: choice ``index``'s new text and its tokens' logprobs
+    (None: not asked); ``finish_reason`` (OpenAI's) on the choice's last one."""
+
+    index: int
+    text: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    parts: list[dict] | None = None  # with tools: OpenAI's delta objects for ``text`` (content / tool_calls)
+
+
+@dataclass
 class Submitted:
     request_id: str
     conversation_id: str
@@ -58,18 +125,45 @@ class Submitted:
     received_at: float  # perf_counter when the HTTP request arrived
     deadline_at: int  # epoch ms: no first token by then -> 504 (the PromptRequest's deadline_at)
     created: int = field(default_factory=lambda: int(time.time()))
-    final: TokenChunk | None = None
-    text_parts: list[str] = field(default_factory=list)
+    n: int = 1  # choices asked (the request's n)
+    logprobs: bool = False  # whether the request asked for logprobs
+    choices: list[Choice] = field(default_factory=list)
     first_token_at: float | None = None
     done: bool = False
     tenant: str = ""  # whose backlog share this request takes (admit)
     span: Span | None = None  # the HTTP request's span: the PromptRequest is produced as its child
     read_span: Span | None = None  # reading the answer's chunks from the reply topic
     chunks: int = 0
+    tools: bool = False  # the request has tools (tool_choice not "none"): answers are read for calls
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            self.choices = [Choice(i, [] if self.logprobs else None, tools=ToolCallStream() if self.tools else None)
+                            for i in range(self.n)]
+
+    @property
+    def complete(self) -> bool:
+        """Every choice's final chunk came."""
+        return all(c.final is not None for c in self.choices)
+
+    @property
+    def final(self) -> TokenChunk | None:
+        """Choice 0's final chunk (None before it came)."""
+        return self.choices[0].final
 
     @property
     def text(self) -> str:
-        return "".join(self.text_parts)
+        return self.choices[0].text
+
+    @property
+    def tokens_in(self) -> int:
+        """The prompt's tokens (each choice's final says the same; the largest, should one differ)."""
+        return max((c.final.tokens_in or 0 for c in self.choices if c.final), default=0)
+
+    @property
+    def tokens_out(self) -> int:
+        """Completion tokens over all choices (OpenAI's usage counts every choice's)."""
+        return sum(c.final.tokens_out or 0 for c in self.choices if c.final)
 
 
 class GatewayService:
@@ -140,12 +234,9 @@ class GatewayService:
         user = resolve_user(principal, body.user)
         scope = MemoryScope.USER if user.identified else MemoryScope.CONVERSATION
         request_id = request_id_for(principal, user.user_id, conversation_id)  # feedback proves ownership with it
-        sampling = SamplingParams(max_tokens=body.max_completion_tokens or body.max_tokens
-                                  or self.settings.default_max_tokens, stop=body.stop_list(), seed=body.seed)
-        if body.temperature is not None:
-            sampling.temperature = body.temperature
-        if body.top_p is not None:
-            sampling.top_p = body.top_p
+        sampling = body.sampling_params(body.max_completion_tokens or body.max_tokens or self.settings.default_max_tokens,
+                                        logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs_asked,
+                                        response_format=body.response_format_text())
         # The client gets its 504 at the deadline; a tier that takes the request later answers it
         # as expired instead of generating for nobody (e.g. work re-read after an outage).
         created_at = now_ms()
@@ -153,24 +244,33 @@ class GatewayService:
         prompt = PromptRequest(
             request_id=request_id, conversation_id=conversation_id, user_id=user.user_id, memory_scope=scope,
             tenant=principal.tenant, created_at=created_at, model=body.model,
-            messages=[ChatMessage("system" if m.role == "developer" else m.role, m.text()) for m in body.messages],
+            messages=[ChatMessage(role, text) for role, text in body.record_messages()],
             sampling=sampling, stream=body.stream, reply_to=self.reply_topic, reply_partition=0,
             deadline_at=deadline_at)
+        spec = body.tool_spec()
         sub = Submitted(request_id, conversation_id, body.model, self.reader.register(request_id), received_at,
-                        deadline_at, tenant=principal.tenant)
+                        deadline_at, tenant=principal.tenant, n=body.choices, logprobs=bool(body.logprobs),
+                        tools=spec is not None and spec.active)
+        await self._produce(sub, prompt, "/v1/chat/completions", "chat", body.stream, traceparent, param="messages")
+        return sub
+
+    async def _produce(self, sub: Submitted, prompt: PromptRequest, route: str, operation: str, stream: bool,
+                       traceparent: str | None, *, param: str) -> None:
+        """Start the request's SERVER span, take its slot of the backlog and produce its prompt;
+        a prompt that cannot be encoded is a 400 naming ``param``, one the broker does not take a 503."""
         sub.span = self.tracer.start(
-            "POST /v1/chat/completions", traceparent, SERVER,
-            {"http.request.method": "POST", "http.route": "/v1/chat/completions", "chatpipe.request_id": request_id,
-             "gen_ai.operation.name": "chat", "gen_ai.request.model": body.model, "chatpipe.stream": body.stream},
-            start_ns=time.time_ns() - int((time.perf_counter() - received_at) * 1e9)).activate()  # log lines: its ids
-        self.pending[request_id] = sub
+            f"POST {route}", traceparent, SERVER,
+            {"http.request.method": "POST", "http.route": route, "chatpipe.request_id": sub.request_id,
+             "gen_ai.operation.name": operation, "gen_ai.request.model": sub.model, "chatpipe.stream": stream},
+            start_ns=time.time_ns() - int((time.perf_counter() - sub.received_at) * 1e9)).activate()  # log lines: its ids
+        self.pending[sub.request_id] = sub
         self.metrics.pending.set(len(self.pending))
         try:
-            await self.producer.send(self.kafka.topic(PROMPTS), prompt, key=conversation_id,
+            await self.producer.send(self.kafka.topic(PROMPTS), prompt, key=sub.conversation_id,
                                      parent_trace=sub.span.traceparent)
         except EncodeError as exc:  # e.g. a lone surrogate (valid JSON, not encodable text)
             self.finish(sub, "invalid")
-            raise OpenAIError(400, f"the request cannot be encoded: {exc}", param="messages",
+            raise OpenAIError(400, f"the request cannot be encoded: {exc}", param=param,
                               code="invalid_value") from None
         except DeliveryError as exc:
             self.finish(sub, "produce_failed")
@@ -179,14 +279,34 @@ class GatewayService:
         except BaseException:
             self.finish(sub, "error")  # never leave a slot of the backlog taken by a request that is gone
             raise
+
+    async def submit_raw(self, principal: Principal, *, model: str, prompt: str, sampling: SamplingParams,
+                         user: str | None, stream: bool, conversation_id: str, received_at: float,
+                         traceparent: str | None = None, route: str = "/v1/completions") -> Submitted:
+        """``submit`` for a raw text prompt (POST /v1/completions, ``completions.py``): a PromptRequest
+        with ``raw_prompt`` and no messages, which streams passes through without a chat template or
+        memory; ``replies``, ``cancel`` and ``finish`` serve it as they serve a chat request."""
+        resolved = resolve_user(principal, user)
+        scope = MemoryScope.USER if resolved.identified else MemoryScope.CONVERSATION
+        request_id = request_id_for(principal, resolved.user_id, conversation_id)
+        created_at = now_ms()
+        deadline_at = created_at + round(self.settings.first_chunk_timeout_s * 1000)
+        record = PromptRequest(
+            request_id=request_id, conversation_id=conversation_id, user_id=resolved.user_id, memory_scope=scope,
+            tenant=principal.tenant, created_at=created_at, model=model, messages=[], raw_prompt=prompt,
+            sampling=sampling, stream=stream, reply_to=self.reply_topic, reply_partition=0, deadline_at=deadline_at)
+        sub = Submitted(request_id, conversation_id, model, self.reader.register(request_id), received_at,
+                        deadline_at, tenant=principal.tenant, n=sampling.n, logprobs=sampling.logprobs)
+        await self._produce(sub, record, route, "text_completion", stream, traceparent, param="prompt")
         return sub
 
-    async def replies(self, sub: Submitted) -> AsyncIterator[str]:
-        """Text increments of the answer; ends after the final chunk (``sub.final``).
+    async def replies(self, sub: Submitted) -> AsyncIterator[Delta]:
+        """Each choice's increments as they come; ends once every choice's final chunk came (each
+        choice's last Delta carries its finish reason).
 
-        Raises OpenAIError when the pipeline answered with an error chunk or went silent.
+        Raises OpenAIError when the pipeline answered with an error chunk (of any choice: the
+        request failed) or went silent.
         """
-        answer = AnswerText()
         while True:
             if sub.first_token_at is None:  # until the deadline the PromptRequest carries
                 timeout, waited = max(0.0, (sub.deadline_at - now_ms()) / 1000), self.settings.first_chunk_timeout_s
@@ -198,10 +318,18 @@ class GatewayService:
                 self.cancel(sub, "gateway_timeout")
                 raise OpenAIError(504, f"no answer from the pipeline within {waited:g} s", type="server_error",
                                   code="timeout") from None
-            text = answer.feed(reply.chunk, reply.attempt)
+            chunk = reply.chunk
+            if not 0 <= chunk.choice_index < sub.n:
+                log.warning("request %s: a chunk of choice %d, of %d asked; dropped", sub.request_id,
+                            chunk.choice_index, sub.n)
+                continue
+            choice = sub.choices[chunk.choice_index]
+            if choice.final is not None:  # a late duplicate after the choice ended
+                continue
+            text = choice.answer.feed(chunk, reply.attempt)
             if text is None:
                 continue
-            chunk = reply.chunk
+            new_logprobs = choice.shown.feed(chunk, reply.attempt) if choice.logprobs is not None else None
             self._read(sub, reply)
             if chunk.is_final and chunk.error_code:
                 raise error_for_chunk(chunk.error_code, chunk.error)
@@ -209,11 +337,22 @@ class GatewayService:
                 sub.first_token_at = time.perf_counter()
                 self.metrics.ttft.observe(sub.first_token_at - sub.received_at)
             if text:
-                sub.text_parts.append(text)
-                yield text
+                choice.text_parts.append(text)
+            if new_logprobs:
+                choice.logprobs.extend(new_logprobs)
+            parts = None
+            if choice.tools is not None:
+                parts = choice.tools.feed(text) if text else []
+                if chunk.is_final:
+                    parts += choice.tools.end()
             if chunk.is_final:
-                sub.final = chunk
-                return
+                choice.final = chunk
+                yield Delta(choice.index, text, new_logprobs, choice.finish_reason, parts)
+                if sub.complete:
+                    self._end_read(sub)
+                    return
+            elif text or new_logprobs:
+                yield Delta(choice.index, text, new_logprobs, parts=parts)
 
     def cancel(self, sub: Submitted, reason: str) -> None:
         """Tell the workers to stop this generation (fire and forget: a lost cancel costs compute only)."""
@@ -234,7 +373,7 @@ class GatewayService:
                 {"messaging.system": "kafka", "messaging.operation.type": "receive",
                  "messaging.destination.name": self.reply_topic, "chatpipe.request_id": sub.request_id},
                 links=[reply.traceparent] if reply.traceparent else None)
-        if reply.chunk.is_final:
+        if reply.chunk.is_final and reply.chunk.error_code:  # else: once every choice's final came (replies)
             self._end_read(sub)
 
     @staticmethod
@@ -248,9 +387,9 @@ class GatewayService:
         self._end_read(sub)
         if sub.span is not None:
             sub.span.set("chatpipe.outcome", outcome)
-            if sub.final is not None:
-                sub.span.update({"gen_ai.usage.input_tokens": sub.final.tokens_in or 0,
-                                 "gen_ai.usage.output_tokens": sub.final.tokens_out or 0})
+            if sub.complete:
+                sub.span.update({"gen_ai.usage.input_tokens": sub.tokens_in,
+                                 "gen_ai.usage.output_tokens": sub.tokens_out})
             if outcome not in ("ok", "cancelled"):
                 sub.span.fail(outcome)
             sub.span.end()
@@ -261,7 +400,7 @@ class GatewayService:
         if outcome == "ok":
             self._mean_duration_s = 0.8 * self._mean_duration_s + 0.2 * duration
             self.metrics.duration.observe(duration)
-            self.metrics.tokens.inc((sub.final.tokens_out or 0) if sub.final else 0)
+            self.metrics.tokens.inc(sub.tokens_out)
         self.metrics.requests.labels(outcome).inc()
         self.metrics.pending.set(len(self.pending))
 

@@ -8,10 +8,18 @@ frees its cache) and reports the first token (the request is running, no longer 
 Text comes from the engine's ``TextStream`` (built in the engine's step, which also ends the
 request at the token completing a stop string); the Response's text is the concatenation of
 exactly the increments streamed, so a reader's assembled stream equals it by construction.
+
+Issue 23: a ``Generation`` is one choice of a request (``choice_index``); ``n`` > 1 runs n of them
+(``Choices``), submitted together with ``AsyncEngine.submit_group`` so the siblings take the
+prompt's KV from the first one's prefix-cache blocks (sibling i > 0 is seeded ``seed + i`` by the
+engine: the choices differ and each is reproducible). A choice may carry a grammar matcher
+(``constraint``, for response_format). With logprobs each
+token's ``Delta`` carries its ``TokenLogprob`` (text and bytes from ``token_bytes.TokenBytes``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
@@ -22,6 +30,8 @@ from inference.engine.streaming import AsyncEngine
 from inference.engine.text import TextStream
 from inference.worker.errors import InvalidRequestError, PromptTooLongError
 from inference.worker.prompts import PreparedRequest
+from inference.worker.token_bytes import TokenBytes
+from schemas.records import TokenLogprob, TopLogprob
 
 
 class EngineBusy(Exception):
@@ -38,14 +48,20 @@ class Delta:
     num_output_tokens: int = 0
     queue_s: float | None = None  # engine-internal timings (monotonic seconds)
     tpot_s: float | None = None
+    logprob: TokenLogprob | None = None  # of token_id, when the request asked for logprobs
+    error: str | None = None  # why the engine ended it with FinishReason.ERROR
 
 
 class Generation:
     def __init__(self, aengine: AsyncEngine, tokenizer: Any, engine_request_id: str, prepared: PreparedRequest,
                  on_first_token: Callable[[], None] = lambda: None, *, tenant: str = DEFAULT_TENANT,
                  user_id: str = "", cache_prefix: bool = True,
-                 on_token: Callable[[float | None], None] = lambda gap_s: None) -> None:
+                 on_token: Callable[[float | None], None] = lambda gap_s: None, choice_index: int = 0,
+                 constraint: Any = None, token_bytes: TokenBytes | None = None) -> None:
         self.aengine = aengine
+        self.choice_index = choice_index
+        self.constraint = constraint  # a grammar matcher (response_format), or None
+        self.token_bytes = token_bytes  # set: each Delta carries its token's logprob
         self.tenant = tenant  # salts the prefix cache: only this tenant's requests share its blocks
         self.user_id = user_id  # whose blocks they are (a Deletion of the user drops them)
         self.cache_prefix = cache_prefix  # False: a request its user's Deletion covers caches nothing
@@ -61,6 +77,15 @@ class Generation:
         self.tokens = 0  # token events received so far
         self.tokens_at_cancel: int | None = None
         self._stream = None
+        self._attached: tuple[Any, TextStream] | None = None  # (stream, its text stream) of a group submit
+
+    def text_stream(self) -> TextStream:
+        """A fresh text edge for this choice (the engine's step builds the text and stops on it)."""
+        return TextStream(self.tokenizer, self.prepared.stop)
+
+    def attach(self, stream: Any, text_stream: TextStream) -> None:
+        """Use ``stream`` (one of a group submitted by ``Choices.submit``) instead of submitting."""
+        self._attached = (stream, text_stream)
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop at the engine's next step; the first reason given is the one kept."""
@@ -68,20 +93,22 @@ class Generation:
             self.cancelled, self.tokens_at_cancel, self.stop_reason = True, self.tokens, reason
         if self._stream is not None:
             self._stream.cancel()
+        elif self._attached is not None:  # submitted in a group, not iterated yet
+            self._attached[0].cancel()
 
     async def deltas(self) -> AsyncIterator[Delta]:
         p = self.prepared
-        text_stream = TextStream(self.tokenizer, p.stop)  # the engine's step builds the text and stops on it
-        try:
-            stream = self.aengine.submit(p.prompt_ids, p.params, p.priority, request_id=self.engine_request_id,
-                                         text_stream=text_stream, tenant=self.tenant, user_id=self.user_id,
-                                         cache_prefix=self.cache_prefix)
-        except ValueError as exc:  # the engine's InvalidRequestError: it can never run this request
-            raise InvalidRequestError(str(exc)) from None
-        if stream.admission is Admission.OVERLOADED:
-            raise EngineBusy()
-        if stream.admission is not Admission.ACCEPTED:
-            raise PromptTooLongError(str(stream.refusal))  # names the token counts and the limit
+        if self._attached is not None:
+            (stream, _), self._attached = self._attached, None
+        else:
+            extra = {} if self.constraint is None else {"constraint": self.constraint}
+            try:
+                stream = self.aengine.submit(p.prompt_ids, p.params, p.priority, request_id=self.engine_request_id,
+                                             text_stream=self.text_stream(), tenant=self.tenant,
+                                             user_id=self.user_id, cache_prefix=self.cache_prefix, **extra)
+            except ValueError as exc:  # the engine's InvalidRequestError: it can never run this request
+                raise InvalidRequestError(str(exc)) from None
+            _admitted(stream)
         self._stream = stream
         if self.cancelled:  # a cancel came while we were submitting
             stream.cancel()
@@ -100,15 +127,81 @@ class Generation:
                         self.on_first_token()
                 # A stop string ends the request in the engine's step that completes it (reason STOP).
                 text = ev.text or ""
+                logprob = self._logprob(ev)
                 if ev.finished:
-                    yield self._final(text, ev.finish_reason, ev, ev.num_output_tokens)
+                    yield self._final(text, ev.finish_reason, ev, ev.num_output_tokens, logprob)
                     return
-                yield Delta(text, ev.token_id)
+                yield Delta(text, ev.token_id, logprob=logprob)
         finally:
             await events.aclose()
 
-    def _final(self, text: str, reason: FinishReason | None, ev: Any, n_out: int) -> Delta:
+    def _final(self, text: str, reason: FinishReason | None, ev: Any, n_out: int,
+               logprob: TokenLogprob | None = None) -> Delta:
         t = ev.timings
         return Delta(text, ev.token_id, True, reason, ev.num_prompt_tokens or len(self.prepared.prompt_ids), n_out,
                      queue_s=t.queue_time if t is not None else None,
-                     tpot_s=t.tpot(n_out) if t is not None else None)
+                     tpot_s=t.tpot(n_out) if t is not None else None, logprob=logprob,
+                     error=getattr(ev, "error", None))
+
+    def _logprob(self, ev: Any) -> TokenLogprob | None:
+        """The event's token as a TokenLogprob (text, bytes, alternatives), when logprobs are on."""
+        value = getattr(ev, "logprob", None)
+        if self.token_bytes is None or ev.token_id is None or value is None:
+            return None
+        of = self.token_bytes.of
+        text, raw = of(ev.token_id)
+        top = []
+        for token_id, lp in getattr(ev, "top_logprobs", None) or ():
+            alt_text, alt_raw = of(token_id)
+            top.append(TopLogprob(alt_text, float(lp), alt_raw))
+        return TokenLogprob(text, float(value), raw, top)
+
+
+def _admitted(stream: Any) -> None:
+    if stream.admission is Admission.OVERLOADED:
+        raise EngineBusy()
+    if stream.admission is not Admission.ACCEPTED:
+        raise PromptTooLongError(str(stream.refusal))  # names the token counts and the limit
+
+
+class Choices:
+    """The n generations of one request, submitted and cancelled together (a Cancel, a revoke, a
+    deadline)."""
+
+    def __init__(self, generations: list[Generation]) -> None:
+        self.generations = generations
+
+    async def submit(self, before_each_try: Callable[[], None] = lambda: None) -> None:
+        """n > 1: submit all choices as one engine group and attach each its stream; waits while
+        the engine's queue is full (``before_each_try`` may raise, e.g. at the deadline). One
+        choice submits itself in ``Generation.deltas``."""
+        if len(self.generations) < 2:
+            return
+        first = self.generations[0]
+        p = first.prepared
+        constraints = [g.constraint for g in self.generations]
+        while True:
+            before_each_try()
+            text_streams = [g.text_stream() for g in self.generations]
+            try:
+                streams = first.aengine.submit_group(
+                    [g.engine_request_id for g in self.generations], p.prompt_ids, p.params, p.priority,
+                    text_streams=text_streams, tenant=first.tenant, user_id=first.user_id,
+                    cache_prefix=first.cache_prefix,
+                    constraints=constraints if any(c is not None for c in constraints) else None)
+            except ValueError as exc:  # the engine's InvalidRequestError
+                raise InvalidRequestError(str(exc)) from None
+            try:
+                _admitted(streams[0])  # all accepted or all refused
+            except EngineBusy:
+                await asyncio.sleep(0.05)
+                continue
+            break
+        for gen, stream, text_stream in zip(self.generations, streams, text_streams):
+            gen.attach(stream, text_stream)
+            if gen.cancelled:  # a cancel came while we were submitting
+                stream.cancel()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        for gen in self.generations:
+            gen.cancel(reason)

@@ -1,11 +1,17 @@
 """An ``InferenceRequest`` to what the engine takes: prompt token ids and sampling parameters.
 
 The chat template comes from the tokenizer (``apply_chat_template`` over the request's messages,
-as ``inference.engine.text.encode_prompt`` does for one message). Every check that can reject a
+as ``inference.engine.text.encode_prompt`` does for one message); a raw prompt (v3 ``raw_prompt``,
+from POST /v1/completions) is tokenized as it is, without one (``raw_prompt_ids``). Every check that can reject a
 request happens here, before the engine sees it, and raises a named ``BadRequestError`` whose
 message is the dead-letter reason. Roles and sampling ranges are ``schemas.requests``, the one
 definition the gateway and streams check with; the message count and character limits are
 intake's (streams assembles this request within the context's token budget).
+
+The sampling fields of InferenceRequest v3 map onto the engine as they are: the penalties;
+``logprobs`` true -> the engine's ``logprobs`` = ``top_logprobs`` (0 = the chosen token's only),
+false -> None (none computed); ``n`` and ``response_format`` stay with the worker, which submits n
+sequences and builds each one's grammar matcher (``inference/worker/grammar.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from inference.engine.request import Priority as EnginePriority
 from inference.engine.request import SamplingParams as EngineSampling
 from inference.worker.errors import InvalidRequestError, InvalidSamplingError, PromptTooLongError
 from schemas.records import InferenceRequest, Priority
-from schemas.requests import RequestRuleError, check_record_sampling, check_roles
+from schemas.requests import RequestRuleError, check_record_sampling, check_roles, response_format_of
 
 ENGINE_PRIORITY = {Priority.INTERACTIVE: EnginePriority.INTERACTIVE, Priority.BATCH: EnginePriority.BATCH}
 
@@ -29,6 +35,9 @@ class PreparedRequest:
     params: EngineSampling
     stop: tuple[str, ...]
     priority: EnginePriority
+    n: int = 1  # choices: n sequences of the same prompt
+    response_format: dict | None = None  # OpenAI's object (json_object / json_schema); None = free text
+    logprobs: bool = False  # put each token's logprob (and params.logprobs alternatives) on the chunks
 
 
 def sampling_params(req: InferenceRequest) -> EngineSampling:
@@ -39,12 +48,32 @@ def sampling_params(req: InferenceRequest) -> EngineSampling:
         raise InvalidSamplingError(str(exc)) from None
     try:
         return EngineSampling(max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                              top_k=s.top_k, seed=s.seed)
+                              top_k=s.top_k, seed=s.seed, presence_penalty=s.presence_penalty,
+                              frequency_penalty=s.frequency_penalty,
+                              logprobs=s.top_logprobs if s.logprobs else None)
     except ValueError as exc:  # the engine's own range checks
         raise InvalidSamplingError(str(exc)) from None
 
 
+def raw_prompt_ids(text: str, tokenizer: Any) -> list[int]:
+    """A raw prompt's ids (InferenceRequest v3 ``raw_prompt``, POST /v1/completions): the text as it
+    is, no chat template, encoded as Hugging Face's ``tokenizer(text)`` and vLLM encode a completion
+    prompt (the tokenizer's own BOS if it adds one; control-token text parsed as control tokens: a
+    raw prompt has no template or system prompt of ours to break out of, and writing one's own
+    template markup is how such prompts are used)."""
+    if not text:
+        raise InvalidRequestError("raw_prompt is empty: a completion needs the text to continue")
+    ids = list(tokenizer.encode(text))
+    if not ids:
+        raise InvalidRequestError("the prompt has no tokens")
+    return ids
+
+
 def prompt_ids(req: InferenceRequest, tokenizer: Any) -> list[int]:
+    if req.raw_prompt is not None:
+        if req.messages:
+            raise InvalidRequestError("a request with raw_prompt must have no messages")
+        return raw_prompt_ids(req.raw_prompt, tokenizer)
     if not req.messages:
         raise InvalidRequestError("the request has no messages")
     try:
@@ -69,4 +98,6 @@ def prepare(req: InferenceRequest, tokenizer: Any, max_seq_len: int) -> Prepared
         raise PromptTooLongError(
             f"prompt of {len(ids)} tokens + max_tokens {params.max_new_tokens} = "
             f"{len(ids) + params.max_new_tokens} tokens exceeds the model's context of {max_seq_len} tokens; {change}")
-    return PreparedRequest(ids, params, tuple(s for s in req.sampling.stop if s), ENGINE_PRIORITY[req.priority])
+    s = req.sampling
+    return PreparedRequest(ids, params, tuple(x for x in s.stop if x), ENGINE_PRIORITY[req.priority], n=s.n,
+                           response_format=response_format_of(s.response_format), logprobs=s.logprobs)

@@ -2,6 +2,11 @@
 dead letters. Every record of one serving attempt carries the ``chatpipe-attempt`` header
 (``transport.dedupe``) so a reader can pair a Response with the chunks of the same attempt.
 
+A request with n choices has one ``ReplyStream`` per choice (TokenChunk v3 ``choice_index``; its
+``index`` counts per choice). A chunk carries every token generated since the previous chunk
+(``token_ids``; a token whose text is held back, a partial character or a possible stop string,
+rides on the next chunk) and, with logprobs, one ``TokenLogprob`` per token id, in order.
+
 Not here: deciding what to write (``worker.py``); encoding and delivery (``transport``).
 """
 
@@ -15,7 +20,7 @@ from confluent_kafka import KafkaException
 
 from inference.worker.errors import ReplyAddressError
 from inference.worker.reply_address import is_reply_fault
-from schemas.records import FinishReason, InferenceRequest, Response, TokenChunk, now_ms
+from schemas.records import FinishReason, InferenceRequest, Response, TokenChunk, TokenLogprob, now_ms
 from schemas.topics import RESPONSES
 from transport import dead_letters, tracing
 from transport.acked_producer import AckedProducer
@@ -49,6 +54,13 @@ class ReplyStream:
     tracer: Tracer | None = None
     chunk_span: Span | None = None
     final_sent: bool = False
+    choice_index: int = 0
+    held_ids: list[int] = field(default_factory=list)  # tokens since the last chunk, not yet sent
+    held_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def logprobs(self) -> bool:
+        return self.request.sampling.logprobs
 
     @property
     def enabled(self) -> bool:
@@ -74,18 +86,29 @@ class ReplyStream:
             headers.append((ENGINE_TIME_HEADER, str(engine_us).encode("ascii")))
         return headers
 
+    def hold(self, token_id: int | None, logprob: TokenLogprob | None = None) -> None:
+        """A token that completes no text yet: it goes out with the next chunk."""
+        if token_id is not None:
+            self.held_ids.append(token_id)
+            if logprob is not None:
+                self.held_logprobs.append(logprob)
+
     def send(self, text: str, token_id: int | None, *, final: bool = False, finish_reason: FinishReason | None = None,
              tokens_in: int | None = None, tokens_out: int | None = None, error_code: str | None = None,
-             error: str | None = None, ack: bool = False) -> None:
+             error: str | None = None, ack: bool = False, logprob: TokenLogprob | None = None) -> None:
         """One chunk; the final one carries how the request ended (finish reason, usage, error).
         ``delivered()`` then waits for the final chunk, or for the last one sent with ``ack``."""
         self.text_parts.append(text)
+        self.hold(token_id, logprob)
+        token_ids, logprobs = self.held_ids, self.held_logprobs
+        self.held_ids, self.held_logprobs = [], []
         if not self.enabled:
             return
         chunk = TokenChunk(request_id=self.request.request_id, conversation_id=self.request.conversation_id,
-                           index=self.index, text=text, token_ids=[] if token_id is None else [token_id],
+                           index=self.index, text=text, token_ids=token_ids,
                            is_final=final, worker_id=self.worker_id, finish_reason=finish_reason,
-                           tokens_in=tokens_in, tokens_out=tokens_out, error_code=error_code, error=error)
+                           tokens_in=tokens_in, tokens_out=tokens_out, error_code=error_code, error=error,
+                           choice_index=self.choice_index, logprobs=logprobs if self.logprobs else None)
         try:
             delivery = self.producer.send(self.request.reply_to, chunk, key=self.request.request_id,
                                           partition=self.request.reply_partition, headers=self.headers(),
@@ -128,13 +151,15 @@ class ReplyStream:
 
 
 def response_for(req: InferenceRequest, *, text: str, worker_id: str, model: str, tokens_in: int, tokens_out: int,
-                 queue_ms: float, ttft_ms: float, finish_reason: FinishReason, error: str | None = None) -> Response:
+                 queue_ms: float, ttft_ms: float, finish_reason: FinishReason, error: str | None = None,
+                 choice_index: int = 0) -> Response:
     completed = now_ms()
     return Response(
         request_id=req.request_id, conversation_id=req.conversation_id, user_id=req.user_id, tenant=req.tenant,
         text=text, model=model, worker_id=worker_id, tokens_in=tokens_in, tokens_out=tokens_out,
         queue_ms=max(0.0, queue_ms), ttft_ms=max(0.0, ttft_ms), total_ms=float(max(0, completed - req.enqueued_at)),
         finish_reason=finish_reason, error=error, created_at=req.created_at, completed_at=completed,
+        choice_index=choice_index,
     )
 
 

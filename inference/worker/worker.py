@@ -17,6 +17,13 @@ Failure policy (docs/worker.md), decided in ``_serve``:
   infrastructure's: the request is handed back uncommitted, the worker reports FAILED, stops at
   once and exits 1, for a supervisor to restart it.
 
+Choices (issue 23): a request with ``n`` > 1 runs n generations of its prompt at once, each
+streaming its own chunks (``choice_index``); when all have ended, each choice's last text, then
+the n Responses, then the n end markers, and only then the request is finished (committed): a
+crash before that serves all n choices again, as one new attempt. A ``response_format`` gets one
+grammar matcher per choice (``constraints.py``); one that does not compile is answered
+``invalid_request``. With logprobs, every chunk carries its tokens' logprobs.
+
 Shutdown (``request_stop``, wired to SIGTERM by the CLI): stop taking work, let in-flight
 requests finish for ``grace_s``, hand the rest back uncommitted (partition) or RELEASEd (share),
 close the consumers (leaving the group), flush the producer, stop the engine.
@@ -38,7 +45,8 @@ from inference.worker.capacity import Capacity
 from inference.worker.deletions import DELETIONS_AUDIT, DeletionListener, RecentDeletions, prefix_cache_audit
 from inference.worker.errors import (BadRequestError, ReplyAddressError, RequestExpiredError, TooManyDeliveriesError,
                                      WorkerFailed)
-from inference.worker.generation import EngineBusy, Generation
+from inference.worker.constraints import Constraints
+from inference.worker.generation import Choices, Delta, EngineBusy, Generation
 from inference.worker.heartbeat import FAILED_STATE, WORKERS_STATUS, worker_status
 from inference.worker.intake import Intake, Outcome, WorkItem, request_topics
 from inference.worker.intake_partition import PartitionIntake
@@ -48,6 +56,7 @@ from inference.worker.prompts import PreparedRequest, prepare
 from inference.worker.replies import ReplyStream, response_for, send_dead_letter, send_response
 from inference.worker.reply_address import ReplyAddresses
 from inference.worker.settings import WorkerSettings
+from inference.worker.token_bytes import TokenBytes
 from inference.worker.trace_spans import generation_spans
 from schemas.codec import default_codec
 from schemas.records import Cancel, Deletion, FinishReason, InferenceRequest, WorkerState, now_ms
@@ -60,6 +69,8 @@ log = logging.getLogger(__name__)
 
 FINISH = {EngineFinish.STOP: FinishReason.STOP, EngineFinish.LENGTH: FinishReason.LENGTH,
           EngineFinish.ABORTED: FinishReason.CANCELLED}
+if hasattr(EngineFinish, "ERROR"):  # the engine could not go on with a request (e.g. its grammar refused a token)
+    FINISH[EngineFinish.ERROR] = FinishReason.ERROR
 # Why the worker itself stopped a generation (Generation.stop_reason) -> how the request ended.
 STOPPED_BY = {"deadline": FinishReason.TIMEOUT, "lock": FinishReason.TIMEOUT}
 
@@ -76,6 +87,9 @@ class Worker:
         self.max_seq_len = min(engine.settings.max_seq_len,
                                getattr(cfg, "max_position_embeddings", engine.settings.max_seq_len))
         self.capacity = Capacity(*settings.capacity(engine.settings.max_batch))
+        self.token_bytes = TokenBytes(tokenizer)  # logprobs: each token's text and real bytes
+        # response_format: one compiler per worker (made on first use), one matcher per choice
+        self.constraints = Constraints(tokenizer, int(getattr(cfg, "vocab_size", None) or len(tokenizer)))
         self.codec = default_codec()
         intake_cls = ShareIntake if settings.intake == "share" else PartitionIntake
         self.tracer = Tracer("inference")  # spans (transport/spans.py, docs/observability.md)
@@ -90,7 +104,7 @@ class Worker:
         self.deletions = DeletionListener(kafka, self.codec)
         self.recent_deletions = RecentDeletions(settings.deletion_memory)
         self.forgets: set[asyncio.Task] = set()  # deletions being carried out (forget + audit)
-        self.active: dict[str, tuple[WorkItem, Generation]] = {}  # request_id -> what runs it
+        self.active: dict[str, tuple[WorkItem, Choices]] = {}  # request_id -> what runs it
         self.tasks: dict[asyncio.Task, WorkItem] = {}
         self.state = WorkerState.STARTING
         self.failure: BaseException | None = None  # what stopped the worker, when something did
@@ -320,59 +334,65 @@ class Worker:
         first_token_ns = [0]
         generation_ns = time.time_ns()
 
-        def on_first_token() -> None:
+        def on_first_token() -> None:  # the first token of any choice: the request runs
+            if started[0]:
+                return
             started[0] = True
             first_token_ms[0] = now_ms()
             first_token_ns[0] = time.time_ns()
             self.capacity.started(item.priority)
 
+        n = prepared.n
+        matchers = None
+        if prepared.response_format is not None:  # compiling may take a while: off the loop
+            matchers = await asyncio.to_thread(self.constraints.matchers, prepared.response_format, n,
+                                              prepared.params.max_new_tokens)
         covered = self.recent_deletions.covers(req.tenant, req.user_id, req.created_at)  # by a Deletion since
-        gen = Generation(self.aengine, self.tokenizer, f"{req.request_id}#{attempt}", prepared, on_first_token,
-                         tenant=req.tenant, user_id=req.user_id, cache_prefix=not covered,
-                         on_token=self.metrics.token)
-        self.active[req.request_id] = (item, gen)
-        replies = ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace, started_at=started_at,
-                              tracer=self.tracer)
-        timer = self._stop_timer(item, gen)
-        final = None
+        token_bytes = self.token_bytes if prepared.logprobs else None
+        gens = [Generation(self.aengine, self.tokenizer, f"{req.request_id}#{attempt}" + (f"#{i}" if i else ""),
+                           prepared, on_first_token, tenant=req.tenant, user_id=req.user_id,
+                           cache_prefix=not covered, on_token=self.metrics.token, choice_index=i,
+                           constraint=matchers[i] if matchers else None, token_bytes=token_bytes)
+                for i in range(n)]
+        choices = Choices(gens)
+        self.active[req.request_id] = (item, choices)
+        replies = [ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace, started_at=started_at,
+                               tracer=self.tracer, choice_index=i) for i in range(n)]
+        timer = self._stop_timer(item, choices)
+        try:  # n > 1: one engine group (the siblings share the prompt's KV); n = 1 submits in deltas()
+            await choices.submit(lambda: check_deadline(req, now_ms(), "the engine could take it"))
+        except BaseException:
+            if timer is not None:
+                timer.cancel()
+            if self.active.get(req.request_id, (None,))[0] is item:
+                del self.active[req.request_id]
+            raise
+        runs = [asyncio.ensure_future(self._run_choice(item, gen, stream)) for gen, stream in zip(gens, replies)]
         try:
-            while final is None:
-                check_deadline(req, now_ms(), "the engine could take it")  # after any wait for the engine
-                try:
-                    async for delta in gen.deltas():
-                        if item.revoked or item.handed_back:
-                            gen.cancel("handed_back")
-                            continue
-                        if delta.finished:
-                            final = delta
-                        elif delta.text:
-                            replies.send(delta.text, delta.token_id)
-                except EngineBusy:  # only when max_in_flight exceeds the engine's waiting queue
-                    await asyncio.sleep(0.05)
-                    continue
-                if final is None:  # revoked or handed back: answer nothing
-                    return Outcome.HAND_BACK, "revoked" if item.revoked else "handed_back"
-        except ReplyAddressError:
-            gen.cancel("reply_address")
+            finals = await asyncio.gather(*runs)
+        except BaseException as exc:  # one choice failed (reply address, deadline, engine): stop them all
+            choices.cancel("reply_address" if isinstance(exc, ReplyAddressError) else "failed")
+            for run in runs:
+                run.cancel()
+            await asyncio.gather(*runs, return_exceptions=True)
             raise
         finally:
             if timer is not None:
                 timer.cancel()
             if self.active.get(req.request_id, (None,))[0] is item:
                 del self.active[req.request_id]
-        if item.revoked or item.handed_back:
+        if item.revoked or item.handed_back or any(final is None for final in finals):
             return Outcome.HAND_BACK, "revoked" if item.revoked else "handed_back"
-        reason = FINISH.get(final.finish_reason, FinishReason.STOP)
-        if final.finish_reason is EngineFinish.ABORTED and gen.stop_reason in STOPPED_BY:
-            reason = STOPPED_BY[gen.stop_reason]  # stopped by us, not by a Cancel
-        if reason is FinishReason.TIMEOUT and gen.stop_reason == "deadline" and final.num_output_tokens == 0:
+        reasons = [self._reason(final, gen) for final, gen in zip(finals, gens)]
+        if all(reason is FinishReason.TIMEOUT and gen.stop_reason == "deadline" and final.num_output_tokens == 0
+               for reason, gen, final in zip(reasons, gens, finals)):
             raise RequestExpiredError(f"the deadline passed while it waited for the engine (deadline_at "
                                       f"{req.deadline_at})")
-        generation_spans(span, self.model_name, req, final, reason, queued_from_ns=span.start_ns,
+        first = finals[0]
+        generation_spans(span, self.model_name, req, first, reasons[0], queued_from_ns=span.start_ns,
                          started_ns=generation_ns, first_token_ns=first_token_ns[0], ended_ns=time.time_ns(),
-                         answer=replies.text + (final.text or ""))
-        error, error_code = self._stop_error(reason, gen)
-        queue_ms = (item.taken_at_ms - req.enqueued_at) + (final.queue_s or 0.0) * 1000
+                         answer=replies[0].text + (first.text or ""))
+        queue_ms = (item.taken_at_ms - req.enqueued_at) + (first.queue_s or 0.0) * 1000
         ttft_ms = (first_token_ms[0] - req.enqueued_at) if first_token_ms[0] else 0.0
         # The whole text first, then the Response, then the final chunk, an end marker with no text:
         # - a Response that is durable has all its text durable in its attempt's stream (what a
@@ -382,20 +402,60 @@ class Worker:
         #   for record to reach the end of chat.responses, streams/recorded.py). A crash between the
         #   Response and the end marker serves the request again (a new attempt with its own whole
         #   stream); record drops the second Response as a repeat.
-        if final.text or final.token_id is not None or replies.index > 0:  # (an empty one only for its ack)
-            replies.send(final.text, final.token_id, ack=True)
-        await replies.delivered()
-        response = response_for(req, text=replies.text, worker_id=self.settings.worker_id, model=self.model_name,
-                                tokens_in=final.num_prompt_tokens, tokens_out=final.num_output_tokens,
-                                queue_ms=queue_ms, ttft_ms=ttft_ms, finish_reason=reason, error=error)
-        await send_response(self.producer, response, attempt=attempt, parent_trace=trace)
-        replies.send("", None, final=True, finish_reason=reason, tokens_in=final.num_prompt_tokens,
-                     tokens_out=final.num_output_tokens, error_code=error_code)
-        await replies.delivered()
-        self._observe(response, final)
-        return Outcome.DONE, reason.value.lower()
+        # With n choices: every choice's text, then the n Responses, then the n end markers.
+        for final, stream in zip(finals, replies):
+            if final.text or final.token_id is not None or stream.index > 0:  # (an empty one only for its ack)
+                stream.send(final.text, final.token_id, ack=True, logprob=final.logprob)
+        await asyncio.gather(*(stream.delivered() for stream in replies))
+        responses, errors = [], []
+        for i, (final, gen, reason, stream) in enumerate(zip(finals, gens, reasons, replies)):
+            error, error_code = self._stop_error(reason, gen, final)
+            errors.append(error_code)
+            responses.append(response_for(req, text=stream.text, worker_id=self.settings.worker_id,
+                                          model=self.model_name, tokens_in=final.num_prompt_tokens,
+                                          tokens_out=final.num_output_tokens, queue_ms=queue_ms, ttft_ms=ttft_ms,
+                                          finish_reason=reason, error=error, choice_index=i))
+        await asyncio.gather(*(send_response(self.producer, response, attempt=attempt, parent_trace=trace)
+                               for response in responses))
+        for final, reason, error_code, stream in zip(finals, reasons, errors, replies):
+            stream.send("", None, final=True, finish_reason=reason, tokens_in=final.num_prompt_tokens,
+                        tokens_out=final.num_output_tokens, error_code=error_code)
+        await asyncio.gather(*(stream.delivered() for stream in replies))
+        self._observe(responses[0], first)
+        return Outcome.DONE, reasons[0].value.lower()
 
-    def _stop_timer(self, item: WorkItem, gen: Generation) -> asyncio.TimerHandle | None:
+    async def _run_choice(self, item: WorkItem, gen: Generation, replies: ReplyStream) -> Delta | None:
+        """One choice to its end: its chunks streamed as they come; returns its final delta (its
+        last text not yet sent), or None when the request was revoked or handed back meanwhile."""
+        req = item.record
+        final = None
+        while final is None:
+            check_deadline(req, now_ms(), "the engine could take it")  # after any wait for the engine
+            try:
+                async for delta in gen.deltas():
+                    if item.revoked or item.handed_back:
+                        gen.cancel("handed_back")
+                        continue
+                    if delta.finished:
+                        final = delta
+                    elif delta.text:
+                        replies.send(delta.text, delta.token_id, logprob=delta.logprob)
+                    else:  # no text yet (a partial character, a possible stop string): with the next chunk
+                        replies.hold(delta.token_id, delta.logprob)
+            except EngineBusy:  # only when max_in_flight exceeds the engine's waiting queue
+                await asyncio.sleep(0.05)
+                continue
+            if final is None:  # revoked or handed back: answer nothing
+                return None
+        return final
+
+    def _reason(self, final: Delta, gen: Generation) -> FinishReason:
+        reason = FINISH.get(final.finish_reason, FinishReason.STOP)
+        if final.finish_reason is EngineFinish.ABORTED and gen.stop_reason in STOPPED_BY:
+            reason = STOPPED_BY[gen.stop_reason]  # stopped by us, not by a Cancel
+        return reason
+
+    def _stop_timer(self, item: WorkItem, gen: Choices) -> asyncio.TimerHandle | None:
         """Stop the generation at the request's deadline, or (share) before its record lock runs out."""
         limits = [(at, why) for at, why in ((item.record.deadline_at, "deadline"), (item.lock_until_ms, "lock"))
                   if at is not None]
@@ -404,8 +464,12 @@ class Worker:
         at, why = min(limits)
         return asyncio.get_running_loop().call_later(max(0.0, (at - now_ms()) / 1000), gen.cancel, why)
 
-    def _stop_error(self, reason: FinishReason, gen: Generation) -> tuple[str | None, str | None]:
+    def _stop_error(self, reason: FinishReason, gen: Generation,
+                    final: Delta | None = None) -> tuple[str | None, str | None]:
         """(Response.error, final chunk's error_code) of a generation that ended with ``reason``."""
+        if reason is FinishReason.ERROR:  # the engine ended it (e.g. the grammar refused a sampled token)
+            return (final.error if final is not None and final.error else "the engine could not go on"), \
+                "internal_error"
         if reason is FinishReason.CANCELLED:  # when it stopped tells whether the cancel was prompt
             return f"cancelled at token {gen.tokens_at_cancel}", "cancelled"
         if reason is not FinishReason.TIMEOUT:

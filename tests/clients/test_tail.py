@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from schemas.records import (ConversationTurn, DeadLetter, Feedback, FeedbackKind, FinishReason, Header,
-                             Response)
+from schemas.records import (ConversationTurn, DeadLetter, EmbeddingResult, Feedback, FeedbackKind, FinishReason,
+                             Header, Response, TokenChunk)
 from schemas.topics import CATALOG
 from tests.conftest import _free_port
 
 pytestmark = pytest.mark.integration
 
 CHATPIPE = str(Path(sys.executable).with_name("chatpipe"))
-TOPICS = {"chat.feedback": 3, "chat.turns": 2, "chat.dlq": 1}
+TOPICS = {"chat.feedback": 3, "chat.turns": 2, "chat.dlq": 1, "chat.replies.gw-1": 1}
 
 
 @pytest.fixture
@@ -104,6 +104,21 @@ def test_from_beginning_decodes_records_and_shows_undecodable_ones(tail_kafka, p
     [dead] = read_all(tail_kafka, "chat.dlq")
     assert base64.b64decode(dead["value"]["value"]) == dead_value
     assert dead["value"]["headers"] == [{"key": "traceparent", "value": base64.b64encode(b"00-ab").decode()}]
+
+
+def test_a_gateway_reply_topic_shows_chunks_and_embedding_results(tail_kafka, producer):
+    """Guards against the EmbeddingResult of POST /v1/embeddings (it shares the reply topic with
+    TokenChunk) being shown as an error line, while a third record type still is one."""
+    topic = tail_kafka.topic("chat.replies.gw-1")
+    producer.send(topic, TokenChunk(request_id="r1", conversation_id="c1", index=0, text="hi", worker_id="w"), key="r1")
+    producer.send(topic, EmbeddingResult(request_id="r2", model="all-MiniLM-L6-v2", dimensions=2, count=1,
+                                         vectors=b"\x00" * 8, tokens_in=3, worker_id="s"), key="r2")
+    producer.send(topic, feedback("c1"), key="c1")
+    producer.flush()
+    chunk, embedding, wrong = sorted(read_all(tail_kafka, "chat.replies.gw-1"), key=lambda x: x["offset"])
+    assert chunk["type"] == "TokenChunk" and chunk["value"]["text"] == "hi"
+    assert embedding["type"] == "EmbeddingResult" and embedding["value"]["tokens_in"] == 3
+    assert "expected TokenChunk or EmbeddingResult, got Feedback" in wrong["error"]
 
 
 def test_partition_option_reads_only_that_partition(tail_kafka, producer):

@@ -78,7 +78,8 @@ def test_empty_messages_is_a_400_in_openai_shape(client):
 def test_malformed_bodies_get_openai_errors(pipeline):
     headers = {"Authorization": f"Bearer {API_KEY}"}
     for body in ({"model": MODEL}, {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},
-                 {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}):
+                 {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 9},
+                 {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}):
         r = httpx.post(f"{pipeline.url}/v1/chat/completions", json=body, headers=headers)
         assert r.status_code == 400, (body, r.text)
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}

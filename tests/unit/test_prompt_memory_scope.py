@@ -18,7 +18,7 @@ def prompt(**kw) -> PromptRequest:
 
 
 def test_the_scope_round_trips_and_defaults_to_user():
-    assert prompt().memory_scope is MemoryScope.USER and prompt().schema_version == 4
+    assert prompt().memory_scope is MemoryScope.USER and prompt().schema_version >= 4
     decoded = codec.decode(codec.encode(prompt(memory_scope=MemoryScope.CONVERSATION)))
     assert decoded.memory_scope is MemoryScope.CONVERSATION
 

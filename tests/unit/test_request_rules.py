@@ -116,7 +116,8 @@ def test_the_largest_valid_prompt_and_its_dead_letter_fit_the_brokers_message_si
     record = prompt(messages, user_id=wide * LIMITS.max_user_chars, tenant="t" * LIMITS.max_tenant_chars,
                     conversation_id="c" * 128, reply_to="r" * 249,
                     sampling=SamplingParams(max_tokens=16,
-                                            stop=[wide * LIMITS.max_stop_chars] * LIMITS.max_stop_strings))
+                                            stop=[wide * LIMITS.max_stop_chars] * LIMITS.max_stop_strings,
+                                            response_format=largest_response_format(wide)))
     check_prompt_request(record)
     codec = default_codec()
     value = codec.encode(record)
@@ -125,6 +126,15 @@ def test_the_largest_valid_prompt_and_its_dead_letter_fit_the_brokers_message_si
                                    error_type="InvalidPromptError", error_message="x" * 2000,
                                    component="streams.intake"))
     assert len(dead) < LIMITS.broker_message_bytes, f"{len(value)} B record, {len(dead)} B dead letter"
+
+
+def largest_response_format(wide: str) -> str:
+    """A response_format JSON text of exactly the limit's characters, nearly all 4-byte ones."""
+    head = '{"type":"json_schema","json_schema":{"name":"n","schema":{"description":"'
+    tail = '"}}}'
+    text = head + wide * (LIMITS.max_response_format_chars - len(head) - len(tail)) + tail
+    assert len(text) == LIMITS.max_response_format_chars
+    return text
 
 
 # -- the same rule in every tier -------------------------------------------------------------------
@@ -136,7 +146,7 @@ def test_one_definition_of_roles():
     from schemas import requests
 
     assert streams.ROLES is requests.ROLES and "ROLES" not in vars(worker) and "ROLES" not in vars(gateway)
-    assert set(requests.OPENAI_ROLES) == set(ROLES) | {"developer"}
+    assert set(requests.OPENAI_ROLES) == set(ROLES) | {"developer", "tool"}  # tool: rendered as a user turn
 
 
 @pytest.mark.parametrize("record, says", [

@@ -108,6 +108,7 @@ class Seen:
     chunk_workers: dict[str, set] = field(default_factory=dict)
     engine_us: dict[str, int] = field(default_factory=dict)  # request_id -> the first chunk's engine time
     final_chunks: dict[str, list] = field(default_factory=dict)  # request_id -> its final TokenChunks
+    chunks: dict[str, list] = field(default_factory=dict)  # request_id -> [(TokenChunk, attempt)], as read
 
     def first_response(self, request_id: str):
         """Reader-side dedupe: the first Response of a request wins."""
@@ -152,6 +153,7 @@ class Reader:
                 self.seen.responses.setdefault(record.request_id, []).append((record, attempt))
             elif name == "TokenChunk":
                 self.seen.assembler.add(record, attempt)
+                self.seen.chunks.setdefault(record.request_id, []).append((record, attempt))
                 self.seen.chunk_count[record.request_id] = self.seen.chunk_count.get(record.request_id, 0) + 1
                 self.seen.chunk_workers.setdefault(record.request_id, set()).add(record.worker_id)
                 if record.is_final:

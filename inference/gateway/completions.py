@@ -1,0 +1,351 @@
+"""OpenAI's legacy text completions, ``POST /v1/completions``, through Kafka like chat.
+
+Each prompt of the request (a string, or a list of strings) is one ``PromptRequest`` with
+``raw_prompt`` set (v5) and no messages, in a conversation of its own; streams passes it through
+with no chat template, no system prompt and no memory recall, and the worker tokenizes it as it
+is (``inference/worker/prompts.py``). Its answer comes back as chat's does (``GatewayService``:
+``submit_raw``, ``replies``); a completion is recorded as its conversation's turn (analytics,
+archive) and never remembered. Why no memory: a raw prompt is a whole document the model
+continues, not a user's message: recalled turns would have to be put in some template, and the
+text the client gets would depend on earlier conversations, which no completions client expects.
+
+Choices: prompt ``i``'s ``j``-th choice has OpenAI's index ``i * n + j``. ``logprobs`` (an int
+0-5) gives OpenAI's legacy object, from the ``TokenLogprob`` records chat's logprobs come from:
+``tokens``, ``token_logprobs``, ``top_logprobs`` (per position the chosen token and the ``logprobs``
+most likely ones, so up to logprobs + 1 entries, as OpenAI says) and ``text_offset`` (each token's
+character offset in the choice's text). ``echo`` is honoured without logprobs (the prompt is put
+before the text); ``echo`` with logprobs, ``suffix``, ``best_of`` other than ``n``, token-id prompts
+and ``logit_bias`` get 400s naming them. docs/gateway.md "Completions" lists every field.
+
+Reference: https://platform.openai.com/docs/api-reference/completions
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import field_validator
+
+from inference.gateway.openai_api import OpenAIError, SamplingFields, sse, unsupported, usage
+from inference.gateway.keys import Principal
+from inference.gateway.service import Delta, GatewayService, Submitted
+from inference.gateway.settings import GatewaySettings
+from schemas.records import SamplingParams, TokenLogprob, new_id
+from schemas.requests import LIMITS, RequestLimits, RequestRuleError, check_raw_prompt, check_sampling, check_user
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions (chat's is the gateway's default_max_tokens)
+MAX_LOGPROBS = 5  # OpenAI's bound of the legacy logprobs
+MAX_PROMPTS = 32  # prompts of one request: each is a request of the backlog (admit), all in flight at once
+REQUEST_HEADER = "X-Chatpipe-Request-Id"
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[Any]  # a string or a list of strings; token ids are refused (check)
+    max_tokens: int | None = None  # None = 16, as OpenAI
+    logprobs: int | None = None  # 0-5: the legacy logprobs object; None = none
+    echo: bool | None = None
+    # Refused unless absent (or the value that asks for nothing): check_supported says why.
+    suffix: str | None = None
+    best_of: int | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _logprobs_is_a_count(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # chat's logprobs: true; here it is how many alternatives
+            raise ValueError("is a number of alternatives per token here (0-5), not a boolean: in "
+                             "/v1/completions logprobs=0 returns the chosen tokens' logprobs")
+        return value
+
+    def prompts(self) -> list[str]:
+        """The prompt(s) as a list of texts (400 for what is not a string or a list of strings)."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if not self.prompt:
+            raise OpenAIError(400, "prompt is an empty list: send a string or a list of strings", param="prompt",
+                              code="invalid_value")
+        if all(isinstance(p, str) for p in self.prompt):
+            return list(self.prompt)
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in self.prompt) or all(
+                isinstance(p, list) for p in self.prompt):
+            raise unsupported("prompt", "token-id prompts (a list of integers, or a list of such lists) are not "
+                                        "supported: the pipeline carries text; send the prompt as a string "
+                                        "(or a list of strings)", code="unsupported_value")
+        raise OpenAIError(400, "prompt must be a string or a list of strings", param="prompt", code="invalid_type")
+
+    def check(self, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> list[str]:
+        """The prompts, once every rule holds: schemas.requests' (with ``context_tokens``, max_tokens
+        against the model's context too), then what chatpipe does not do; 400s naming the field."""
+        prompts = self.prompts()
+        if len(prompts) > MAX_PROMPTS:
+            raise OpenAIError(400, f"prompt has {len(prompts)} prompts, over the limit of {MAX_PROMPTS} per "
+                                   "request; send them in several requests", param="prompt",
+                              code="array_above_max_length")
+        try:
+            for i, text in enumerate(prompts):
+                check_raw_prompt(text, limits, field="prompt" if isinstance(self.prompt, str) else f"prompt[{i}]")
+            if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise RequestRuleError("logprobs", f"is {self.logprobs}; use 0-{MAX_LOGPROBS} (0: the chosen tokens' "
+                                                   "logprobs only)", limit=MAX_LOGPROBS)
+            check_sampling(max_tokens=self.max_tokens, context_tokens=context_tokens)
+            check_sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+                           stop=self.stop_list(), presence_penalty=self.presence_penalty,
+                           frequency_penalty=self.frequency_penalty, logprobs=self.logprobs is not None,
+                           top_logprobs=self.logprobs, n=self.n, limits=limits)
+            if self.user:
+                check_user(self.user, limits)
+        except RequestRuleError as exc:
+            raise OpenAIError(400, str(exc), param=exc.field, code=exc.code) from None
+        self.check_supported()
+        return prompts
+
+    def check_supported(self) -> None:
+        if self.suffix:
+            raise unsupported("suffix", "suffix (text after the completion, for fill-in-the-middle) is not "
+                                        "supported: the served model is not trained for insertion; leave it out")
+        if self.best_of is not None and self.best_of != self.choices:
+            raise unsupported("best_of", f"best_of {self.best_of} with n {self.choices}: choosing the best of more "
+                                         "candidates than are returned is not supported; leave best_of out (or equal "
+                                         "to n) and rank the n choices by their logprobs", code="unsupported_value")
+        if self.echo and self.logprobs is not None:
+            raise unsupported("echo", "echo with logprobs asks for the prompt's own logprobs, which the engine does "
+                                      "not compute; leave out one of them", code="unsupported_value")
+        if self.logit_bias:
+            raise unsupported("logit_bias", "logit_bias is not supported: chatpipe's sampler applies no per-token "
+                                            "bias; leave it out")
+
+    def sampling(self) -> SamplingParams:
+        """The record's sampling; what the request leaves out is chat's default (temperature 0.7)."""
+        return self.sampling_params(self.max_tokens or DEFAULT_MAX_TOKENS, logprobs=self.logprobs is not None,
+                                    top_logprobs=self.logprobs or 0)
+
+
+# -- what we answer ---------------------------------------------------------------------------------
+
+@dataclass
+class Offsets:
+    """A choice's character count so far, fed its tokens' bytes (a character split across tokens
+    counts once it is whole): each token's ``text_offset``."""
+
+    chars: int = 0
+    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+
+    def feed(self, entries: list[TokenLogprob]) -> list[int]:
+        out = []
+        for e in entries:
+            out.append(self.chars)
+            self.chars += len(self.decoder.decode(e.bytes))
+        return out
+
+
+def _logprob(value: float) -> float:
+    return value if math.isfinite(value) else -9999.0  # JSON has no -inf (as chat's logprobs)
+
+
+def legacy_logprobs(entries: list[TokenLogprob] | None, offsets: Offsets) -> dict[str, Any] | None:
+    """OpenAI's legacy ``logprobs`` of a choice (or of a chunk's tokens) from ``TokenLogprob``s."""
+    if entries is None:
+        return None
+    top = []
+    for e in entries:
+        alternatives = {e.token: _logprob(e.logprob)}
+        for t in e.top:
+            alternatives.setdefault(t.token, _logprob(t.logprob))
+        top.append(alternatives)
+    return {"tokens": [e.token for e in entries], "token_logprobs": [_logprob(e.logprob) for e in entries],
+            "top_logprobs": top, "text_offset": offsets.feed(entries)}
+
+
+def completion_id(subs: list[Submitted]) -> str:
+    return f"cmpl-{subs[0].request_id}"
+
+
+def text_completion(subs: list[Submitted], choices: list[dict[str, Any]] | None, *,
+                    usage_: dict[str, int] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"id": completion_id(subs), "object": "text_completion", "created": subs[0].created,
+                            "model": subs[0].model, "choices": choices if choices is not None else []}
+    if usage_ is not None:
+        body["usage"] = usage_
+    return body
+
+
+def text_choice(index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def total_usage(subs: list[Submitted]) -> dict[str, int]:
+    return usage(sum(s.tokens_in for s in subs), sum(s.tokens_out for s in subs))
+
+
+# -- many prompts' replies as one ---------------------------------------------------------------------
+
+class Merged:
+    """Every prompt's ``replies`` as one iterator of (prompt index, Delta), in arrival order; the
+    first error of any prompt ends it (``failed``: that prompt's index)."""
+
+    def __init__(self, service: GatewayService, subs: list[Submitted]) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.failed: int | None = None
+        self.tasks = [asyncio.ensure_future(self._pump(i, service.replies(sub))) for i, sub in enumerate(subs)]
+        self.left = len(subs)
+
+    async def _pump(self, i: int, deltas: AsyncIterator[Delta]) -> None:
+        try:
+            async for delta in deltas:
+                self.queue.put_nowait((i, delta, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
+            self.queue.put_nowait((i, None, exc))
+            return
+        self.queue.put_nowait((i, None, None))
+
+    def __aiter__(self) -> "Merged":
+        return self
+
+    async def __anext__(self) -> tuple[int, Delta]:
+        while self.left:
+            i, delta, exc = await self.queue.get()
+            if exc is not None:
+                self.failed = i
+                self.close()
+                raise exc
+            if delta is None:
+                self.left -= 1
+                continue
+            return i, delta
+        raise StopAsyncIteration
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+
+
+def prompt_error(exc: OpenAIError) -> OpenAIError:
+    """A pipeline error about the chat request's messages is about the prompt here (or about
+    max_tokens, when a tier's rule names it: more than the context holds)."""
+    if exc.param == "messages":
+        exc.param = "max_tokens" if ": max_tokens " in exc.message else "prompt"
+        exc.message = exc.message.replace("the length of the messages", "the length of the prompt")
+    return exc
+
+
+def add_completion_routes(app: FastAPI, authenticate: Callable, service: GatewayService,
+                          settings: GatewaySettings) -> None:
+    """``POST /v1/completions`` on ``app`` (create_app's one line)."""
+    from inference.gateway.app import ClientGone, outcome_of, until_disconnect  # app.py imports this module
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest, principal: Principal = Depends(authenticate)):
+        received = time.perf_counter()
+        prompts = body.check(settings.context_tokens)
+        if body.model not in settings.models:
+            raise OpenAIError(404, f"The model `{body.model}` does not exist or you do not have access to it. "
+                                   f"Served: {', '.join(settings.models)}", param="model", code="model_not_found")
+        subs: list[Submitted] = []
+        try:
+            for text in prompts:
+                service.admit(principal.tenant)
+                subs.append(await service.submit_raw(
+                    principal, model=body.model, prompt=text, sampling=body.sampling(), user=body.user,
+                    stream=body.stream, conversation_id=new_id(), received_at=received,
+                    traceparent=request.headers.get("traceparent")))
+        except BaseException:
+            for sub in subs:
+                service.cancel(sub, "request_refused")
+            raise
+        headers = {REQUEST_HEADER: ",".join(s.request_id for s in subs)}
+        merged = Merged(service, subs)
+
+        def fail(exc: OpenAIError) -> None:  # one prompt failed: the request did; the others stop
+            for i, sub in enumerate(subs):
+                if i == merged.failed:
+                    service.finish(sub, outcome_of(exc))
+                elif sub.complete:
+                    service.finish(sub, "ok")
+                else:
+                    service.cancel(sub, "request_failed")
+
+        try:
+            if body.stream:
+                first = await until_disconnect(request, anext(merged, None))
+            else:
+                await until_disconnect(request, drain(merged))
+        except ClientGone:
+            merged.close()
+            for sub in subs:
+                service.cancel(sub, "client_disconnected")
+            return PlainTextResponse("", status_code=499)
+        except OpenAIError as exc:
+            fail(exc)
+            raise prompt_error(exc) from None
+        n = body.choices
+        echo = [text if body.echo else "" for text in prompts]
+        if not body.stream:
+            for sub in subs:
+                service.finish(sub, "ok")
+            choices = [text_choice(i * n + c.index, echo[i] + c.text, c.finish_reason,
+                                   legacy_logprobs(c.logprobs, Offsets()))
+                       for i, sub in enumerate(subs) for c in sub.choices]
+            return JSONResponse(text_completion(subs, choices, usage_=total_usage(subs)), headers=headers)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(events(service, subs, merged, first, echo, include_usage, fail),
+                                 media_type="text/event-stream",
+                                 headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def drain(merged: Merged) -> None:
+    async for _ in merged:
+        pass
+
+
+async def events(service: GatewayService, subs: list[Submitted], merged: Merged, first: tuple[int, Delta] | None,
+                 echo: list[str], include_usage: bool, fail: Callable[[OpenAIError], None]) -> AsyncIterator[str]:
+    """The SSE body: ``text_completion`` objects, one per increment of a choice (its finish reason on
+    its last); with echo each choice's prompt first; usage when asked, once every choice ended; ``[DONE]``."""
+    n = len(subs[0].choices)
+    offsets = {(i, j): Offsets() for i in range(len(subs)) for j in range(n)}
+    finished = False
+
+    def event(i: int, delta: Delta) -> str | None:
+        if not (delta.text or delta.logprobs or delta.finish_reason):
+            return None
+        logprobs = legacy_logprobs(delta.logprobs, offsets[i, delta.index]) if delta.logprobs is not None else None
+        return sse(text_completion(subs, [text_choice(i * n + delta.index, delta.text, delta.finish_reason,
+                                                      logprobs)]))
+
+    try:
+        for i, text in enumerate(echo):
+            if text:
+                for j in range(n):
+                    yield sse(text_completion(subs, [text_choice(i * n + j, text, None, None)]))
+        if first is not None:
+            if (out := event(*first)) is not None:
+                yield out
+        async for i, delta in merged:
+            if (out := event(i, delta)) is not None:
+                yield out
+        if include_usage:
+            yield sse(text_completion(subs, None, usage_=total_usage(subs)))
+        yield sse("[DONE]")
+        finished = True
+        for sub in subs:
+            service.finish(sub, "ok")
+    except OpenAIError as exc:  # the pipeline failed mid-stream: OpenAI sends the error as an event
+        yield sse(prompt_error(exc).body())
+        yield sse("[DONE]")
+        finished = True
+        fail(exc)
+    finally:
+        merged.close()
+        if not finished:  # Starlette cancelled us: the client went away
+            for sub in subs:
+                service.cancel(sub, "client_disconnected")
+
+
+__all__ = ["CompletionRequest", "add_completion_routes", "legacy_logprobs"]
