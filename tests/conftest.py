@@ -17,10 +17,20 @@ import pytest
 from tests.java_partitions import java_partitions  # noqa: F401 - a session fixture for every test module
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port, never one this process was handed before: the OS may give a just-closed port
+    again, and a test asking for several (a stack's Kafka, controller and /metrics ports) would then
+    get the same one twice (``chatpipe up`` refused such flags once in CI)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def free_port_block(n: int) -> int:

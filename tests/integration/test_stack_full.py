@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import stat
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from infra.services import alive
+from tests.conftest import _free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
@@ -27,12 +27,6 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "220"}
     return subprocess.run([sys.executable, "-m", "chatpipe.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _pids(state: Path) -> dict[str, int]:

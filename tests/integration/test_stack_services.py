@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from infra.settings import StackSettings
+from tests.conftest import _free_port
 
 pytestmark = pytest.mark.integration
 
@@ -25,12 +25,6 @@ def _cli(*args: str, env_extra: dict | None = None, timeout: float = 120) -> sub
     env = {**os.environ, "COLUMNS": "200", **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "chatpipe.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _row(table: str, name: str) -> str:

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from infra.services import alive
+from tests.conftest import _free_port
 
 pytestmark = pytest.mark.integration
 
@@ -30,12 +30,6 @@ def _cli(*args: str, env_extra: dict | None = None, timeout: float = 240) -> sub
     env = {**os.environ, "COLUMNS": "250", **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "chatpipe.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _flags(state: Path) -> list[str]:

@@ -109,9 +109,9 @@ def test_qdrant_away_past_the_budget_exits_unacked_and_the_restart_serves_every_
         qdrant.start()
         qdrant.wait_ready()
         worker.start()
-        requests.records(3, timeout_s=120, where=lambda r: r.request_id in ids)
-        turns.records(1, timeout_s=120, where=lambda t: t.request_id == pending.request_id)
-        forgot = audits.records(6, timeout_s=120, where=lambda a: a.deletion_event_id == deletion.event_id
+        worker.records(requests, 3, timeout_s=120, where=lambda r: r.request_id in ids)
+        worker.records(turns, 1, timeout_s=120, where=lambda t: t.request_id == pending.request_id)
+        forgot = worker.records(audits, 6, timeout_s=120, where=lambda a: a.deletion_event_id == deletion.event_id
                                 and a.component == "streams.forget")  # one per conversation partition
         served, recorded = counts(requests, "request_id"), counts(turns, "request_id")
         assert all(served[i] == 1 for i in ids), served
