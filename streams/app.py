@@ -62,7 +62,7 @@ from streams.reply_address import ReplyAddresses
 from streams.services import StreamsServices
 from streams.table import conversation_table
 from streams.settings import StreamsSettings
-from streams.watchdog import ProgressWatchdog, faust_assignment
+from streams.watchdog import ProgressWatchdog, StalledConsumerError, commit_acked_before_exit, faust_assignment
 from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
 from transport.errors import TransportError
@@ -201,7 +201,10 @@ class StreamsApp:
         async def watch_progress() -> None:
             try:
                 await self.watchdog.run(faust_assignment(app, sources), settings.stall_check_s)
-            except Exception as exc:  # noqa: BLE001 - a stall or a bug: exit unacked, the supervisor restarts
+            except StalledConsumerError as exc:  # what was acked is committed; the stalled rest is read again
+                await commit_acked_before_exit(app)
+                exit_without_ack("streams.watchdog", exc)
+            except Exception as exc:  # noqa: BLE001 - a bug: exit unacked, the supervisor restarts
                 exit_without_ack("streams.watchdog", exc)
 
 

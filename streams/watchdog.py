@@ -10,6 +10,10 @@ inside faust-streaming / aiokafka is not found (cf. faust-streaming#216, a gap f
 before the seek); the failure policy's answer to a process that no longer consumes is the same as
 to a dead thread: exit, so the supervisor restarts it. A restart reads again from the committed
 offsets, and no agent acks before its effects are durable (``acks.py``), so nothing is lost.
+Before it exits on a stall the process commits what its agents acked (``commit_acked_before_exit``),
+as Faust's next periodic commit would have: without that, every record served on the partitions
+that still worked since the last commit is served again after the restart (a second
+InferenceRequest for a prompt already sent to the engine, seen in tests/streams).
 
 A partition counts as **stalled** when, for ``stall_s`` in a row: it is assigned to this process,
 records wait on it (end offset > the group's committed offset), that committed offset has not
@@ -167,6 +171,28 @@ class LoopHeartbeat:
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 sys.stderr.flush()
                 os._exit(EXIT_INFRASTRUCTURE)
+
+
+async def commit_acked_before_exit(app, timeout_s: float = 10.0) -> bool:
+    """Commit the offsets the agents acked, before a stall exit; True when that commit went through.
+
+    Safe by construction: an agent acks only once a batch's effects are durable (``acks.py``), and
+    Faust's commit flushes the producer (the table's changelog) before committing, exactly as its
+    periodic commit does. The stalled partitions' offsets have not moved (that is the stall), so their
+    records are read again after the restart. The loop still turns (the heartbeat would have ended
+    the process otherwise) and no batch is out (a stall requires it), so the acks are final. Bounded
+    by ``timeout_s``: a commit that hangs or fails is given up, and the records acked since the last
+    commit are read again (at-least-once; readers dedupe by request_id, docs/worker.md)."""
+    try:
+        await asyncio.wait_for(app.consumer.commit(), timeout_s)
+    except Exception as exc:  # noqa: BLE001 - the process is exiting either way; say what is read again
+        log.warning("stall exit: could not commit the acknowledged offsets within %g s (%s: %s); records "
+                    "acked since the last commit are read again after the restart", timeout_s,
+                    type(exc).__name__, exc)
+        return False
+    log.info("stall exit: committed the acknowledged offsets; the stalled partitions are read again "
+             "from their committed offsets after the restart")
+    return True
 
 
 def faust_assignment(app, source_topics: set[str]) -> Callable[[], list[TP]]:

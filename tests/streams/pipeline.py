@@ -52,6 +52,7 @@ class StreamsWorker:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.stall_restarts = 0
+        self.uncommitted_stalls = 0  # stall exits whose pre-exit commit failed (restart_if_stalled)
 
     def start(self, timeout_s: float = 240.0) -> None:
         with open(self.log, "a") as out:
@@ -92,9 +93,11 @@ class StreamsWorker:
         """Start the worker again, as ``chatpipe up``'s supervisor does, if its progress watchdog ended
         it on a stalled consumer (exit 75 with ``StalledConsumerError``: a Faust fetcher that stops
         fetching some assigned partitions after a restart, seen now and then on this 2-core VM;
-        docs/streams.md "watchdog"). Nothing is acked by a stalled worker, so the restart reads those
-        records again and the tests' exactly-once counts still hold. True when it restarted; a worker
-        that stalls more than ``limit`` times fails the test."""
+        docs/streams.md "watchdog"). Before exiting, the worker commits what its agents acked, so the
+        restart reads only the stalled partitions again and the tests' exactly-once counts still hold;
+        a stall exit whose commit did not go through (it says so) is counted in ``uncommitted_stalls``:
+        what it served since its last commit is served again (at-least-once). True when it restarted;
+        a worker that stalls more than ``limit`` times fails the test."""
         if self.proc is None or self.proc.poll() != EXIT_INFRASTRUCTURE:
             return False
         if "StalledConsumerError" not in self.current_log():
@@ -102,6 +105,8 @@ class StreamsWorker:
         if self.stall_restarts >= limit:
             raise AssertionError(f"chatpipe streams stalled {self.stall_restarts + 1} times:\n{self.tail()}")
         self.stall_restarts += 1
+        if "committed the acknowledged offsets" not in self.current_log():
+            self.uncommitted_stalls += 1
         print(f"chatpipe streams stalled (watchdog exit 75); restarting it as a supervisor would "
               f"({self.stall_restarts} of at most {limit})")
         self.start()

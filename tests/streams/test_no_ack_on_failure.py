@@ -114,7 +114,8 @@ def test_qdrant_away_past_the_budget_exits_unacked_and_the_restart_serves_every_
         forgot = worker.records(audits, 6, timeout_s=120, where=lambda a: a.deletion_event_id == deletion.event_id
                                 and a.component == "streams.forget")  # one per conversation partition
         served, recorded = counts(requests, "request_id"), counts(turns, "request_id")
-        assert all(served[i] == 1 for i in ids), served
+        # exactly once; a stall exit that could not commit first may serve a prompt again (at-least-once)
+        assert all(1 <= served[i] <= 1 + worker.uncommitted_stalls for i in ids), (served, worker.uncommitted_stalls)
         assert recorded[pending.request_id] == 1, recorded
         assert sum(a.memory_points_deleted for a in forgot) == 1 and sum(a.conversations_cleared for a in forgot) == 1
         memory = ConversationMemory(MemorySettings(url=qdrant.url), 384)

@@ -108,3 +108,34 @@ def test_an_event_loop_that_stops_turning_ends_the_process_with_its_stacks():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 75, done.stderr
     assert "has not turned" in done.stderr and "blocked_in_a_sync_call" in done.stderr
+
+
+class _Consumer:
+    """Stands in for Faust's consumer (a real one cannot be stalled on demand, see the module's note):
+    only ``commit()``, the call the stall exit makes."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour, self.commits = behaviour, 0
+
+    async def commit(self) -> bool:
+        self.commits += 1
+        if self.behaviour == "hangs":
+            await asyncio.sleep(60)
+        if self.behaviour == "fails":
+            raise RuntimeError("coordinator not available")
+        return True
+
+
+@pytest.mark.parametrize("behaviour, committed", [("commits", True), ("hangs", False), ("fails", False)])
+def test_a_stall_exit_commits_what_was_acked_or_says_what_is_read_again(behaviour, committed, caplog):
+    from types import SimpleNamespace
+
+    from streams.watchdog import commit_acked_before_exit
+
+    app = SimpleNamespace(consumer=_Consumer(behaviour))
+    with caplog.at_level("INFO", logger="streams.watchdog"):
+        assert asyncio.run(commit_acked_before_exit(app, timeout_s=0.2)) is committed
+    assert app.consumer.commits == 1
+    said = caplog.text
+    assert ("committed the acknowledged offsets" in said) is committed
+    assert ("read again after the restart" in said) is not committed
