@@ -6,8 +6,17 @@ queue to drain (``flush``) would never end under a steady stream of token chunks
 ``send`` may get its own delivery callback and an ``asyncio.Future`` resolved on the caller's
 event loop.
 
-A background thread serves librdkafka's delivery reports (``poll``), so the event loop never
-blocks on the broker. Idempotence is on (acks=all, no duplicates from retries, order kept per
+Delivery reports (``poll``) are served by whoever is active, one at a time (``_poll_lock``): a
+sender serves them itself, without waiting, every ``SERVE_EVERY`` sends; a sender on an event loop
+then keeps serving them from that loop every ``TAIL_POLL_S`` (1 ms) while records of it are in
+flight, so the acknowledgement a task awaits after a burst comes as fast as before; a background
+thread serves them whenever no sender has for ``SENDER_SERVES_S``, so the event loop never blocks
+on the broker and a sender without a loop gets its reports too (those of a burst's last records at
+most ``SENDER_SERVES_S`` late). Why not the thread alone: a report's callback needs the GIL, and a
+thread that took it from a busy sender for every report cost a forced switch and two context
+switches a record (per-thread CPU in README "bench/kafka_io.py").
+
+Idempotence is on (acks=all, no duplicates from retries, order kept per
 partition); ``linger.ms`` is the caller's choice (token chunks are latency-bound, not
 throughput-bound). A record the broker has not acknowledged within the delivery timeout
 (``KafkaSettings.delivery_timeout_s`` unless the caller gives its own; librdkafka's
@@ -56,6 +65,14 @@ from transport.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 RETRY_S = 0.005  # how often a full local queue is tried again (the report thread drains it meanwhile)
+SERVE_EVERY = 64  # a sender serves the delivery reports itself every this many sends
+# The report thread leaves the reports to a sender active this recently (a sender preempted for
+# less, as a 2-core machine does for milliseconds at a time, is still the one sending: at 5 ms the
+# report thread still cost 2-3 us a record in takeovers), and waits in librdkafka at most this long
+# while a sender was active within REPORT_POLL_S, so a sender coming back finds the lock free.
+SENDER_SERVES_S = 0.02
+REPORT_POLL_S = 0.05  # the report thread's longest wait in librdkafka for a report
+TAIL_POLL_S = 0.001  # how often a loop that sent serves the reports while its records are in flight
 _time_ns = time.time_ns
 
 
@@ -108,13 +125,59 @@ class AckedProducer:
         self._count_delivery = self._count  # the delivery callback of a record sent without want_ack, bound once
         self._waiting: deque[_Waiting] = deque()
         self._waiting_loop: asyncio.AbstractEventLoop | None = None
+        self._sends = 0
+        self._served_at = 0.0  # time.monotonic() of a sender's last serving of the reports
+        self._tail_loop: asyncio.AbstractEventLoop | None = None  # the loop serving the in-flight tail
+        self._poll_lock = threading.Lock()  # one thread serves the reports at a time (the counts, the order)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve_reports, name="chatpipe-acks", daemon=True)
         self._thread.start()
 
     def _serve_reports(self) -> None:
+        """The report thread: serves the reports while no sender does."""
         while not self._stop.is_set():
-            self._producer.poll(0.05)
+            idle_s = time.monotonic() - self._served_at
+            if idle_s < SENDER_SERVES_S:  # a busy sender serves them; look again once it may have stopped
+                self._stop.wait(SENDER_SERVES_S - idle_s)
+                continue
+            with self._poll_lock:
+                self._poll(REPORT_POLL_S if idle_s > REPORT_POLL_S else SENDER_SERVES_S)
+
+    def _serve_inline(self) -> None:
+        """On the sender's thread, every ``SERVE_EVERY`` sends: the reports waiting now, if no other
+        thread is serving them (never waits)."""
+        self._served_at = time.monotonic()  # even if the report thread holds the lock: it lets go soon
+        self._poll_unless_busy()
+        loop = _running_loop()
+        if loop is not None and self._tail_loop is not loop:
+            self._tail_loop = loop
+            loop.call_later(TAIL_POLL_S, self._serve_tail, loop)
+
+    def _serve_tail(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop that sent, every ``TAIL_POLL_S`` while records are in flight (librdkafka's
+        count includes reports not yet served): the reports a task of it may be awaiting, without the
+        report thread's GIL handoffs. Once none is in flight the report thread takes over at once
+        (with the broker away that is the delivery timeout: a poll(0) a millisecond until then)."""
+        self._poll_unless_busy()
+        if len(self._producer) and not self._stop.is_set():
+            self._served_at = time.monotonic()
+            loop.call_later(TAIL_POLL_S, self._serve_tail, loop)
+        else:
+            self._tail_loop = None
+            self._served_at = 0.0
+
+    def _poll_unless_busy(self) -> None:
+        if self._poll_lock.acquire(blocking=False):
+            try:
+                self._poll(0)
+            finally:
+                self._poll_lock.release()
+
+    def _poll(self, timeout_s: float) -> None:
+        try:
+            self._producer.poll(timeout_s)
+        except Exception:  # noqa: BLE001 - a callback's error must neither reach an unrelated send nor end the thread
+            log.exception("a delivery report's callback failed")
 
     @property
     def waiting(self) -> int:
@@ -179,6 +242,9 @@ class AckedProducer:
                     self._wait_on(loop, _Waiting(topic, value, key, kwargs, future, time.monotonic()))
         if traceparent is not None:
             self.tracer.record_send(topic, traceparent, parent_trace, start_ns, partition)
+        self._sends += 1
+        if self._sends % SERVE_EVERY == 0:
+            self._serve_inline()
         return future
 
     # -- a full local queue ------------------------------------------------------------------------
@@ -248,7 +314,14 @@ class AckedProducer:
         deadline = time.monotonic() + timeout
         while self._waiting and time.monotonic() < deadline:
             time.sleep(RETRY_S)
-        remaining = self._producer.flush(max(0.0, deadline - time.monotonic())) + len(self._waiting)
+        # librdkafka's flush serves the reports too: under the lock, in short steps, so the report
+        # thread and a sender take turns with it instead of serving reports at the same time.
+        while True:
+            with self._poll_lock:
+                queued = self._producer.flush(min(REPORT_POLL_S, max(0.0, deadline - time.monotonic())))
+            if not queued or time.monotonic() >= deadline:
+                break
+        remaining = queued + len(self._waiting)
         if remaining:
             raise DeliveryError(f"{remaining} record(s) undelivered after {timeout:g}s "
                                 f"(broker {self.settings.bootstrap_servers})")

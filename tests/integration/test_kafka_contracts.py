@@ -206,3 +206,61 @@ async def test_acked_producer_fails_a_record_for_a_missing_topic_in_its_timeout(
                                      KafkaError.UNKNOWN_TOPIC_OR_PART)
     finally:
         await asyncio.to_thread(producer.close, 1)
+
+
+async def test_a_busy_sender_serves_its_own_delivery_reports_and_the_report_thread_the_rest(
+        kafka_settings, topic_factory, group_id):
+    """While the event loop sends, it serves the delivery reports itself (every SERVE_EVERY sends,
+    then every TAIL_POLL_S while its records are in flight: a report served by the other thread took
+    the GIL from the sender once a record), so the acknowledgements awaited after the burst resolve
+    without another send; a sender without a loop gets its reports from the report thread. The
+    callback is wrapped only to see which thread runs it."""
+    import asyncio
+    import threading
+
+    from transport.acked_producer import AckedProducer
+
+    topic = topic_factory(partitions=3)
+    producer = AckedProducer(kafka_settings, linger_ms=1)
+    served_on: list[str] = []
+    count = producer._count
+
+    def counting(err, msg):
+        served_on.append(threading.current_thread().name)
+        count(err, msg)
+
+    producer._count = producer._count_delivery = counting
+    sent = [records.Cancel(request_id=f"r{i}", conversation_id=f"c{i % 8}", reason="burst") for i in range(4000)]
+    try:
+        await asyncio.wait_for(asyncio.gather(producer.send(topic, sent[0], key="c0")), 30)  # connected
+        acks = []
+        for i, record in enumerate(sent[1:], 1):
+            ack = producer.send(topic, record, key=record.conversation_id, want_ack=i % 32 == 0)
+            if ack is not None:
+                acks.append(ack)
+            if i % 100 == 0:  # the broker answers meanwhile (tens of ms here)
+                await asyncio.sleep(0.005)
+        await asyncio.wait_for(asyncio.gather(*acks), 60)
+        for _ in range(600):  # the burst's last reports (no future of their own), then the loop stops serving
+            if producer.delivered == len(sent):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)
+        on_loop = served_on.count(threading.main_thread().name)
+        # Before, the report thread served them all; it still takes over when the sender is preempted.
+        assert on_loop > len(sent) // 2, f"{on_loop} of {len(served_on)} reports served by the sender's loop"
+
+        def from_a_thread() -> None:  # no event loop here: no future, the report thread counts it
+            producer.send(topic, sent[0], key="c0", want_ack=False)
+
+        await asyncio.to_thread(from_a_thread)
+        for _ in range(600):
+            if producer.delivered == len(sent) + 1:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await asyncio.to_thread(producer.close, 10)
+    assert producer.delivered == len(sent) + 1 and producer.failed == 0
+    assert served_on[-1] == "chatpipe-acks", served_on[-3:]
+    with _strict_consumer(kafka_settings, group_id, topic) as consumer:
+        assert len(_drain(consumer, len(sent) + 1, expected=records.Cancel)) == len(sent) + 1

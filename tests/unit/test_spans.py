@@ -377,3 +377,29 @@ def test_spans_the_trace_store_did_not_take_are_posted_at_the_next_export():
     names = [s["name"] for export in received for r in export["resourceSpans"] for sc in r["scopeSpans"]
              for s in sc["spans"]]
     assert names == ["while away", "once back"]
+
+
+def test_a_large_export_is_written_in_requests_of_at_most_export_chunk_spans(tmp_path):
+    """A busy interval's spans are exported in several requests (lines of the span file), none over
+    EXPORT_CHUNK spans, and every span is in exactly one of them."""
+    from transport import tracing
+
+    spans.shutdown()
+    spans.configure("unit", spans.TracingSettings(file_dir=tmp_path, export_interval_s=60))
+    tracer, chunk = spans.Tracer("unit"), spans.EXPORT_CHUNK
+    sent = [tracing.new_traceparent() for _ in range(2 * chunk + 5)]
+    try:
+        for i, traceparent in enumerate(sent):
+            tracer.record_send("chat.prompts", traceparent, None, 1_000 + i, i % 3)
+        for i in range(chunk + 1):
+            tracer.start(f"step {i}").end()
+        spans.flush()
+    finally:
+        spans.shutdown()
+    lines = [json.loads(line) for path in tmp_path.glob("*.jsonl") for line in path.read_text().splitlines()]
+    per_line = [[s for r in line["resourceSpans"] for scope in r["scopeSpans"] for s in scope["spans"]]
+                for line in lines]
+    assert len(lines) == 5 and max(map(len, per_line)) == chunk  # sends 2048+2048+5, others 2048+1
+    ids = [s["spanId"] for line in per_line for s in line]
+    assert len(ids) == len(set(ids)) == len(sent) + chunk + 1
+    assert {t[36:52] for t in sent} <= set(ids)
