@@ -496,8 +496,8 @@ def flush() -> None:
 #
 # Written by hand, not through json.dumps of nested dicts: that took 13 us a send span (the dicts
 # of attributes and values, then the generic encoder walking them), more than librdkafka's own cost
-# of producing the record. A send span is one f-string around the part made once per topic and
-# partition (``_send_templates``); other spans are joined from pieces, strings escaped by json's own
+# of producing the record. A send span is a few pieces around the part made once per topic and
+# partition (``_send_templates``), joined with the rest of its export; other spans are joined from pieces, strings escaped by json's own
 # C escaper; a batch's links come from its traceparents in a few passes in C. The output is the
 # same JSON (tests/unit/test_spans.py parses each path against json.dumps of the OTLP dicts): hex
 # ids, nanoseconds and 64-bit ints as strings, typed attribute values.
@@ -594,8 +594,8 @@ def _send_parent_id(traceparent: str, parent: str | None) -> str | None:
 
 
 # (topic, partition) -> what a send span's JSON has between its span id (or parent span id) and its
-# start time: its name, kind and attributes, escaped once. The rest is an f-string (one join of the
-# pieces); a %-format of the whole template parsed its 400 characters on every span (3,300
+# start time: its name, kind and attributes, escaped once. The rest are pieces of the export's one
+# join (``_append_send_pieces``); a %-format of the whole template parsed its 400 characters on every span (3,300
 # instructions of a span's 10,800, callgrind).
 _send_templates: dict[tuple[str, Any], str] = {}
 

@@ -230,6 +230,12 @@ async def test_a_busy_sender_serves_its_own_delivery_reports_and_the_report_thre
         count(err, msg)
 
     producer._count = producer._count_delivery = counting
+
+    async def until_delivered(n: int) -> None:  # reports without a future of their own: watch the count
+        for _ in range(600):
+            if producer.delivered == n:
+                return
+            await asyncio.sleep(0.05)
     sent = [records.Cancel(request_id=f"r{i}", conversation_id=f"c{i % 8}", reason="burst") for i in range(4000)]
     try:
         await asyncio.wait_for(asyncio.gather(producer.send(topic, sent[0], key="c0")), 30)  # connected
@@ -241,11 +247,8 @@ async def test_a_busy_sender_serves_its_own_delivery_reports_and_the_report_thre
             if i % 100 == 0:  # the broker answers meanwhile (tens of ms here)
                 await asyncio.sleep(0.005)
         await asyncio.wait_for(asyncio.gather(*acks), 60)
-        for _ in range(600):  # the burst's last reports (no future of their own), then the loop stops serving
-            if producer.delivered == len(sent):
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.05)
+        await until_delivered(len(sent))  # the burst's last reports
+        await asyncio.sleep(0.05)  # then the loop stops serving
         on_loop = served_on.count(threading.main_thread().name)
         # Before, the report thread served them all; it still takes over when the sender is preempted.
         assert on_loop > len(sent) // 2, f"{on_loop} of {len(served_on)} reports served by the sender's loop"
@@ -254,10 +257,7 @@ async def test_a_busy_sender_serves_its_own_delivery_reports_and_the_report_thre
             producer.send(topic, sent[0], key="c0", want_ack=False)
 
         await asyncio.to_thread(from_a_thread)
-        for _ in range(600):
-            if producer.delivered == len(sent) + 1:
-                break
-            await asyncio.sleep(0.05)
+        await until_delivered(len(sent) + 1)
     finally:
         await asyncio.to_thread(producer.close, 10)
     assert producer.delivered == len(sent) + 1 and producer.failed == 0
