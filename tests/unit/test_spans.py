@@ -282,6 +282,29 @@ def test_the_fast_encoding_is_the_otlp_json_of_each_span():
     assert json.loads(spans.otlp_json([])) == {"resourceSpans": []}
 
 
+@pytest.mark.parametrize("shape", ["roots", "children", "mixed parents", "another trace's parent", "a float start"])
+def test_a_chunk_of_sends_of_each_shape_encodes_to_the_reference_json(shape):
+    """Sends of several topics and partitions, all roots, all children, mixed, one under a parent it
+    could not continue, one with a float start: the fast path (pieces around each send's template)
+    and the generic encoder give the same JSON as json.dumps of the OTLP dicts."""
+    parent, other = tracing.new_traceparent(), tracing.new_traceparent()
+    records = []
+    for i in range(40):
+        topic, partition = ("chat.prompts", "chat.inference.requests")[i % 2], (None, 0, 5)[i % 3]
+        if shape in ("roots", "a float start") or (shape == "mixed parents" and i % 4 == 0):
+            traceparent, mine = tracing.new_traceparent(), None
+        elif shape == "another trace's parent" and i == 7:
+            traceparent, mine = tracing.new_traceparent(), other  # a new root under a parent it could not continue
+        else:
+            traceparent, mine = tracing.child_traceparent(parent), parent
+        start = 1_000.0 + i if shape == "a float start" and i == 3 else 1_000 + i
+        records.append(("svc", traceparent, mine, topic, partition, start, 2_000 + i))
+    expected = _by_span(_reference_export(records))
+    assert _by_span(json.loads(spans.otlp_json(records))) == expected
+    assert _by_span(json.loads(spans.otlp_json(records, fast=False))) == expected
+    assert len(expected["svc"]) == 40
+
+
 def test_a_malformed_traceparent_given_to_record_send_is_escaped_not_written_raw():
     """Only well formed traceparents go into a send's JSON unescaped: a caller's odd one sends the
     whole batch through the escaping path, and the export stays valid JSON."""
