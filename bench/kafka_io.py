@@ -26,6 +26,9 @@ Starts its own broker (the project's local Kafka, in a temporary folder) unless
 ``--bootstrap-servers`` is given. Prints wall-clock rates (median and best run) and client CPU
 cost, spans off and on; the last line, the headline, is the CPU-based ratio with spans on, min of
 produce and consume.
+
+``--per-thread`` adds where each produce side's client CPU went, thread by thread (the sender,
+librdkafka's broker threads, the delivery-report thread, the span export thread; bench/thread_cpu.py).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from transport.settings import KafkaSettings
 from transport import spans
 
 from local_broker import bench_broker  # bench/, beside this script
+from thread_cpu import TICK_S, ThreadCpu, median_table
 
 LINGER_MS = 1.0  # the gateway's (the worker lingers 0.5 ms, streams' reply producer 0)
 BATCH = 500  # messages per consume call, both sides
@@ -68,6 +72,8 @@ CPU_SECONDS: list[float] = []
 # BatchConsumer cost over the raw loop; tests/kafka_helpers/batches.py).
 GC_STARTS = [0]
 GC_PER_RUN: list[int] = []
+# With --per-thread: where each produce run's client CPU went, thread by thread (bench/thread_cpu.py).
+THREADS: ThreadCpu | None = None
 gc.callbacks.append(lambda phase, info: GC_STARTS.__setitem__(0, GC_STARTS[0] + (phase == "start")))
 
 
@@ -123,6 +129,8 @@ def raw_produce(settings: KafkaSettings, topic: str, n: int, encoded: bytes | No
     producer = Producer(raw_config(settings))
     encode = AvroCodec().encode
     start, cpu0 = time.perf_counter(), time.process_time()
+    if THREADS:
+        THREADS.start()
     for i in range(n):
         value = encoded if encoded is not None else encode(prompt_record(i))
         while True:
@@ -134,6 +142,8 @@ def raw_produce(settings: KafkaSettings, topic: str, n: int, encoded: bytes | No
         producer.poll(0)
     producer.flush(60)
     CPU_SECONDS.append(time.process_time() - cpu0)
+    if THREADS:
+        THREADS.stop()
     return n / (time.perf_counter() - start)
 
 
@@ -142,6 +152,10 @@ def adapter_produce(settings: KafkaSettings, topic: str, n: int, traced: bool = 
         producer = AckedProducer(settings, linger_ms=LINGER_MS)
         acks = []
         start, cpu0 = time.perf_counter(), time.process_time()
+        if THREADS:
+            THREADS.start()
+            THREADS.name(producer._thread, "delivery-report thread")
+            THREADS.name(spans._recorder._thread if spans._recorder else None, "span export thread")
         for i in range(n):
             ack = producer.send(topic, prompt_record(i), key=str(i % 64), want_ack=i % ACK_EVERY == ACK_EVERY - 1)
             if ack is not None:
@@ -150,8 +164,12 @@ def adapter_produce(settings: KafkaSettings, topic: str, n: int, traced: bool = 
                 await asyncio.sleep(0)  # a service's loop runs other work between sends
         await asyncio.gather(*acks)
         await asyncio.to_thread(producer.flush, 60)
+        if THREADS:
+            THREADS.mark()  # the export thread ends in export_spans: its CPU as of now
         export_spans(traced)
         CPU_SECONDS.append(time.process_time() - cpu0)
+        if THREADS:
+            THREADS.stop()
         if traced and SPANS_EXPORTED[-1] != n:
             raise SystemExit(f"{SPANS_EXPORTED[-1]} send spans exported, not {n}")
         elapsed = time.perf_counter() - start
@@ -274,6 +292,7 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
     settings = KafkaSettings(bootstrap_servers=bootstrap)
     admin = TopicAdmin(settings)
     runs: dict[str, list[float]] = {}
+    per_thread: dict[str, list[dict[str, float]]] = {}
 
     def topic() -> str:
         name = f"bench.kafka_io.{uuid.uuid4().hex[:8]}"
@@ -297,6 +316,8 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
                 adapter_topics.append(t)
             runs.setdefault(f"produce/{side}", []).append(rate)
             runs.setdefault(f"produce-cpu/{side}", []).append(n / CPU_SECONDS[-1])
+            if THREADS and side != "raw-bytes":
+                per_thread.setdefault(side, []).append(THREADS.result)
             print(f"run {r + 1}: produce {side:13} {rate:10,.0f} msg/s, {n / CPU_SECONDS[-1]:10,.0f} msg per "
                   f"CPU-second" + (f", {SPANS_EXPORTED[-1]:,} spans exported" if side == "adapter+spans" else ""))
     sides = (("adapter", adapter_consume), ("raw", raw_consume), ("adapter+spans", traced_consume))
@@ -339,6 +360,10 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
             pairs = sorted(a / b for a, b in zip(runs[f"{kind}/{side}"], runs[f"{kind}/raw"]))
             print(f"{kind} ratio per alternated pair, {side}: {', '.join(f'{p:.2f}' for p in pairs)} "
                   f"(median {statistics.median(pairs):.2f})")
+    if per_thread:
+        print(f"produce, client CPU by thread ({repeats} runs a side; the kernel's ticks resolve "
+              f"{1e6 * TICK_S / n:.2f} us a record):")
+        print("\n".join(median_table(per_thread, n)))
     print(f"garbage collections per consume run: raw {runs['consume-gc/raw']}, adapter {runs['consume-gc/adapter']}, "
           f"adapter with spans {runs['consume-gc/adapter+spans']}")
     codec_vs_fastavro(*codec_sizes)
@@ -359,7 +384,12 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=None, help="messages per run (default 200k, quick 60k)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per side (default 7, quick 5)")
     parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
+    parser.add_argument("--per-thread", action="store_true",
+                        help="also print where each produce side's client CPU went, thread by thread (Linux)")
     args = parser.parse_args()
+    if args.per_thread:
+        global THREADS
+        THREADS = ThreadCpu()
     n = args.messages or (60_000 if args.quick else 200_000)
     repeats = args.repeats or (5 if args.quick else 7)
 
