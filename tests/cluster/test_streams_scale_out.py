@@ -33,10 +33,12 @@ from schemas.records import (ChatMessage, ConversationTurn, InferenceRequest, Me
 from tests.conftest import _free_port, free_port_block
 from tests.faults.stack import SERVICE_ENV
 from tests.java_partitions import partitions_of
-from tests.streams.qdrant_server import QdrantPeer
+from tests.streams.qdrant_server import QDRANT_TOOL, SKIP_REASON, QdrantPeer
 from transport.partitioning import LIBRDKAFKA_PARTITIONER
 
-pytestmark = pytest.mark.integration
+# Two streams workers share one memory: a Qdrant server (local mode is one process's), absent in a
+# clone without ../shared/tools/qdrant.
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(not QDRANT_TOOL.exists(), reason=SKIP_REASON)]
 REPO = Path(__file__).resolve().parents[2]
 TURNS = 5  # per conversation; within the streams tier's recent window (8), so every earlier turn is in context
 MAX_TOKENS = 4
