@@ -23,18 +23,21 @@ without handing it to the agent again. Its effects were durable before that ack,
 it is exact; a new process starts with nothing remembered and handles what it is given.
 
 It also guards against a **gap**: an event past the next offset this process expects on its
-partition (the offset after the last it was handed, or Faust's committed position for the first).
+partition (the offset after the last it was handed, or for the first where the group reads from:
+Faust's committed position, or, before Faust knows it, the broker's, or with nothing committed the
+partition's first offset, since the group reads from the earliest).
 The source topics have no compaction and no transaction markers, so within one process their
 offsets are consecutive. Faust's recovery resumes fetching before it seeks back to the committed
 offsets (faust-streaming#216), so an event past a gap usually means the seek is about to deliver
 the missing ones again; but Faust can also drop them for good (seen: one turn never archived after a
-streams SIGKILL, tests/faults), and acking past a gap lets Faust commit over the missing event (it
-does not hold a commit back for an unacked event at exactly the committed position). So events past
-a gap are **withheld**: not handed to the agent, not acked, until the missing offsets come (then the
-withheld copies are acked once their offsets are handled). If they do not come within
-``GAP_GRACE_S``, ``DeliveryGapError`` (an infrastructure fault) ends the process unacked, and the
-restart reads from the committed offsets; if nothing more arrives at all, the progress watchdog
-(``watchdog.py``) does the same.
+streams SIGKILL, tests/faults; and aiokafka's seek skipped a partition nobody had committed, which
+``faust_offsets.py`` now seeks to its beginning), and acking past a gap lets Faust commit over the
+missing event (it does not hold a commit back for an unacked event at exactly the committed
+position). So events past a gap are **withheld**: not handed to the agent, not acked, until the
+missing offsets come (then the withheld copies are acked once their offsets are handled). If they
+do not come within ``GAP_GRACE_S``, ``DeliveryGapError`` (an infrastructure fault) ends the process
+unacked, and the restart reads from the committed offsets; if nothing more arrives at all, the
+progress watchdog (``watchdog.py``) does the same.
 
 Every ``Batches`` of the process is listed in ``Batches.live`` with when it last saw an event of each
 partition and whether a batch is out (yielded, not yet acked): what ``watchdog.py`` reads to tell an
@@ -145,6 +148,9 @@ class Batches:
             # Another member may have moved the partition on while it was not ours: the committed
             # position is then ahead of what this process last saw, and reading resumes there.
             known = [p for p in (expected, _committed_position(self.stream, tp)) if p is not None]
+            if not known:  # Faust does not know yet where the group stands: the broker is asked
+                start = await self._group_start(tp)
+                known = [start] if start is not None else []
             if known and offset > max(known) and not await self._retention_removed(tp, max(known), offset):
                 self._gap_since[tp] = now
                 self._next[tp] = max(known)
@@ -171,14 +177,33 @@ class Batches:
 
     async def _retention_removed(self, tp: Any, missing_from: int, offset: int) -> bool:
         """Whether the missing offsets are gone from the log (retention), not dropped on the way."""
+        first = await self._log_start(tp)  # None: cannot tell, treated as a gap (the restart asks again)
+        return first is not None and offset <= first
+
+    async def _group_start(self, tp: Any) -> int | None:
+        """Where the group reads ``tp`` from: its committed offset on the broker, or with none the log's
+        first offset (``auto_offset_reset`` earliest); None when the broker cannot be asked (no check)."""
+        from streams.faust_offsets import group_committed
+
         consumer = getattr(getattr(self.stream, "app", None), "consumer", None)
         if consumer is None:
-            return False
+            return None
         try:
-            first = (await consumer.earliest_offsets(tp)).get(tp)
-        except Exception:  # noqa: BLE001 - cannot tell: treated as a gap, the restart asks again
-            return False
-        return first is not None and offset <= first
+            committed = await group_committed(consumer, tp)
+        except Exception as exc:  # noqa: BLE001 - the broker away, or a test double: no gap check for it
+            log.debug("%s[%d]: the group's committed offset is not known (%s)", tp[0], tp[1], exc)
+            return None
+        return committed if committed is not None and committed >= 0 else await self._log_start(tp)
+
+    async def _log_start(self, tp: Any) -> int | None:
+        """The first offset ``tp``'s log still holds (None when the broker cannot be asked)."""
+        consumer = getattr(getattr(self.stream, "app", None), "consumer", None)
+        if consumer is None:
+            return None
+        try:
+            return (await consumer.earliest_offsets(tp)).get(tp)
+        except Exception:  # noqa: BLE001 - a test double without a consumer, or the broker away
+            return None
 
     async def serve(self, handle: Callable[[Sequence[Any]], Awaitable[None]]) -> None:
         """An agent's loop: each batch to ``handle``, acked once ``handle`` returns (it returns

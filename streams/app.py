@@ -99,6 +99,9 @@ class StreamsApp:
                  erasures: ErasureRegistry | None = None) -> None:
         import faust
 
+        from streams import faust_offsets
+
+        faust_offsets.install()  # partitions never committed are read again from their start after a rebalance
         self.kafka, self.settings, self.services = kafka, settings, services
         # Before any agent runs: every deletion ever made (the log is kept forever), then the forget
         # agent adds the new ones.

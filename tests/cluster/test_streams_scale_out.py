@@ -178,6 +178,17 @@ def service_pid(state: Path, name: str) -> int | None:
     return pid if alive(pid) else None
 
 
+def stack_story(state: Path, lines: int = 40) -> str:
+    """What the supervisor did and what the streams workers warned of: said when a turn does not come."""
+    logs = state / "logs"
+    story = [f"supervisor.log:\n{(logs / 'supervisor.log').read_text()[-4000:]}"]
+    for log in sorted(logs.glob("streams*.log")):
+        warned = [line for line in log.read_text(errors="replace").splitlines()
+                  if "[WARNING]" in line or "[ERROR]" in line or "[CRITICAL]" in line or "Worker ready" in line]
+        story.append(f"{log.name} (warnings, errors, readiness):\n" + "\n".join(warned[-lines:]))
+    return "\n".join(story)
+
+
 def test_two_streams_workers_stay_exact_through_a_sigkill(scaled_stack, java_partitions):
     bootstrap = scaled_stack["bootstrap"]
     convs = {route: [f"so-{route}-{i}-{uuid.uuid4().hex[:6]}" for i in range(2)] for route in ROUTES}
@@ -201,7 +212,7 @@ def test_two_streams_workers_stay_exact_through_a_sigkill(scaled_stack, java_par
         os.kill(victim, signal.SIGKILL)  # mid-load: prompts and responses of its partitions in flight
         for t in threads:
             t.join(600)
-        assert not talk.errors, talk.errors
+        assert not talk.errors, f"{talk.errors}\n{stack_story(scaled_stack['state'])}"
         restarted = service_pid(scaled_stack["state"], "streams-2")
         assert restarted is not None and restarted != victim, "the supervisor did not restart streams-2"
 
