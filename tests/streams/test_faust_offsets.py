@@ -31,14 +31,18 @@ async def _consumer_past_four_records(kafka_settings, topic_factory, group_id):
     consumer = AIOKafkaConsumer(bootstrap_servers=kafka_settings.bootstrap_servers, group_id=group_id,
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
-    consumer.assign([tp])
-    fetched = []
-    for _ in range(30):
-        fetched += (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])
-        if len(fetched) >= 4:
-            break
-    assert [m.offset for m in fetched] == [0, 1, 2, 3]
-    assert await consumer.position(tp) == 4
+    try:
+        consumer.assign([tp])
+        fetched = []
+        for _ in range(30):
+            fetched += (await consumer.getmany(tp, timeout_ms=500)).get(tp, [])
+            if len(fetched) >= 4:
+                break
+        assert [m.offset for m in fetched] == [0, 1, 2, 3]
+        assert await consumer.position(tp) == 4
+    except BaseException:
+        await consumer.stop()
+        raise
     return consumer, tp
 
 
