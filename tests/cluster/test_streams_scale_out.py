@@ -200,13 +200,14 @@ def test_two_streams_workers_stay_exact_through_a_sigkill(scaled_stack, java_par
         fact_id = talk.send("python", "so-mem-1", "mem-user", FACT, MemoryScope.USER)
         observer.wait_turn(fact_id)
 
-        threads = [threading.Thread(target=talk.run, args=(route, conv, f"user-{conv}", range(TURNS)))
+        threads = [threading.Thread(target=talk.run, args=(route, conv, f"user-{conv}", range(TURNS)), daemon=True)
                    for route in ROUTES for conv in convs[route]]
         for t in threads:
             t.start()
         deadline = time.monotonic() + 300
         while min(talk.progress[c] for cs in convs.values() for c in cs) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
+        assert not talk.errors, f"before the kill: {talk.errors}\n{stack_story(scaled_stack['state'])}"
         victim = service_pid(scaled_stack["state"], "streams-2")
         assert victim is not None, "streams-2 is not running"
         os.kill(victim, signal.SIGKILL)  # mid-load: prompts and responses of its partitions in flight
