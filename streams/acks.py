@@ -20,7 +20,11 @@ committed offsets, so events fetched in between come again (seen in tests/stream
 test_no_ack_on_failure.py: the same prompts served twice, 0.1 s apart). ``Batches`` remembers,
 per partition, the highest offset this process handled and acked, and acks such a repeat
 without handing it to the agent again. Its effects were durable before that ack, so skipping
-it is exact; a new process starts with nothing remembered and handles what it is given.
+it is exact; a new process starts with nothing remembered and handles what it is given. Both
+copies can also arrive in **one** batch (the seek back came before the first copy was handed
+out: seen once the seek covered partitions nobody had committed, three prompts served twice and
+a deletion fanned out twice); the batch then holds the first copy only, and the later ones are
+acked right after it.
 
 It also guards against a **gap**: an event past the next offset this process expects on its
 partition (the offset after the last it was handed, or for the first where the group reads from:
@@ -81,6 +85,17 @@ def committed_position(consumer: Any, tp: Any) -> int | None:
     return value if isinstance(value, int) and value >= 0 else None
 
 
+def first_copies(events: Sequence[Any]) -> tuple[list, list]:
+    """``events`` split into the first copy of each (partition, offset) and the copies that follow it."""
+    seen: set = set()
+    first, copies = [], []
+    for event in events:
+        key = (event.message.tp, event.message.offset)
+        (copies if key in seen else first).append(event)
+        seen.add(key)
+    return first, copies
+
+
 class Batches:
     """An agent's batches: up to ``max_events`` events or what came within ``within_s``, none acked
     until ``ack``; events this process already handled are acked and left out.
@@ -102,6 +117,7 @@ class Batches:
         self._next: dict[Any, int] = {}  # TP -> the offset expected next (one past the last handed out)
         self._gap_since: dict[Any, float] = {}  # TP -> when offsets past a gap began to be withheld
         self._withheld: dict[Any, list] = {}  # TP -> events past a gap: never handed out, acked as copies
+        self._copies: list = []  # second copies of an event handed out in the same batch: acked with it
         self.out = False  # a batch was yielded and is not acked yet
         Batches.live.add(self)
 
@@ -119,9 +135,12 @@ class Batches:
                 else:
                     handed.append(event)
             self._check_gaps_closing(now)
+            handed, copies = first_copies(handed)
             fresh = [e for e in handed if e.message.offset > self._handled.get(e.message.tp, -1)]
-            if len(fresh) < len(handed):
-                repeats = [e for e in handed if e not in fresh]
+            handled_copies = [e for e in copies if e.message.offset <= self._handled.get(e.message.tp, -1)]
+            self._copies += [e for e in copies if e.message.offset > self._handled.get(e.message.tp, -1)]
+            if len(fresh) < len(handed) or handled_copies:
+                repeats = [e for e in handed if e not in fresh] + handled_copies
                 for event in repeats:  # at or below acked offsets: acking keeps the acked offsets a prefix
                     await self.stream.ack(event)
                 self.repeats += len(repeats)
@@ -218,6 +237,10 @@ class Batches:
             await self.stream.ack(event)
             tp, offset = event.message.tp, event.message.offset
             self._handled[tp] = max(offset, self._handled.get(tp, -1))
+        due = [e for e in self._copies if e.message.offset <= self._handled.get(e.message.tp, -1)]
+        self._copies = [e for e in self._copies if e.message.offset > self._handled.get(e.message.tp, -1)]
+        for event in due:  # after their first copy: acking keeps the acked offsets a prefix
+            await self.stream.ack(event)
         for tp, held in list(self._withheld.items()):  # copies of offsets now handled: Faust tracks them
             done = [e for e in held if e.message.offset <= self._handled.get(tp, -1)]
             for event in done:

@@ -257,3 +257,21 @@ async def test_an_unacked_batch_is_handed_out_again_when_faust_redelivers_it():
     async for events in batches:
         handed += len(events)  # not acked: as when the agent was cancelled mid-batch
     assert handed == 2 and stream.acked == []
+
+
+async def test_both_copies_of_an_event_in_one_batch_are_handled_once_and_the_copy_acked_after_it():
+    """The seek back can come before the first copy was handed out: both copies then sit in one batch
+    (seen: three prompts served twice and a deletion fanned out twice after a restart)."""
+    from streams.acks import Batches
+
+    stream = FakeStream([FakeEvent(0, 0), FakeEvent(0, 1), FakeEvent(0, 0), FakeEvent(0, 1), FakeEvent(0, 2)],
+                        [FakeEvent(0, 2), FakeEvent(0, 3), FakeEvent(0, 3)])
+    batches, handed, acked_when_handed = Batches(stream, 32, 0.05), [], []
+    async for events in batches:
+        handed.append([e.message.offset for e in events])
+        acked_when_handed.append(sorted(o for _, o in stream.acked))
+        await batches.ack(events)
+    assert handed == [[0, 1, 2], [3]]
+    # no copy acked before its first copy's batch is (2's copy in the second batch: a plain repeat)
+    assert acked_when_handed == [[], [0, 0, 1, 1, 2, 2]]
+    assert sorted(o for _, o in stream.acked) == [0, 0, 1, 1, 2, 2, 3, 3]
