@@ -116,8 +116,9 @@ class Batches:
         self.last_event_at: dict[tuple[str, int], float] = {}  # (topic, partition) -> monotonic time
         self._next: dict[Any, int] = {}  # TP -> the offset expected next (one past the last handed out)
         self._gap_since: dict[Any, float] = {}  # TP -> when offsets past a gap began to be withheld
-        self._withheld: dict[Any, list] = {}  # TP -> events past a gap: never handed out, acked as copies
-        self._copies: list = []  # second copies of an event handed out in the same batch: acked with it
+        # TP -> events past a gap, and second copies of an event in its batch: never handed out, acked
+        # as copies once their offset is handled (the batch's ack drains the second copies)
+        self._withheld: dict[Any, list] = {}
         self.out = False  # a batch was yielded and is not acked yet
         Batches.live.add(self)
 
@@ -138,7 +139,9 @@ class Batches:
             handed, copies = first_copies(handed)
             fresh = [e for e in handed if e.message.offset > self._handled.get(e.message.tp, -1)]
             handled_copies = [e for e in copies if e.message.offset <= self._handled.get(e.message.tp, -1)]
-            self._copies += [e for e in copies if e.message.offset > self._handled.get(e.message.tp, -1)]
+            for event in copies:  # of a fresh event: held like copies past a gap, acked once it is (ack)
+                if event.message.offset > self._handled.get(event.message.tp, -1):
+                    self._withheld.setdefault(event.message.tp, []).append(event)
             if len(fresh) < len(handed) or handled_copies:
                 repeats = [e for e in handed if e not in fresh] + handled_copies
                 for event in repeats:  # at or below acked offsets: acking keeps the acked offsets a prefix
@@ -237,10 +240,6 @@ class Batches:
             await self.stream.ack(event)
             tp, offset = event.message.tp, event.message.offset
             self._handled[tp] = max(offset, self._handled.get(tp, -1))
-        due = [e for e in self._copies if e.message.offset <= self._handled.get(e.message.tp, -1)]
-        self._copies = [e for e in self._copies if e.message.offset > self._handled.get(e.message.tp, -1)]
-        for event in due:  # after their first copy: acking keeps the acked offsets a prefix
-            await self.stream.ack(event)
         for tp, held in list(self._withheld.items()):  # copies of offsets now handled: Faust tracks them
             done = [e for e in held if e.message.offset <= self._handled.get(tp, -1)]
             for event in done:
