@@ -171,7 +171,7 @@ class BrokerSecurity:
 # --- ACLs ------------------------------------------------------------------------------------------
 # What each principal may do; the StandardAuthorizer denies everything else, and the admin user is
 # a super user (the catalog, `chatpipe status`, `chatpipe forget`, a person's shell). Per topic of
-# the catalog, from what each service reads and writes (inference/gateway/service.py, inference/
+# the catalog, from what each service reads and writes (gateway/service.py, inference/
 # worker/*, streams/app.py, spark_jobs/); "own" topics are those a service creates itself: the
 # gateway's reply topic <prefix>chat.replies.<gateway id>, Faust's <prefix>chatpipe-streams-*
 # (changelog, leader topic). The broker's authorizer log (kafka/logs/server.log, "is Denied

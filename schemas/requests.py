@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")  # what the records carry and the chat templates know
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system message (gateway only)
-TOOL_ROLE = "tool"  # OpenAI's tool result message: the gateway renders it as a user turn (inference/gateway/tools.py)
+TOOL_ROLE = "tool"  # OpenAI's tool result message: the gateway renders it as a user turn (gateway/tools.py)
 OPENAI_ROLES = ROLES + tuple(ROLE_ALIASES) + (TOOL_ROLE,)
 
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:@-]{1,128}")

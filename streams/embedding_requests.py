@@ -1,6 +1,6 @@
 """The embeddings agent: ``chat.embeddings.requests`` -> an ``EmbeddingResult`` on each asker's reply address.
 
-For: POST /v1/embeddings (inference/gateway/embeddings.py). The texts are embedded with the
+For: POST /v1/embeddings (gateway/embeddings.py). The texts are embedded with the
 memory's own model (``streams.embeddings.Embedder``, the one intake embeds prompts with and record
 embeds turns with), so a client's vectors are the ones memory compares: same model, same dtype,
 same normalisation (L2 norm 1). Not for: storing anything; no text or vector is kept.

@@ -7,7 +7,7 @@ as ``user_id`` (a multi-user key's users are ``<namespace>:<user>``).
 
 With ``--verify``: search memory, conversation state, the archive, datasets and the topics for
 that user's data and print what remains per store, plus which stores acknowledged the user's
-deletions (``streams/erasure_verify.py``). Exit code 1 when something remains that a deletion
+deletions (``chatpipe/erasure_verify.py``). Exit code 1 when something remains that a deletion
 should have removed, 0 otherwise (copies on topics until retention are listed, not failures).
 """
 
@@ -84,7 +84,7 @@ def _produce(kafka, user: str, tenant: str, conversation: str | None, reason: st
 def _verify(kafka, user: str, tenant: str, conversation: str | None, archive_dir: Path | None,
             memory_path: Path | None, qdrant_url: str | None, datasets_dir: Path | None) -> None:
     from streams.app import changelog_topic
-    from streams.erasure_verify import verify
+    from chatpipe.erasure_verify import verify
     from streams.erasures import Subject
     from streams.memory_settings import MemorySettings
     from streams.settings import StreamsSettings

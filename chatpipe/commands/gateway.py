@@ -30,8 +30,8 @@ def gateway(
     kafka_ssl_key_file: KafkaSslKeyFile = None,
 ) -> None:
     """Serve OpenAI's chat-completions API: prompts to chat.prompts, tokens back from this gateway's reply topic."""
-    from inference.gateway.server import serve
-    from inference.gateway.settings import GatewaySettings
+    from gateway.server import serve
+    from gateway.settings import GatewaySettings
 
     kafka = kafka_settings(bootstrap_servers, topic_prefix, security_protocol=kafka_security_protocol,
                            sasl_mechanism=kafka_sasl_mechanism, sasl_username=kafka_sasl_username,

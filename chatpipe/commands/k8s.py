@@ -3,7 +3,7 @@
 ``render`` writes one YAML file per component and a kustomization.yaml (``--out DIR``; without it, all to
 stdout), ``values`` prints every value ``--values FILE`` may set with its default, ``validate`` runs
 kubeconform in strict mode on a rendered folder against the vendored schemas (built once with Go).
-The objects come from ``infra/k8s/`` (docs/deploy.md "Kubernetes").
+The objects come from ``k8s/`` (docs/deploy.md "Kubernetes").
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ ValuesFile = Annotated[Optional[Path], typer.Option("--values", "-f", help="YAML
 
 
 def _render(values_file: Optional[Path]):
-    from infra.k8s.common import RenderError
-    from infra.k8s.render import render
-    from infra.k8s.values import load
+    from k8s.common import RenderError
+    from k8s.render import render
+    from k8s.values import load
 
     values = load(values_file)
     try:
@@ -43,7 +43,7 @@ def render_command(
                                                 "-k DIR`); default: print everything")] = None,
 ) -> None:
     """Render the manifests: Strimzi Kafka and topics, gateway, streams, inference, Qdrant, KEDA, Spark jobs."""
-    from infra.k8s.render import as_text, write
+    from k8s.render import as_text, write
 
     values, rendered = _render(values_file)
     if out is None:
@@ -58,7 +58,7 @@ def render_command(
 @app.command("values")
 def values_command(as_json: Annotated[bool, typer.Option("--json", help="The defaults as one JSON object")] = False) -> None:
     """Every value a --values file may set, its default and what it does."""
-    from infra.k8s.values import Values, described
+    from k8s.values import Values, described
 
     if as_json:
         typer.echo(json.dumps(Values().model_dump(mode="json"), indent=2))
@@ -82,8 +82,8 @@ def validate_command(
     """kubeconform -strict on the manifests with the vendored Kubernetes and CRD schemas (no network)."""
     import tempfile
 
-    from infra.k8s.kubeconform import validate
-    from infra.k8s.render import write
+    from k8s.kubeconform import validate
+    from k8s.render import write
 
     with tempfile.TemporaryDirectory(prefix="chatpipe-k8s-") as tmp:
         if folder is None:

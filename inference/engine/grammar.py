@@ -319,7 +319,7 @@ def _json_object_grammar() -> Any:
 #
 # The record's response_format carries {"type": "chatpipe_tool_calls", "tool_calls": {"mode", "parallel",
 # "tools": [{"name", "parameters"}]}} (schemas.requests.TOOL_CALLS_FORMAT; never sent by clients). A call
-# is written as the Hermes / Qwen2.5 convention has it (inference/gateway/tools.py renders the tools into
+# is written as the Hermes / Qwen2.5 convention has it (gateway/tools.py renders the tools into
 # the system message and parses the calls back):
 #
 #     <tool_call>

@@ -120,7 +120,7 @@ def test_a_count_above_max_comes_down_to_max_at_once():
 def test_an_unset_threshold_is_three_quarters_of_the_batch_as_rendered():
     from capacity.simulate import with_lag_threshold
 
-    assert with_lag_threshold(ScalingSettings(), 32).lag_threshold == 24  # = infra.k8s.keda.lag_per_worker
+    assert with_lag_threshold(ScalingSettings(), 32).lag_threshold == 24  # = k8s.keda.lag_per_worker
     assert with_lag_threshold(ScalingSettings(lag_threshold=7), 32).lag_threshold == 7
     with pytest.raises(ValueError, match="resolve it first"):
         HorizontalPodAutoscaler(ScalingSettings())

@@ -16,7 +16,7 @@ from typing import Callable
 
 from starlette.testclient import TestClient
 
-from inference.gateway.replies import Reply
+from gateway.replies import Reply
 from schemas.records import FinishReason, PromptRequest, TokenChunk, TokenLogprob, TopLogprob
 
 API_KEY = "sk-inprocess-test"
@@ -68,9 +68,9 @@ class QueueReader:
 
 def app_client(tmp_path: Path, answer: Answer, attempts: dict[int, str] | None = None, **settings) -> TestClient:
     """A TestClient of the gateway's app (lifespan not run: no Kafka); ``.producer`` is its producer."""
-    from inference.gateway.app import create_app
-    from inference.gateway.keys import KeyStore
-    from inference.gateway.settings import GatewaySettings
+    from gateway.app import create_app
+    from gateway.keys import KeyStore
+    from gateway.settings import GatewaySettings
     from transport.settings import KafkaSettings
 
     keys_file = tmp_path / "keys.json"

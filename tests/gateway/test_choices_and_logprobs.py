@@ -14,7 +14,7 @@ import json
 import openai
 import pytest
 
-from inference.gateway.service import LogprobsShown
+from gateway.service import LogprobsShown
 from schemas.records import FinishReason
 from tests.gateway.inprocess import API_KEY, MODEL, app_client, piece, token
 

@@ -16,8 +16,8 @@ import openai
 import pytest
 from pydantic import ValidationError
 
-from inference.gateway.completions import CompletionRequest, Offsets, legacy_logprobs
-from inference.gateway.openai_api import OpenAIError
+from gateway.completions import CompletionRequest, Offsets, legacy_logprobs
+from gateway.openai_api import OpenAIError
 from schemas.records import FinishReason, PromptRequest, TokenLogprob, TopLogprob
 from tests.gateway.inprocess import API_KEY, MODEL, app_client, piece, token
 

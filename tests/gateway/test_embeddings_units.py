@@ -59,9 +59,9 @@ class EmbeddingProducer:
 
 @pytest.fixture
 def client(tmp_path):
-    from inference.gateway.app import create_app
-    from inference.gateway.keys import KeyStore
-    from inference.gateway.settings import GatewaySettings
+    from gateway.app import create_app
+    from gateway.keys import KeyStore
+    from gateway.settings import GatewaySettings
     from transport.settings import KafkaSettings
 
     keys_file = tmp_path / "keys.json"

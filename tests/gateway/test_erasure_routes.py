@@ -1,4 +1,4 @@
-"""The gateway's DELETE routes (inference/gateway/erasure.py) on a bare FastAPI app: who may erase
+"""The gateway's DELETE routes (gateway/erasure.py) on a bare FastAPI app: who may erase
 whom (the same rules as a chat request's ``user``), the Deletion each produces and its key, and the
 OpenAI-shaped errors. The producer is a stand-in that keeps what it was given; the whole path through
 the real stack is tests/integration/test_erasure_canary.py."""
@@ -10,9 +10,9 @@ from fastapi import FastAPI, Header
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
-from inference.gateway.erasure import add_erasure_routes
-from inference.gateway.keys import Principal
-from inference.gateway.openai_api import OpenAIError
+from gateway.erasure import add_erasure_routes
+from gateway.keys import Principal
+from gateway.openai_api import OpenAIError
 from schemas.records import Deletion, DeletionScope
 from transport.errors import DeliveryError
 from transport.settings import KafkaSettings

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from inference.gateway.keys import KeysFileError, KeyStore
+from gateway.keys import KeysFileError, KeyStore
 from schemas.records import TokenChunk
 from transport.dedupe import AnswerText
 
@@ -58,7 +58,7 @@ def test_the_gateway_serves_the_model_name_the_worker_answers_under():
     """The gateway keeps its own copy of the default model's name (it does not import the engine):
     a rename on one side only would make every request a 404 model_not_found."""
     from inference.engine.settings import DEFAULT_MODEL_NAME
-    from inference.gateway.settings import DEFAULT_MODEL, GatewaySettings
+    from gateway.settings import DEFAULT_MODEL, GatewaySettings
 
     assert DEFAULT_MODEL == DEFAULT_MODEL_NAME
     assert GatewaySettings().models == [DEFAULT_MODEL_NAME]
@@ -96,9 +96,9 @@ class FakeReader:
 
 
 def service_without_kafka(**settings):
-    from inference.gateway.metrics import GatewayMetrics
-    from inference.gateway.service import GatewayService
-    from inference.gateway.settings import GatewaySettings
+    from gateway.metrics import GatewayMetrics
+    from gateway.service import GatewayService
+    from gateway.settings import GatewaySettings
     from transport.settings import KafkaSettings
 
     service = GatewayService(KafkaSettings(), GatewaySettings(**settings), GatewayMetrics())
@@ -107,7 +107,7 @@ def service_without_kafka(**settings):
 
 
 def completion_request():
-    from inference.gateway.openai_api import ChatCompletionRequest
+    from gateway.openai_api import ChatCompletionRequest
 
     return ChatCompletionRequest(model="smollm2-135m-instruct", messages=[{"role": "user", "content": "hi"}])
 
@@ -117,8 +117,8 @@ async def test_every_prompt_carries_the_deadline_at_which_the_client_gets_its_50
     had left long ago. The deadline is the gateway's first-token timeout, and the 504 comes then."""
     import time
 
-    from inference.gateway.keys import Principal
-    from inference.gateway.openai_api import OpenAIError
+    from gateway.keys import Principal
+    from gateway.openai_api import OpenAIError
 
     service = service_without_kafka(first_chunk_timeout_s=0.5)
     sub = await service.submit(Principal("acme", "ada"), completion_request(), "conv-1", time.perf_counter())
@@ -138,9 +138,9 @@ async def test_an_answer_that_says_expired_is_a_504():
     TIMEOUT and error code "expired": the client gets 504 "expired", not a 500 or an empty answer."""
     import time
 
-    from inference.gateway.keys import Principal
-    from inference.gateway.openai_api import OpenAIError
-    from inference.gateway.replies import Reply
+    from gateway.keys import Principal
+    from gateway.openai_api import OpenAIError
+    from gateway.replies import Reply
     from schemas.records import FinishReason
 
     service = service_without_kafka()
@@ -158,6 +158,6 @@ async def test_an_answer_that_says_expired_is_a_504():
 
 def test_the_gateway_gives_up_producing_within_seconds_by_default():
     """librdkafka's own delivery timeout is 300 s: a request would hold its backlog slot that long."""
-    from inference.gateway.settings import GatewaySettings
+    from gateway.settings import GatewaySettings
 
     assert GatewaySettings().delivery_timeout_s <= 10

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.gateway.openai_api import IGNORED, ChatCompletionRequest, OpenAIError
+from gateway.openai_api import IGNORED, ChatCompletionRequest, OpenAIError
 from schemas.records import PromptRequest
 from tests.gateway.inprocess import MODEL, app_client, piece
 

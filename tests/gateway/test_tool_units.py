@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.gateway.openai_api import ChatCompletionRequest, OpenAIError
-from inference.gateway.tools import ToolCallStream, finish_reason, parse_answer, parse_tools, render_messages
+from gateway.openai_api import ChatCompletionRequest, OpenAIError
+from gateway.tools import ToolCallStream, finish_reason, parse_answer, parse_tools, render_messages
 from schemas.requests import TOOL_CALLS_FORMAT, RequestRuleError, response_format_of
 
 MODEL = "smollm2-135m-instruct"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from inference.gateway.keys import (
+from gateway.keys import (
     KeysFileError,
     KeyStore,
     Principal,
@@ -18,7 +18,7 @@ from inference.gateway.keys import (
     request_id_for,
     resolve_user,
 )
-from inference.gateway.openai_api import OpenAIError
+from gateway.openai_api import OpenAIError
 from schemas.records import FeedbackKind, MemoryScope
 from tests.gateway.test_gateway_units import service_without_kafka
 

@@ -85,7 +85,7 @@ def forget_verify(stack, user_id: str, datasets: Path) -> subprocess.CompletedPr
 
 def report_of(stack, user_id: str, datasets: Path):
     from streams.app import changelog_topic
-    from streams.erasure_verify import verify
+    from chatpipe.erasure_verify import verify
     from streams.erasures import Subject
     from streams.memory_settings import MemorySettings
     from streams.settings import StreamsSettings
@@ -97,7 +97,7 @@ def report_of(stack, user_id: str, datasets: Path):
 
 
 def test_one_delete_leaves_nothing_of_the_user_in_memory_state_archive_or_a_new_dataset(stack):
-    from inference.gateway.keys import default_user
+    from gateway.keys import default_user
     from streams.archive_erasure import archive_files
     from tests.gateway.stack import API_KEY
 

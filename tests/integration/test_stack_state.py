@@ -51,7 +51,7 @@ def test_keys_file_is_created_once_private_with_a_local_key(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     again, created_again = ensure_keys_file(path)
     assert (again, created_again) == (key, False)
-    from inference.gateway.keys import KeyStore, resolve_user
+    from gateway.keys import KeyStore, resolve_user
 
     local = KeyStore.load(path).lookup(f"Bearer {key}")
     assert local.tenant == "local" and local.multi_user and not local.bound

@@ -1,5 +1,5 @@
 """The rendered manifests pass kubeconform in strict mode against the vendored schemas: Kubernetes' kinds
-and the CRDs of Strimzi, KEDA and the Spark operator (infra/k8s/schemas/, no network).
+and the CRDs of Strimzi, KEDA and the Spark operator (k8s/schemas/, no network).
 
 Needs Go (marker ``go``): kubeconform is built once from the Go module proxy into
 ``~/.cache/chatpipe/bin/kubeconform-<version>/`` (seconds; every later run finds it there). Without Go
@@ -14,9 +14,9 @@ import re
 import pytest
 import yaml
 
-from infra.k8s.kubeconform import LOCATIONS, SCHEMAS, validate
-from infra.k8s.render import render, write
-from infra.k8s.values import Values
+from k8s.kubeconform import LOCATIONS, SCHEMAS, validate
+from k8s.render import render, write
+from k8s.values import Values
 
 pytestmark = pytest.mark.go
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.k8s import values as values_mod
-from infra.k8s.common import RenderError, only_env
-from infra.k8s.render import provided_secrets, referenced_secrets, render
-from infra.k8s.values import Values, ValuesError, load
+from k8s import values as values_mod
+from k8s.common import RenderError, only_env
+from k8s.render import provided_secrets, referenced_secrets, render
+from k8s.values import Values, ValuesError, load
 from schemas.topics import CATALOG, replication_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,8 +129,8 @@ def test_kraft_node_pools():
 # --- services: ports, probes, drains from the settings --------------------------------------------------
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_gateway_ports_probes_and_drain_are_its_settings(variant, secret_files, monkeypatch):
-    from inference.gateway.server import serve
-    from inference.gateway.settings import GatewaySettings
+    from gateway.server import serve
+    from gateway.settings import GatewaySettings
 
     values = VARIANTS[variant](secret_files)
     rendered = render(values)
@@ -153,7 +153,7 @@ def test_gateway_ports_probes_and_drain_are_its_settings(variant, secret_files, 
 
 
 def test_a_port_changed_in_values_moves_every_port(monkeypatch):
-    from inference.gateway.settings import GatewaySettings
+    from gateway.settings import GatewaySettings
     from inference.worker.settings import WorkerSettings
 
     rendered = render(_values(gateway={"env": {"CHATPIPE_GATEWAY_PORT": "8443"}},
@@ -252,9 +252,9 @@ def test_kafka_connection_of_every_container(secret_files):
 
 def _known_variables() -> set[str]:
     from inference.engine.settings import EngineSettings
-    from inference.gateway.settings import GatewaySettings
+    from gateway.settings import GatewaySettings
     from inference.worker.settings import WorkerSettings
-    from infra.k8s.common import env_names
+    from k8s.common import env_names
     from streams.memory_settings import MemorySettings
     from streams.settings import StreamsSettings
     from transport.settings import KafkaSettings
@@ -398,7 +398,7 @@ def test_values_are_checked(tmp_path):
 
 
 def test_render_is_deterministic(secret_files):
-    from infra.k8s.render import as_text
+    from k8s.render import as_text
 
     values = _secured(secret_files)
     assert as_text(render(values), values) == as_text(render(values), values)

@@ -571,7 +571,7 @@ def test_each_service_may_write_every_topic_its_code_produces_to():
     from infra.kafka_security import _topic_rules
     from schemas import topics as t
 
-    produced = {  # where: streams/app.py + intake/record/forget, inference/worker, inference/gateway
+    produced = {  # where: streams/app.py + intake/record/forget, inference/worker, gateway
         "streams": {t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.TURNS, t.DLQ, t.DELETIONS_FANOUT,
                     t.DELETIONS_AUDIT, f"{t.REPLIES}.gw-1"},
         "inference": {t.RESPONSES, t.WORKERS_STATUS, t.DELETIONS_AUDIT, t.DLQ, f"{t.REPLIES}.gw-1"},

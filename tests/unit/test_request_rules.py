@@ -140,7 +140,7 @@ def largest_response_format(wide: str) -> str:
 # -- the same rule in every tier -------------------------------------------------------------------
 
 def test_one_definition_of_roles():
-    import inference.gateway.openai_api as gateway
+    import gateway.openai_api as gateway
     import inference.worker.prompts as worker
     import streams.prompts as streams
     from schemas import requests
@@ -190,7 +190,7 @@ def test_the_worker_refuses_with_the_same_rules():
 
 
 def test_the_gateway_answers_each_rule_as_a_400_with_its_param():
-    from inference.gateway.openai_api import ChatCompletionRequest, OpenAIError
+    from gateway.openai_api import ChatCompletionRequest, OpenAIError
 
     def body(**fields):
         return ChatCompletionRequest(model="m", **{"messages": [{"role": "user", "content": "hi"}], **fields})
@@ -225,7 +225,7 @@ def env(monkeypatch):
 
 def sizes() -> tuple[int, int, int]:
     from inference.engine.settings import EngineSettings
-    from inference.gateway.settings import GatewaySettings
+    from gateway.settings import GatewaySettings
     from streams.settings import StreamsSettings
 
     return StreamsSettings().context_tokens, EngineSettings().max_seq_len, GatewaySettings().context_tokens
@@ -266,7 +266,7 @@ def test_names_that_disagree_stop_every_tier_from_starting(env):
 
 def test_bad_values_and_explicit_arguments(env):
     from inference.engine.settings import EngineSettings
-    from inference.gateway.settings import GatewaySettings
+    from gateway.settings import GatewaySettings
 
     assert context_tokens_from_env({}) is None
     with pytest.raises(ContextSizeError, match="not a number of tokens"):

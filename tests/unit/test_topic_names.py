@@ -90,12 +90,12 @@ class Recorder:
 
 
 async def test_gateway_sends_prompts_cancels_and_feedback_to_prefixed_topics(monkeypatch):
-    from inference.gateway import replies
-    from inference.gateway.keys import Principal
-    from inference.gateway.metrics import GatewayMetrics
-    from inference.gateway.openai_api import ChatCompletionRequest
-    from inference.gateway.service import GatewayService
-    from inference.gateway.settings import GatewaySettings
+    from gateway import replies
+    from gateway.keys import Principal
+    from gateway.metrics import GatewayMetrics
+    from gateway.openai_api import ChatCompletionRequest
+    from gateway.service import GatewayService
+    from gateway.settings import GatewaySettings
     from schemas.records import FeedbackKind
     from tests.gateway.test_gateway_units import FakeReader
     from transport.settings import KafkaSettings

@@ -23,10 +23,10 @@ import json
 import math
 from typing import Any
 
-from infra.k8s.common import (RenderError, check_env, claim, container_security, env_list, env_of, env_var, http_probe,
+from k8s.common import (RenderError, check_env, claim, container_security, env_list, env_of, env_var, http_probe,
                               kafka_env, kafka_volumes, labels, meta, name, pdb, pod_spec_common, resources,
                               scrape_annotations, selector, settings_from_env, tracing_env, volume_source)
-from infra.k8s.values import Values
+from k8s.values import Values
 
 GATEWAY_KEYS_SECRET = "chatpipe-gateway-keys"
 GATEWAY_KEYS_MOUNT = "/etc/chatpipe/gateway"
@@ -36,7 +36,7 @@ QDRANT_HTTP, QDRANT_GRPC, QDRANT_P2P = 6333, 6334, 6335  # Qdrant's own ports
 STREAMS_STATE = "/var/lib/chatpipe/streams"
 ARCHIVE_MOUNT = "/data/archive"
 DATASETS_MOUNT = "/data/datasets"
-#: GatewayService.close flushes its producer for up to 10 s (inference/gateway/service.py).
+#: GatewayService.close flushes its producer for up to 10 s (gateway/service.py).
 GATEWAY_CLOSE_S = 10
 
 
@@ -67,7 +67,7 @@ def _deployment(values: Values, component: str, pod: dict[str, Any], *, replicas
 
 # --- gateway --------------------------------------------------------------------------------------------
 def gateway_env(values: Values) -> dict[str, str]:
-    from inference.gateway.settings import GatewaySettings
+    from gateway.settings import GatewaySettings
 
     port = GatewaySettings.model_fields["port"].default
     env = {**env_of(GatewaySettings, host="0.0.0.0", port=port, keys_file=f"{GATEWAY_KEYS_MOUNT}/keys.json"),
@@ -78,13 +78,13 @@ def gateway_env(values: Values) -> dict[str, str]:
 
 def gateway_graceful_s() -> float:
     """How long uvicorn lets open requests finish after SIGTERM (``serve``'s ``graceful_s``)."""
-    from inference.gateway.server import serve
+    from gateway.server import serve
 
     return float(inspect.signature(serve).parameters["graceful_s"].default)
 
 
 def gateway(values: Values) -> list[dict[str, Any]]:
-    from inference.gateway.settings import GatewaySettings
+    from gateway.settings import GatewaySettings
 
     env = gateway_env(values)
     s = settings_from_env(GatewaySettings, env)

@@ -1,4 +1,4 @@
-"""Make the JSON schemas kubeconform validates the rendered manifests against (``infra/k8s/schemas/``).
+"""Make the JSON schemas kubeconform validates the rendered manifests against (``k8s/schemas/``).
 
 Two inputs, one output layout (kubeconform's ``{{ .ResourceKind }}{{ .KindSuffix }}.json``:
 ``{kind}-{group}-{version}.json``, lowercased, the group cut at its first dot, ``{kind}-{version}.json``
@@ -26,7 +26,7 @@ annotations) is dropped, which keeps the vendored files small. CEL rules (``x-ku
 cannot be checked by a JSON-schema validator and are dropped as well; a server-side dry run checks them
 (docs/deploy.md "Kubernetes").
 
-Run by hand when a pinned version changes (infra/k8s/schemas/SOURCES.md says where each input came from);
+Run by hand when a pinned version changes (k8s/schemas/SOURCES.md says where each input came from);
 needs PyYAML only.
 """
 

@@ -20,13 +20,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inference.gateway.completions import add_completion_routes
-from inference.gateway.embeddings import add_embeddings_route
-from inference.gateway.erasure import add_erasure_routes
-from inference.gateway.keys import KeyStore, Principal
-from inference.gateway.limits import BodySizeLimit
-from inference.gateway.metrics import GatewayMetrics
-from inference.gateway.openai_api import (
+from gateway.completions import add_completion_routes
+from gateway.embeddings import add_embeddings_route
+from gateway.erasure import add_erasure_routes
+from gateway.keys import KeyStore, Principal
+from gateway.limits import BodySizeLimit
+from gateway.metrics import GatewayMetrics
+from gateway.openai_api import (
     ChatCompletionRequest,
     OpenAIError,
     choice,
@@ -35,8 +35,8 @@ from inference.gateway.openai_api import (
     sse,
     usage,
 )
-from inference.gateway.service import Delta, GatewayService, Submitted
-from inference.gateway.settings import GatewaySettings
+from gateway.service import Delta, GatewayService, Submitted
+from gateway.settings import GatewaySettings
 from schemas.records import FeedbackKind, new_id
 from schemas.requests import CONVERSATION_ID, CONVERSATION_ID_RULE
 from transport.settings import KafkaSettings
@@ -132,7 +132,7 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
                                            for m in settings.models]}
 
     add_erasure_routes(app, authenticate, service)  # DELETE /v1/users/{user}[...], /v1/conversations/{id}
-    add_embeddings_route(app, authenticate, service)  # POST /v1/embeddings (inference/gateway/embeddings.py)
+    add_embeddings_route(app, authenticate, service)  # POST /v1/embeddings (gateway/embeddings.py)
     add_completion_routes(app, authenticate, service, settings)  # POST /v1/completions (completions.py)
 
     @app.post("/v1/feedback", status_code=202)

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.k8s.common import (RenderError, bootstrap_servers, cluster_ca_secret, env_var, kafka_user, meta, name,
+from k8s.common import (RenderError, bootstrap_servers, cluster_ca_secret, env_var, kafka_user, meta, name,
                               only_env)
-from infra.k8s.values import Values
+from k8s.values import Values
 
 API = "keda.sh/v1alpha1"
 AUTH = "chatpipe-inference-kafka"
@@ -35,7 +35,7 @@ OFFSET_RESET = "earliest"
 
 def worker_groups(values: Values):
     """(group, topic, kind) of each group an inference container joins, as ``lag_groups`` lists them."""
-    from infra.k8s.services import worker_settings
+    from k8s.services import worker_settings
     from inference.worker.metrics import lag_groups
     from transport.settings import KafkaSettings
 
@@ -52,7 +52,7 @@ def lag_per_worker(values: Values) -> int:
     """The scaler's target per worker: the value, else ``capacity.keda.default_lag_threshold`` of the
     engine's max batch the containers get (3/4 of it)."""
     from capacity.keda import default_lag_threshold
-    from infra.k8s.services import engine_settings
+    from k8s.services import engine_settings
 
     return values.inference.keda.lag_per_worker or default_lag_threshold(engine_settings(values).max_batch)
 

@@ -23,13 +23,13 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from inference.gateway.keys import Principal, owns_request, request_id_for, resolve_user
-from inference.gateway.metrics import GatewayMetrics
-from inference.gateway.openai_api import FINISH, ChatCompletionRequest, OpenAIError, error_for_chunk
-from inference.gateway.replies import Reply, ReplyReader, ensure_reply_topic
-from inference.gateway.settings import GatewaySettings
-from inference.gateway.tools import ToolCallStream
-from inference.gateway.tools import finish_reason as tool_finish_reason
+from gateway.keys import Principal, owns_request, request_id_for, resolve_user
+from gateway.metrics import GatewayMetrics
+from gateway.openai_api import FINISH, ChatCompletionRequest, OpenAIError, error_for_chunk
+from gateway.replies import Reply, ReplyReader, ensure_reply_topic
+from gateway.settings import GatewaySettings
+from gateway.tools import ToolCallStream
+from gateway.tools import finish_reason as tool_finish_reason
 from schemas.codec import default_codec
 from schemas.errors import EncodeError
 from schemas.records import (

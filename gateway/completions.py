@@ -33,10 +33,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import field_validator
 
-from inference.gateway.openai_api import OpenAIError, SamplingFields, sse, unsupported, usage
-from inference.gateway.keys import Principal
-from inference.gateway.service import Delta, GatewayService, Submitted
-from inference.gateway.settings import GatewaySettings
+from gateway.openai_api import OpenAIError, SamplingFields, sse, unsupported, usage
+from gateway.keys import Principal
+from gateway.service import Delta, GatewayService, Submitted
+from gateway.settings import GatewaySettings
 from schemas.records import SamplingParams, TokenLogprob, new_id
 from schemas.requests import LIMITS, RequestLimits, RequestRuleError, check_raw_prompt, check_sampling, check_user
 
@@ -238,7 +238,7 @@ def prompt_error(exc: OpenAIError) -> OpenAIError:
 def add_completion_routes(app: FastAPI, authenticate: Callable, service: GatewayService,
                           settings: GatewaySettings) -> None:
     """``POST /v1/completions`` on ``app`` (create_app's one line)."""
-    from inference.gateway.app import ClientGone, outcome_of, until_disconnect  # app.py imports this module
+    from gateway.app import ClientGone, outcome_of, until_disconnect  # app.py imports this module
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest, principal: Principal = Depends(authenticate)):

@@ -21,7 +21,7 @@ import asyncio
 import json
 from typing import Any, Awaitable, Callable
 
-from inference.gateway.openai_api import OpenAIError
+from gateway.openai_api import OpenAIError
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import signal
 
-from inference.gateway.app import create_app
-from inference.gateway.keys import KeyStore
-from inference.gateway.settings import GatewaySettings
+from gateway.app import create_app
+from gateway.keys import KeyStore
+from gateway.settings import GatewaySettings
 from transport import spans
 from transport.logs import configure_logging, log_format
 from transport.settings import KafkaSettings

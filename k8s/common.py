@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 from pydantic import AliasChoices
 from pydantic_settings import BaseSettings
 
-from infra.k8s.values import Resources, Values, Volume
+from k8s.values import Resources, Values, Volume
 from schemas.requests import CONTEXT_TOKENS_ENV
 
 PART_OF = "chatpipe"

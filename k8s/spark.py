@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.k8s.common import (check_env, container_security, env_list, env_of, kafka_env, kafka_volumes, labels,
+from k8s.common import (check_env, container_security, env_list, env_of, kafka_env, kafka_volumes, labels,
                               meta, name, pod_spec_common, resources, volume_source)
-from infra.k8s.services import ARCHIVE_MOUNT, DATASETS_MOUNT
-from infra.k8s.values import Values
+from k8s.services import ARCHIVE_MOUNT, DATASETS_MOUNT
+from k8s.values import Values
 
 API = "sparkoperator.k8s.io/v1beta2"
 SERVICE_ACCOUNT = name("spark")

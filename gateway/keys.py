@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inference.gateway.openai_api import OpenAIError
+from gateway.openai_api import OpenAIError
 from schemas.errors import ChatpipeError
 
 MULTI_USER = "any"  # the one value of "users" understood today

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from infra.k8s.common import KAFKA_PLAIN_PORT, KAFKA_TLS_PORT, cluster_ca_secret, labels
-from infra.k8s.values import Values
+from k8s.common import KAFKA_PLAIN_PORT, KAFKA_TLS_PORT, cluster_ca_secret, labels
+from k8s.values import Values
 from schemas.topics import CATALOG, TopicSpec, replication_for
 
 API = "kafka.strimzi.io/v1"

@@ -32,8 +32,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from inference.gateway.keys import Principal, resolve_user
-from inference.gateway.openai_api import OpenAIError
+from gateway.keys import Principal, resolve_user
+from gateway.openai_api import OpenAIError
 from schemas.embeddings import EMBEDDING_LIMITS, EmbeddingLimits, check_inputs, vector_bytes, vector_floats
 from schemas.errors import EncodeError
 from schemas.records import EmbeddingRequest, EmbeddingResult, new_id, now_ms
@@ -135,7 +135,7 @@ class GatewayEmbeddings:
     its reply reader. ``inflight``: request id -> tenant."""
 
     def __init__(self, service: Any) -> None:
-        self.service = service  # inference.gateway.service.GatewayService
+        self.service = service  # gateway.service.GatewayService
         self.inflight: dict[str, str] = {}
 
     def admit(self) -> None:

@@ -5,7 +5,7 @@ The binary is built like the stack's Jaeger and Prometheus (``infra.observabilit
 when complete, under a lock) into ``<cache_dir>/bin/kubeconform-<version>/kubeconform``
 (``~/.cache/chatpipe/bin/...``), where every later run and every checkout on the machine finds it; the
 first build takes seconds. It is then run in strict mode (unknown fields and duplicate keys are errors)
-with only local schema locations (``infra/k8s/schemas/``: Kubernetes' kinds and the CRDs of Strimzi, KEDA
+with only local schema locations (``k8s/schemas/``: Kubernetes' kinds and the CRDs of Strimzi, KEDA
 and the Spark operator, SOURCES.md says where each comes from), so it never reaches for the network; a
 kind without a schema there is an error, not a skip.
 """

@@ -9,7 +9,7 @@ is (roles, limits, sampling ranges, ``max_tokens`` against the context, ``n``, `
 shape) is ``schemas.requests``, the definition streams and the worker check records with too;
 whether a JSON schema compiles to a grammar is ``inference.engine.grammar.check_response_format``.
 ``check`` answers their errors as 400s naming the field. Tool calling (``tools``, ``tool_choice``,
-``parallel_tool_calls``, ``tool`` messages, assistant ``tool_calls``) is ``inference.gateway.tools``.
+``parallel_tool_calls``, ``tool`` messages, assistant ``tool_calls``) is ``gateway.tools``.
 
 Reference: https://platform.openai.com/docs/api-reference/chat (object names, fields, SSE format).
 """
@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from inference.gateway import tools as tooling
+from gateway import tools as tooling
 from schemas.records import SamplingParams
 from schemas.requests import (
     LIMITS,
@@ -169,7 +169,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
-    # Tool calling (inference.gateway.tools).
+    # Tool calling (gateway.tools).
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None

@@ -15,9 +15,9 @@ from typing import Any, Iterator
 
 import yaml
 
-from infra.k8s import kafka, keda, services, spark
-from infra.k8s.common import MANAGED_BY, labels
-from infra.k8s.values import Values
+from k8s import kafka, keda, services, spark
+from k8s.common import MANAGED_BY, labels
+from k8s.values import Values
 
 #: The order of the files, which is the order of ``kubectl apply -k``'s resources list.
 ORDER = ("namespace", "kafka", "secrets", "storage", "qdrant", "streams", "inference", "gateway", "keda", "spark")
@@ -78,7 +78,7 @@ def kustomization(rendered: Rendered, values: Values) -> dict[str, Any]:
 def header(name: str) -> str:
     note = (" Not in kustomization.yaml: `kubectl create -f` it for one run of each job."
             if name in ON_DEMAND else "")
-    return f"# Rendered by `chatpipe k8s render` (infra/k8s/); edit the values or the settings, not this file.{note}\n"
+    return f"# Rendered by `chatpipe k8s render` (k8s/); edit the values or the settings, not this file.{note}\n"
 
 
 def files_text(rendered: Rendered, values: Values) -> Iterator[tuple[str, str]]:

@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from fastapi import Depends, FastAPI
 
-from inference.gateway.keys import Principal, resolve_user
-from inference.gateway.openai_api import OpenAIError
+from gateway.keys import Principal, resolve_user
+from gateway.openai_api import OpenAIError
 from schemas.records import Deletion, DeletionScope
 from schemas.requests import CONVERSATION_ID, CONVERSATION_ID_RULE, LIMITS
 from schemas.topics import DELETIONS, deletion_key
