@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # own test broker, and module-scoped stacks stay in one process. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup prerequisites run test test-unit bench-quick down clean
+.PHONY: setup prerequisites run test test-prerequisites test-unit bench-quick down clean
 
 prerequisites:
 	@command -v java >/dev/null && command -v mvn >/dev/null || { \
@@ -37,11 +37,20 @@ run: setup
 	$(CHATPIPE) up
 	$(CHATPIPE) demo
 
-test: setup
+# What the tests build or fetch once per machine (Kafka and Spark jars with Maven; kubeconform, Jaeger,
+# Prometheus and their UIs with Go and npm: ~25 min the first time on 2 cores, cached in ~/.cache/chatpipe
+# after that), built before pytest so that each says what it builds, how long it takes and where its log
+# is (pytest -q would show nothing). `make test-prerequisites` alone is fine too.
+test-prerequisites: setup
+	$(PY) -m chatpipe.testing.prerequisites
+
+test: setup test-prerequisites
 	$(PY) -m pytest -q --timeout=900 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-test-unit: setup
-	$(PY) -m pytest -q -m "not integration and not model and not spark" $(PYTEST_ARGS)
+# The tests that need no service, no JVM, no Go and no pulled model: only the venv, so no `setup`
+# (which needs Java and Maven and pulls the model).
+test-unit: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not integration and not model and not spark and not go and not java" $(PYTEST_ARGS)
 
 bench-quick: setup
 	$(PY) bench/kafka_io.py --quick

@@ -3,7 +3,7 @@
 Everything the simulation is given is measured in the same run; nothing of the runs it predicts
 goes in but the load itself (arrival times, partitions, answer lengths):
 
-1. **Per-worker curve**: ``chatpipe inference`` processes (tests/worker/harness.py ``start_worker``,
+1. **Per-worker curve**: ``chatpipe inference`` processes (chatpipe/testing/worker.py ``start_worker``,
    1 torch thread, engine max batch 4, the default model on CPU), fed ``InferenceRequest``s straight on
    ``chat.inference.requests`` (the streams tier and the gateway are skipped: the worker count changes
    neither). Worker A in a closed loop at k = 1, 2, (3,) 4 requests in flight: output tokens/s over a
@@ -56,14 +56,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import bench_broker  # noqa: E402  (bench/, beside this script)
-from capacity.simulate import Curve, WorkerParams, percentile, simulate  # noqa: E402
-from capacity.traffic import Request  # noqa: E402
-from schemas.codec import default_codec  # noqa: E402
-from schemas.records import ChatMessage, InferenceRequest, Priority, SamplingParams, now_ms  # noqa: E402
-from schemas.topics import INFERENCE_REQUESTS, REPLIES, RESPONSES  # noqa: E402
-from tests.worker.harness import start_worker  # noqa: E402
-from transport.partitioning import partition_of  # noqa: E402
+from local_broker import bench_broker  # bench/, beside this script
+
+from capacity.simulate import Curve, WorkerParams, percentile, simulate
+from capacity.traffic import Request
+from chatpipe.testing.worker import start_worker
+from schemas.codec import default_codec
+from schemas.records import ChatMessage, InferenceRequest, Priority, SamplingParams, now_ms
+from schemas.topics import INFERENCE_REQUESTS, REPLIES, RESPONSES
+from transport.partitioning import partition_of
 
 PARTITIONS = 6
 MAX_BATCH = 4
@@ -130,12 +131,14 @@ class Reader:
     """Everything on chat.responses and the reply topic, from the beginning."""
 
     def __init__(self, kafka) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        from transport import clients as kafka_clients
 
         self.codec = default_codec()
         self.seen = Seen()
-        self.consumer = Consumer({**kafka.client_config(), "group.id": f"cap-reader-{uuid.uuid4().hex[:8]}",
-                                  "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+        self.consumer = kafka_clients.consumer(kafka, f"cap-reader-{uuid.uuid4().hex[:8]}",
+                                               {"enable.auto.commit": False, "fetch.wait.max.ms": 10})
         names = [kafka.topic(RESPONSES), kafka.topic(REPLIES)]
         meta = self.consumer.list_topics(timeout=10)
         self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in names for p in meta.topics[t].partitions])
@@ -172,7 +175,7 @@ class Load:
     """Makes and sends the bench's requests."""
 
     def __init__(self, kafka, max_tokens: int) -> None:
-        from tests.kafka_helpers import RecordProducer
+        from chatpipe.testing.kafka import RecordProducer
 
         self.kafka = kafka
         self.max_tokens = max_tokens
@@ -476,10 +479,9 @@ def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -
     raw_error = max(rel(raw[0][2], raw[0][1]), rel(raw[1][2], raw[1][1]))
     m_speed, s_speed = rows[0][1] / rows[1][1], rows[0][2] / rows[1][2]
 
-    from capacity.records import measure_record_sizes
-
     from transformers import AutoTokenizer
 
+    from capacity.records import measure_record_sizes
     from inference.engine.settings import EngineSettings
 
     tokenizer = AutoTokenizer.from_pretrained(EngineSettings(device="cpu").default_model_dir())
@@ -507,7 +509,9 @@ def fmt_cpu(cpu: dict[str, float]) -> str:
 def broker_cost(kafka, bpid: int, quick: bool) -> dict[str, float]:
     """Broker CPU-seconds per million token chunks produced (lz4 batches, as the workers send them) and
     per million read back by one consumer: the broker-side figure behind ``chatpipe capacity``'s brokers."""
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import TopicPartition
+
+    from transport import clients as kafka_clients
 
     from schemas.records import TokenChunk
     from transport.partitioning import LIBRDKAFKA_PARTITIONER
@@ -517,7 +521,7 @@ def broker_cost(kafka, bpid: int, quick: bool) -> dict[str, float]:
     value = codec.encode(TokenChunk(request_id=str(uuid.uuid4()), conversation_id=str(uuid.uuid4()), index=117,
                                     text=" word", token_ids=[1234], worker_id="worker-7f9c2"))
     topic = kafka.topic(REPLIES)
-    producer = Producer({**kafka.client_config(), "linger.ms": 5, "compression.type": "lz4", "acks": "all",
+    producer = kafka_clients.producer(kafka, {"linger.ms": 5, "compression.type": "lz4", "acks": "all",
                          "enable.idempotence": True, "partitioner": LIBRDKAFKA_PARTITIONER})
     c0, t0 = cpu_s(bpid), time.monotonic()
     for i in range(n):
@@ -531,8 +535,8 @@ def broker_cost(kafka, bpid: int, quick: bool) -> dict[str, float]:
             producer.poll(0)
     producer.flush(60)
     produce_cpu, produce_wall = cpu_s(bpid) - c0, time.monotonic() - t0
-    consumer = Consumer({**kafka.client_config(), "group.id": f"cap-broker-{uuid.uuid4().hex[:6]}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer = kafka_clients.consumer(kafka, f"cap-broker-{uuid.uuid4().hex[:6]}",
+                                      {"enable.auto.commit": False, "auto.offset.reset": "earliest"})
     from confluent_kafka import OFFSET_BEGINNING
 
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])

@@ -24,7 +24,7 @@ batch, KV budget, context, threads), on exactly the requests the worker received
    TTFT under load (the requests of part 1) is printed for both sides too.
 
 Starts its own broker (bench/local_broker.py) unless ``--bootstrap-servers`` is given, and the
-pipeline processes as the gateway tests do (tests/gateway/stack.py). The last line is the
+pipeline processes as the gateway tests do (chatpipe/testing/gateway.py). The last line is the
 headline: ``e2e/gateway+kafka+streams+worker vs engine tokens/s ratio = X``.
 
     python bench/e2e.py --quick     # about a minute or two on 2 CPU cores (plus the services' start)
@@ -48,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import bench_broker  # noqa: E402  (bench/, beside this script)
+from local_broker import bench_broker  # bench/, beside this script
 
 MODEL = "smollm2-135m-instruct"
 CONTEXT_TOKENS = 1024
@@ -159,13 +159,13 @@ async def engine_alone(engine, tokenizer, requests: list) -> tuple[float, list[i
 # -- the pipeline ---------------------------------------------------------------------------------
 
 def start_stack(kafka, root: Path, max_pending: int, traces_dir: Path | None = None):
-    """Streams + one inference worker (ENGINE settings) + one gateway, as tests/gateway/stack.py does;
+    """Streams + one inference worker (ENGINE settings) + one gateway, as chatpipe/testing/gateway.py does;
     with ``traces_dir``, every process writes its spans there (tracing on), else none records any."""
     from unittest import mock
 
-    from tests.gateway.stack import API_KEY, Pipeline, start_gateway
-    from tests.streams.pipeline import StreamsWorker
-    from tests.worker.harness import start_worker
+    from chatpipe.testing.gateway import API_KEY, Pipeline, start_gateway
+    from chatpipe.testing.streams import StreamsWorker
+    from chatpipe.testing.worker import start_worker
 
     (root / "streams").mkdir(parents=True, exist_ok=True)
     tracing = {"CHATPIPE_TRACING_FILE_DIR": str(traces_dir)} if traces_dir else {}
@@ -203,7 +203,7 @@ def stop_stack(stack) -> None:
 
 def worker_requests(kafka, request_ids: list[str], timeout_s: float = 60) -> list:
     """The InferenceRequests the streams worker produced for these ids, in the same order."""
-    from tests.streams.pipeline import Tap
+    from chatpipe.testing.streams import Tap
 
     tap = Tap(kafka, "chat.inference.requests")
     try:
@@ -217,17 +217,18 @@ def worker_requests(kafka, request_ids: list[str], timeout_s: float = 60) -> lis
 def hops(kafka, answers: list[Answer]) -> dict[str, list[float]]:
     """Where each lone prompt's time to first token went, in ms, from the records' timestamps (the
     producers' CreateTime; one machine, one clock) and the worker's own queue time."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-    from confluent_kafka.admin import AdminClient
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    from transport import clients as kafka_clients
+
     from schemas.codec import default_codec
     from schemas.topics import spec
 
     codec = default_codec()
-    replies = [t for t in AdminClient(kafka.client_config()).list_topics(timeout=10).topics
+    replies = [t for t in kafka_clients.admin(kafka).list_topics(timeout=10).topics
                if t.startswith(kafka.topic("chat.replies") + ".")]
     topics = {kafka.topic(n): spec(n).partitions for n in ("chat.prompts", "chat.inference.requests", "chat.responses")}
-    consumer = Consumer({**kafka.client_config(), "group.id": "e2e-hops", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
+    consumer = kafka_clients.consumer(kafka, "e2e-hops", {"enable.auto.commit": False, "enable.partition.eof": True})
     consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, n in {**topics, **{r: 1 for r in replies}}.items()
                      for p in range(n)])
     wanted = {a.request_id for a in answers}
@@ -375,7 +376,7 @@ def run(bootstrap: str, quick: bool) -> None:
 
 def report(n: int, max_tokens: int, rounds: int, n_alone: int, pipe: Side, alone: Side,
            prompt_tokens_pipe: list[int], prompt_tokens_engine: list[int], lone_hops: dict[str, list[float]]) -> None:
-    ms = lambda s: s * 1000  # noqa: E731
+    ms = lambda s: s * 1000
     added = [ms(p - e) for p, e in zip(pipe.ttft_alone, alone.ttft_alone)]
     same = "same" if prompt_tokens_pipe == prompt_tokens_engine else "DIFFERENT"
     print(f"\n{n} requests at once x max {max_tokens} tokens, greedy; engine max_batch {ENGINE['max_batch']}, "

@@ -19,7 +19,7 @@ measures the prefix cache (last-turn TTFT of 8-turn conversations) and lazy allo
 preemption (throughput at a fixed KV budget), see ``bench/engine_multiturn.py``.
 
     python bench/engine.py --quick            # about a minute on 2 CPU cores
-    python bench/engine.py                    # the README figures
+    python bench/engine.py                    # the docs/benchmarks.md figures
     python bench/engine.py --multi-turn [--quick]
     python bench/engine.py --device cuda --shapes llama-1b,llama-8b     # the GPU command (< 8 min, H200)
     python bench/engine.py --device cpu --shapes tiny                   # CPU smoke run of the same path
@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
 # Llama shapes of random-init models (RoPE theta 5e5); "tiny" is the CPU smoke test of the same path.
 LLAMA3 = dict(num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
@@ -72,7 +72,7 @@ class Result:
 
 def make_workload(n: int, vocab: int, seed: int, prompt_median: int, output_median: int, max_prompt: int, max_output: int) -> Workload:
     rng = random.Random(seed)
-    draw = lambda median, hi: max(4, min(hi, int(rng.lognormvariate(math.log(median), 0.9))))  # noqa: E731
+    draw = lambda median, hi: max(4, min(hi, int(rng.lognormvariate(math.log(median), 0.9))))
     prompts, outputs = [], []
     for _ in range(n):
         prompts.append([rng.randrange(10, vocab) for _ in range(draw(prompt_median, max_prompt))])

@@ -70,7 +70,7 @@ def multi_turn_ttft(model, args) -> float:
     conversations = 2
     rng = random.Random(args.seed)
     vocab = model.config.vocab_size
-    draw = lambda n: [rng.randrange(10, vocab) for _ in range(n)]  # noqa: E731
+    draw = lambda n: [rng.randrange(10, vocab) for _ in range(n)]
     user_lens = [max(8, int(rng.gauss(user_median, user_median / 5))) for _ in range(turns)]
     cached, plain = _engine(model, args), _engine(model, args, prefix_caching=False)
     for e in (cached, plain):
@@ -104,7 +104,7 @@ def preemption_throughput(model, args) -> float:
     n, prompt_median, used_median, kv = (16, 24, 48, 1024) if args.quick else (32, 32, 64, 1536)
     rng = random.Random(args.seed + 1)
     vocab = model.config.vocab_size
-    draw = lambda median, hi: max(4, min(hi, int(rng.lognormvariate(math.log(median), 0.9))))  # noqa: E731
+    draw = lambda median, hi: max(4, min(hi, int(rng.lognormvariate(math.log(median), 0.9))))
     work = [([rng.randrange(10, vocab) for _ in range(draw(prompt_median, 4 * prompt_median))], draw(used_median, 2 * used_median))
             for _ in range(n)]  # fmt: skip
     results: dict[str, float] = {}

@@ -29,12 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import finetune_reference as reference  # noqa: E402  (bench/, beside this script)
-from spark_stages import event_log_conf  # noqa: E402
-from spark_stages import report as stage_report  # noqa: E402
-from spark_jobs.settings import FinetuneSettings, SparkSettings  # noqa: E402
-from tests.spark.synthetic_log import generate, to_messages  # noqa: E402
-from transport.archive import write_messages  # noqa: E402
+import finetune_reference as reference  # bench/, beside this script
+from spark_stages import event_log_conf
+from spark_stages import report as stage_report
+
+from chatpipe.testing.synthetic_log import generate, to_messages
+from spark_jobs.settings import FinetuneSettings, SparkSettings
+from transport.archive import write_messages
 
 
 def spark_dedup_seconds(spark, s, kafka) -> tuple[float, float]:

@@ -45,14 +45,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from schemas.codec import default_codec  # noqa: E402
-from schemas.records import ChatMessage, PromptRequest, SamplingParams  # noqa: E402
-from schemas.topics import spec  # noqa: E402
-from transport.admin import TopicAdmin  # noqa: E402
-from tests.kafka_helpers import RecordProducer  # noqa: E402
-from transport.settings import KafkaSettings  # noqa: E402
+from local_broker import bench_broker  # noqa: E402 - bench/, beside this script
 
-from local_broker import bench_broker  # noqa: E402  (bench/, beside this script)
+from chatpipe.testing.kafka import RecordProducer  # noqa: E402 - sys.path set above so the script runs from a clone
+from schemas.codec import default_codec  # noqa: E402 - sys.path set above so the script runs from a clone
+from schemas.records import ChatMessage, PromptRequest, SamplingParams  # noqa: E402 - sys.path set above so the script runs from a clone
+from schemas.topics import spec  # noqa: E402 - sys.path set above so the script runs from a clone
+from transport.admin import TopicAdmin  # noqa: E402 - sys.path set above so the script runs from a clone
+from transport.settings import KafkaSettings  # noqa: E402 - sys.path set above so the script runs from a clone
 
 TORCH_THREADS: int | None = None  # set from --torch-threads; the same for both sides
 
@@ -109,9 +109,10 @@ def run_memory(root: Path, label: str, qdrant_url: str | None):
 def wait_group_stable(kafka: KafkaSettings, group: str, members: int, timeout_s: float = 180) -> None:
     """Until the Faust group has ``members`` members, is Stable and each holds partitions."""
     from confluent_kafka import ConsumerGroupState
-    from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(kafka.client_config())
+    from transport import clients as kafka_clients
+
+    admin = kafka_clients.admin(kafka)
     deadline, last = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
         try:
@@ -145,9 +146,11 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
            "CHATPIPE_STREAMS_INTAKE_BATCH_SIZE": str(batch_size), **memory_env,
            "CHATPIPE_STREAMS_LOG_LEVEL": os.environ.get("CHATPIPE_STREAMS_LOG_LEVEL", "warning"), "HF_HUB_OFFLINE": "1",
            **({"CHATPIPE_STREAMS_TORCH_THREADS": str(threads)} if threads else {})}
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-    consumer = Consumer({**kafka.client_config(), "group.id": "bench", "enable.auto.commit": False})
+    from transport import clients as kafka_clients
+
+    consumer = kafka_clients.consumer(kafka, "bench", {"enable.auto.commit": False})
     topic = kafka.topic("chat.inference.requests")
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(spec("chat.inference.requests").partitions)])
     codec = default_codec()
@@ -229,7 +232,7 @@ def measure_intake(bootstrap: str, n: int, users: int, per_user: int, batch: int
 
 def measure_scaling(bootstrap: str, root: Path, prompts, warmup, batch: int, turns, vectors) -> float | None:
     """Batched prompts/s of 2 streams workers in one group over 1, both on one Qdrant server."""
-    from tests.streams.qdrant_server import QDRANT_TOOL, QdrantPeer
+    from chatpipe.testing.qdrant import QDRANT_TOOL, QdrantPeer
 
     if not QDRANT_TOOL.exists():
         print(f"  2 workers vs 1: skipped, no Qdrant server at {QDRANT_TOOL} (workers must share memory)")

@@ -32,10 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import NewTopic
 
-from local_broker import free_port  # noqa: E402  (bench/, beside this script)
+from transport import clients as kafka_clients  # raw: the hop's baseline, no chatpipe settings
+
+from local_broker import free_port  # bench/, beside this script
 
 WAITS_MS = (5, 100)
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -48,8 +50,9 @@ def cpu_s(pid: int) -> float:
 
 
 def idle_consumer(bootstrap: str, topic: str, wait_ms: int) -> Consumer:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"hop-{uuid.uuid4().hex[:6]}",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": wait_ms, "fetch.min.bytes": 1})
+    consumer = kafka_clients.raw_consumer({"bootstrap.servers": bootstrap, "group.id": f"hop-{uuid.uuid4().hex[:6]}",
+                                           "enable.auto.commit": False, "fetch.wait.max.ms": wait_ms,
+                                           "fetch.min.bytes": 1})
     consumer.assign([TopicPartition(topic, 0, -1)])  # -1: the end
     consumer.consume(10, 1.0)  # connected, fetching
     return consumer
@@ -61,7 +64,7 @@ def read_one(consumer: Consumer) -> None:
 
 
 def hop_latencies(bootstrap: str, topics: dict[int, str], samples: int) -> dict[int, list[float]]:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0.5, "acks": "all"})
+    producer = kafka_clients.raw_producer({"bootstrap.servers": bootstrap, "linger.ms": 0.5, "acks": "all"})
     consumers = {w: idle_consumer(bootstrap, topics[w], w) for w in WAITS_MS}
     took: dict[int, list[float]] = {w: [] for w in WAITS_MS}
     try:
@@ -116,7 +119,7 @@ def main() -> None:
             raise SystemExit("the broker started but its pid is unknown")
         topics = {w: f"hop-{w}-{uuid.uuid4().hex[:6]}" for w in WAITS_MS}
         idle_topic = f"hop-idle-{uuid.uuid4().hex[:6]}"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = kafka_clients.raw_admin({"bootstrap.servers": bootstrap})
         for future in admin.create_topics([NewTopic(t, 1, 1) for t in [*topics.values(), idle_topic]]).values():
             future.result()
 

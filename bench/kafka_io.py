@@ -46,21 +46,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from confluent_kafka import Consumer, Producer
 from fastavro import schemaless_reader, schemaless_writer
+from local_broker import bench_broker  # bench/, beside this script
+from thread_cpu import TICK_S, ThreadCpu, median_table
 
 from schemas.codec import HEADER_LEN, AvroCodec, to_avro_dict
 from schemas.records import ChatMessage, PromptRequest
 from schemas.registry import default_registry
+from transport import clients as kafka_clients
+from transport import spans
 from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
 from transport.group_consumer import GroupConsumer
 from transport.partitioning import LIBRDKAFKA_PARTITIONER
 from transport.settings import KafkaSettings
-from transport import spans
-
-from local_broker import bench_broker  # bench/, beside this script
-from thread_cpu import TICK_S, ThreadCpu, median_table
 
 LINGER_MS = 1.0  # the gateway's (the worker lingers 0.5 ms, streams' reply producer 0)
 BATCH = 500  # messages per consume call, both sides
@@ -69,7 +68,7 @@ ACK_EVERY = 32  # the adapter side awaits an acknowledgement on every 32nd recor
 # the client's own cost, which the broker sharing the same 2 cores cannot blur.
 CPU_SECONDS: list[float] = []
 # Garbage collections started during each measured consume loop (they were most of what the old
-# BatchConsumer cost over the raw loop; tests/kafka_helpers/batches.py).
+# BatchConsumer cost over the raw loop; chatpipe/testing/kafka/batches.py).
 GC_STARTS = [0]
 GC_PER_RUN: list[int] = []
 # With --per-thread: where each produce run's client CPU went, thread by thread (bench/thread_cpu.py).
@@ -126,7 +125,7 @@ def raw_config(settings: KafkaSettings) -> dict:
 
 def raw_produce(settings: KafkaSettings, topic: str, n: int, encoded: bytes | None = None) -> float:
     """Encode and produce each record (or produce ``encoded`` n times: the reference without encoding)."""
-    producer = Producer(raw_config(settings))
+    producer = kafka_clients.raw_producer(raw_config(settings))
     encode = AvroCodec().encode
     start, cpu0 = time.perf_counter(), time.process_time()
     if THREADS:
@@ -181,8 +180,8 @@ def adapter_produce(settings: KafkaSettings, topic: str, n: int, traced: bool = 
 
 
 def raw_consume(settings: KafkaSettings, topic: str, n: int) -> float:
-    consumer = Consumer({**settings.client_config(), "group.id": uuid.uuid4().hex,
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer = kafka_clients.raw_consumer({**settings.client_config(), "group.id": uuid.uuid4().hex,
+                                           "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
     got, start = 0, None
     while got < n:
@@ -301,9 +300,9 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
 
     adapter_topics = []
     encoded = AvroCodec().encode(prompt_record())
-    pre_encoded = lambda settings, t, n: raw_produce(settings, t, n, encoded=encoded)  # noqa: E731
-    traced_produce = lambda settings, t, n: adapter_produce(settings, t, n, traced=True)  # noqa: E731
-    traced_consume = lambda settings, t, n: adapter_consume(settings, t, n, traced=True)  # noqa: E731
+    pre_encoded = lambda settings, t, n: raw_produce(settings, t, n, encoded=encoded)
+    traced_produce = lambda settings, t, n: adapter_produce(settings, t, n, traced=True)
+    traced_consume = lambda settings, t, n: adapter_consume(settings, t, n, traced=True)
     # The raw side between the two adapter sides: each adapter run has a raw run next to it in time,
     # and the order flips every repeat.
     sides = (("adapter", adapter_produce), ("raw", raw_produce), ("adapter+spans", traced_produce),

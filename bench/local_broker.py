@@ -4,16 +4,11 @@ free ports in a temporary folder and stopped afterwards."""
 from __future__ import annotations
 
 import gc
-import socket
 import tempfile
 from contextlib import contextmanager
 from typing import Iterator
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from chatpipe.testing.ports import free_port  # bench/kafka_hop.py imports it from here too
 
 
 @contextmanager

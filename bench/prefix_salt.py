@@ -71,7 +71,7 @@ def make_conversations(tenants: int, per_tenant: int, seed: int) -> list[Convers
 
 
 def run(model, tokenizer, args, salted: bool) -> tuple[dict[str, Tally], list[list[int]], int, float]:
-    from inference.engine.chat_tokens import encode_chat
+    from formats.chat_tokens import encode_chat
     from inference.engine.engine import Engine
     from inference.engine.request import SamplingParams
     from inference.engine.settings import EngineSettings
@@ -149,7 +149,7 @@ def main() -> None:
         s, p = salted_t[tenant], plain_t[tenant]
         print(f"{tenant:<10} {s.prompt:>7} | {s.hits:>11} {s.within_rate:>7.3f} | {p.hits:>13} {p.cross:>6} "
               f"{p.within_rate:>7.3f}")
-    total = lambda ts: Tally(sum(t.prompt for t in ts.values()), sum(t.hits for t in ts.values()),  # noqa: E731
+    total = lambda ts: Tally(sum(t.prompt for t in ts.values()), sum(t.hits for t in ts.values()),
                              sum(t.cross for t in ts.values()))
     s, p = total(salted_t), total(plain_t)
     assert s.cross == 0, "a salted engine served a block across tenants"

@@ -56,10 +56,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for `engine` (bench/engine.py)
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
-import engine as bench_engine  # noqa: E402  (bench/engine.py: MODEL_CONFIGS, load, sync; puts the repo root on sys.path)
+import engine as bench_engine  # bench/engine.py: MODEL_CONFIGS, load, sync; puts the repo root on sys.path
 
 BUCKETS = (
     "HF submodule kernels per layer",
@@ -373,7 +373,7 @@ def median_profile(runs: list[StepProfile]) -> StepProfile:
     same in every step of a kind)."""
     runs = sorted(runs, key=lambda r: r.profiled_ms)
     best = runs[len(runs) // 2]
-    med = lambda xs: statistics.median(xs)  # noqa: E731
+    med = lambda xs: statistics.median(xs)
     for name, b in best.buckets.items():
         b.cpu_us = med([r.buckets[name].cpu_us for r in runs])
         b.gpu_us = med([r.buckets[name].gpu_us for r in runs])

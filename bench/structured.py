@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
 SCHEMA = {
     "type": "object",
@@ -66,7 +66,7 @@ def main() -> None:
     repeats = args.repeats or (2 if args.quick else 3)
     torch.set_num_threads(args.threads)
 
-    from inference.engine.chat_tokens import encode_chat
+    from formats.chat_tokens import encode_chat
     from inference.engine.engine import Engine
     from inference.engine.grammar import GrammarCompiler
     from inference.engine.model_store import load_model

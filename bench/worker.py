@@ -19,7 +19,7 @@ Starts its own broker unless ``--bootstrap-servers`` is given. The last line is 
 ``worker/kafka+worker vs engine tokens/s ratio = X``.
 
     python bench/worker.py --quick     # about a minute or two on 2 CPU cores
-    python bench/worker.py             # the README figures
+    python bench/worker.py             # the docs/benchmarks.md figures
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import bench_broker  # noqa: E402  (bench/, beside this script)
-from schemas.topics import INFERENCE_REQUESTS, REPLIES, RESPONSES  # noqa: E402
-from tests.worker.harness import Reader, make_request, send_requests, start_worker  # noqa: E402
-from transport.partitioning import partition_of  # noqa: E402
+from local_broker import bench_broker  # bench/, beside this script
+
+from chatpipe.testing.worker import Reader, make_request, send_requests, start_worker
+from schemas.topics import INFERENCE_REQUESTS, REPLIES, RESPONSES
+from transport.partitioning import partition_of
 
 TOPICS = (INFERENCE_REQUESTS, REPLIES, RESPONSES)
 
@@ -199,7 +200,7 @@ def run(bootstrap: str, quick: bool) -> None:
     requests = prompts(n, max_tokens, kafka)
     ttft_requests = prompts(n_ttft, 4, kafka)
 
-    from tests.kafka_helpers import RecordProducer
+    from chatpipe.testing.kafka import RecordProducer
 
     producer = RecordProducer(kafka, extra_config={"linger.ms": 0})
     worker = start_worker(kafka, tmp, worker_id="bench", CHATPIPE_NUM_THREADS="2", **engine_env)

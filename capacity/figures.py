@@ -1,7 +1,7 @@
 """Every measured figure the simulation and the capacity model use, with where and when it was measured.
 
 Labels: **CPU** = this project's 2-core AMD EPYC VM (24 GiB, no GPU), the machine of every bench in
-the README; **GPU** = one lent NVIDIA H200 of an earlier session (README "GPU": torch 2.11 + CUDA 13.0,
+docs/benchmarks.md; **GPU** = one lent NVIDIA H200 of an earlier session (docs/benchmarks.md "GPU": torch 2.11 + CUDA 13.0,
 bf16, **random-init** Llama shapes: no weights could be fetched there, so the speed is real and the
 text is noise). Public figures (not ours) are in ``capacity.settings`` and docs/deploy.md with sources.
 """
@@ -26,7 +26,7 @@ class Figure:
 
 # -- inference worker throughput curves (output tokens/s of one worker with k requests running) ------
 
-# README "GPU" table: Llama-3.1-8B shape, engine 480 tok/s on 64 requests in batches of 32 (prompts
+# docs/benchmarks.md "GPU" table: Llama-3.1-8B shape, engine 480 tok/s on 64 requests in batches of 32 (prompts
 # median 256, outputs median 128); batch-1 decode 25.6 ms/token -> 39.1 tok/s. Two points; linear between.
 GPU_8B = Curve(((1, 1000 / 25.6), (32, 480.0)), label="GPU H200, Llama-3.1-8B shape (README 'GPU')")
 GPU_1B = Curve(((1, 1000 / 19.3), (32, 726.0)), label="GPU H200, Llama-3.2-1B shape (README 'GPU')")
@@ -45,7 +45,7 @@ CPU_ANSWER_TOKENS = Figure(34.0, "tokens", "CPU", f"{CPU_RUN}: mean answer of th
 CURVES = {"gpu-8b": GPU_8B, "gpu-1b": GPU_1B, "cpu": CPU}
 
 WORKER_START_S = Figure(13.7, "s", "CPU", f"{CPU_RUN}: `chatpipe inference` process start to SERVING, model "
-                        "load included (tests/worker/harness.py start_worker; 8-17 s over the runs)")
+                        "load included (chatpipe/testing/worker.py start_worker; 8-17 s over the runs)")
 JOIN_S = Figure(2.9, "s", "CPU", f"{CPU_RUN}: the second worker's SERVING to its first answer (the group's "
                 "rebalance; 2.4-9 s over the runs)")
 

@@ -1,6 +1,6 @@
 """The capacity model: from users and messages per user-day to partitions, brokers, streams workers,
 inference GPUs, Qdrant size and archive bytes per day, each line with its arithmetic and the measured
-figure it stands on (``capacity/figures.py``; CPU = this project's 2-core VM, GPU = the README's H200).
+figure it stands on (``capacity/figures.py``; CPU = this project's 2-core VM, GPU = the H200 of docs/benchmarks.md).
 
 Traffic at the sizing peak = mean x the diurnal peak-to-mean (``TrafficSettings.peak_to_trough``) x the
 flash-crowd multiplier: what Kafka's partitions and brokers (which do not autoscale) must carry.

@@ -14,6 +14,7 @@ from chatpipe.commands import top
 from chatpipe.commands import trace
 from chatpipe.commands import capacity
 from chatpipe.commands import k8s
+from chatpipe.commands import settings as settings_command
 from chatpipe.commands.common import print_error
 
 from schemas.errors import ChatpipeError
@@ -37,6 +38,7 @@ top.register(app)  # chatpipe top [--once]: the live pipeline from every service
 trace.register(app)  # chatpipe trace REQUEST_ID: the request's spans as a waterfall
 capacity.register(app)  # chatpipe capacity [--users N] / capacity simulate: sizing and a day of KEDA autoscaling
 k8s.register(app)  # chatpipe k8s render [--values FILE] [--out DIR]: Kubernetes manifests
+settings_command.register(app)  # chatpipe settings docs [--write|--check] / settings check: every CHATPIPE_* variable
 
 
 def main() -> None:

@@ -190,7 +190,7 @@ def _server_counts(memory: Any, subject: Subject, until_ms: int) -> tuple[int, i
                                               match=models.MatchValue(value=subject.conversation_id)))
         if not client.collection_exists(memory.collection):
             return 0, 0
-        count = lambda rng: client.count(memory.collection, exact=True, count_filter=models.Filter(  # noqa: E731
+        count = lambda rng: client.count(memory.collection, exact=True, count_filter=models.Filter(
             must=[*must, models.FieldCondition(key="created_at", range=rng)])).count
         return count(models.Range(lte=until_ms)), count(models.Range(gt=until_ms))
     finally:

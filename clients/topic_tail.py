@@ -17,13 +17,14 @@ import time
 import uuid
 from typing import Any, Callable, Iterator
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from clients.record_json import decoded_line, error_line
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import ChatpipeError, DecodeError
 from schemas.records import RECORD_TYPES, EmbeddingResult
 from schemas.topics import BY_NAME, REPLIES, TopicSpec
+from transport import clients as kafka_clients
 from transport.errors import TransportError
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
@@ -69,9 +70,7 @@ class TopicTail:
         self.expected = (RECORD_TYPES[self.spec.value], *ALSO_CARRIED.get(self.spec.name, ()))
         self.codec = codec or default_codec()
         self._broker_errors: list[str] = []
-        self._consumer = Consumer({
-            **settings.client_config(),
-            "group.id": f"chatpipe-tail-{uuid.uuid4().hex[:12]}",  # required by librdkafka; never joined
+        self._consumer = kafka_clients.consumer(settings, f"chatpipe-tail-{uuid.uuid4().hex[:12]}", {  # never joined
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             # A missing broker is reported once by us (below), not as a page of librdkafka logs.

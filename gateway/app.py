@@ -8,7 +8,6 @@ Starlette cancels the stream when it does. Either way a ``Cancel`` reaches the w
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -37,6 +36,7 @@ from gateway.openai_api import (
 )
 from gateway.service import Delta, GatewayService, Submitted
 from gateway.settings import GatewaySettings
+from gateway.streaming import ClientGone, outcome_of, until_disconnect
 from schemas.records import FeedbackKind, new_id
 from schemas.requests import CONVERSATION_ID, CONVERSATION_ID_RULE
 from transport.settings import KafkaSettings
@@ -54,10 +54,6 @@ class FeedbackBody(BaseModel):
     edited_text: str | None = None
     comment: str | None = None
     user: str | None = None
-
-
-class ClientGone(Exception):
-    """The client closed the connection before its answer was complete."""
 
 
 def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) -> FastAPI:
@@ -200,32 +196,8 @@ def conversation_of(request: Request, body: ChatCompletionRequest) -> str:
     return given
 
 
-def outcome_of(exc: OpenAIError) -> str:
-    """The ``requests`` metric's outcome of a request answered with ``exc``."""
-    return "expired" if exc.code == "expired" else "error"
-
-
 async def drain(deltas: AsyncIterator[Delta]) -> None:
     async for _ in deltas:
-        pass
-
-
-async def until_disconnect(request: Request, awaitable: Any) -> Any:
-    """``awaitable``'s result, or ClientGone as soon as the client closes the connection."""
-    work = asyncio.ensure_future(awaitable)
-    watcher = asyncio.ensure_future(wait_for_disconnect(request))
-    try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if work.done():
-        return work.result()
-    work.cancel()
-    raise ClientGone()
-
-
-async def wait_for_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
         pass
 
 

@@ -37,6 +37,7 @@ from gateway.openai_api import OpenAIError, SamplingFields, sse, unsupported, us
 from gateway.keys import Principal
 from gateway.service import Delta, GatewayService, Submitted
 from gateway.settings import GatewaySettings
+from gateway.streaming import ClientGone, outcome_of, until_disconnect
 from schemas.records import SamplingParams, TokenLogprob, new_id
 from schemas.requests import LIMITS, RequestLimits, RequestRuleError, check_raw_prompt, check_sampling, check_user
 
@@ -238,8 +239,6 @@ def prompt_error(exc: OpenAIError) -> OpenAIError:
 def add_completion_routes(app: FastAPI, authenticate: Callable, service: GatewayService,
                           settings: GatewaySettings) -> None:
     """``POST /v1/completions`` on ``app`` (create_app's one line)."""
-    from gateway.app import ClientGone, outcome_of, until_disconnect  # app.py imports this module
-
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest, principal: Principal = Depends(authenticate)):
         received = time.perf_counter()

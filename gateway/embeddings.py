@@ -121,9 +121,9 @@ def response_body(result: EmbeddingResult, encoding: str) -> dict[str, Any]:
     """OpenAI's embeddings response for a served result."""
     dim = result.dimensions
     if encoding == "base64":
-        embedding = lambda i: base64.b64encode(vector_bytes(result.vectors, dim, i)).decode("ascii")  # noqa: E731
+        embedding = lambda i: base64.b64encode(vector_bytes(result.vectors, dim, i)).decode("ascii")
     else:
-        embedding = lambda i: vector_floats(result.vectors, dim, i)  # noqa: E731
+        embedding = lambda i: vector_floats(result.vectors, dim, i)
     return {"object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": embedding(i)} for i in range(result.count)],
             "model": result.model,

@@ -7,7 +7,7 @@ ignored silently. A field that is not OpenAI's (nor chatpipe's ``top_k``) is ref
 OpenAI's own server refuses it ("Unrecognized request argument supplied"). What a valid request
 is (roles, limits, sampling ranges, ``max_tokens`` against the context, ``n``, ``response_format``'s
 shape) is ``schemas.requests``, the definition streams and the worker check records with too;
-whether a JSON schema compiles to a grammar is ``inference.engine.grammar.check_response_format``.
+whether a JSON schema compiles to a grammar is ``formats.response_format.check_response_format``.
 ``check`` answers their errors as 400s naming the field. Tool calling (``tools``, ``tool_choice``,
 ``parallel_tool_calls``, ``tool`` messages, assistant ``tool_calls``) is ``gateway.tools``.
 
@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from formats.errors import FormatError
+from formats.response_format import check_response_format
 from gateway import tools as tooling
 from schemas.records import SamplingParams
 from schemas.requests import (
@@ -335,19 +337,14 @@ def check_schema(response_format: dict[str, Any] | None) -> None:
     if response_format is None or response_format.get("type") == "text":
         return
     try:
-        from inference.engine.grammar import check_response_format
         if importlib.util.find_spec("xgrammar") is None:
             raise ImportError("xgrammar is not installed here (the engine's extra)")
+        check_response_format(response_format)
     except ImportError as exc:
         if not _grammar_missing_logged:
             log.warning("response_format schemas are checked by the workers only: %s", exc)
             _grammar_missing_logged = True
-        return
-    from inference.engine.errors import InvalidRequestError
-
-    try:
-        check_response_format(response_format)
-    except InvalidRequestError as exc:
+    except FormatError as exc:
         raise OpenAIError(400, str(exc), param="response_format", code="invalid_value") from None
 
 

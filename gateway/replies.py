@@ -20,15 +20,16 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 from schemas.records import EmbeddingResult, TokenChunk
 from schemas.topics import REPLIES
-from transport import tracing
+from transport import clients, tracing
 from transport.admin import TopicAdmin
 from transport.dedupe import attempt_of
+from transport.failures import Fault, classify
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,7 @@ class ReplyReader:
     def __init__(self, kafka: KafkaSettings, topic: str, codec: AvroCodec) -> None:
         self.topic = topic
         self.codec = codec
-        self._consumer = Consumer({
-            **kafka.client_config(),
-            "group.id": f"chatpipe-gateway-{topic}",  # required by librdkafka; never joined or committed
+        self._consumer = clients.consumer(kafka, f"chatpipe-gateway-{topic}", {  # never joined or committed
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             # The broker answers a waiting fetch as soon as a record is appended (fetch.min.bytes 1), so
@@ -98,8 +97,9 @@ class ReplyReader:
             for msg in messages:
                 err = msg.error()
                 if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("reply topic %s: %s", self.topic, err.str())
+                    if err.code() != KafkaError._PARTITION_EOF:  # librdkafka reconnects; a FATAL one needs a person
+                        log.log(logging.WARNING if classify(err) is Fault.TRANSIENT else logging.ERROR,
+                                "reply topic %s: %s", self.topic, err.str())
                     continue
                 try:
                     chunk = self.codec.decode(msg.value(), None, topic=msg.topic(), partition=msg.partition(),

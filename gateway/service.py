@@ -48,6 +48,7 @@ from schemas.topics import CANCELS, FEEDBACK, PROMPTS
 from transport.acked_producer import AckedProducer
 from transport.dedupe import AnswerText
 from transport.errors import DeliveryError
+from transport.failures import Fault, classify
 from transport.settings import KafkaSettings
 from transport.spans import CONSUMER, SERVER, Span, Tracer
 
@@ -257,7 +258,8 @@ class GatewayService:
     async def _produce(self, sub: Submitted, prompt: PromptRequest, route: str, operation: str, stream: bool,
                        traceparent: str | None, *, param: str) -> None:
         """Start the request's SERVER span, take its slot of the backlog and produce its prompt;
-        a prompt that cannot be encoded is a 400 naming ``param``, one the broker does not take a 503."""
+        a prompt that cannot be encoded or that the broker refuses for its own sake (``transport.failures``:
+        the record's fault) is a 400 naming ``param``, one the broker does not take a 503."""
         sub.span = self.tracer.start(
             f"POST {route}", traceparent, SERVER,
             {"http.request.method": "POST", "http.route": route, "chatpipe.request_id": sub.request_id,
@@ -274,6 +276,9 @@ class GatewayService:
                               code="invalid_value") from None
         except DeliveryError as exc:
             self.finish(sub, "produce_failed")
+            if classify(exc) is Fault.RECORD:  # e.g. larger than the broker takes: the request's fault
+                raise OpenAIError(400, f"the pipeline refused the request: {exc}", param=param,
+                                  code="invalid_value") from None
             raise OpenAIError(503, f"the pipeline did not take the request: {exc}", type="server_error",
                               code="kafka_unavailable") from None
         except BaseException:

@@ -9,7 +9,8 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.requests import DEFAULT_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS, with_shared_context
+from schemas.requests import DEFAULT_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS
+from transport.context_settings import SHARED_CONTEXT_ENV, with_shared_context
 
 # The worker answers under inference.engine.settings.DEFAULT_MODEL_NAME; not imported, so the gateway
 # does not depend on the engine package (tests/gateway/test_gateway_units.py keeps the two equal).
@@ -31,7 +32,7 @@ class GatewaySettings(BaseSettings):
                                 "request): a busy tenant gets 429 while the rest stays free for the others")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; larger gets 413. "
                                 "The default takes the largest prompt the request limits allow, JSON-escaped")
-    context_tokens: int = Field(DEFAULT_CONTEXT_TOKENS, ge=MIN_CONTEXT_TOKENS,
+    context_tokens: int = Field(DEFAULT_CONTEXT_TOKENS, json_schema_extra=SHARED_CONTEXT_ENV, ge=MIN_CONTEXT_TOKENS,
                                 description="The model's context (prompt + answer): CHATPIPE_CONTEXT_TOKENS, the "
                                             "size streams and the engine use; max_tokens must be below it")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")

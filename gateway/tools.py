@@ -15,7 +15,8 @@ with), and the records keep carrying messages as role + text:
 
 The output is enforced by the grammar-constrained decoding of structured outputs: the record's
 ``sampling.response_format`` carries the internal ``chatpipe_tool_calls`` object
-(``schemas.requests.TOOL_CALLS_FORMAT``; ``inference.engine.grammar`` compiles it). ``tool_choice``:
+(``schemas.requests.TOOL_CALLS_FORMAT``; ``formats.response_format`` checks it, the worker's
+``inference.engine.grammar`` compiles it). ``tool_choice``:
 ``required`` -> the output is a call to one of the tools, ``{"type": "function", ...}`` -> a call to
 that one, the arguments generated to validate against the function's ``parameters`` schema;
 ``auto`` -> free text, in which a ``<tool_call>`` starts a call constrained the same way; ``none`` ->
@@ -37,13 +38,15 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from inference.engine.grammar import (
+from formats.errors import FormatError
+from formats.response_format import (
     MAX_PARALLEL_CALLS,
     NO_PARAMETERS,
     TOOL_CALL_BEGIN,
     TOOL_CALL_END,
     TOOL_CALL_SEPARATOR,
     TOOL_CALL_TRIGGER,
+    check_tool_parameters,
 )
 from schemas.requests import TOOL_CALLS_FORMAT, RequestRuleError
 
@@ -186,14 +189,11 @@ def parse_tools(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_cal
 def check_parameters(spec: ToolSpec) -> None:
     """RequestRuleError naming the tool whose parameters schema the grammar library cannot enforce
     (``tools[i].function.parameters...``). Needs xgrammar (ImportError otherwise)."""
-    from inference.engine.errors import InvalidRequestError
-    from inference.engine.grammar import check_tool_parameters
-
     for i, tool in enumerate(spec.tools):
         path = f"tools[{i}].function.parameters"
         try:
             check_tool_parameters(tool.parameters, path)
-        except InvalidRequestError as exc:
+        except FormatError as exc:
             message = str(exc)
             raise RequestRuleError(f"tools[{i}]", f"(function {tool.name!r}): {message}") from None
 

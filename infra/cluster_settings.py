@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def _default_cache() -> Path:
+    """~/.cache/chatpipe"""
     return Path.home() / ".cache" / "chatpipe"
 
 
@@ -23,16 +24,19 @@ class ClusterSettings(BaseSettings):
     Every node is a combined broker + controller; together they form the controller quorum.
     Node ``n`` (1-based) listens on ``cluster_base_port + 2(n-1)`` for clients and the next port
     for the quorum, unless ``client_ports`` / ``controller_ports`` name every port (tests take
-    free ones). From CLI flags and ``CHATPIPE_*`` variables (``CHATPIPE_BROKERS``, ...).
+    free ones). From CLI flags and ``CHATPIPE_*`` variables (``CHATPIPE_CLUSTER_BROKERS``, ...).
     """
 
-    model_config = SettingsConfigDict(env_prefix="CHATPIPE_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="CHATPIPE_", frozen=True, extra="ignore", populate_by_name=True)
 
     state_dir: Path = Field(Path(".chatpipe"), description="Each node's data and logs go under <state>/cluster/node-<id>")
     cache_dir: Path = Field(default_factory=_default_cache,
                             description="Kafka jars assembled by mvn, shared by every state folder")
     host: str = Field("127.0.0.1", description="Address every node listens on (loopback only by default)")
-    brokers: int = Field(3, ge=1, le=9, description="Number of nodes (each a broker and a quorum voter)")
+    # CHATPIPE_CLUSTER_BROKERS, not CHATPIPE_BROKERS: that one is the stack's (`up`, default 1 = one broker);
+    # `up --brokers 3` passes its count here by name.
+    brokers: int = Field(3, ge=1, le=9, validation_alias=AliasChoices("CHATPIPE_CLUSTER_BROKERS"),
+                         description="Number of nodes (each a broker and a quorum voter)")
     cluster_base_port: int = Field(9192, ge=1, le=65000, description="Client port of node 1; node n takes base + 2(n-1) and the next")
     client_ports: tuple[int, ...] = Field((), description="Explicit client port of every node (overrides the base port)")
     controller_ports: tuple[int, ...] = Field((), description="Explicit quorum port of every node (overrides the base port)")
@@ -45,7 +49,8 @@ class ClusterSettings(BaseSettings):
     replica_lag_time_max_ms: int = Field(8000, ge=500, description="A follower this far behind leaves the ISR")
     java: str = Field("java", description="Java 17+ executable")
     mvn: str = Field("mvn", description="Maven executable used once to fetch the broker jars")
-    start_timeout_s: float = Field(120.0, gt=0, description="How long starting waits for the nodes to answer")
+    start_timeout_s: float = Field(120.0, gt=0, description="How long starting Kafka waits for the broker (every "
+                                   "node of a cluster) to answer")
     stop_timeout_s: float = Field(30.0, gt=0, description="How long a stop waits after SIGTERM before SIGKILL")
 
     @model_validator(mode="after")

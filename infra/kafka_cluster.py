@@ -360,9 +360,9 @@ class KafkaCluster:
 
     def _metadata(self, timeout_s: float = 3.0):
         from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient
+        from transport import clients as kafka_clients  # raw: the brokers this cluster starts itself
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0,
+        admin = kafka_clients.raw_admin({"bootstrap.servers": self.bootstrap_servers, "log_level": 0,
                              "socket.connection.setup.timeout.ms": 1000})
         try:
             return admin.list_topics(timeout=timeout_s)

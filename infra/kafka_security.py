@@ -185,8 +185,8 @@ def _topic_rules(service: str) -> list[tuple[str, str, tuple[str, ...]]]:
     """(pattern type, catalog name or name prefix, operations) of ``service``'s topics."""
     from schemas import topics as t
 
-    read = lambda *names: [("LITERAL", n, _READ) for n in names]  # noqa: E731
-    write = lambda *names: [("LITERAL", n, _WRITE) for n in names]  # noqa: E731
+    read = lambda *names: [("LITERAL", n, _READ) for n in names]
+    write = lambda *names: [("LITERAL", n, _WRITE) for n in names]
     replies = ("PREFIXED", t.REPLIES, _WRITE)  # chat.replies and every gateway's chat.replies.<id>
     if service == "gateway":
         return [*write(t.PROMPTS, t.CANCELS, t.FEEDBACK, t.DELETIONS, t.EMBEDDING_REQUESTS),
@@ -232,17 +232,17 @@ def service_acls(topic_prefix: str = "") -> list:
 def apply_acls(client_config: dict, topic_prefix: str = "", timeout_s: float = 15.0) -> int:
     """Create ``service_acls`` on the broker (as the admin user); an ACL that exists stays as it is.
     Returns how many bindings were asked for."""
-    from confluent_kafka.admin import AdminClient
+    from transport import clients as kafka_clients  # raw: the broker's own admin principal
 
     bindings = service_acls(topic_prefix)
-    admin = AdminClient({**client_config, "log_level": 0})
+    admin = kafka_clients.raw_admin({**client_config, "log_level": 0})
     for binding, future in admin.create_acls(bindings, request_timeout=timeout_s).items():
         try:
             future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
             raise SecurityError(f"the broker at {client_config.get('bootstrap.servers')} did not answer a CreateAcls "
                                 f"request within {timeout_s:.0f} s") from None
-        except Exception as exc:  # KafkaException: names the binding, never a password
+        except Exception as exc:  # noqa: BLE001 - KafkaException: names the binding, never a password
             raise SecurityError(f"cannot create the ACL {binding}: {exc}") from None
     return len(bindings)
 

@@ -320,13 +320,13 @@ class LocalKafka:
 
     def answers(self) -> bool:
         """True when the broker answers a metadata request (within about 2 s)."""
-        from confluent_kafka.admin import AdminClient  # the stack itself needs no client otherwise
+        from transport import clients as kafka_clients  # raw: the broker it starts; no client otherwise
 
-        admin = AdminClient({"bootstrap.servers": self.settings.bootstrap_servers, "log_level": 0,
+        admin = kafka_clients.raw_admin({"bootstrap.servers": self.settings.bootstrap_servers, "log_level": 0,
                              **(self.security.client_config(ADMIN_USER) if self.security is not None else {})})
         try:
             metadata = admin.list_topics(timeout=2)
-        except Exception:  # KafkaException while the broker is still registering
+        except Exception:  # noqa: BLE001 - KafkaException while the broker is still registering
             return False
         return bool(metadata.brokers)
 

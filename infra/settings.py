@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -33,6 +33,7 @@ PERSISTED_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 def _default_cache() -> Path:
+    """~/.cache/chatpipe"""
     return Path.home() / ".cache" / "chatpipe"
 
 
@@ -43,7 +44,7 @@ class StackSettings(BaseSettings):
     ``CHATPIPE_KAFKA_PORT``, ...).
     """
 
-    model_config = SettingsConfigDict(env_prefix="CHATPIPE_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="CHATPIPE_", frozen=True, extra="ignore", populate_by_name=True)
 
     state_dir: Path = Field(Path(".chatpipe"), description="Broker data, logs and pid file")
     cache_dir: Path = Field(default_factory=_default_cache,
@@ -58,9 +59,15 @@ class StackSettings(BaseSettings):
     java: str = Field("java", description="Java 17+ executable")
     mvn: str = Field("mvn", description="Maven executable used once to fetch the broker jars")
     gateway_port: int = Field(8000, ge=1, le=65535, description="Gateway HTTP port (OpenAI API, /healthz)")
-    worker_metrics_port: int = Field(9464, ge=1, le=65535, description="Inference worker's /metrics port")
-    streams_metrics_port: int = Field(9474, ge=1, le=65535, description="Streams worker's /metrics port (worker n: "
-                                                                        "+ n - 1)")
+    # The first port of a range the stack hands its workers (worker n: + n - 1), on by default: not the
+    # worker's own CHATPIPE_WORKER_METRICS_PORT / CHATPIPE_STREAMS_METRICS_PORT (one port, 0 = off).
+    worker_metrics_port: int = Field(
+        9464, ge=1, le=65535, validation_alias=AliasChoices("CHATPIPE_STACK_WORKER_METRICS_PORT"),
+        description="Inference worker's /metrics port (worker n: + n - 1)")
+    streams_metrics_port: int = Field(
+        9474, ge=1, le=65535,
+        validation_alias=AliasChoices("CHATPIPE_STACK_STREAMS_METRICS_PORT"),
+        description="Streams worker's /metrics port (worker n: + n - 1)")
     topic_prefix: str = Field("", description="Topic name prefix of every service of the stack")
     kafka_security: Literal["plaintext", "sasl_ssl"] = Field(
         "plaintext", description="Client listener of the one-broker stack: plaintext, or sasl_ssl (SCRAM-SHA-512 "
@@ -90,7 +97,8 @@ class StackSettings(BaseSettings):
     jaeger_ui_source: Path | None = Field(None, description="A jaeger-ui checkout (tag matching Jaeger) or its "
                                                             "built assets, for the Jaeger UI; none: the query "
                                                             "API only, the UI page is Jaeger's placeholder")
-    start_timeout_s: float = Field(90.0, gt=0, description="How long `up` waits for the broker to answer")
+    start_timeout_s: float = Field(120.0, gt=0, description="How long starting Kafka waits for the broker (every "
+                                   "node of a cluster) to answer")
     service_start_timeout_s: float = Field(
         300.0, gt=0, description="How long `up` waits for one service (streams, inference, gateway) to be healthy; "
                                  "the first start loads models on a busy machine")

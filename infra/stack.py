@@ -186,6 +186,7 @@ class LocalStack:
         tracing = {"CHATPIPE_TRACING_FILE_DIR": str(self.settings.state_dir.resolve() / "traces")}
         if self.settings.observability:
             tracing["CHATPIPE_TRACING_OTLP_ENDPOINT"] = backends.otlp_endpoint(self.settings)
+        # A child's environment: _service_spec starts every service with os.environ, whose own value is kept.
         env.update({k: v for k, v in tracing.items() if k not in os.environ})
         if name is not None and name != KAFKA and self.broker_security is not None:
             env.update(self.broker_security.client_env(SERVICE_USERS[kind_of(name)]))

@@ -11,12 +11,11 @@ drain times a container will really have.
 
 from __future__ import annotations
 
-import os
-from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Mapping, TypeVar
 
 from pydantic import AliasChoices
-from pydantic_settings import BaseSettings
+from pydantic_settings import BaseSettings, DotEnvSettingsSource, EnvSettingsSource
+from pydantic_settings.sources.utils import parse_env_vars
 
 from k8s.values import Resources, Values, Volume
 from schemas.requests import CONTEXT_TOKENS_ENV
@@ -28,6 +27,9 @@ KAFKA_PLAIN_PORT = 9092
 KAFKA_TLS_PORT = 9093
 KAFKA_USER_MOUNT = "/etc/chatpipe/kafka-user"  # the KafkaUser's Secret (key: password)
 KAFKA_CA_MOUNT = "/etc/chatpipe/kafka-ca"  # the cluster CA's Secret (key: ca.crt)
+
+
+S = TypeVar("S", bound=BaseSettings)
 
 
 class RenderError(ValueError):
@@ -101,34 +103,35 @@ def check_env(env: Iterable[str], classes: Iterable[type[BaseSettings]], service
                           f"its settings ({', '.join(c.__name__ for c in classes)})")
 
 
-@contextmanager
-def only_env(env: dict[str, str]) -> Iterator[None]:
-    """The process environment holding exactly ``env`` among ``CHATPIPE_*`` variables (restored after)."""
-    saved = {k: v for k, v in os.environ.items() if k.upper().startswith("CHATPIPE_")}
-    for k in saved:
-        del os.environ[k]
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k in env:
-            os.environ.pop(k, None)
-        os.environ.update(saved)
+def settings_from_env(cls: type[S], env: Mapping[str, str], **values: Any) -> S:
+    """``cls`` as a container with the variables ``env`` builds it (the CLI adds no flag for these):
+    ``values`` (init arguments), then ``env``, then the defaults; the process environment of the
+    renderer is never read, so a developer's own ``CHATPIPE_*`` cannot leak into a manifest.
 
+    pydantic-settings reads variables in its ``EnvSettingsSource``s (the class's own, and any it adds in
+    ``settings_customise_sources``, e.g. transport.context_settings' shared context size): each gets
+    ``env`` as its variables instead of ``os.environ``."""
+    mapping = dict(env)
 
-def settings_from_env(cls: type[BaseSettings], env: dict[str, str]) -> BaseSettings:
-    """``cls`` as a container with the variables ``env`` builds it (the CLI adds no flag for these)."""
-    with only_env(env):
-        return cls()
+    def customise_sources(sub, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        sources = cls.settings_customise_sources.__func__(sub, settings_cls, init_settings, env_settings,
+                                                           dotenv_settings, file_secret_settings)
+        for source in sources:
+            if isinstance(source, EnvSettingsSource) and not isinstance(source, DotEnvSettingsSource):
+                source.env_vars = parse_env_vars(mapping, source.case_sensitive, source.env_ignore_empty,
+                                                 source.env_parse_none_str)
+        return sources
+
+    # A subclass of the same name (its validation errors name the class) whose sources read ``mapping``.
+    from_mapping = type(cls.__name__, (cls,), {"__module__": cls.__module__,
+                                               "settings_customise_sources": classmethod(customise_sources)})
+    built = from_mapping(**values)
+    # The same values as an instance of ``cls`` itself (validated above; nothing is read again).
+    return cls.model_construct(_fields_set=built.model_fields_set, **{k: getattr(built, k) for k in cls.model_fields})
 
 
 def env_list(env: dict[str, str]) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in env.items()]
-
-
-def env_values(container: dict[str, Any]) -> dict[str, str]:
-    """The plain ``value`` variables of a rendered container (those from Secrets are left out)."""
-    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
 # --- Kafka --------------------------------------------------------------------------------------------

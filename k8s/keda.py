@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from k8s.common import (RenderError, bootstrap_servers, cluster_ca_secret, env_var, kafka_user, meta, name,
-                              only_env)
+                        settings_from_env)
 from k8s.values import Values
 
 API = "keda.sh/v1alpha1"
@@ -39,8 +39,9 @@ def worker_groups(values: Values):
     from inference.worker.metrics import lag_groups
     from transport.settings import KafkaSettings
 
-    with only_env({}):  # names only: the shell's own CHATPIPE_KAFKA_* (a CA file here) must not count
-        kafka = KafkaSettings(topic_prefix=values.topic_prefix, bootstrap_servers=bootstrap_servers(values))
+    # names only: the shell's own CHATPIPE_KAFKA_* (a CA file here) must not count
+    kafka = settings_from_env(KafkaSettings, {}, topic_prefix=values.topic_prefix,
+                              bootstrap_servers=bootstrap_servers(values))
     return [(g.group, topic, g.kind) for g in lag_groups(kafka, worker_settings(values)) for topic in g.topics]
 
 

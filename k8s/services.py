@@ -264,7 +264,7 @@ def inference_env(values: Values) -> dict[str, str]:
             **kafka_env(values, "inference"), **tracing_env(values), **values.inference.env}
 
 
-GPU_MAX_BATCH = 32  # what the README "GPU" runs measured on one H200 (and capacity/figures.py's GPU curves)
+GPU_MAX_BATCH = 32  # what the docs/benchmarks.md "GPU" runs measured on one H200 (and capacity/figures.py's GPU curves)
 
 
 def _max_batch(values: Values) -> int | None:

@@ -5,7 +5,7 @@ Depends on nothing else of chatpipe's and does no network I/O.
 
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import ChatpipeError, DecodeError, EncodeError, SchemaError, UnknownSchemaError
-from schemas.records import *  # noqa: F401,F403 - the record types are this package's API
+from schemas.records import *  # the record types are this package's API
 from schemas.records import RECORD_TYPES
 from schemas.topics import CATALOG, TopicSpec
 

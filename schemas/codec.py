@@ -153,7 +153,7 @@ class AvroCodec:
         buf.write(plan.header)
         try:
             schemaless_writer(buf, plan.plain, plan.encoder(record))
-        except Exception:  # NotExact, or fastavro refusing a value: the slow path names the culprit
+        except Exception:  # noqa: BLE001 - NotExact, or fastavro refusing a value: the slow path names the culprit
             return self._encode_checked(plan.version, record)
         return buf.getvalue()
 

@@ -142,7 +142,7 @@ class _Compiler:
     def run(self, cls: type) -> dict[str, Any]:
         """Executes the sources written so far; returns the namespace holding the functions."""
         source = "\n\n".join(self.sources)
-        exec(compile(source, f"<chatpipe converters for {cls.__name__}>", "exec"), self.env)  # noqa: S102
+        exec(compile(source, f"<chatpipe converters for {cls.__name__}>", "exec"), self.env)
         return self.env
 
     def _fresh(self, prefix: str) -> str:

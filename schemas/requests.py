@@ -26,7 +26,7 @@ the rest to other requests; its answers (n times max_tokens, with logprobs) also
 one reply stream. ``response_format`` is OpenAI's object (``text``, ``json_object``, ``json_schema``
 with a ``json_schema.schema`` object); records carry it as JSON text of at most 16,384 characters
 (``response_format_text``), which keeps the largest valid record under the broker's limit. Whether
-a schema compiles to a grammar is ``inference.engine.grammar.check_response_format``'s rule (the
+a schema compiles to a grammar is ``formats.response_format.check_response_format``'s rule (the
 gateway runs it; a worker that cannot compile one answers ``invalid_request``).
 
 **The context size** (prompt + answer tokens) is one setting, ``CHATPIPE_CONTEXT_TOKENS``, read by
@@ -37,8 +37,8 @@ of the three names is set they must agree, else every tier refuses to start, nam
 An explicit argument (``--max-seq-len``, ``EngineSettings(max_seq_len=...)``) still wins for that
 process alone.
 
-Pure except ``SharedContextTokens``, the settings source that hands the environment to
-``context_tokens_from_env``.
+Pure: no environment is read here. ``context_tokens_from_env`` takes a mapping; the settings source
+that hands it the environment is ``transport.context_settings.SharedContextTokens``.
 """
 
 from __future__ import annotations
@@ -46,14 +46,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from schemas.errors import ChatpipeError
 
@@ -434,28 +431,3 @@ def context_tokens_from_env(environ: Mapping[str, str]) -> int | None:
         log.warning("%s is deprecated: set %s=%d instead (one context size for streams, the engine and the "
                     "gateway)", " and ".join(old), CONTEXT_TOKENS_ENV, value)
     return value
-
-
-class SharedContextTokens(PydanticBaseSettingsSource):
-    """A pydantic-settings source that gives ``field`` the shared context size (the default when
-    none is set). Placed after the init arguments and before the environment, so an explicit
-    argument wins and the component's own old variable name is read only through the alias rule."""
-
-    def __init__(self, settings_cls: type[BaseSettings], field: str) -> None:
-        super().__init__(settings_cls)
-        self.field = field
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # everything happens in __call__
-
-    def __call__(self) -> dict[str, Any]:
-        value = context_tokens_from_env(os.environ)
-        return {self.field: DEFAULT_CONTEXT_TOKENS if value is None else value}
-
-
-def with_shared_context(field: str, init_settings: Any, env_settings: Any, dotenv_settings: Any,
-                        file_secret_settings: Any, settings_cls: type[BaseSettings]) -> tuple[Any, ...]:
-    """The sources of a settings class whose ``field`` is the shared context size (for its
-    ``settings_customise_sources``)."""
-    return (init_settings, SharedContextTokens(settings_cls, field), env_settings, dotenv_settings,
-            file_secret_settings)

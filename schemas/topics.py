@@ -25,6 +25,10 @@ class TopicSpec:
     # None: decided when the catalog is applied, from the cluster's size (``replication_for``).
     replication_factor: int | None = None
     min_insync_replicas: int | None = None  # copies an acks=all write needs before it is acknowledged
+    # Who writes and who reads the topic, by component name ("gateway", "streams intake", "inference
+    # worker", ...): the data-flow picture (schemas/flow.py, docs/img/data-flow.svg) is drawn from these.
+    producers: tuple[str, ...] = ()
+    consumers: tuple[str, ...] = ()
 
     def config(self) -> dict[str, str]:
         """Topic-level Kafka config this spec manages."""
@@ -37,40 +41,57 @@ class TopicSpec:
 
 CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec("chat.prompts", 6, "conversation_id", "PromptRequest", retention_ms=1 * DAY_MS,
-              doc="Prompts from applications and the gateway."),
+              doc="Prompts from applications and the gateway.",
+              producers=("applications", "gateway"), consumers=("streams intake",)),
     TopicSpec("chat.inference.requests", 6, "conversation_id", "InferenceRequest", retention_ms=1 * DAY_MS,
-              doc="Prompts with assembled context, consumed by inference workers."),
+              doc="Prompts with assembled context, consumed by inference workers.",
+              producers=("streams intake",), consumers=("inference worker",)),
     TopicSpec("chat.inference.requests.batch", 6, "conversation_id", "InferenceRequest", retention_ms=1 * DAY_MS,
-              doc="Requests of priority BATCH; workers take them only when no interactive request waits."),
+              doc="Requests of priority BATCH; workers take them only when no interactive request waits.",
+              producers=("streams intake",), consumers=("inference worker",)),
     TopicSpec("chat.replies", 6, "request_id", "TokenChunk", retention_ms=60 * 60 * 1000,
-              doc="Token chunks; each gateway instance owns one partition (its reply address)."),
+              doc="Token chunks; each gateway instance owns one partition (its reply address).",
+              producers=("inference worker", "streams intake", "streams embeddings"),
+              consumers=("gateway", "applications")),
     TopicSpec("chat.responses", 6, "conversation_id", "Response", retention_ms=7 * DAY_MS,
-              doc="Final answers, one per request."),
+              doc="Final answers, one per request.",
+              producers=("inference worker",), consumers=("streams record",)),
     TopicSpec("chat.turns", 6, "conversation_id", "ConversationTurn", retention_ms=30 * DAY_MS,
-              doc="Completed turns for archive, Spark jobs and analytics."),
+              doc="Completed turns for archive, Spark jobs and analytics.",
+              producers=("streams record",), consumers=("streams archive", "spark jobs", "analytics")),
     TopicSpec("chat.feedback", 6, "conversation_id", "Feedback", retention_ms=30 * DAY_MS,
-              doc="Thumbs, regenerations and edits."),
+              doc="Thumbs, regenerations and edits.",
+              producers=("gateway", "applications"), consumers=("streams archive", "spark jobs", "analytics")),
     # Not compacted: every Deletion stays, in order. It is the source of truth of who was erased
     # (the dataset job and the streams worker read it from the start), and a compacted log keyed by
     # user alone let one tenant's deletion compact away another's (issue 19).
     TopicSpec("chat.deletions", 3, "tenant/user_id", "Deletion", retention_ms=-1,
-              doc="Forget a user or a conversation (key: deletion_key); kept forever, never compacted."),
+              doc="Forget a user or a conversation (key: deletion_key); kept forever, never compacted.",
+              producers=("gateway", "chatpipe forget"),
+              consumers=("streams forget", "inference worker", "spark jobs", "chatpipe forget")),
     # The streams tier's forget agent puts one copy of each Deletion on every partition; partition p is
     # carried out by the streams worker owning the conversations of partition p (streams/forget.py).
     TopicSpec("chat.deletions.fanout", 6, "tenant/user_id", "Deletion", retention_ms=30 * DAY_MS,
-              doc="One copy of each Deletion per conversation partition (streams forget -> its owner)."),
+              doc="One copy of each Deletion per conversation partition (streams forget -> its owner).",
+              producers=("streams forget",), consumers=("streams forget",)),
     TopicSpec("chat.deletions.audit", 3, "user_id", "DeletionAudit", retention_ms=-1,
-              doc="One record per Deletion carried out (streams: forget), kept forever."),
+              doc="One record per Deletion carried out (streams: forget), kept forever.",
+              producers=("streams forget", "inference worker"), consumers=("chatpipe forget",)),
     TopicSpec("chat.cancels", 6, "conversation_id", "Cancel", retention_ms=60 * 60 * 1000,
-              doc="Stop a generation (client went away)."),
+              doc="Stop a generation (client went away).",
+              producers=("gateway",), consumers=("inference worker",)),
     TopicSpec("chat.workers.status", 1, "worker_id", "WorkerStatus", cleanup_policy="compact,delete",
-              retention_ms=1 * DAY_MS, doc="Latest load report per inference worker."),
+              retention_ms=1 * DAY_MS, doc="Latest load report per inference worker.",
+              producers=("inference worker",), consumers=("analytics",)),
     TopicSpec("chat.dlq", 3, "source topic", "DeadLetter", retention_ms=30 * DAY_MS,
-              doc="Everything that could not be decoded or served, with the reason."),
+              doc="Everything that could not be decoded or served, with the reason.",
+              producers=("streams intake", "streams record", "streams forget", "inference worker"),
+              consumers=("spark jobs", "analytics")),
     # POST /v1/embeddings: the streams tier embeds with its memory model and answers on the asker's
     # reply address (an EmbeddingResult on chat.replies.<gateway id>; streams/embedding_requests.py).
     TopicSpec("chat.embeddings.requests", 6, "request_id", "EmbeddingRequest", retention_ms=60 * 60 * 1000,
-              doc="Texts to embed (gateway -> streams); the result goes to the request's reply address."),
+              doc="Texts to embed (gateway -> streams); the result goes to the request's reply address.",
+              producers=("gateway",), consumers=("streams embeddings",)),
 )
 
 BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in CATALOG}

@@ -10,6 +10,6 @@
 Inputs come from Kafka (bounded batch read) or from the Avro archive (``transport/archive.py``
 defines its layout). pyspark is imported only by the modules that build DataFrames;
 ``settings`` and the ``pii``/``filters`` pure-Python halves import without it. Test data
-(``tests/spark/synthetic_log.py``) and the benchmark baseline (``bench/finetune_reference.py``)
+(``chatpipe/testing/synthetic_log.py``) and the benchmark baseline (``bench/finetune_reference.py``)
 live outside this package: they are not part of what a user installs.
 """

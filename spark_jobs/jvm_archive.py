@@ -30,6 +30,8 @@ QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 def _java() -> str | None:
     """The java that pyspark will start: ``$JAVA_HOME/bin/java``, else the first on PATH."""
+    # JAVA_HOME is the JDK's variable, not a chatpipe setting: pyspark's launcher (spark-class) reads it from the
+    # environment it hands the driver JVM, so the java found here is the one that JVM runs only when read the same way.
     home = os.environ.get("JAVA_HOME")
     java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
     return os.path.realpath(java) if java and os.path.exists(java) else None

@@ -52,6 +52,8 @@ FUNCTIONS = {
 
 
 def _javac() -> str | None:
+    # JAVA_HOME is the JDK's variable, not a chatpipe setting: the javac of the JDK pyspark's launcher starts
+    # (it reads JAVA_HOME from the environment, spark_jobs/jvm_archive.py), so the jar targets the JVM that loads it.
     home = os.environ.get("JAVA_HOME")
     if home and (Path(home) / "bin" / "javac").exists():
         return str(Path(home) / "bin" / "javac")
@@ -102,7 +104,7 @@ def register(spark) -> bool:
     try:
         for name, (cls, returns) in FUNCTIONS.items():
             spark.udf.registerJavaFunction(name, cls, _parse_datatype_string(returns))
-    except Exception as exc:  # noqa: BLE001  (py4j/analysis errors: class not on the driver's classpath)
+    except Exception as exc:  # noqa: BLE001 - py4j/analysis errors: class not on the driver's classpath
         log.warning("the project's Java functions are not loadable (%s): using Spark SQL (same results, slower)",
                     str(exc).splitlines()[0][:200])
         return False

@@ -212,7 +212,7 @@ def _luhn_column(candidate):
         F.filter(F.split(F.regexp_replace(candidate, "[^0-9]", ""), ""), lambda s: s != ""),
         lambda s: s.cast("int"),
     ))
-    doubled = lambda i: F.when(digits[i] * 2 > 9, digits[i] * 2 - 9).otherwise(digits[i] * 2)  # noqa: E731
+    doubled = lambda i: F.when(digits[i] * 2 > 9, digits[i] * 2 - 9).otherwise(digits[i] * 2)
     total = F.aggregate(
         F.sequence(F.lit(0), F.size(digits) - 1), F.lit(0),
         lambda acc, i: acc + F.when(i % 2 == 1, doubled(i)).otherwise(digits[i]),

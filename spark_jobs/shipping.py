@@ -112,6 +112,8 @@ def ship_project(spark, conf: dict[str, str], cache_dir: Path, *, submitted: boo
 def under_spark_submit() -> bool:
     """True when spark-submit started this Python process (pyspark's own signal: the JVM is
     already running and left its gateway port in the environment)."""
+    # pyspark's own variable (set by spark-submit for this process, read by pyspark's launch_gateway), not a
+    # setting: asking the environment the same question pyspark asks is the only true answer.
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 

@@ -58,7 +58,7 @@ from streams.metrics import StreamsMetrics
 from streams.record import Record
 from streams.recorded import BrokerEndOffsets, RecordedOffsets
 from streams.refusals import Refusals
-from streams.reply_address import ReplyAddresses
+from transport.reply_address import ReplyAddresses
 from streams.services import StreamsServices
 from streams.table import conversation_table
 from streams.settings import StreamsSettings
@@ -134,7 +134,7 @@ class StreamsApp:
             producer_acks=-1,
             table_standby_replicas=settings.standby_replicas,
         )
-        topic = lambda name: app.topic(kafka.topic(name), **RAW)  # noqa: E731
+        topic = lambda name: app.topic(kafka.topic(name), **RAW)
         # Every write of a key goes to the changelog partition of its conversation id (table.py), the
         # partition its prompts and responses arrive on: co-partitioned, so each of several workers
         # reads and writes only its own keys. Values are JSON dicts (streams/state.py).
@@ -150,7 +150,8 @@ class StreamsApp:
         # A reply topic that does not exist fails within 10 s instead of librdkafka's 5 minutes.
         self.reply_producer = AckedProducer(kafka, codec=services.codec, linger_ms=0, tracer=services.tracer,
                                             extra_config={"message.timeout.ms": 10_000})
-        replies = ReplyAddresses(TopicAdmin(kafka, timeout_s=10.0).topic_partitions, settings.reply_topics_cache_s)
+        replies = ReplyAddresses.of(kafka, TopicAdmin(kafka, timeout_s=10.0).topic_partitions,
+                                    fresh_s=settings.reply_topics_cache_s)
         codec = services.codec
         intake_letters = DeadLetters(dlq, codec, "streams.intake")
         self.refusals = Refusals(intake_letters, retrier, self.reply_producer, replies)

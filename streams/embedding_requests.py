@@ -55,7 +55,7 @@ from streams.dead_letters import DeadLetters, child_headers, event_headers
 from streams.errors import ExpiredRequestError, InvalidReplyAddressError, StreamsError
 from streams.faults import Retrier
 from streams.outbox import Outbox
-from streams.reply_address import ReplyAddresses
+from transport.reply_address import ReplyAddresses
 from transport import tracing
 from transport.acked_producer import AckedProducer
 from transport.errors import DeliveryError

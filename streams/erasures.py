@@ -131,10 +131,12 @@ def read_to_end(kafka: Any, topic: str, on_message: Callable[[Any], None], *, ti
 
     ``progress(n)`` is called every ``progress_every`` messages (long scans, e.g. ``forget --verify``).
     """
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
 
-    consumer = Consumer({**kafka.client_config(), "group.id": "chatpipe-erasure-reader",
-                         "enable.auto.commit": False, "enable.partition.eof": False})
+    from transport import clients
+
+    consumer = clients.consumer(kafka, "chatpipe-erasure-reader",
+                                {"enable.auto.commit": False, "enable.partition.eof": False})
     try:
         try:
             meta = consumer.list_topics(topic, timeout=timeout_s)

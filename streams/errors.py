@@ -2,16 +2,20 @@
 
 A fault of the record (every error here but ``InfrastructureUnavailableError`` and
 ``TokenizerNotFoundError``) becomes a dead letter with its message as the reason; the
-infrastructure's is retried, then stops the process unacknowledged (``streams/faults.py``).
+infrastructure's is retried, then stops the process unacknowledged (``transport/failures.py``,
+``streams/faults.py``).
 """
 
 from __future__ import annotations
 
 from schemas.errors import ChatpipeError
+from transport.failures import Fault, OutageError
 
 
 class StreamsError(ChatpipeError):
-    """Root of the streams tier's errors."""
+    """Root of the streams tier's errors: the record's fault unless a class says otherwise."""
+
+    fault = Fault.RECORD  # transport.failures: dead-lettered and acked
 
 
 class InvalidPromptError(StreamsError):
@@ -33,6 +37,8 @@ class InvalidDeletionError(StreamsError):
 class TokenizerNotFoundError(StreamsError):
     """No chat-model tokenizer where the settings point."""
 
+    fault = Fault.FATAL  # configuration
+
 
 class InvalidReplyAddressError(StreamsError):
     """A PromptRequest whose ``reply_to`` is not a topic on the broker, or whose ``reply_partition``
@@ -43,9 +49,12 @@ class ExpiredRequestError(StreamsError):
     """A PromptRequest taken after its ``deadline_at``: the asker has stopped waiting."""
 
 
-class InfrastructureUnavailableError(StreamsError):
+class InfrastructureUnavailableError(StreamsError, OutageError):
     """Qdrant, the broker or the archive's disk kept failing for the whole retry budget.
 
     Not a fault of any record: the batch in hand is not acknowledged and the process exits
     (``streams.faults.EXIT_INFRASTRUCTURE``), so the batch is read again after the restart.
     """
+
+    fault = Fault.TRANSIENT  # not retried again: its budget is spent (OutageError)
+

@@ -10,10 +10,13 @@ Layout (docs/memory.md):
 
 - **Server mode** (``settings.url``): one collection, cosine distance, keyword payload indexes on
   ``tenant`` (``is_tenant``: Qdrant co-locates each tenant's points), ``user_id`` and
-  ``conversation_id``. Transient failures (connection refused/reset, timeouts, HTTP 5xx, as while
-  a cluster peer dies) are retried with exponential backoff, each retry on the next peer when
-  ``url`` lists several; when retries run out the call raises ``MemoryUnavailableError`` naming
-  the URL(s).
+  ``conversation_id``. A call that fails for a transient reason (``transport.failures.classify``:
+  connection refused/reset, timeouts, HTTP 5xx or 429, as while a cluster peer dies) moves the
+  memory on to the next peer when ``url`` lists several, and is retried by a
+  ``transport.failures.Retrier`` (the budget: ``retries`` waits from ``retry_backoff_s``, doubling,
+  at most 2 s); when it is spent the call raises ``MemoryUnavailableError`` naming the URL(s).
+  ``retry_calls=False`` (the streams tier, whose own ``Retrier`` holds the one budget around
+  every memory call) makes one attempt per call after the collection is set up.
 - **Local mode** (the default, ``QdrantClient(path=...)``): qdrant-client's local mode ignores
   payload indexes and evaluates a filter in Python point by point (~13 us per point here), so one
   collection of 100k turns costs >1 s per recall. Each (tenant, user) pair is therefore hashed to
@@ -27,12 +30,11 @@ with cosine >= ``min_score``; they are re-ranked by
 to the newer turn. Point ids are UUIDv5 of the turn id, so an upsert repeated after a crash
 overwrites instead of duplicating.
 
-Calls block; from asyncio use the ``a*`` wrappers, which run them in a worker thread.
+Calls block: from asyncio, run them in a thread (``StreamsServices.in_memory_thread``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import uuid
@@ -41,14 +43,14 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import numpy as np
 from qdrant_client import QdrantClient, models
-from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+from qdrant_client.http.exceptions import UnexpectedResponse
 
 from schemas.errors import ChatpipeError
 from streams.memory_local import open_files_problem, partition_of, partition_prefix, stored_partitions, tune_storage
 from streams.memory_settings import MemorySettings
+from transport.failures import Fault, Retrier, classify
 
 # Namespace of the point ids: uuid5(_POINT_NAMESPACE, turn_id). Never change it: stored points
 # would no longer be found (and overwritten) by their turn id.
@@ -61,11 +63,16 @@ class ConversationMemoryError(ChatpipeError):
 
 
 class MemoryUnavailableError(ConversationMemoryError):
-    """Qdrant cannot be reached (server down, every retry failed) or the local folder is locked."""
+    """Qdrant cannot be reached (server down, the retry budget spent) or the local folder is locked."""
+
+    fault = Fault.TRANSIENT
 
 
 class MemoryRequestError(ConversationMemoryError):
-    """The Qdrant server refused a request (HTTP 4xx): a bug or a mismatched server, not an outage."""
+    """The Qdrant server refused a request (HTTP 4xx): a bug or a mismatched server, not an outage.
+    Not the record's fault either: the tier retries it, then stops rather than ack."""
+
+    fault = Fault.TRANSIENT
 
 
 class MemoryInputError(ConversationMemoryError):
@@ -119,17 +126,19 @@ def recency_weighted(similarity: float, created_at_ms: int, now_ms: int, half_li
     return similarity * 0.5 ** (age_s / half_life_s)
 
 
-def _transient(exc: BaseException) -> bool:
-    """Worth a retry: the server may answer the same request in a moment."""
-    if isinstance(exc, UnexpectedResponse):
-        return exc.status_code is None or exc.status_code >= 500 or exc.status_code == 429
-    return isinstance(exc, (ResponseHandlingException, httpx.TransportError, ConnectionError, TimeoutError))
+def _budget_s(retries: int, backoff_s: float) -> float:
+    """The time ``retries`` waits take: backoff from ``backoff_s``, doubling, at most ``_MAX_BACKOFF_S``."""
+    return sum(min(backoff_s * 2 ** i, _MAX_BACKOFF_S) for i in range(retries))
+
+
+class _MemoryRetrier(Retrier):
+    error = MemoryUnavailableError
 
 
 class ConversationMemory:
     """Past turns of every tenant and user, in Qdrant local mode or on a Qdrant server/cluster."""
 
-    def __init__(self, settings: MemorySettings, dim: int) -> None:
+    def __init__(self, settings: MemorySettings, dim: int, *, retry_calls: bool = True) -> None:
         if dim < 1:
             raise MemoryInputError(f"vector size must be positive, got {dim}")
         self.settings = settings
@@ -138,7 +147,9 @@ class ConversationMemory:
         self.where = str(settings.path) if self.local else settings.url
         self._lock = threading.RLock()  # local mode's in-process store is not thread-safe
         self._closed = False
-        self.retried = 0  # server calls retried after a transient failure, for logs and tests
+        self.retrier = _MemoryRetrier(_budget_s(settings.retries, settings.retry_backoff_s), settings.retry_backoff_s,
+                                      _MAX_BACKOFF_S)
+        self._retry_calls = True  # setting the collection up retries, whatever retry_calls says
         if self.local:
             if problem := open_files_problem(settings.local_partitions):
                 raise MemoryLayoutError(problem)
@@ -162,6 +173,7 @@ class ConversationMemory:
             except Exception:
                 self.close()
                 raise
+        self._retry_calls = retry_calls
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -267,16 +279,10 @@ class ConversationMemory:
                 for client in self._peers if not self.local else [self._client]:
                     client.close()
 
-    # -- asyncio wrappers: the calls block (disk, network), so they run in a worker thread ---------
-
-    async def aupsert(self, turns: Sequence[StoredTurn], vectors: np.ndarray) -> None:
-        await asyncio.to_thread(self.upsert, turns, vectors)
-
-    async def arecall_many(self, queries: Sequence[RecallQuery]) -> list[list[RecalledTurn]]:
-        return await asyncio.to_thread(self.recall_many, queries)
-
-    async def aforget(self, *, tenant: str, user_id: str, conversation_id: str | None = None) -> int:
-        return await asyncio.to_thread(self.forget, tenant=tenant, user_id=user_id, conversation_id=conversation_id)
+    @property
+    def retried(self) -> int:
+        """Server calls retried after a transient failure (logs and tests)."""
+        return self.retrier.retries
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -367,35 +373,34 @@ class ConversationMemory:
             raise MemoryInputError(f"tenant and user_id must be non-empty (got {tenant!r}, {user_id!r})")
 
     def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``client.<method>(...)``; on a server, transient failures are retried with exponential
-        backoff, each retry on the next listed peer (round robin; one URL = the same peer)."""
+        """``client.<method>(...)``; on a server, within the retry budget unless ``retry_calls`` is off."""
         if self._closed:
             raise MemoryUnavailableError(f"memory at {self.where} is closed")
         if self.local:
             with self._lock:
                 return getattr(self._client, method)(*args, **kwargs)
-        delay, attempts = self.settings.retry_backoff_s, self.settings.retries + 1
-        for attempt in range(attempts):
-            client = self._client
-            try:
-                return getattr(client, method)(*args, **kwargs)
-            except Exception as exc:
-                if not _transient(exc):
-                    if isinstance(exc, UnexpectedResponse):
-                        raise MemoryRequestError(
-                            f"Qdrant at {self.where} refused {what}: HTTP {exc.status_code} "
-                            f"{exc.content[:300].decode(errors='replace')}") from exc
-                    raise
-                if attempt == attempts - 1:
-                    raise MemoryUnavailableError(
-                        f"Qdrant at {self.where} did not answer {what} after {attempts} attempts: {exc}") from exc
-                self.retried += 1
-                with self._lock:  # several threads may fail at once: move on by one peer only
-                    if self._client is client:
-                        self._client = self._peers[(self._peers.index(client) + 1) % len(self._peers)]
-                time.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF_S)
-        raise AssertionError("unreachable")
+        if not self._retry_calls:
+            return self._attempt(what, method, *args, **kwargs)
+        return self.retrier.call_blocking(f"Qdrant at {self.where}: {what}", self._attempt, what, method,
+                                          *args, **kwargs)
+
+    def _attempt(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One call on the current peer; a transient failure moves the next call on to the next listed
+        peer (round robin; one URL = the same peer) and is raised as it is, for the retrier."""
+        client = self._client
+        try:
+            return getattr(client, method)(*args, **kwargs)
+        except Exception as exc:
+            if classify(exc) is not Fault.TRANSIENT:
+                if isinstance(exc, UnexpectedResponse):
+                    raise MemoryRequestError(
+                        f"Qdrant at {self.where} refused {what}: HTTP {exc.status_code} "
+                        f"{exc.content[:300].decode(errors='replace')}") from exc
+                raise
+            with self._lock:  # several threads may fail at once: move on by one peer only
+                if self._client is client:
+                    self._client = self._peers[(self._peers.index(client) + 1) % len(self._peers)]
+            raise
 
 
 def _filter(tenant: str, user_id: str, conversation_id: str | None) -> models.Filter:

@@ -46,11 +46,12 @@ class BrokerEndOffsets:
         self._thread.submit(self._ends, [0])
 
     def _ends(self, partitions: list[int]) -> dict[int, int]:
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
+
+        from transport import clients
 
         if self._consumer is None:  # made in its thread (the warm-up call): librdkafka clients stay in one
-            self._consumer = Consumer({**self.kafka.client_config(), "group.id": f"{self.topic}.ends",
-                                       "enable.auto.commit": False})
+            self._consumer = clients.consumer(self.kafka, f"{self.topic}.ends", {"enable.auto.commit": False})
         return {p: self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout_s,
                                                         cached=False)[1]
                 for p in partitions}

@@ -30,7 +30,7 @@ from schemas.records import FinishReason, PromptRequest, TokenChunk, now_ms
 from streams.dead_letters import DeadLetters, child_headers
 from streams.errors import ExpiredRequestError, InvalidReplyAddressError
 from streams.faults import Retrier
-from streams.reply_address import ReplyAddresses
+from transport.reply_address import ReplyAddresses
 from transport.acked_producer import AckedProducer
 from transport.errors import DeliveryError
 

@@ -40,7 +40,8 @@ class StreamsServices:
 
         counter = TokenCounter.for_tokenizer(load_chat_tokenizer(tokenizer_folder))
         embedder = Embedder(memory_settings)
-        memory = ConversationMemory(memory_settings, embedder.dim)
+        # retry_calls=False: the agents' Retrier (retry_budget_s) is the one budget around memory calls
+        memory = ConversationMemory(memory_settings, embedder.dim, retry_calls=False)
         return cls(memory=memory, embedder=embedder, counter=counter)
 
     @property

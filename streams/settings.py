@@ -11,7 +11,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.requests import DEFAULT_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS, with_shared_context
+from schemas.requests import DEFAULT_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS
+from transport.context_settings import SHARED_CONTEXT_ENV, with_shared_context
 
 
 class StreamsSettings(BaseSettings):
@@ -44,7 +45,7 @@ class StreamsSettings(BaseSettings):
     archive_batch_size: int = Field(2000, ge=1, description="Most messages per archive write")
     archive_flush_s: float = Field(2.0, gt=0, description="Longest a message waits before it is archived")
     # Context
-    context_tokens: int = Field(DEFAULT_CONTEXT_TOKENS, ge=MIN_CONTEXT_TOKENS,
+    context_tokens: int = Field(DEFAULT_CONTEXT_TOKENS, json_schema_extra=SHARED_CONTEXT_ENV, ge=MIN_CONTEXT_TOKENS,
                                 description="The model's context window (prompt + answer): CHATPIPE_CONTEXT_TOKENS, "
                                             "shared with the engine (schemas/requests.py); "
                                             "CHATPIPE_STREAMS_CONTEXT_TOKENS is its deprecated alias")

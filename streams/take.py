@@ -55,7 +55,7 @@ async def take_while_arriving(stream: Any, max_events: int, within_s: float,
                 room.clear()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - as Faust's noack_take: the stream crashes, the agent sees it
+        except Exception as exc:  # as Faust's noack_take: the stream crashes, the agent sees it
             stream.log.exception("Error adding to take buffer: %r", exc)
             await stream.crash(exc)
         return value

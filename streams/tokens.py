@@ -6,7 +6,7 @@ the chat template adds around each message, so a context can be sized by adding 
 counts (one batched tokenizer call per intake batch) and checked exactly once at the end
 (``prompt_tokens``, the templated prompt as the inference worker will build it).
 
-Counted the way the worker tokenizes (``inference.engine.chat_tokens``, a pure-Python module,
+Counted the way the worker tokenizes (``formats.chat_tokens``, a pure-Python module,
 no torch): message contents as plain text (a control-token look-alike is ordinary tokens), the
 template's markup with its control tokens, so the budget here is the prompt the engine gets.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from inference.engine.chat_tokens import encode_chat
+from formats.chat_tokens import encode_chat
 from schemas.records import ChatMessage
 from streams.errors import TokenizerNotFoundError
 

@@ -8,51 +8,34 @@ Every session uses a fresh topic prefix; ``topic_factory`` makes one-off topics.
 from __future__ import annotations
 
 import itertools
-import random
-import socket
 import uuid
 
 import pytest
 
+from chatpipe.testing.ports import free_port
 from tests.java_partitions import java_partitions  # noqa: F401 - a session fixture for every test module
 
 
-_HANDED_OUT: set[int] = set()
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "java: runs a JVM (the java_partitions fixture: javac and the kafka-clients "
+                            "jar; the `java` fixture of tests/spark/test_jvm_archive.py); `make test-unit` leaves these out")
 
 
-def _free_port() -> int:
-    """A free port, never one this process was handed before: the OS may give a just-closed port
-    again, and a test asking for several (a stack's Kafka, controller and /metrics ports) would then
-    get the same one twice (``chatpipe up`` refused such flags once in CI)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+JAVA_FIXTURES = {"java_partitions", "java"}
 
 
-def free_port_block(n: int) -> int:
-    """The first of ``n`` consecutive free ports (a stack gives its k-th worker ``base + k``), below
-    Linux's ephemeral range (32768-60999): a port picked by binding 0 lies in that range, where
-    any client connection made meanwhile (a Kafka client, another xdist worker's) may take
-    ``base + 1`` before the second worker binds it, as happened once in CI."""
-    rng = random.Random()
-    while True:
-        base = rng.randrange(20000, 32700 - n)
-        socks = []
-        try:
-            for port in range(base, base + n):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
+@pytest.hookimpl(tryfirst=True)  # before -m deselects anything
+def pytest_collection_modifyitems(config, items):
+    """Marks what a test's fixtures need, so that a missing marker cannot put a broker or a JVM into
+    `make test-unit`: a test on the session broker (``kafka_stack``, directly or through another
+    fixture) is ``integration``; one that runs a JVM (``JAVA_FIXTURES``) is ``java``."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if "kafka_stack" in names and item.get_closest_marker("integration") is None:
+            item.add_marker(pytest.mark.integration)
+        if names & JAVA_FIXTURES and item.get_closest_marker("java") is None:
+            item.add_marker(pytest.mark.java)
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +45,7 @@ def kafka_stack(tmp_path_factory):
     from infra.settings import StackSettings
 
     settings = StackSettings(state_dir=tmp_path_factory.mktemp("chatpipe-state"),
-                             kafka_port=_free_port(), controller_port=_free_port())
+                             kafka_port=free_port(), controller_port=free_port())
     kafka = LocalKafka(settings)
     kafka.up()
     yield settings

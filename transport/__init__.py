@@ -16,5 +16,5 @@
 They add what every chatpipe component needs around the raw client (checked delivery, Avro
 records, ``traceparent`` on every hop, dead letters) and nothing else; throughput against a raw
 confluent-kafka loop is measured in ``bench/kafka_io.py``. Helpers only tests and benches need
-(a synchronous producer, a batch consumer) are in ``tests/kafka_helpers/``.
+(a synchronous producer, a batch consumer) are in ``chatpipe/testing/kafka/``.
 """

@@ -14,7 +14,7 @@ thread serves them whenever no sender has for ``SENDER_SERVES_S``, so the event 
 on the broker and a sender without a loop gets its reports too (those of a burst's last records at
 most ``SENDER_SERVES_S`` late). Why not the thread alone: a report's callback needs the GIL, and a
 thread that took it from a busy sender for every report cost a forced switch and two context
-switches a record (per-thread CPU in README "bench/kafka_io.py").
+switches a record (per-thread CPU in docs/benchmarks.md "bench/kafka_io.py").
 
 Idempotence is on (acks=all, no duplicates from retries, order kept per
 partition); ``linger.ms`` is the caller's choice (token chunks are latency-bound, not
@@ -176,7 +176,7 @@ class AckedProducer:
     def _poll(self, timeout_s: float) -> None:
         try:
             self._producer.poll(timeout_s)
-        except Exception:  # noqa: BLE001 - a callback's error must neither reach an unrelated send nor end the thread
+        except Exception:  # a callback's error must neither reach an unrelated send nor end the thread
             log.exception("a delivery report's callback failed")
 
     @property

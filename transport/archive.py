@@ -28,8 +28,6 @@ Layout, one folder per topic and UTC hour of the Kafka record timestamp::
   the folder fsynced (so the rename itself survives a power cut; a new ``date=``/``hour=``
   folder is fsynced into its parent the same way). A reader never sees a partial file, and a
   crash between two files of a write leaves the earlier offsets archived, the later ones not.
-- When the archiver knows an hour is complete it may write an empty ``_SEALED`` file in the
-  folder; readers do not require it.
 
 The ``date=``/``hour=`` names are Hive-style partition folders, so Spark prunes by time range.
 
@@ -145,11 +143,6 @@ def write_messages(root: Path, messages: Iterable[ArchivedMessage]) -> list[Path
         write_file(path, group)
         written.append(path)
     return written
-
-
-def seal_hour(folder: Path) -> None:
-    """Mark an hour folder complete (optional for readers)."""
-    (Path(folder) / "_SEALED").touch()
 
 
 def write_file(path: Path, group: list[ArchivedMessage]) -> None:

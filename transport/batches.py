@@ -3,7 +3,7 @@ GC pause ``pause_gc`` (used by ``GroupConsumer.poll_messages``, the inference wo
 
 A consumer loop allocates at least one Python object per message, and the way it does so decides
 how much time CPython's cyclic garbage collector takes (see ``pause_gc``). Measured in
-``bench/kafka_io.py`` (README, "bench/kafka_io.py").
+``bench/kafka_io.py`` (docs/benchmarks.md, "bench/kafka_io.py").
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class BroadcastListener:
                             self._hand(self._on_undecodable, message, exc)
                         continue
                     self._hand(self._on_record, record)
-        except BaseException as exc:  # noqa: BLE001 - the worker must hear of it and stop
+        except BaseException as exc:  # the worker must hear of it and stop
             log.exception("%s listener failed", self.topic)
             try:
                 self._hand(self._on_failure, exc)

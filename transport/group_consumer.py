@@ -1,7 +1,7 @@
 """A consumer-group consumer for services that finish messages out of order.
 
 A consumer that commits everything polled suits a batch done as a whole (the tests'
-``tests/kafka_helpers.BatchConsumer``). A service with many messages in flight (the inference worker) instead needs:
+``chatpipe.testing.kafka.BatchConsumer``). A service with many messages in flight (the inference worker) instead needs:
 
 - rebalance hooks (``on_assign`` / ``on_revoke`` / ``on_lost``) to stop the work of partitions
   it no longer owns, with the cooperative-sticky protocol so a joining member does not revoke
@@ -13,18 +13,11 @@ One thread owns an instance: librdkafka calls the rebalance hooks (and ``on_comm
 broker's answer to each commit) from inside ``poll_messages``. Decoding is the caller's business
 (raw ``ConsumedMessage``s come out).
 
-Consumer errors, by code (``KafkaError.retriable()`` says False for nearly all of them, e.g.
-``UNKNOWN_TOPIC_OR_PART`` while a topic is recreated, so it cannot decide). ``ShareGroupConsumer``
-uses the same table:
-
-| errors | what happens |
-|---|---|
-| ``_PARTITION_EOF`` | ignored (not an error) |
-| broker unreachable: ``_TRANSPORT``, ``_ALL_BROKERS_DOWN``, ``_RESOLVE``, ``_TIMED_OUT``, ``REQUEST_TIMED_OUT``, ``NETWORK_EXCEPTION``, ``BROKER_NOT_AVAILABLE`` | transient |
-| topic or leader moving: ``UNKNOWN_TOPIC_OR_PART``, ``_UNKNOWN_TOPIC``, ``_UNKNOWN_PARTITION``, ``UNKNOWN_TOPIC_ID``, ``INCONSISTENT_TOPIC_ID``, ``LEADER_NOT_AVAILABLE``, ``NOT_LEADER_FOR_PARTITION``, ``FENCED_LEADER_EPOCH``, ``UNKNOWN_LEADER_EPOCH``, ``REPLICA_NOT_AVAILABLE``, ``OFFSET_NOT_AVAILABLE``, ``KAFKA_STORAGE_ERROR`` | transient |
-| group moving: ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS``, ``REBALANCE_IN_PROGRESS``, ``UNKNOWN_MEMBER_ID``, ``ILLEGAL_GENERATION``, ``FENCED_MEMBER_EPOCH``, ``STALE_MEMBER_EPOCH``, ``_ASSIGNMENT_LOST``, ``_MAX_POLL_EXCEEDED`` (librdkafka rejoins at the next poll; the lost partitions go through ``on_lost``) | transient |
-| share sessions: ``SHARE_SESSION_NOT_FOUND``, ``INVALID_SHARE_SESSION_EPOCH``, ``SHARE_SESSION_LIMIT_REACHED``, ``FETCH_SESSION_ID_NOT_FOUND``, ``INVALID_FETCH_SESSION_EPOCH``; quotas: ``THROTTLING_QUOTA_EXCEEDED`` | transient |
-| ``err.fatal()``; authentication / authorisation (``_AUTHENTICATION``, ``SASL_AUTHENTICATION_FAILED``, ``_SSL``, ``TOPIC_/GROUP_AUTHORIZATION_FAILED``); configuration (``INVALID_GROUP_ID``, ``INCONSISTENT_GROUP_PROTOCOL``: e.g. a share group named like a consumer group, ``GROUP_MAX_SIZE_REACHED``, ``UNSUPPORTED_VERSION``, ``_INVALID_ARG``); a lost position (``OFFSET_OUT_OF_RANGE``, ``_AUTO_OFFSET_RESET``); every code not named above | ``TransportError`` |
+Consumer errors are classified by ``transport.failures.classify`` (the one table of Kafka codes:
+a broker away, a topic or leader moving, the group moving, share sessions, quotas are TRANSIENT;
+``_PARTITION_EOF`` is no error and is dropped; anything else, e.g. authentication, a lost
+position, a fatal error, raises ``TransportError``). ``ShareGroupConsumer`` and ``TailConsumer``
+use the same rule.
 
 A transient error is logged and polled through: librdkafka reconnects, refreshes metadata and
 rejoins by itself. ``ErrorBudget`` bounds it: transient errors that keep coming (each less than
@@ -43,6 +36,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from transport.batches import wrap_batch
 from transport.errors import TransportError
+from transport.failures import Fault, classify
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 from transport.spans import Tracer
@@ -53,30 +47,6 @@ PartitionsHook = Callable[[list[tuple[str, int]]], None]
 # The broker's answer to a commit: {(topic, partition): offset} confirmed, and the same of those
 # that failed.
 CommitHook = Callable[[dict[tuple[str, int], int], dict[tuple[str, int], int]], None]
-
-E = KafkaError
-TRANSIENT_CODES = frozenset({
-    # broker unreachable
-    E._TRANSPORT, E._ALL_BROKERS_DOWN, E._RESOLVE, E._TIMED_OUT, E._TIMED_OUT_QUEUE, E.REQUEST_TIMED_OUT,
-    E.NETWORK_EXCEPTION, E.BROKER_NOT_AVAILABLE,
-    # a topic recreated, a leader moving
-    E.UNKNOWN_TOPIC_OR_PART, E._UNKNOWN_TOPIC, E._UNKNOWN_PARTITION, E.UNKNOWN_TOPIC_ID, E.INCONSISTENT_TOPIC_ID,
-    E.LEADER_NOT_AVAILABLE, E.NOT_LEADER_FOR_PARTITION, E.FENCED_LEADER_EPOCH, E.UNKNOWN_LEADER_EPOCH,
-    E.REPLICA_NOT_AVAILABLE, E.OFFSET_NOT_AVAILABLE, E.KAFKA_STORAGE_ERROR,
-    # the group moving (librdkafka rejoins by itself)
-    E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS, E.REBALANCE_IN_PROGRESS,
-    E.UNKNOWN_MEMBER_ID, E.ILLEGAL_GENERATION, E.FENCED_MEMBER_EPOCH, E.STALE_MEMBER_EPOCH, E._ASSIGNMENT_LOST,
-    E._MAX_POLL_EXCEEDED,
-    # share sessions, quotas
-    E.SHARE_SESSION_NOT_FOUND, E.INVALID_SHARE_SESSION_EPOCH, E.SHARE_SESSION_LIMIT_REACHED,
-    E.FETCH_SESSION_ID_NOT_FOUND, E.INVALID_FETCH_SESSION_EPOCH, E.THROTTLING_QUOTA_EXCEEDED,
-})
-
-
-def is_transient(err: KafkaError) -> bool:
-    """True for a consumer error worth polling through (see the table in the module docstring)."""
-    return not err.fatal() and err.code() in TRANSIENT_CODES
-
 
 class ErrorBudget:
     """How long transient consumer errors may go on before they count as the infrastructure away.
@@ -110,10 +80,10 @@ class ErrorBudget:
 
     def check(self, where: str, err: KafkaError) -> None:
         """Pass a transient ``err`` (within the budget); raise ``TransportError`` for any other."""
-        if is_transient(err):
+        if classify(err) is Fault.TRANSIENT:
             self.transient(where, err)
         else:
-            raise TransportError(f"{where}: {err.name()} ({err.str()})")
+            raise TransportError(f"{where}: {err.name()} ({err.str()})") from KafkaException(err)
 
 
 def messages_of(raw: list, errors: ErrorBudget, where: Callable[[Any], str],

@@ -248,7 +248,7 @@ class LagMonitor:
                 self.latest = [TopicLag(g.group, t, None, None) for g in self.groups for t in g.topics]
             try:
                 self.on_update(self.latest)
-            except Exception:  # noqa: BLE001 - a metrics callback must not end the thread
+            except Exception:  # a metrics callback must not end the thread
                 log.exception("lag callback failed")
             self._stop.wait(self.interval_s)
         if reader is not None:

@@ -20,16 +20,19 @@ import time
 from typing import Any
 
 from transport import spans
+from transport.log_settings import FORMATS, LogSettings  # noqa: F401 - FORMATS: re-exported
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-FORMATS = ("text", "json")
 
 
 def log_format() -> str:
-    value = os.environ.get("CHATPIPE_LOG_FORMAT", "text").strip().lower() or "text"
-    if value not in FORMATS:
-        raise ValueError(f"CHATPIPE_LOG_FORMAT={value!r}: expected one of {', '.join(FORMATS)}")
-    return value
+    """``CHATPIPE_LOG_FORMAT`` (LogSettings): text or json; another value is a ValueError naming both."""
+    from pydantic import ValidationError
+
+    try:
+        return LogSettings().format
+    except ValidationError as exc:
+        raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
 
 
 class JsonFormatter(logging.Formatter):

@@ -52,6 +52,6 @@ class OidcTokenProvider(AbstractTokenProvider):
         request = urllib.request.Request(
             k.sasl_oauth_token_url, data=urllib.parse.urlencode(form).encode(), method="POST",
             headers={"Authorization": f"Basic {basic}", "Content-Type": "application/x-www-form-urlencoded"})
-        with urllib.request.urlopen(request, timeout=self._timeout_s) as response:  # noqa: S310 - a configured URL
+        with urllib.request.urlopen(request, timeout=self._timeout_s) as response:  # a configured URL
             body = json.loads(response.read())
         return body["access_token"], float(body.get("expires_in", 300))

@@ -8,7 +8,8 @@
   (``capacity/simulate.py``); prints replicas over time, queue wait p50/p99 and GPU-hours.
 
 Every flag is a field of a settings object (``capacity/settings.py``, ``CapacitySettings``), with its
-``CHATPIPE_CAPACITY_*`` variable; the flags are built from the fields, so the help texts are theirs.
+``CHATPIPE_CAPACITY_*`` variable; the flags are built from the fields (``chatpipe/options.py``), so the
+help texts, variables and defaults are theirs.
 docs/deploy.md "Autoscaling" and "Capacity" explain the rules and the figures.
 """
 
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any, Callable, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
 from chatpipe.commands.common import build_settings, console
+from chatpipe.options import option
 
 _FIELDS_CACHE: dict[type, list[inspect.Parameter]] = {}
 
@@ -32,20 +34,17 @@ def _flag_params(cls) -> list[inspect.Parameter]:
     params = []
     for name, info in cls.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        env = f"CHATPIPE_CAPACITY_{name.upper()}"
-        default = info.default
         annotation = info.annotation
         choices = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
-        help_ = f"{info.description} [env {env}; default {default}]"
+        help_ = f"{info.description} ({' | '.join(choices)})" if choices else None
         if annotation is bool:
-            option = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_, show_default=False)
             kind: Any = Optional[bool]
+            flag = f"{flag}/--no-{flag[2:]}"
         else:
             kind = {int: Optional[int], float: Optional[float]}.get(annotation, Optional[str])
-            if choices:
-                help_ = f"{info.description} ({' | '.join(choices)}) [env {env}; default {default}]"
-            option = typer.Option(None, flag, help=help_, show_default=False)
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
+        # help, variable and default from the field (chatpipe/options.py)
+        annotated = Annotated[kind, option(cls, name, flag, help=help_, show_default=False)]
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotated))
     _FIELDS_CACHE[cls] = params
     return params
 

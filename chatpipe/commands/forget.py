@@ -55,19 +55,18 @@ def forget(
 
 
 def _produce(kafka, user: str, tenant: str, conversation: str | None, reason: str) -> None:
-    from confluent_kafka import Producer
-
     from schemas.codec import default_codec
     from schemas.errors import ChatpipeError
     from schemas.records import Deletion, DeletionScope
     from schemas.topics import DELETIONS, deletion_key
+    from transport import clients
     from transport.partitioning import LIBRDKAFKA_PARTITIONER
 
     scope = DeletionScope.CONVERSATION if conversation else DeletionScope.USER
     deletion = Deletion(scope=scope, tenant=tenant, user_id=user, conversation_id=conversation, reason=reason)
     outcome: list = []
-    producer = Producer({**kafka.client_config(), "acks": "all", "enable.idempotence": True,
-                         "message.timeout.ms": 30_000, "partitioner": LIBRDKAFKA_PARTITIONER})
+    producer = clients.producer(kafka, {"acks": "all", "enable.idempotence": True, "message.timeout.ms": 30_000,
+                                        "partitioner": LIBRDKAFKA_PARTITIONER})
     topic = kafka.topic(DELETIONS)
     producer.produce(topic, default_codec().encode(deletion), deletion_key(tenant, user),
                      on_delivery=lambda err, _msg: outcome.append(err))

@@ -7,30 +7,32 @@ variables, loads the model, and runs ``inference.worker.Worker`` until SIGTERM /
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import (KafkaSaslMechanism, KafkaSaslPasswordFile, KafkaSaslUsername,
+from chatpipe.commands.common import (BootstrapServers, KafkaSaslMechanism, KafkaSaslPasswordFile, KafkaSaslUsername,
                                       KafkaSecurityProtocol, KafkaSslCaFile, KafkaSslCertFile, KafkaSslKeyFile,
-                                      build_settings, check_kafka, kafka_settings, print_error)
+                                      TopicPrefix, build_settings, check_kafka, kafka_settings, print_error)
+from chatpipe.commands.engine import Device, KvCacheTokens, MaxBatch, MaxSeqLen, Model
+from chatpipe.options import option
+from inference.worker.settings import WorkerSettings  # pydantic only: the flags are made from its fields
 
 
 def inference(
-    intake: Annotated[Optional[str], typer.Option("--intake", help="partition (consumer group, default) or share (share group) [env CHATPIPE_WORKER_INTAKE]")] = None,
-    bootstrap_servers: Annotated[Optional[str], typer.Option("--bootstrap-servers", "-b", help="Kafka host:port [env CHATPIPE_BOOTSTRAP_SERVERS]")] = None,
-    topic_prefix: Annotated[Optional[str], typer.Option("--topic-prefix", help="Prefix of every topic [env CHATPIPE_TOPIC_PREFIX]")] = None,
-    group_id: Annotated[Optional[str], typer.Option("--group-id", help="Consumer/share group [env CHATPIPE_WORKER_GROUP_ID]")] = None,
-    worker_id: Annotated[Optional[str], typer.Option("--worker-id", help="Name in answers and heartbeats [env CHATPIPE_WORKER_WORKER_ID]")] = None,
-    max_in_flight: Annotated[Optional[int], typer.Option("--max-in-flight", help="Requests taken at once; 0 = 2 x max batch")] = None,
-    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", help="Prometheus /metrics port; 0 = off")] = None,
-    grace_s: Annotated[Optional[float], typer.Option("--grace-s", help="On SIGTERM, time to finish in-flight requests")] = None,
-    model: Annotated[Optional[Path], typer.Option("--model", help="HF model folder or .gguf (default: pulled model)")] = None,
-    device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, auto [env CHATPIPE_DEVICE]")] = None,
-    max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Most requests running at once [env CHATPIPE_MAX_BATCH]")] = None,
-    kv_cache_tokens: Annotated[Optional[int], typer.Option("--kv-cache-tokens", help="KV cache budget [env CHATPIPE_KV_CACHE_TOKENS]")] = None,
-    max_seq_len: Annotated[Optional[int], typer.Option("--max-seq-len", help="Most tokens per request [env CHATPIPE_MAX_SEQ_LEN]")] = None,
+    intake: Annotated[Optional[str], option(WorkerSettings, "intake")] = None,
+    bootstrap_servers: BootstrapServers = None,
+    topic_prefix: TopicPrefix = None,
+    group_id: Annotated[Optional[str], option(WorkerSettings, "group_id")] = None,
+    worker_id: Annotated[Optional[str], option(WorkerSettings, "worker_id")] = None,
+    max_in_flight: Annotated[Optional[int], option(WorkerSettings, "max_in_flight")] = None,
+    metrics_port: Annotated[Optional[int], option(WorkerSettings, "metrics_port")] = None,
+    grace_s: Annotated[Optional[float], option(WorkerSettings, "grace_s")] = None,
+    model: Model = None,
+    device: Device = None,
+    max_batch: MaxBatch = None,
+    kv_cache_tokens: KvCacheTokens = None,
+    max_seq_len: MaxSeqLen = None,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING")] = "INFO",
     kafka_security_protocol: KafkaSecurityProtocol = None,
     kafka_sasl_mechanism: KafkaSaslMechanism = None,
@@ -41,7 +43,7 @@ def inference(
     kafka_ssl_key_file: KafkaSslKeyFile = None,
 ) -> None:
     """Serve InferenceRequests from Kafka with the local engine until SIGTERM."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
     import asyncio
     import signal
 
@@ -49,7 +51,6 @@ def inference(
     from inference.engine.errors import EngineError
     from inference.engine.model_store import load_model
     from inference.engine.settings import DEFAULT_MODEL_NAME, EngineSettings
-    from inference.worker.settings import WorkerSettings
     from inference.worker.worker import Worker
     from transport import spans
     from transport.logs import configure_logging

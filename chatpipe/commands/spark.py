@@ -12,30 +12,28 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from chatpipe.commands.common import build_settings, console, err_console
-
-if TYPE_CHECKING:
-    from infra.spark_cluster_settings import SparkClusterSettings
+from chatpipe.options import option
+from infra.spark_cluster_settings import SparkClusterSettings  # pydantic only: the flags are made from its fields
+from spark_jobs.settings import SparkSettings
 
 spark_app = typer.Typer(help="A Spark standalone cluster (master + workers) on this machine, and spark-submit.",
                         no_args_is_help=True)
 
-StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="State folder [env CHATPIPE_STATE_DIR; default .chatpipe]")]
-Workers = Annotated[Optional[int], typer.Option("--workers", "-n", help="Number of workers [env CHATPIPE_SPARK_WORKERS; default 2]")]
-Cores = Annotated[Optional[int], typer.Option("--worker-cores", help="Cores per worker [env CHATPIPE_SPARK_WORKER_CORES; default 1]")]
-Memory = Annotated[Optional[str], typer.Option("--worker-memory", help="Memory per worker, e.g. 1g [env CHATPIPE_SPARK_WORKER_MEMORY; default 1g]")]
-Port = Annotated[Optional[int], typer.Option("--port", help="Master port; 0 = a free one [env CHATPIPE_SPARK_MASTER_PORT; default 0]")]
-WebPort = Annotated[Optional[int], typer.Option("--webui-port", help="Master web UI port; 0 = a free one [env CHATPIPE_SPARK_WEBUI_PORT; default 0]")]
+StateDir = Annotated[Optional[Path], option(SparkClusterSettings, "state_dir", help="State folder")]
+Workers = Annotated[Optional[int], option(SparkClusterSettings, "spark_workers", "--workers", "-n")]
+Cores = Annotated[Optional[int], option(SparkClusterSettings, "spark_worker_cores", "--worker-cores")]
+Memory = Annotated[Optional[str], option(SparkClusterSettings, "spark_worker_memory", "--worker-memory")]
+Port = Annotated[Optional[int], option(SparkClusterSettings, "spark_master_port", "--port")]
+WebPort = Annotated[Optional[int], option(SparkClusterSettings, "spark_webui_port", "--webui-port")]
 
 
 def _settings(state_dir=None, workers=None, cores=None, memory=None, port=None, webui_port=None) -> "SparkClusterSettings":
-    from infra.spark_cluster_settings import SparkClusterSettings
-
     return build_settings(SparkClusterSettings, state_dir=state_dir, spark_workers=workers, spark_worker_cores=cores,
                           spark_worker_memory=memory, spark_master_port=port, spark_webui_port=webui_port)
 
@@ -120,7 +118,9 @@ def url(state_dir: StateDir = None) -> None:
 def submit(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(help="finetune-dataset | usage-report")],
-    master: Annotated[Optional[str], typer.Option("--master", help="Spark master [default: the cluster of chatpipe spark up in the state folder if it runs, else local[*]]")] = None,
+    master: Annotated[Optional[str], option(
+        SparkSettings, "master", help="Spark master URL: local[*], spark://..., yarn, k8s://...; neither flag nor "
+        "variable given: the cluster of chatpipe spark up in the state folder if it runs, else the default")] = None,
     print_only: Annotated[bool, typer.Option("--print", help="Print the spark-submit command instead of running it")] = False,
     state_dir: StateDir = None,
 ) -> None:
@@ -130,15 +130,16 @@ def submit(
 
     from infra.spark_cluster import SparkCluster, spark_home
     from spark_jobs.session import session_conf
-    from spark_jobs.settings import SparkSettings
     from spark_jobs.shipping import job_script, shell_line, submit_command
 
     job_script(job)  # an unknown job fails here, before any jar is looked for
-    if master is None:
-        master = SparkCluster(_settings(state_dir)).master_url() or "local[*]"
-        err_console.print(f"master: {master}")
     spark_s = build_settings(SparkSettings, master=master)
-    cmd = submit_command(job, master, list(ctx.args), session_conf(spark_s), spark_home())
+    if "master" not in spark_s.model_fields_set:  # no --master, no CHATPIPE_SPARK_MASTER: a running cluster first
+        running = SparkCluster(_settings(state_dir)).master_url()
+        if running:
+            spark_s = spark_s.model_copy(update={"master": running})
+        err_console.print(f"master: {spark_s.master}")
+    cmd = submit_command(job, spark_s.master, list(ctx.args), session_conf(spark_s), spark_home())
     env = {"SPARK_HOME": str(spark_home())}  # this pyspark's Spark, whatever SPARK_HOME the shell has
     if print_only:
         print(shell_line(cmd, env))

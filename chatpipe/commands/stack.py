@@ -19,8 +19,8 @@ StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="State fol
 KafkaPort = Annotated[Optional[int], typer.Option("--kafka-port", help="Broker client port [env CHATPIPE_KAFKA_PORT; default 9092]")]
 ControllerPort = Annotated[Optional[int], typer.Option("--controller-port", help="KRaft controller port [env CHATPIPE_CONTROLLER_PORT; default 9093]")]
 GatewayPort = Annotated[Optional[int], typer.Option("--gateway-port", help="Gateway HTTP port [env CHATPIPE_GATEWAY_PORT; default 8000]")]
-MetricsPort = Annotated[Optional[int], typer.Option("--worker-metrics-port", help="Inference worker /metrics port [env CHATPIPE_WORKER_METRICS_PORT; default 9464]")]
-StreamsMetricsPort = Annotated[Optional[int], typer.Option("--streams-metrics-port", help="Streams worker /metrics port; worker n's on it + n - 1 [env CHATPIPE_STREAMS_METRICS_PORT; default 9474]")]
+MetricsPort = Annotated[Optional[int], typer.Option("--worker-metrics-port", help="Inference worker /metrics port [env CHATPIPE_STACK_WORKER_METRICS_PORT; default 9464]")]
+StreamsMetricsPort = Annotated[Optional[int], typer.Option("--streams-metrics-port", help="Streams worker /metrics port; worker n's on it + n - 1 [env CHATPIPE_STACK_STREAMS_METRICS_PORT; default 9474]")]
 Brokers = Annotated[Optional[int], typer.Option("--brokers", help="Kafka nodes: 1 = one broker; 3 = a KRaft cluster (nodes on CHATPIPE_CLUSTER_BASE_PORT, default 9192-9197; catalog replicated 3 ways, min.insync.replicas 2) [env CHATPIPE_BROKERS; default 1]")]
 QdrantUrl = Annotated[Optional[str], typer.Option("--qdrant-url", help="Qdrant server URL(s) for the streams worker's memory, instead of local mode in <state>/qdrant; kept with the state folder, '' goes back to local mode [env CHATPIPE_QDRANT_URL; default: local mode]")]
 StreamsWorkers = Annotated[Optional[int], typer.Option("--streams-workers", help="Streams worker processes (streams, streams-2, ...), one consumer group; more than 1 needs --qdrant-url; kept with the state folder, a smaller number stops the surplus [env CHATPIPE_STREAMS_WORKERS; default 1]")]
@@ -95,9 +95,14 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
     with console.status(f"starting Kafka on {stack.bootstrap_servers} (first run fetches jars with mvn)...") as spinner:
 
         def on_topics(changes):
-            console.print(f"  topic catalog applied: {len(changes)} change(s)")
+            # Creations as a count (their configs are the catalog's: `chatpipe topics list` shows them);
+            # any other change, one line each, never wrapped into the next.
+            created = sum(1 for change in changes if change.action == "create")
+            console.print(f"  topic catalog applied: {len(changes)} change(s)"
+                          + (f" ({created} topic(s) created; `chatpipe topics list` shows them)" if created else ""))
             for change in changes:
-                console.print(f"    {change.action:15} {change.topic}  {change.detail}")
+                if change.action != "create":
+                    console.print(f"    {change.action:15} {change.topic}  {change.detail}", markup=False, soft_wrap=True)
 
         def on_wait(pending, seconds):
             waiting = ", ".join(f"{name} ({why})" for name, why in pending.items())

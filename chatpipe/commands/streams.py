@@ -15,27 +15,28 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import (KafkaSaslMechanism, KafkaSaslPasswordFile, KafkaSaslUsername,
-                                      KafkaSecurityProtocol, KafkaSslCaFile, KafkaSslCertFile, KafkaSslKeyFile)
+from chatpipe.commands.common import (BootstrapServers, KafkaSaslMechanism, KafkaSaslPasswordFile, KafkaSaslUsername,
+                                      KafkaSecurityProtocol, KafkaSslCaFile, KafkaSslCertFile, KafkaSslKeyFile,
+                                      TopicPrefix)
+from chatpipe.options import option
+from streams.memory_settings import MemorySettings  # pydantic only: the flags are made from its fields
+from streams.settings import StreamsSettings
 
 
 def streams(
-    bootstrap_servers: Optional[str] = typer.Option(None, help="Kafka host:port (env CHATPIPE_BOOTSTRAP_SERVERS)"),
-    topic_prefix: Optional[str] = typer.Option(None, help="Topic name prefix (env CHATPIPE_TOPIC_PREFIX)"),
-    state_dir: Optional[Path] = typer.Option(None, help="Faust data folder (env CHATPIPE_STREAMS_STATE_DIR)"),
-    archive_dir: Optional[Path] = typer.Option(None, help="Avro archive root (env CHATPIPE_STREAMS_ARCHIVE_DIR)"),
-    memory_path: Optional[Path] = typer.Option(None, help="Qdrant local-mode folder (env CHATPIPE_MEMORY_PATH)"),
-    qdrant_url: Optional[str] = typer.Option(None, help="Qdrant server URL instead of local mode "
-                                                        "(env CHATPIPE_MEMORY_URL)"),
-    tokenizer: Optional[Path] = typer.Option(None, help="Chat model folder for its tokenizer "
-                                                        "(env CHATPIPE_STREAMS_TOKENIZER_PATH)"),
-    log_level: Optional[str] = typer.Option(None, help="debug|info|warning (env CHATPIPE_STREAMS_LOG_LEVEL)"),
-    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Prometheus /metrics port; 0 = off "
-                                                                            "(env CHATPIPE_STREAMS_METRICS_PORT)"),
+    bootstrap_servers: BootstrapServers = None,
+    topic_prefix: TopicPrefix = None,
+    state_dir: Annotated[Optional[Path], option(StreamsSettings, "state_dir")] = None,
+    archive_dir: Annotated[Optional[Path], option(StreamsSettings, "archive_dir")] = None,
+    memory_path: Annotated[Optional[Path], option(MemorySettings, "path", "--memory-path")] = None,
+    qdrant_url: Annotated[Optional[str], option(MemorySettings, "url", "--qdrant-url")] = None,
+    tokenizer: Annotated[Optional[Path], option(StreamsSettings, "tokenizer_path", "--tokenizer")] = None,
+    log_level: Annotated[Optional[str], option(StreamsSettings, "log_level")] = None,
+    metrics_port: Annotated[Optional[int], option(StreamsSettings, "metrics_port")] = None,
     kafka_security_protocol: KafkaSecurityProtocol = None,
     kafka_sasl_mechanism: KafkaSaslMechanism = None,
     kafka_sasl_username: KafkaSaslUsername = None,
@@ -49,14 +50,12 @@ def streams(
     Exits 75 when an outage outlasts the retry budget (restart it: nothing was acknowledged), 70 on a bug.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local folders only
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # for tokenizers (read by it): no fork warning
     from chatpipe.commands.common import build_settings, check_kafka, kafka_settings
     from inference.engine.model_store import locate_model
     from inference.engine.settings import EngineSettings
     from streams.app import StreamsApp, run_worker
-    from streams.memory_settings import MemorySettings
     from streams.services import StreamsServices
-    from streams.settings import StreamsSettings
     from transport.logs import configure_logging
 
     kafka = kafka_settings(bootstrap_servers, topic_prefix, security_protocol=kafka_security_protocol,

@@ -8,11 +8,13 @@ import typer
 from rich.table import Table
 
 from chatpipe.commands.common import build_settings, console
+from chatpipe.options import option
+from transport.settings import KafkaSettings  # pydantic only: the flags are made from its fields
 
 topics_app = typer.Typer(help="Create and inspect the catalog's topics.", no_args_is_help=True)
 
-Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap-servers", "-b", help="Kafka host:port [env CHATPIPE_BOOTSTRAP_SERVERS; default 127.0.0.1:9092]")]
-Prefix = Annotated[Optional[str], typer.Option("--topic-prefix", help="Prefix for every topic name [env CHATPIPE_TOPIC_PREFIX]")]
+Bootstrap = Annotated[Optional[str], option(KafkaSettings, "bootstrap_servers", "--bootstrap-servers", "-b")]
+Prefix = Annotated[Optional[str], option(KafkaSettings, "topic_prefix")]
 
 
 def _admin(bootstrap_servers, topic_prefix):

@@ -7,20 +7,23 @@ the gateway returns in its ``x-request-id`` header (and every record of the requ
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import err_console, print_error
+from chatpipe.commands.common import build_settings, err_console, print_error
+from chatpipe.options import option
+from clients.settings import ClientSettings  # pydantic only: the flags are made from its fields
+from transport.spans import TracingSettings
 
 
 def trace(
     request_id: Annotated[str, typer.Argument(help="The request's id (the gateway's x-request-id header, "
                                                    "request_id on every record)")],
-    state_dir: Annotated[Optional[Path], typer.Option("--state-dir", help="State folder whose traces/ to read [env CHATPIPE_STATE_DIR; default .chatpipe]")] = None,
-    traces_dir: Annotated[Optional[Path], typer.Option("--traces-dir", help="Read span files from this folder instead [env CHATPIPE_TRACING_FILE_DIR]")] = None,
+    state_dir: Annotated[Optional[Path], option(ClientSettings, "state_dir", help="State folder whose traces/ to read")] = None,
+    traces_dir: Annotated[Optional[Path], option(TracingSettings, "file_dir", "--traces-dir",
+                                                 help="Read span files from this folder instead")] = None,
     jaeger: Annotated[Optional[str], typer.Option("--jaeger", help="Read from a Jaeger query API instead, e.g. http://127.0.0.1:16686")] = None,
     wait_s: Annotated[float, typer.Option("--wait-s", min=0, help="Wait up to this long for the trace to appear (services export every 0.5 s)")] = 0.0,
     all_attributes: Annotated[bool, typer.Option("--all", help="Show every attribute, not only the main ones")] = False,
@@ -32,8 +35,9 @@ def trace(
 
     from clients.traces import jaeger_trace, read_span_files, trace_of_request
 
-    folder = traces_dir or (Path(os.environ["CHATPIPE_TRACING_FILE_DIR"]) if os.environ.get("CHATPIPE_TRACING_FILE_DIR")
-                            else (state_dir or Path(os.environ.get("CHATPIPE_STATE_DIR", ".chatpipe"))) / "traces")
+    # --traces-dir, else CHATPIPE_TRACING_FILE_DIR, else <--state-dir or CHATPIPE_STATE_DIR>/traces
+    folder = (traces_dir or build_settings(TracingSettings).file_dir
+              or build_settings(ClientSettings, state_dir=state_dir).state_dir / "traces")
     if jaeger is None and not folder.is_dir():
         print_error(f"no span files at {folder}: is the stack running there (chatpipe up), or give --state-dir / --traces-dir")
         raise typer.Exit(1)

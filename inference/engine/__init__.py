@@ -13,5 +13,8 @@ causal LM in PyTorch. Depends on torch and transformers only (no Kafka); see doc
     engine.py           the step loop
     streaming.py        asyncio facade: the loop in a thread, one async iterator per request
     text.py             the tokenizer edge: chat template, incremental text, stop strings (TextStream)
-    chat_tokens.py      the one tokenization of a chat prompt: template control tokens, contents as plain text
+    grammar.py          structured outputs: a response_format compiled into a token constraint (xgrammar)
+
+The chat prompt's tokenization (``formats.chat_tokens``) and the pure response-format check
+(``formats.response_format``) are shared with the other tiers, in ``formats``.
 """

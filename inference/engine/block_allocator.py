@@ -121,9 +121,6 @@ class BlockAllocator:
     def can_ever_fit(self, num_tokens: int) -> bool:
         return self.blocks_for(num_tokens) <= self.num_blocks
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.blocks_for(num_tokens) <= self.num_free_blocks
-
     # -- prefix cache ----------------------------------------------------------------------------
 
     def root(self, tenant: str) -> bytes:

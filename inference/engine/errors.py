@@ -44,7 +44,9 @@ class DeviceUnavailableError(EngineError):
 
 class InvalidRequestError(EngineError, ValueError):
     """A request the engine can never run as given: empty prompt, token ids outside the vocabulary,
-    a request id already in use, sampling parameters out of range. Retrying it will not help."""
+    a request id already in use, sampling parameters out of range, a ``response_format`` the
+    grammar compiler cannot enforce (``grammar.GrammarCompiler`` raises it with the message of the
+    pure check's ``formats.errors.FormatError``). Retrying it will not help."""
 
 
 class RequestRefused(EngineError, RuntimeError):

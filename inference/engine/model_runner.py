@@ -143,7 +143,7 @@ class ModelRunner:
             mask = torch.arange(ctx.shape[1] * bs, device=dev)[None, :] <= q_pos[:, None]  # [n, N*bs]
             mask = mask.repeat(self.groups, 1)  # [G*n, N*bs]
             spans.append(PrefillSpan(slice(row0, row1), ctx, mask))
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
         return StepBatch(
             input_ids=as_long(ids),
             positions=as_long(pos),

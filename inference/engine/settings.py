@@ -6,15 +6,15 @@ the reading; no engine module touches ``os.environ``), then passed explicitly. F
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.requests import DEFAULT_CONTEXT_TOKENS, with_shared_context
+from schemas.requests import DEFAULT_CONTEXT_TOKENS
+from transport.context_settings import SHARED_CONTEXT_ENV, with_shared_context
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # what the engine runs on (model_store checks the GPU is there)
@@ -35,7 +35,7 @@ class EngineSettings(BaseSettings):
         "auto", description="Weights and KV cache dtype; auto = bfloat16 on CUDA, float32 on CPU"
     )
     max_batch: int = Field(16, ge=1, description="Most requests running at once")
-    max_seq_len: int = Field(DEFAULT_CONTEXT_TOKENS, ge=2,
+    max_seq_len: int = Field(DEFAULT_CONTEXT_TOKENS, json_schema_extra=SHARED_CONTEXT_ENV, ge=2,
                              description="Most tokens (prompt + output) per request: CHATPIPE_CONTEXT_TOKENS, shared "
                                          "with streams (schemas/requests.py); CHATPIPE_MAX_SEQ_LEN is its deprecated "
                                          "alias")
@@ -65,6 +65,10 @@ class EngineSettings(BaseSettings):
         "in place, residual add fused with RMSNorm) instead of the HF modules one by one; auto = on for CUDA, off "
         "on CPU (CHATPIPE_LEAN_LAYERS)",
     )
+    triton_interpret: bool = Field(
+        False, validation_alias=AliasChoices("TRITON_INTERPRET", "triton_interpret"),
+        description="Triton's own variable (Triton reads it too): 1 runs its kernels in the interpreter, which is how "
+        "paged_kernel on runs on CPU tensors (the tests)")
     paged_kernel: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Decode attention by the Triton kernel of inference/engine/kernels/paged_attention.py, reading "
@@ -113,7 +117,7 @@ class EngineSettings(BaseSettings):
         if self.paged_kernel == "auto":
             return device_type == "cuda" and HAVE_TRITON
         # On CPU tensors only Triton's interpreter runs the kernel (TRITON_INTERPRET=1: the tests).
-        runnable = device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        runnable = device_type == "cuda" or self.triton_interpret
         if not HAVE_TRITON or not runnable:
             raise ValueError(f"paged_kernel on needs CUDA and triton (device {device_type}, triton "
                              f"{'installed' if HAVE_TRITON else 'missing'}); use auto or off")

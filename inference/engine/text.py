@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from inference.engine.chat_tokens import encode_chat, encode_plain
+from formats.chat_tokens import encode_chat, encode_plain
 
 
 def encode_prompt(tokenizer: Any, prompt: str, system: str | None = None, chat: bool = True) -> list[int]:

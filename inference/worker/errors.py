@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from schemas.errors import ChatpipeError
 from schemas.records import FinishReason
+from transport.failures import Fault
 
 
 class WorkerError(ChatpipeError):
@@ -23,6 +24,8 @@ class WorkerError(ChatpipeError):
 
 class BadRequestError(WorkerError):
     """The request can never be served as it is; retrying it will not help."""
+
+    fault = Fault.RECORD  # transport.failures: answered and committed
 
     error_code = "invalid_request"  # TokenChunk.error_code of the error final chunk
     finish_reason = FinishReason.ERROR

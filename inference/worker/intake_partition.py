@@ -149,7 +149,7 @@ class PartitionIntake:
             self._apply_finished()
             for consumer in self._consumers.values():
                 self._commit(consumer, asynchronous=False)
-        except BaseException as exc:  # noqa: BLE001 - reported to the worker now, raised again by close()
+        except BaseException as exc:  # reported to the worker now, raised again by close()
             log.exception("partition intake failed")
             self._error = exc
             if not self._stop.is_set():
@@ -300,7 +300,7 @@ class PartitionIntake:
         try:
             if consumer is not None:
                 self._commit(consumer, asynchronous=False)
-        except Exception:  # noqa: BLE001 - the group moved on; the new owner re-serves them
+        except Exception:  # the group moved on; the new owner re-serves them
             log.warning("commit on revoke failed; the new owner will serve those requests again", exc_info=True)
         stopped = [item for key, item in self._items.items() if (key[0], key[1]) in gone]
         for item in stopped:

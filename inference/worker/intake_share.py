@@ -129,7 +129,7 @@ class _Member:
             self.apply_acks()
             self.release_held(all_of_them=True)
             self.consumer.commit(asynchronous=False)
-        except BaseException as exc:  # noqa: BLE001 - reported to the worker now, raised again by close()
+        except BaseException as exc:  # reported to the worker now, raised again by close()
             log.exception("share intake member %s failed", self.thread.name)
             self.error = exc
             if not o.stopping.is_set():

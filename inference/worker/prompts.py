@@ -11,7 +11,7 @@ intake's (streams assembles this request within the context's token budget).
 The sampling fields of InferenceRequest v3 map onto the engine as they are: the penalties;
 ``logprobs`` true -> the engine's ``logprobs`` = ``top_logprobs`` (0 = the chosen token's only),
 false -> None (none computed); ``n`` and ``response_format`` stay with the worker, which submits n
-sequences and builds each one's grammar matcher (``inference/worker/grammar.py``).
+sequences and builds each one's grammar matcher (``inference/worker/constraints.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inference.engine.chat_tokens import encode_chat
+from formats.chat_tokens import encode_chat
 from inference.engine.request import Priority as EnginePriority
 from inference.engine.request import SamplingParams as EngineSampling
 from inference.worker.errors import InvalidRequestError, InvalidSamplingError, PromptTooLongError

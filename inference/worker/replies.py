@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaException
 
 from inference.worker.errors import ReplyAddressError
-from inference.worker.reply_address import is_reply_fault
 from schemas.records import FinishReason, InferenceRequest, Response, TokenChunk, TokenLogprob, now_ms
 from schemas.topics import RESPONSES
 from transport import dead_letters, tracing
 from transport.acked_producer import AckedProducer
 from transport.dedupe import ATTEMPT_HEADER
 from transport.errors import DeliveryError
+from transport.failures import Fault, classify
 from transport.message import ConsumedMessage
 from transport.spans import PRODUCER, Span, Tracer
 
@@ -114,7 +114,7 @@ class ReplyStream:
                                           partition=self.request.reply_partition, headers=self.headers(),
                                           parent_trace=self.parent_trace, want_ack=final or ack)
         except KafkaException as exc:  # refused before it was queued (e.g. a partition outside the topic)
-            if not is_reply_fault(exc):
+            if classify(exc, address_from_record=True) is not Fault.RECORD:
                 raise
             raise self._fault(exc) from exc
         if final or ack:  # chunks of one partition land in order: the last one's ack covers them all
@@ -133,7 +133,7 @@ class ReplyStream:
         except DeliveryError as exc:
             if self.chunk_span is not None:
                 self.chunk_span.fail(exc)
-            if not is_reply_fault(exc):
+            if classify(exc, address_from_record=True) is not Fault.RECORD:
                 raise
             raise self._fault(exc) from exc
         finally:

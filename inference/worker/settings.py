@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def _default_worker_id() -> str:
+    """<hostname>-<pid>"""
     return f"{socket.gethostname()}-{os.getpid()}"
 
 

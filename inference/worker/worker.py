@@ -48,13 +48,12 @@ from inference.worker.errors import (BadRequestError, ReplyAddressError, Request
 from inference.worker.constraints import Constraints
 from inference.worker.generation import Choices, Delta, EngineBusy, Generation
 from inference.worker.heartbeat import FAILED_STATE, WORKERS_STATUS, worker_status
-from inference.worker.intake import Intake, Outcome, WorkItem, request_topics
+from inference.worker.intake import Intake, Outcome, WorkItem
 from inference.worker.intake_partition import PartitionIntake
 from inference.worker.intake_share import ShareIntake
 from inference.worker.metrics import WorkerMetrics
 from inference.worker.prompts import PreparedRequest, prepare
 from inference.worker.replies import ReplyStream, response_for, send_dead_letter, send_response
-from inference.worker.reply_address import ReplyAddresses
 from inference.worker.settings import WorkerSettings
 from inference.worker.token_bytes import TokenBytes
 from inference.worker.trace_spans import generation_spans
@@ -62,6 +61,7 @@ from schemas.codec import default_codec
 from schemas.records import Cancel, Deletion, FinishReason, InferenceRequest, WorkerState, now_ms
 from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
+from transport.reply_address import ReplyAddresses
 from transport.settings import KafkaSettings
 from transport.spans import Span, Tracer
 
@@ -97,7 +97,8 @@ class Worker:
         self.intake.tracer = self.tracer
         self.producer = AckedProducer(kafka, codec=self.codec, linger_ms=settings.chunk_linger_ms, tracer=self.tracer)
         admin = TopicAdmin(kafka, timeout_s=settings.kafka_error_budget_s)
-        self.reply_addresses = ReplyAddresses(admin.topic_partitions, own_topics=request_topics(kafka))
+        # the one reply-address rule (transport/reply_address.py), the same as streams intake's
+        self.reply_addresses = ReplyAddresses.of(kafka, admin.topic_partitions, fresh_s=30.0, recheck_s=1.0)
         self.metrics = WorkerMetrics(model_name)
         self.cancels = CancelListener(kafka, self.codec)
         self.recent_cancels = RecentCancels(settings.cancel_memory)
@@ -185,7 +186,7 @@ class Worker:
         self._set_state(FAILED_STATE)
         try:
             self._send_status()
-        except Exception:  # noqa: BLE001 - the status is best effort; the exit code is what counts
+        except Exception:  # the status is best effort; the exit code is what counts
             log.warning("could not send the FAILED status", exc_info=True)
         self.request_stop()
 
@@ -302,7 +303,9 @@ class Worker:
         req = item.record
         trace = span.traceparent
         try:
-            await self.reply_addresses.check(req)  # before anything is sent there
+            # before anything is sent there; an empty reply_to gets no chunks (Replies.enabled), like None
+            if problem := await self.reply_addresses.problem(req.reply_to or None, req.reply_partition):
+                raise ReplyAddressError(problem)
             if item.error is not None:  # e.g. delivered too often: answered with that reason
                 raise item.error
             check_deadline(req, item.taken_at_ms, "the worker took it")

@@ -323,3 +323,50 @@ def _run(cmd: list[str], cwd: Path, env, log: Path, capture: bool = False) -> st
         last = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise BuildError(f"`{' '.join(cmd[:3])} ...` failed (exit {proc.returncode}) in {cwd}:\n{last}")
     return proc.stdout.decode() if capture else ""
+
+
+# --- building ahead (`make test-prerequisites`, `python -m infra.observability.binaries`) --------------
+def build_all(settings: StackSettings, say: Progress = print) -> Installed:
+    """``ensure``, saying one line per piece before it is built (name, version, about how long, its log)
+    and one when it is done or was found cached: for a build run ahead of the tests (whose output
+    pytest hides), so that the long first build on a machine shows."""
+    for program in (JAEGER, PROMETHEUS):
+        path = program_path(settings, program)
+        if path.is_file():
+            say(f"{program.release}: cached ({path})")
+            continue
+        began = time.monotonic()
+        ensure_program(settings, program, say)
+        say(f"{program.release}: done in {time.monotonic() - began:.0f} s ({path})")
+    uis = (("Jaeger UI", _jaeger_ui_found, ensure_jaeger_ui),
+           ("Prometheus UI", lambda s: prometheus_ui_dir(s) if (prometheus_ui_dir(s) / ".complete").exists() else None,
+            ensure_prometheus_ui))
+    for name, found, build in uis:
+        if (cached := found(settings)) is not None:
+            say(f"{name}: cached ({cached})")
+            continue
+        began = time.monotonic()
+        try:
+            built = build(settings, say)
+        except BuildError as exc:
+            say(f"{name} not built, the backend runs without it: {exc}")
+            continue
+        if built is not None:
+            say(f"{name}: done in {time.monotonic() - began:.0f} s ({built})")
+    return installed(settings)
+
+
+def main() -> int:
+    def say(message: str) -> None:
+        print(f"observability: {message}", flush=True)
+
+    try:
+        build_all(StackSettings(), say)
+    except BuildError as exc:
+        say(f"failed: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,5 +1,5 @@
 """``chatpipe chat``'s pieces that need no gateway: SSE parsing, answer folding, commands, the
-API key lookup, and error lines. The gateway itself is exercised in tests/clients/test_chat_gateway.py."""
+API key lookup, and error lines. The gateway itself is exercised in tests/gateway/test_chat.py."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import json
 import httpx
 import pytest
 
+from chatpipe.testing.ports import free_port
 from clients.chat_session import ChatCommandError, ChatSession, Command, message_text, parse_command, run_chat
 from clients.gateway_client import GatewayClient, GatewayError
 from clients.settings import ApiKeyError, ClientSettings, find_api_key
 from clients.sse import StreamedAnswer, StreamError, chunks, sse_data
-from tests.conftest import _free_port
 
 
 def _chunk(content=None, finish=None, usage=None, cid="chatcmpl-r1") -> str:
@@ -123,7 +123,7 @@ def test_http_errors_become_one_line_messages():
 def test_a_stopped_gateway_and_a_premature_command_are_error_lines_not_tracebacks():
     """Guards against connection refused escaping as an httpx traceback, /up before any answer
     posting feedback for nothing, and a failed line ending the chat (the next line still runs)."""
-    client = GatewayClient(f"http://127.0.0.1:{_free_port()}", "sk")
+    client = GatewayClient(f"http://127.0.0.1:{free_port()}", "sk")
     session = ChatSession(client, model="m", max_tokens=8, temperature=0)
     out, err = io.StringIO(), io.StringIO()
     failures = run_chat(session, ["/up", "hello", "/bogus", "/quit", "never read"], out=out, err=err, echo=True)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from chatpipe.testing.ports import free_port
 from schemas.records import (ConversationTurn, DeadLetter, EmbeddingResult, Feedback, FeedbackKind, FinishReason,
                              Header, Response, TokenChunk)
 from schemas.topics import CATALOG
-from tests.conftest import _free_port
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def tail_kafka(kafka_stack, topic_admin):
 
 @pytest.fixture
 def producer(tail_kafka):
-    from tests.kafka_helpers import RecordProducer
+    from chatpipe.testing.kafka import RecordProducer
 
     with RecordProducer(tail_kafka) as p:
         yield p
@@ -205,7 +205,7 @@ def test_cli_errors_are_one_line():
     assert all(spec.name in unknown.stderr for spec in CATALOG)
 
     start = time.monotonic()
-    no_broker = subprocess.run([CHATPIPE, "tail", "chat.turns", "-b", f"127.0.0.1:{_free_port()}"],
+    no_broker = subprocess.run([CHATPIPE, "tail", "chat.turns", "-b", f"127.0.0.1:{free_port()}"],
                                capture_output=True, text=True, timeout=60)
     assert time.monotonic() - start < 20
     assert no_broker.returncode == 1 and no_broker.stdout == ""

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from tests.conftest import _free_port
+from chatpipe.testing.ports import free_port
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +19,8 @@ def cluster(tmp_path_factory):
     from infra.kafka_cluster import KafkaCluster
 
     settings = ClusterSettings(state_dir=tmp_path_factory.mktemp("kafka-cluster"), brokers=3,
-                               client_ports=tuple(_free_port() for _ in range(3)),
-                               controller_ports=tuple(_free_port() for _ in range(3)),
+                               client_ports=tuple(free_port() for _ in range(3)),
+                               controller_ports=tuple(free_port() for _ in range(3)),
                                start_timeout_s=150, stop_timeout_s=15)
     kafka = KafkaCluster(settings)
     try:

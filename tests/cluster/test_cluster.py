@@ -211,8 +211,8 @@ def test_two_of_three_down_fails_writes_loudly_and_loses_nothing_acknowledged(cl
     idempotent producer's epoch, and records in flight on other partitions may then be written
     twice (a known limit, confluentinc/librdkafka#4953; only transactions avoid it). Measured in
     docs/cluster.md; consumers deduplicate (transport/dedupe.py)."""
+    from chatpipe.testing.kafka import RecordProducer
     from transport.errors import DeliveryError
-    from tests.kafka_helpers import RecordProducer
 
     topic = _topic(cluster, "two-down")
     errors: Counter[str] = Counter()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _free_port
+from chatpipe.testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -29,8 +29,8 @@ def chatpipe(*args: str, env: dict[str, str], timeout: float = 300) -> subproces
 def test_up_with_three_brokers_runs_a_replicated_cluster(tmp_path):
     state = tmp_path / "state"
     env = {**os.environ, "CHATPIPE_STATE_DIR": str(state), "COLUMNS": "250",
-           "CHATPIPE_CLIENT_PORTS": json.dumps([_free_port() for _ in range(3)]),
-           "CHATPIPE_CONTROLLER_PORTS": json.dumps([_free_port() for _ in range(3)])}
+           "CHATPIPE_CLIENT_PORTS": json.dumps([free_port() for _ in range(3)]),
+           "CHATPIPE_CONTROLLER_PORTS": json.dumps([free_port() for _ in range(3)])}
     try:
         up = chatpipe("up", "--only", "kafka", "--brokers", "3", env=env)
         assert up.returncode == 0, up.stdout + up.stderr

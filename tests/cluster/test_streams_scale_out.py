@@ -26,14 +26,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from chatpipe.testing.ports import free_port, free_port_block
+from chatpipe.testing.qdrant import QDRANT_TOOL, SKIP_REASON, QdrantPeer
 from infra.services import alive
 from schemas.codec import default_codec
 from schemas.records import (ChatMessage, ConversationTurn, InferenceRequest, MemoryScope, PromptRequest,
                              SamplingParams, now_ms)
-from tests.conftest import _free_port, free_port_block
 from tests.faults.stack import SERVICE_ENV
 from tests.java_partitions import partitions_of
-from tests.streams.qdrant_server import QDRANT_TOOL, SKIP_REASON, QdrantPeer
 from transport.partitioning import LIBRDKAFKA_PARTITIONER
 
 # Two streams workers share one memory: a Qdrant server (local mode is one process's), absent in a
@@ -151,11 +151,11 @@ def scaled_stack(tmp_path_factory):
     qdrant = QdrantPeer(root, "qdrant")
     qdrant.start()
     qdrant.wait_ready()
-    client_ports = [_free_port() for _ in range(3)]
+    client_ports = [free_port() for _ in range(3)]
     env = {**os.environ, **SERVICE_ENV, "CHATPIPE_STATE_DIR": str(state), "COLUMNS": "250",
            "CHATPIPE_CLIENT_PORTS": json.dumps(client_ports),
-           "CHATPIPE_CONTROLLER_PORTS": json.dumps([_free_port() for _ in range(3)])}
-    gateway_port = _free_port()
+           "CHATPIPE_CONTROLLER_PORTS": json.dumps([free_port() for _ in range(3)])}
+    gateway_port = free_port()
     try:
         up = chatpipe("up", "--brokers", "3", "--streams-workers", "2", "--inference-workers", "2",
                       "--qdrant-url", qdrant.url, "--gateway-port", str(gateway_port),

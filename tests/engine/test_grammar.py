@@ -1,5 +1,5 @@
-"""Structured outputs (inference/engine/grammar.py): refusals naming the schema part (pure, no
-model), the compile cache, and the real SmolLM2 model decoding through the engine with a
+"""Structured outputs (formats/response_format.py, inference/engine/grammar.py): refusals naming
+the schema part (pure, no model), the compile cache, and the real SmolLM2 model decoding through the engine with a
 constraint: every output parses and validates, also when the model would repeat itself past
 max_tokens (the budgeted matcher closes the JSON)."""
 
@@ -9,8 +9,10 @@ import json
 
 import pytest
 
+from formats.errors import FormatError
+from formats.response_format import check_response_format
 from inference.engine.errors import InvalidRequestError
-from inference.engine.grammar import check_response_format, min_json_chars
+from inference.engine.grammar import min_json_chars
 
 PERSON = {
     "type": "object",
@@ -89,11 +91,26 @@ BAD = [
 def test_unenforceable_schema_is_refused_naming_the_part(fmt, part):
     """Guards against a schema part the grammar cannot enforce being ignored (a wrong answer) or
     refused without saying where."""
-    with pytest.raises(InvalidRequestError) as err:
+    with pytest.raises(FormatError) as err:
         check_response_format(fmt)
     message = str(err.value)
     where = message.split(": ", 1)[0]
     assert where.endswith(part), message
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("fmt,part", BAD[:3] + BAD[-1:], ids=[p for _, p in BAD[:3] + BAD[-1:]])
+def test_the_compiler_refuses_as_the_check_does_with_the_engines_error(default_model, fmt, part):
+    """Guards against the worker's compiler and the gateway's pure check (formats.response_format)
+    drifting apart after the split: the same refusal, raised as the engine's InvalidRequestError."""
+    from inference.engine.grammar import GrammarCompiler
+
+    _, tokenizer = default_model
+    with pytest.raises(FormatError) as checked:
+        check_response_format(fmt)
+    with pytest.raises(InvalidRequestError) as compiled:
+        GrammarCompiler(tokenizer, len(tokenizer)).compile(fmt)
+    assert str(compiled.value) == str(checked.value) and part in str(compiled.value)
 
 
 @pytest.mark.parametrize("fmt", [None, {"type": "text"}, {"type": "json_object"}, js(PERSON), js(True),
@@ -135,7 +152,7 @@ def model_engine(default_model):
 
 
 def run(engine, tokenizer, compiler, fmt, prompts, max_tokens):
-    from inference.engine.chat_tokens import encode_chat
+    from formats.chat_tokens import encode_chat
     from inference.engine.request import Admission, FinishReason, SamplingParams
 
     params = SamplingParams(max_new_tokens=max_tokens, temperature=0.0)

@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run as the child script: make `inference` importable from the checkout
     sys.path.insert(0, str(ROOT))
 
-from inference.engine.kernels import paged_attention as pa  # noqa: E402
-from inference.engine.kv_cache import PagedKVCache  # noqa: E402
+from inference.engine.kernels import paged_attention as pa  # noqa: E402 - sys.path set above when run as the child script
+from inference.engine.kv_cache import PagedKVCache  # noqa: E402 - sys.path set above when run as the child script
 
 F32_TOL = dict(atol=1e-5, rtol=1e-5)
 BF16_TOL = dict(atol=2e-2, rtol=2e-2)
@@ -70,11 +70,11 @@ def decode_inputs(hq, hkv, d, bs, dtype, seed, lens=None, table_dtype=torch.int3
     gen = torch.Generator().manual_seed(seed)
     lens = lens if lens is not None else context_lens_for(bs)
     num_blocks = 2 * (-(-max(lens) // bs)) + 8
-    rnd = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+    rnd = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)
     k_pool, v_pool = rnd(hkv, num_blocks * bs, d), rnd(hkv, num_blocks * bs, d)
     q = rnd(len(lens), hq, d)
     tables = make_tables(lens, bs, num_blocks, gen, table_dtype)
-    to = lambda t: t.to(device)  # noqa: E731
+    to = lambda t: t.to(device)
     return to(q), to(k_pool), to(v_pool), to(tables), torch.tensor(lens, device=device), d**-0.5
 
 
@@ -215,7 +215,7 @@ def run_cases(device: str) -> dict[str, dict]:
         t0 = time.perf_counter()
         try:
             err, failure = fn(**kwargs, device=device), None
-        except Exception as e:  # reported per case by the parent, which fails that case's test
+        except Exception as e:  # noqa: BLE001 - reported per case by the parent, which fails that case's test
             err, failure = None, f"{type(e).__name__}: {e}"
         results[name] = dict(max_abs_err=err, failure=failure, seconds=round(time.perf_counter() - t0, 2))
     return results

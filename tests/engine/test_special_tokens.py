@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.engine.chat_tokens import encode_chat, render, special_tokens
+from formats.chat_tokens import encode_chat, render, special_tokens
 from inference.engine.text import encode_prompt
 from inference.worker.prompts import prompt_ids
 from schemas.records import ChatMessage, InferenceRequest, now_ms

@@ -255,10 +255,10 @@ class Load:
 
 
 def table(rows: list[dict]) -> str:
-    """The per-scenario table the fault tests print (and the README copies)."""
+    """The per-scenario table the fault tests print (and docs/testing.md copies)."""
     columns = ["scenario", "sent", "answered", "errored", "lost", "stuck", "turns", "archived", "restarts", "seconds"]
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
-    line = lambda values: "| " + " | ".join(str(v).ljust(widths[c]) for c, v in zip(columns, values)) + " |"  # noqa: E731
+    line = lambda values: "| " + " | ".join(str(v).ljust(widths[c]) for c, v in zip(columns, values)) + " |"
     out = [line(columns), "|" + "|".join("-" * (widths[c] + 2) for c in columns) + "|"]
     out += [line([r.get(c, "") for c in columns]) for r in rows]
     return "\n".join(out)

@@ -13,11 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from chatpipe.testing.ports import free_port
+from chatpipe.testing.processes import wait_until
+from chatpipe.testing.qdrant import QdrantPeer
 from infra.services import alive
-from tests.streams.qdrant_server import QdrantPeer, free_port
 
 SERVICES = ("kafka", "streams", "inference", "gateway")
 ARCHIVE_TMPFS_SIZE = "24m"
@@ -109,13 +110,15 @@ class FaultStack:
         return {s["name"]: int(s.get("restarts") or 0) for s in data["services"]}
 
     def wait_healthy(self, timeout_s: float = 300) -> None:
-        deadline, last = time.monotonic() + timeout_s, None
-        while time.monotonic() < deadline:
-            last = self.status()
-            if last.returncode == 0:
-                return
-            time.sleep(2)
-        raise AssertionError(f"stack not healthy after {timeout_s} s:\n{last.stdout}\n{last.stderr}")
+        """Until ``chatpipe status`` exits 0; the failure shows its last output."""
+        last: list[subprocess.CompletedProcess] = []
+
+        def healthy() -> bool:
+            last[:] = [self.status()]
+            return last[0].returncode == 0
+
+        wait_until(healthy, timeout_s=timeout_s, what="stack (chatpipe status)", interval_s=2,
+                   log=lambda: f"{last[0].stdout}\n{last[0].stderr}" if last else "")
 
     def log_offset(self, service: str) -> int:
         path = self.state / "logs" / f"{service}.log"
@@ -136,13 +139,12 @@ class FaultStack:
         return pid
 
     def wait_restarted(self, service: str, old_pid: int, timeout_s: float = 300) -> int:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def restarted() -> int | None:
             pid = self.pid(service)
-            if pid is not None and pid != old_pid:
-                return pid
-            time.sleep(0.5)
-        raise AssertionError(f"{service} was not restarted within {timeout_s} s")
+            return pid if pid is not None and pid != old_pid else None
+
+        return wait_until(restarted, timeout_s=timeout_s, what=f"{service} restarted by the supervisor",
+                          interval_s=0.5, log=self.state / "logs" / f"{service}.log")
 
     def fill_archive_disk(self) -> Path:
         """Fill the archive's tmpfs to the last byte (the archiver's next write gets ENOSPC)."""

@@ -13,7 +13,7 @@ scenario:
 - every consumer group of the stack is back at lag 0 and every service is healthy.
 
 Each test adds its row to the table printed at the end of the run (``conftest.py``) and copied
-into the README: sent, answered, errored, lost, stuck, restarts.
+into docs/testing.md: sent, answered, errored, lost, stuck, restarts.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from chatpipe.testing.qdrant import QDRANT_TOOL
 from schemas.codec import default_codec
 from schemas.records import ConversationTurn
 from tests.faults.ledger import Load, Observer, error_kinds
 from tests.faults.poison import poisons, produce
 from tests.faults.stack import FaultStack
-from tests.streams.qdrant_server import QDRANT_TOOL
 from transport.admin import TopicAdmin
 from transport.archive import read_messages
 from transport.settings import KafkaSettings

@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def pipeline(kafka_stack, tmp_path_factory):
     """Streams + inference worker + gateway on the session broker, under a topic prefix of their own."""
-    from tests.gateway.stack import start_pipeline
+    from chatpipe.testing.gateway import start_pipeline
     from transport.admin import TopicAdmin
     from transport.settings import KafkaSettings
 

@@ -15,9 +15,9 @@ from typing import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
+from chatpipe.testing.kafka import RecordProducer
 from schemas.codec import default_codec
 from schemas.records import FinishReason, PromptRequest, TokenChunk
-from tests.kafka_helpers import RecordProducer
 from transport.dedupe import ATTEMPT_HEADER
 from transport.settings import KafkaSettings
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from chatpipe.testing.gateway import API_KEY
 from clients.chat_session import ChatSession, run_chat
 from clients.gateway_client import GatewayClient
 from clients.topic_tail import TopicTail
-from tests.gateway.stack import API_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 CHATPIPE = str(Path(sys.executable).with_name("chatpipe"))

@@ -16,7 +16,7 @@ import uuid
 import openai
 import pytest
 
-from tests.gateway.stack import API_KEY
+from chatpipe.testing.gateway import API_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 MODEL = "smollm2-135m-instruct"
@@ -111,8 +111,8 @@ def test_a_completion_reaches_the_worker_raw_and_is_never_recalled(client, pipel
     """What streams hands the worker (tapped on the topic): the text itself, no messages, nothing
     recalled. The answer is recorded as a turn (chat.turns; memory is upserted before a turn is
     emitted) yet a chat of the same identified user recalls nothing of it."""
+    from chatpipe.testing.streams import Tap
     from schemas.records import ConversationTurn, InferenceRequest
-    from tests.streams.pipeline import Tap
 
     user, text = f"cmp-{uuid.uuid4().hex[:8]}", "My parrot is called Zorblax."
     tap = Tap(pipeline.kafka, "chat.inference.requests", "chat.turns")

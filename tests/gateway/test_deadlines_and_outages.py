@@ -2,7 +2,7 @@
 every prompt carries its deadline, an answer that says "expired" is a 504, and a broker that goes
 away gives prompt 503s that free the backlog instead of holding each slot for five minutes.
 
-The gateway is the real ``chatpipe gateway`` process (tests/gateway/stack.py); what answers its
+The gateway is the real ``chatpipe gateway`` process (chatpipe/testing/gateway.py); what answers its
 prompts is tests/gateway/fake_pipeline.py, a stand-in for streams and the worker. Why not the real
 tiers: these tests need an answer the real ones give only by chance of timing (an "expired" final
 chunk for a prompt the gateway has just sent with a fresh deadline, or no answer at all for a
@@ -13,26 +13,20 @@ the whole path in tests/faults. The outage test stops and restarts a broker of i
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import httpx
 import pytest
 
+from chatpipe.testing.gateway import API_KEY, start_gateway
+from chatpipe.testing.ports import free_port
 from schemas.records import FinishReason
 from tests.gateway.fake_pipeline import FakePipeline, final
-from tests.gateway.stack import API_KEY, start_gateway
 from transport.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL = "smollm2-135m-instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def answer_by_conversation(prompt):

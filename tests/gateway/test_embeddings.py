@@ -19,7 +19,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.gateway.stack import API_KEY
+from chatpipe.testing.gateway import API_KEY
 
 pytestmark = pytest.mark.integration
 MODEL = "all-MiniLM-L6-v2"
@@ -28,8 +28,8 @@ TEXTS = ["The cat sat on the mat.", "Kafka keeps records in partitions.", "Der H
 
 @pytest.fixture(scope="module")
 def stack(kafka_stack, tmp_path_factory):
-    from tests.gateway.stack import start_gateway
-    from tests.streams.pipeline import StreamsWorker
+    from chatpipe.testing.gateway import start_gateway
+    from chatpipe.testing.streams import StreamsWorker
     from transport.admin import TopicAdmin
     from transport.settings import KafkaSettings
 
@@ -96,8 +96,8 @@ def test_openai_client_gets_memorys_vectors(client, memory_vectors):
 
 
 def test_refusals_of_streams_are_4xx_and_dead_letters(stack, client):
+    from chatpipe.testing.streams import Tap
     from schemas.topics import DLQ, EMBEDDING_REQUESTS
-    from tests.streams.pipeline import Tap
 
     kafka, _, _ = stack
     with pytest.raises(openai.NotFoundError) as err:
@@ -131,10 +131,10 @@ def test_bad_input_is_a_400_at_the_gateway(client):
 def test_records_from_any_producer_are_answered_or_dead_lettered(stack, memory_vectors):
     """Straight onto the topic, as an application would: served to its own reply topic; a passed
     deadline answered expired; an address nobody can answer, or bytes that do not decode: dead letters."""
+    from chatpipe.testing.kafka import RecordProducer
+    from chatpipe.testing.streams import Tap
     from schemas.records import EmbeddingRequest, EmbeddingResult, now_ms
     from schemas.topics import DLQ, EMBEDDING_REQUESTS
-    from tests.kafka_helpers import RecordProducer
-    from tests.streams.pipeline import Tap
     from transport.admin import TopicAdmin
 
     kafka, _, _ = stack

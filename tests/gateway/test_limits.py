@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from chatpipe.testing.gateway import API_KEY, OTHER_TENANT_KEY, start_gateway
 from tests.gateway.fake_pipeline import FakePipeline, final
-from tests.gateway.stack import API_KEY, OTHER_TENANT_KEY, start_gateway
 
 pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m-instruct"

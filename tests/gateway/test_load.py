@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.stack import API_KEY
+from chatpipe.testing.gateway import API_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 MODEL = "smollm2-135m-instruct"

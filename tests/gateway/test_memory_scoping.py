@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from chatpipe.testing.gateway import start_gateway
+from chatpipe.testing.streams import Tap
 from schemas.records import ConversationTurn, InferenceRequest
-from tests.gateway.stack import start_gateway
-from tests.streams.pipeline import Tap
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 MODEL = "smollm2-135m-instruct"

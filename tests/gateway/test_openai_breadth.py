@@ -19,7 +19,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.gateway.stack import API_KEY
+from chatpipe.testing.gateway import API_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 MODEL = "smollm2-135m-instruct"

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.stack import API_KEY
+from chatpipe.testing.gateway import API_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 MODEL = "smollm2-135m-instruct"

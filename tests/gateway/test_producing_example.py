@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from tests.worker.harness import REPO
+from chatpipe.testing.worker import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 EXAMPLE = REPO / "examples" / "python" / "produce_prompt.py"

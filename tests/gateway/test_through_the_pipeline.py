@@ -14,10 +14,10 @@ import httpx
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from chatpipe.testing.gateway import API_KEY, start_gateway
+from chatpipe.testing.streams import Tap
 from schemas.codec import default_codec
 from schemas.records import Cancel, ConversationTurn, FinishReason, Response
-from tests.gateway.stack import API_KEY, start_gateway
-from tests.streams.pipeline import Tap
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 MODEL = "smollm2-135m-instruct"

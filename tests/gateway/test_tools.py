@@ -13,7 +13,7 @@ import openai
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from tests.gateway.stack import API_KEY
+from chatpipe.testing.gateway import API_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 MODEL = "smollm2-135m-instruct"

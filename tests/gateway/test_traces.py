@@ -21,14 +21,14 @@ import httpx
 import pytest
 from confluent_kafka import Producer
 
+from chatpipe.testing.gateway import API_KEY
+from chatpipe.testing.worker import CHATPIPE
 from clients.traces import SpanRow, read_span_files, trace_of_request
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, ConversationTurn, PromptRequest, SamplingParams
 from schemas.topics import PROMPTS, TURNS
-from tests.gateway.stack import API_KEY
-from tests.worker.harness import CHATPIPE
-from transport.archive import read_messages
 from transport import spans
+from transport.archive import read_messages
 from transport.spans import CLIENT, CONSUMER, PRODUCER, SERVER
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]

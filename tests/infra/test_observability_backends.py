@@ -1,5 +1,5 @@
 """The real observability backends, built as ``chatpipe up --observability`` builds them (once per machine,
-cached in ~/.cache/chatpipe/bin: the first run here builds them, about 10 min each on 2 cores): Jaeger
+cached in ~/.cache/chatpipe/bin: `make test-prerequisites` builds them first, ~25 min the first time): Jaeger
 takes an OTLP/HTTP span from OpenTelemetry's own exporter and gives it back through its query API;
 Prometheus, run on the generated config, scrapes a service's /metrics; and both run as services of the
 stack, under its supervisor, shown by ``status`` and stopped by ``down``."""
@@ -15,18 +15,13 @@ import urllib.request
 
 import pytest
 
+from chatpipe.testing.ports import free_port as _free_port
 from infra.observability import backends, binaries
 from infra.settings import StackSettings
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]  # a first run builds both programs
+pytestmark = pytest.mark.integration
 
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -49,8 +44,14 @@ def _until(check, what: str, timeout_s: float = 60.0):
 
 @pytest.fixture(scope="module")
 def installed():
-    """Both programs (and the UIs this machine can build), from the cache or built now: never skipped."""
-    return binaries.ensure(StackSettings(), progress=print)
+    """Both programs (and the UIs this machine could build), as `make test`'s `test-prerequisites` step
+    built them before pytest started (a first build takes ~25 min: it says so there, line by line,
+    where pytest -q would show nothing). Missing: fails naming the command; never skipped, never built here."""
+    try:
+        return binaries.installed(StackSettings())
+    except binaries.BuildError as exc:
+        pytest.fail(f"{exc}\nbuild them before the tests: make test-prerequisites "
+                    "(or .venv/bin/python -m infra.observability.binaries)", pytrace=False)
 
 
 @pytest.fixture
@@ -161,7 +162,7 @@ def test_chatpipes_own_spans_reach_jaeger_and_chatpipe_trace_reads_them_back(set
     assert parent_of["embed"] == intake.span_id
     services = {trace["processes"][s["processID"]]["serviceName"] for s in trace["spans"]}
     assert services == {"gateway", "streams"}
-    from tests.worker.harness import CHATPIPE
+    from chatpipe.testing.worker import CHATPIPE
 
     shown = subprocess.run([str(CHATPIPE), "trace", request_id, "--jaeger", query, "--json"], capture_output=True,
                            text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""The tests' BatchConsumer (tests/kafka_helpers) through the real broker: a steady consume loop
+"""The tests' BatchConsumer (chatpipe/testing/kafka) through the real broker: a steady consume loop
 must not make the garbage collector promote every batch (the cost that kept it at 0.70 of a raw
 loop when it was a transport adapter)."""
 
@@ -8,8 +8,8 @@ import gc
 
 import pytest
 
+from chatpipe.testing.kafka import BatchConsumer, RecordProducer
 from schemas import records
-from tests.kafka_helpers import BatchConsumer, RecordProducer
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """The erasure canary (issue 19): one user's data in every store, one DELETE, then nothing of it left.
 
-Through the real stack (``tests/gateway/stack.py``: ``chatpipe streams``, an inference worker with
+Through the real stack (``chatpipe/testing/gateway.py``: ``chatpipe streams``, an inference worker with
 the default model, a gateway, on the session's broker under a topic prefix of its own): a user
 tells facts in three conversations and gives feedback; the archive is flushed and a dataset is
 built from it (Spark local); ``DELETE /v1/users/{user}``; within the time docs/privacy.md states
@@ -11,20 +11,19 @@ the deletion, and reports the dataset built before it as affected. Another user'
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import subprocess
 import sys
 import time
 import uuid
+from collections import defaultdict
 from pathlib import Path
 
 import httpx
 import pytest
 
+from chatpipe.testing.streams import REPO, Tap
 from schemas.codec import default_codec
 from schemas.records import DeletionAudit
-from tests.streams.pipeline import REPO, Tap
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 MODEL = "smollm2-135m-instruct"
@@ -35,7 +34,7 @@ ERASED_WITHIN_S = 60
 
 @pytest.fixture(scope="module")
 def stack(kafka_stack, tmp_path_factory):
-    from tests.gateway.stack import start_pipeline
+    from chatpipe.testing.gateway import start_pipeline
     from transport.admin import TopicAdmin
     from transport.settings import KafkaSettings
 
@@ -48,7 +47,7 @@ def stack(kafka_stack, tmp_path_factory):
 
 
 def auth() -> dict[str, str]:
-    from tests.gateway.stack import API_KEY
+    from chatpipe.testing.gateway import API_KEY
 
     return {"Authorization": f"Bearer {API_KEY}"}
 
@@ -84,8 +83,8 @@ def forget_verify(stack, user_id: str, datasets: Path) -> subprocess.CompletedPr
 
 
 def report_of(stack, user_id: str, datasets: Path):
-    from streams.app import changelog_topic
     from chatpipe.erasure_verify import verify
+    from streams.app import changelog_topic
     from streams.erasures import Subject
     from streams.memory_settings import MemorySettings
     from streams.settings import StreamsSettings
@@ -97,9 +96,9 @@ def report_of(stack, user_id: str, datasets: Path):
 
 
 def test_one_delete_leaves_nothing_of_the_user_in_memory_state_archive_or_a_new_dataset(stack):
+    from chatpipe.testing.gateway import API_KEY
     from gateway.keys import default_user
     from streams.archive_erasure import archive_files
-    from tests.gateway.stack import API_KEY
 
     run = uuid.uuid4().hex[:6]
     ada, bob = f"ada-{run}", f"bob-{run}"

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from chatpipe.testing.kafka import BatchConsumer, DeadLetterWriter, RecordProducer
 from schemas import records
 from schemas.codec import AvroCodec, to_avro_dict
 from schemas.errors import DecodeError, UnknownSchemaError
 from schemas.registry import SCHEMA_DIR
 from schemas.topics import DLQ
-from tests.kafka_helpers import BatchConsumer, DeadLetterWriter, RecordProducer
 from tests.samples import sample_records
 from transport import tracing
 

@@ -65,7 +65,8 @@ def test_port_in_use_gives_clear_error(tmp_path):
 def test_broker_that_fails_to_start_shows_its_log(tmp_path):
     """When the JVM dies at start, the error must include the last lines of the broker's log."""
     with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
         ports = a.getsockname()[1], b.getsockname()[1]
     settings = StackSettings(state_dir=tmp_path, kafka_port=ports[0], controller_port=ports[1],
                              kafka_heap="not-a-size")

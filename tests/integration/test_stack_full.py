@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from chatpipe.testing.ports import free_port
 from infra.services import alive
-from tests.conftest import _free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
@@ -39,10 +39,10 @@ def test_up_starts_every_service_healthy_and_down_stops_every_process(tmp_path):
     `status` must show each with its pid, the gateway must answer /healthz with the generated key
     file in place, and `down` must stop every process with SIGTERM alone."""
     state = tmp_path / "state"
-    gateway_port = _free_port()
-    flags = ["--state-dir", str(state), "--kafka-port", str(_free_port()), "--controller-port", str(_free_port()),
-             "--gateway-port", str(gateway_port), "--worker-metrics-port", str(_free_port()),
-             "--streams-metrics-port", str(_free_port())]
+    gateway_port = free_port()
+    flags = ["--state-dir", str(state), "--kafka-port", str(free_port()), "--controller-port", str(free_port()),
+             "--gateway-port", str(gateway_port), "--worker-metrics-port", str(free_port()),
+             "--streams-metrics-port", str(free_port())]
     pids: dict[str, int] = {}
     try:
         up = _cli("up", *flags, timeout=600)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from chatpipe.testing.ports import free_port, free_port_block
 from infra.services import alive
-from tests.conftest import _free_port, free_port_block
 from tests.faults.stack import SERVICE_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
@@ -43,8 +43,8 @@ def _pids(state: Path) -> set[int]:
 def test_two_inference_workers_share_one_group_and_are_services_of_their_own(tmp_path):
     state = tmp_path / "state"
     metrics = free_port_block(2)
-    flags = ["--state-dir", str(state), "--kafka-port", str(_free_port()), "--controller-port", str(_free_port()),
-             "--gateway-port", str(_free_port()), "--worker-metrics-port", str(metrics)]
+    flags = ["--state-dir", str(state), "--kafka-port", str(free_port()), "--controller-port", str(free_port()),
+             "--gateway-port", str(free_port()), "--worker-metrics-port", str(metrics)]
     seen: set[int] = set()
     try:
         up = _cli("up", *flags, "--only", "kafka,inference", "--inference-workers", "2", timeout=600)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from chatpipe.testing.ports import free_port
 from infra.settings import StackSettings
-from tests.conftest import _free_port
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +70,7 @@ def test_flags_that_contradict_the_running_stack_are_a_clear_error(kafka_stack):
     """A port flag that differs from the running broker's must fail in one line naming the setting,
     not report the stack as stopped or start a second one."""
     _up_kafka_only(kafka_stack)
-    other = _free_port()
+    other = free_port()
     result = _cli("status", "--state-dir", str(kafka_stack.state_dir), "--kafka-port", str(other))
     assert result.returncode == 1
     assert f"kafka_port={other}" in result.stderr and str(kafka_stack.kafka_port) in result.stderr
@@ -93,7 +93,7 @@ def test_a_state_folder_that_is_a_file_is_a_one_line_error(tmp_path):
 def test_topics_apply_without_a_broker_fails_fast_in_one_line():
     """No broker: `topics apply` must fail within seconds with one line naming the bootstrap servers
     (it once printed ~600 lines of librdkafka logs over 30 s first)."""
-    servers = f"127.0.0.1:{_free_port()}"
+    servers = f"127.0.0.1:{free_port()}"
     result = _cli("topics", "apply", "--bootstrap-servers", servers, timeout=20)
     assert result.returncode == 1
     output = (result.stdout + result.stderr).strip().splitlines()
@@ -103,7 +103,7 @@ def test_topics_apply_without_a_broker_fails_fast_in_one_line():
 @pytest.mark.parametrize("command, shown", [
     (["up"], "[env CHATPIPE_STATE_DIR; default .chatpipe]"),
     (["up"], "[env CHATPIPE_GATEWAY_PORT; default 8000]"),
-    (["inference"], "[env CHATPIPE_WORKER_INTAKE]"),
+    (["inference"], "[env CHATPIPE_WORKER_INTAKE; default partition]"),
     (["job", "finetune-dataset"], "[env CHATPIPE_SPARK_MASTER; default local[*]]"),
     (["topics", "apply"], "[env CHATPIPE_BOOTSTRAP_SERVERS; default 127.0.0.1:9092]"),
 ])
@@ -131,7 +131,7 @@ def test_a_service_that_dies_while_starting_is_named_with_its_log(kafka_stack):
     missing = kafka_stack.state_dir / "no-such-model"
     try:
         result = _cli("up", "--only", "inference", "--state-dir", str(kafka_stack.state_dir),
-                      "--worker-metrics-port", str(_free_port()), env_extra={"CHATPIPE_MODEL_PATH": str(missing)},
+                      "--worker-metrics-port", str(free_port()), env_extra={"CHATPIPE_MODEL_PATH": str(missing)},
                       timeout=240)
         assert result.returncode == 1, result.stdout + result.stderr
         error = " ".join(result.stderr.split())

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from chatpipe.testing.ports import free_port
 from infra.services import alive
-from tests.conftest import _free_port
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +33,8 @@ def _cli(*args: str, env_extra: dict | None = None, timeout: float = 240) -> sub
 
 
 def _flags(state: Path) -> list[str]:
-    return ["--state-dir", str(state), "--kafka-port", str(_free_port()), "--controller-port", str(_free_port()),
-            "--gateway-port", str(_free_port())]
+    return ["--state-dir", str(state), "--kafka-port", str(free_port()), "--controller-port", str(free_port()),
+            "--gateway-port", str(free_port())]
 
 
 def _pid(path: Path) -> int | None:
@@ -291,7 +291,7 @@ def test_a_stack_started_without_a_supervisor_still_works(tmp_path):
     from infra.local_kafka import LocalKafka
     from infra.settings import StackSettings
 
-    settings = StackSettings(state_dir=tmp_path / "state", kafka_port=_free_port(), controller_port=_free_port())
+    settings = StackSettings(state_dir=tmp_path / "state", kafka_port=free_port(), controller_port=free_port())
     kafka = LocalKafka(settings)
     kafka.up()
     stack = Stack(settings.state_dir)

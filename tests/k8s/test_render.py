@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from k8s import values as values_mod
-from k8s.common import RenderError, only_env
+from k8s.common import RenderError, settings_from_env
 from k8s.render import provided_secrets, referenced_secrets, render
 from k8s.values import Values, ValuesError, load
 from schemas.topics import CATALOG, replication_for
@@ -234,7 +234,7 @@ def test_kafka_connection_of_every_container(secret_files):
     values = _secured(secret_files)
     rendered = render(values)
     users = {u["metadata"]["name"] for u in _objects(rendered, "KafkaUser")}
-    tls_port = next(l["port"] for l in _one(rendered, "Kafka", "chatpipe-kafka")["spec"]["kafka"]["listeners"])
+    tls_port = next(listener["port"] for listener in _one(rendered, "Kafka", "chatpipe-kafka")["spec"]["kafka"]["listeners"])
     for name, user in (("chatpipe-gateway", "chatpipe-gateway"), ("chatpipe-streams", "chatpipe-streams"),
                        ("chatpipe-inference", "chatpipe-inference")):
         container = _container(_one(rendered, "Deployment", name))
@@ -304,8 +304,7 @@ def test_keda_partition_triggers_name_the_workers_groups_and_topics(monkeypatch)
     worker = _container(_one(rendered, "Deployment", "chatpipe-inference"))
     ws = _settings(WorkerSettings, worker, monkeypatch)
     groups = partition_group_ids(ws)
-    with only_env({}):
-        topics = request_topics(KafkaSettings(topic_prefix=values.topic_prefix))
+    topics = request_topics(settings_from_env(KafkaSettings, {}, topic_prefix=values.topic_prefix))
     expected = {(groups[priority], topic) for topic, priority in topics.items()}
     scaled = _one(rendered, "ScaledObject", "chatpipe-inference")
     triggers = scaled["spec"]["triggers"]
@@ -325,8 +324,7 @@ def test_keda_share_triggers_read_the_workers_backlog_metric(secret_files, monke
     from transport.settings import KafkaSettings
 
     values = _secured(secret_files, inference={"intake": "share"})
-    with only_env({}):
-        topics = request_topics(KafkaSettings(topic_prefix=values.topic_prefix))
+    topics = request_topics(settings_from_env(KafkaSettings, {}, topic_prefix=values.topic_prefix))
     rendered = render(values)
     ws = _settings(WorkerSettings, _container(_one(rendered, "Deployment", "chatpipe-inference")), monkeypatch)
     assert ws.intake == "share"

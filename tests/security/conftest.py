@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from chatpipe.testing.ports import free_port
 from infra.kafka_security import BrokerSecurity
 from tests.faults.stack import SERVICE_ENV, cli
-from tests.streams.qdrant_server import free_port
 
 
 @dataclass

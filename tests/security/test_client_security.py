@@ -196,7 +196,6 @@ def test_faust_app_is_built_with_the_credentials(pki, tmp_path):
     from streams.app import StreamsApp
     from streams.erasures import ErasureRegistry
     from streams.settings import StreamsSettings
-
     from transport.spans import Tracer
 
     class NoServices:  # building the app touches no service (nothing runs until the worker starts)
@@ -267,7 +266,7 @@ def test_the_aiokafka_token_provider_does_the_client_credentials_grant(pki):
     asked = []
 
     class TokenEndpoint(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
+        def do_POST(self):  # http.server's name
             form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
             asked.append((self.headers["Authorization"], form))
             body = f'{{"access_token": "token-{len(asked)}", "expires_in": 3600}}'.encode()
@@ -375,13 +374,13 @@ def test_an_unreachable_broker_is_an_outage_not_a_config_error():
 @pytest.fixture(scope="module")
 def secured_broker(tmp_path_factory):
     """A SASL_SSL broker of our own (``chatpipe up --kafka-security sasl_ssl``'s), its admin user's settings."""
+    from chatpipe.testing.ports import free_port
     from infra.kafka_security import ADMIN_USER
     from infra.local_kafka import LocalKafka
     from infra.settings import StackSettings
-    from tests.conftest import _free_port
 
-    stack = StackSettings(state_dir=tmp_path_factory.mktemp("secured"), kafka_port=_free_port(),
-                          controller_port=_free_port(), kafka_security="sasl_ssl")
+    stack = StackSettings(state_dir=tmp_path_factory.mktemp("secured"), kafka_port=free_port(),
+                          controller_port=free_port(), kafka_security="sasl_ssl")
     broker = LocalKafka(stack)
     try:
         broker.up()
@@ -438,12 +437,12 @@ def _service_env(kafka: KafkaSettings, **override: str) -> dict[str, str]:
 def test_a_service_ends_in_one_line_and_code_78(secured_broker, other_ca, service, case, tmp_path):
     """The Done-when line: a wrong password and an untrusted certificate each end the service in one
     clear line naming the broker, with EX_CONFIG (no retry loop, no traceback, no password)."""
-    from tests.conftest import _free_port
+    from chatpipe.testing.ports import free_port
 
     override = {"CHATPIPE_KAFKA_SASL_PASSWORD": "wrong-password-123"} if case == "wrong password" else {}
     flags = ["--kafka-ssl-ca-file", str(other_ca)] if case == "untrusted CA" else []
     if service == "gateway":
-        flags += ["--port", str(_free_port())]
+        flags += ["--port", str(free_port())]
     proc = subprocess.run([sys.executable, "-m", "chatpipe.cli", service, *flags],
                           env=_service_env(secured_broker, **override), capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
@@ -525,7 +524,7 @@ def _add_user(admin_settings: KafkaSettings, user: str, password: str, topic: st
 
 @pytest.mark.integration
 @pytest.mark.spark
-def test_spark_and_every_client_log_in_with_a_password_holding_quote_and_backslash(secured_broker, spark):
+def test_spark_and_every_client_log_in_with_a_password_holding_quote_and_backslash(secured_broker, spark):  # noqa: F811 - spark: the fixture imported above
     """Spark's Kafka source (the Java client: JAAS line, PEM truststore) reads a topic through SASL_SSL
     with the same settings object, for a password that breaks an unescaped JAAS line; librdkafka and
     aiokafka log in with it too."""

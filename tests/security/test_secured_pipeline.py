@@ -19,11 +19,11 @@ import urllib.request
 
 import pytest
 
+from chatpipe.testing.ports import free_port
 from infra.kafka_security import ADMIN_USER, SERVICE_USERS, USERS, make_ca
 from schemas.codec import default_codec
 from schemas.records import ConversationTurn
 from tests.faults.stack import cli
-from tests.streams.qdrant_server import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.spark]
 

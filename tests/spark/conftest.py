@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from chatpipe.testing.synthetic_log import generate, to_messages
 from spark_jobs.settings import FinetuneSettings, SparkSettings
-from tests.spark.synthetic_log import generate, to_messages
 from transport.archive import write_messages
 
 

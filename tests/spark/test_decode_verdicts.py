@@ -13,10 +13,10 @@ import random
 
 import pytest
 
+from chatpipe.testing.synthetic_log import encode_turn, generate
 from schemas.codec import HEADER_LEN, AvroCodec
 from schemas.errors import DecodeError
 from schemas.records import ConversationTurn
-from tests.spark.synthetic_log import encode_turn, generate
 
 pytestmark = pytest.mark.spark
 

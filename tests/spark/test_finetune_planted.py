@@ -8,7 +8,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from tests.spark.synthetic_log import LUHN_INVALID, PII, writer_version
+from chatpipe.testing.synthetic_log import LUHN_INVALID, PII, writer_version
 
 pytestmark = pytest.mark.spark
 

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
+from chatpipe.testing.synthetic_log import START_MS, SyntheticLog, _turn, _Words, to_messages
 from spark_jobs.settings import FinetuneSettings
-from tests.spark.synthetic_log import START_MS, SyntheticLog, _turn, _Words, to_messages
 
 pytestmark = pytest.mark.spark
 

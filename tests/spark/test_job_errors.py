@@ -9,7 +9,6 @@ shares the test session's SparkSession instead of starting a second JVM.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,18 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from chatpipe.testing.ports import free_port as _free_port
 from spark_jobs.errors import OutputExistsError
 from spark_jobs.preflight import JOB_MARKER, check_output
 
 pytestmark = pytest.mark.spark
 
 CHATPIPE = str(Path(sys.executable).with_name("chatpipe"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _chatpipe(*args: str) -> tuple[int, str, float]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from chatpipe.testing.synthetic_log import generate, to_messages, writer_version
 from spark_jobs.settings import FinetuneSettings
-from tests.spark.synthetic_log import generate, to_messages, writer_version
 from transport.archive import ArchivedMessage, write_messages
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -36,8 +36,8 @@ def _consume_all(kafka_settings, topic: str, expected: int) -> list[ArchivedMess
 def test_kafka_and_archive_sources_give_identical_datasets(spark, kafka_settings, topic_factory, tmp_path):
     """Catches a source that reads different records, offsets or timestamps than the other (bounded
     Kafka batch read vs the archive layout), which would make datasets depend on where they came from."""
+    from chatpipe.testing.kafka import RecordProducer
     from spark_jobs.finetune_dataset import run
-    from tests.kafka_helpers import RecordProducer
 
     turns_topic, feedback_topic = topic_factory(partitions=3), topic_factory(partitions=3)
     log = generate(n_turns=150, seed=5)
@@ -60,7 +60,7 @@ def test_kafka_and_archive_sources_give_identical_datasets(spark, kafka_settings
     from_archive = run(spark, FinetuneSettings(source="archive", archive_dir=tmp_path / "archive",
                                                out=tmp_path / "a", **base), kafka)
     assert from_kafka.card["input"]["turns_read"] == n_turns
-    same = lambda card: {**card, "settings": None, "input": {**card["input"], "source": None}}  # noqa: E731
+    same = lambda card: {**card, "settings": None, "input": {**card["input"], "source": None}}
     assert same(from_kafka.card) == same(from_archive.card)
     for name in ("sft/train.jsonl", "sft/validation.jsonl", "preference/train.jsonl", "preference/validation.jsonl"):
         assert (from_kafka.out / name).read_bytes() == (from_archive.out / name).read_bytes(), name

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from chatpipe.testing.synthetic_log import writer_version
 from schemas.records import ConversationTurn
-from tests.spark.synthetic_log import writer_version
 
 pytestmark = pytest.mark.spark
 

@@ -2,7 +2,7 @@
 
 Test-data generation and the benchmark baseline once lived in ``spark_jobs`` (so every install
 carried them and the product's modules could come to depend on them); they now live in
-``tests/spark/synthetic_log.py`` and ``bench/finetune_reference.py``.
+``chatpipe/testing/synthetic_log.py`` and ``bench/finetune_reference.py``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.synthetic_log import generate, to_messages
+from chatpipe.testing.synthetic_log import generate, to_messages
 from transport.archive import write_messages
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,11 +15,11 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
+from chatpipe.testing.synthetic_log import START_MS, SyntheticLog, _turn, _Words, to_messages
 from schemas.codec import AvroCodec
 from schemas.records import ConversationTurn, Deletion, DeletionScope, Feedback, FeedbackKind
 from spark_jobs.erasure import affected_datasets, conversation_key, subject_key
 from spark_jobs.settings import FinetuneSettings
-from tests.spark.synthetic_log import START_MS, SyntheticLog, _turn, _Words, to_messages
 from transport.archive import ArchivedMessage, write_messages
 
 pytestmark = pytest.mark.spark
@@ -250,8 +250,8 @@ def test_active_users_are_counted_per_tenant(spark, runs, tmp_path):
 @pytest.mark.integration
 def test_deletions_are_read_from_the_kafka_topic(spark, runs, kafka_settings, topic_factory, tmp_path):
     """Catches a Kafka-sourced build that ignores the deletions topic (only the archive's copy was read)."""
+    from chatpipe.testing.kafka import RecordProducer
     from spark_jobs.finetune_dataset import run
-    from tests.kafka_helpers import RecordProducer
 
     g, _, _, new = runs
     turns, feedback, deletions = topic_factory(partitions=2), topic_factory(partitions=2), topic_factory(partitions=1)

@@ -9,10 +9,10 @@ from datetime import datetime, timezone
 import pandas as pd
 import pytest
 
+from chatpipe.testing.synthetic_log import START_MS, generate, to_messages
 from schemas.codec import AvroCodec
 from schemas.records import DeadLetter
 from spark_jobs.settings import UsageReportSettings
-from tests.spark.synthetic_log import START_MS, generate, to_messages
 from transport.archive import ArchivedMessage, write_messages
 
 pytestmark = pytest.mark.spark

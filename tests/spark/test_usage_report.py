@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 import pandas as pd
 import pytest
 
+from chatpipe.testing.synthetic_log import to_messages
 from spark_jobs.settings import UsageReportSettings
-from tests.spark.synthetic_log import to_messages
 from transport.archive import write_messages
 
 pytestmark = pytest.mark.spark
@@ -25,7 +25,7 @@ def test_usage_report_figures(spark, planted_log, tmp_path):
     out = run(spark, UsageReportSettings(source="archive", archive_dir=tmp_path / "archive", out=tmp_path / "r"),
               KafkaSettings())
     usage = pd.read_parquet(out / "usage.parquet").set_index(["day", "model"])
-    day = lambda ms: datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d")  # noqa: E731
+    day = lambda ms: datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d")
     groups: dict = {}
     for t in planted_log.turns:
         groups.setdefault((day(t.created_at), t.model), []).append(t)

@@ -17,7 +17,8 @@ import uuid
 import httpx
 import pytest
 
-from tests.integration.test_stack_full import _cli, _free_port
+from chatpipe.testing.ports import free_port
+from tests.integration.test_stack_full import _cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
@@ -27,10 +28,10 @@ SERVICES = ("kafka", "streams", "inference", "gateway")
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("top") / "state"
-    gateway_port = _free_port()
-    flags = ["--state-dir", str(state), "--kafka-port", str(_free_port()), "--controller-port", str(_free_port()),
-             "--gateway-port", str(gateway_port), "--worker-metrics-port", str(_free_port()),
-             "--streams-metrics-port", str(_free_port())]
+    gateway_port = free_port()
+    flags = ["--state-dir", str(state), "--kafka-port", str(free_port()), "--controller-port", str(free_port()),
+             "--gateway-port", str(gateway_port), "--worker-metrics-port", str(free_port()),
+             "--streams-metrics-port", str(free_port())]
     try:
         up = _cli("up", *flags, timeout=600)
         assert up.returncode == 0, up.stdout + up.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-
 # --- memory (Qdrant + embeddings) fixtures --------------------------------------------------------
 
 
@@ -22,7 +21,7 @@ def embedder():
 @pytest.fixture(scope="session")
 def qdrant_server(tmp_path_factory):
     """One real Qdrant server (../shared/tools/qdrant) on free ports; yields its URL. Skips without it."""
-    from tests.streams.qdrant_server import QDRANT_TOOL, SKIP_REASON, QdrantPeer
+    from chatpipe.testing.qdrant import QDRANT_TOOL, SKIP_REASON, QdrantPeer
 
     if not QDRANT_TOOL.exists():
         pytest.skip(SKIP_REASON)
@@ -39,7 +38,7 @@ def qdrant_server(tmp_path_factory):
 def qdrant_cluster(tmp_path_factory):
     """A fresh real 3-peer Qdrant cluster per test (tests kill peers); yields QdrantCluster, consensus
     formed. Skips without the binary."""
-    from tests.streams.qdrant_server import QDRANT_TOOL, SKIP_REASON, QdrantCluster
+    from chatpipe.testing.qdrant import QDRANT_TOOL, SKIP_REASON, QdrantCluster
 
     if not QDRANT_TOOL.exists():
         pytest.skip(SKIP_REASON)

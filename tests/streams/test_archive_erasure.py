@@ -16,7 +16,6 @@ import pytest
 from schemas.codec import default_codec
 from schemas.records import ConversationTurn, Deletion, DeletionAudit, DeletionScope, Feedback, FeedbackKind, FinishReason
 from streams.archive import Archiver
-from streams.archive_erasure import erase_from_archive
 from streams.erasures import ErasureRegistry, Subject
 from transport.archive import ArchivedMessage, read_messages
 

@@ -17,8 +17,8 @@ from streams.errors import InfrastructureUnavailableError
 from streams.faults import EXIT_BUG, EXIT_INFRASTRUCTURE, Retrier, exit_code_for
 from streams.memory import MemoryUnavailableError
 from streams.outbox import Outbox
-from streams.reply_address import ReplyAddresses
 from transport.errors import TransportError
+from transport.reply_address import ReplyAddresses
 
 
 class FakeTime:
@@ -151,7 +151,7 @@ async def test_reply_addresses_are_checked_against_the_broker_with_a_short_cache
     topic, then produces), while requests older than the last look cost no lookup."""
     t, topics = FakeTime(), Topics(**{"p.chat.replies": 6})
     t.now = 1_000.0
-    replies = ReplyAddresses(topics, cache_s=30, clock=t.clock)
+    replies = ReplyAddresses(topics, fresh_s=30, clock=t.clock)
     assert await replies.problem("p.chat.replies", 5, sent_at_s=999.0) is None
     assert await replies.problem("p.chat.replies", None) is None and topics.listed == 1
     assert "outside 'p.chat.replies', which has 6 partition(s)" in await replies.problem(
@@ -174,7 +174,7 @@ async def test_a_broker_that_cannot_list_topics_is_an_infrastructure_fault():
         raise TransportError("cannot reach Kafka")
 
     with pytest.raises(TransportError):
-        await ReplyAddresses(down, cache_s=30).problem("p.chat.replies", 0)
+        await ReplyAddresses(down, fresh_s=30).problem("p.chat.replies", 0)
 
 
 # --- what Faust commits -------------------------------------------------------------------------

@@ -18,6 +18,8 @@ import uuid
 import numpy as np
 import pytest
 
+from chatpipe.testing.ports import free_port
+from chatpipe.testing.qdrant import REPO
 from streams.embeddings import turn_text
 from streams.memory import (
     ConversationMemory,
@@ -30,7 +32,6 @@ from streams.memory import (
     recency_weighted,
 )
 from streams.memory_settings import MemorySettings
-from tests.streams.qdrant_server import REPO, free_port
 
 T0 = 1_760_000_000_000  # epoch ms of turn 0
 MINUTE, DAY = 60_000, 86_400_000

@@ -87,7 +87,7 @@ def test_recall_keeps_answering_and_no_point_is_lost_when_a_peer_is_killed(qdran
                     got = mem.recall(tenant="acme", user_id=f"user{i % USERS}", vector=vectors[i], limit=1)
                     ok = len(got) == 1 and got[0].turn == acme[i]
                     outcomes.append((time.monotonic(), "ok" if ok else f"wrong answer for a{i}: {got}"))
-                except Exception as exc:  # recorded, not raised: the assertion below reports them all
+                except Exception as exc:  # noqa: BLE001 - recorded, not raised: the assertion below reports them all
                     outcomes.append((time.monotonic(), f"{type(exc).__name__}: {exc}"))
 
         reader = threading.Thread(target=recall_forever, daemon=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from streams.memory import MemoryInputError, RecallQuery
-from tests.streams.test_memory import DAY, QUESTION, T0, conversation, ids, memory, vectors_of  # noqa: F401
+from tests.streams.test_memory import DAY, QUESTION, T0, conversation, ids, memory, vectors_of  # noqa: F401 - memory, vectors_of: fixtures the tests take as parameters
 
 
-def test_a_conversation_scoped_recall_sees_only_its_own_conversation(memory, embedder, vectors_of):
+def test_a_conversation_scoped_recall_sees_only_its_own_conversation(memory, embedder, vectors_of):  # noqa: F811 - the fixtures imported above
     """Guards against the issue-19 mix: one key's default user serves many people, each in their own
     conversation; the fact told in c1 must not reach a prompt of c2 (or of a new conversation)."""
     mem = memory(min_score=-1.0)  # every turn is a candidate: only the filters decide what comes back

@@ -13,9 +13,9 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import _free_port
-from tests.kafka_helpers import RecordProducer
-from tests.streams.pipeline import Conversation, StreamsWorker, Tap
+from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.ports import free_port
+from chatpipe.testing.streams import Conversation, StreamsWorker, Tap
 from transport.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ def test_metrics_count_what_each_agent_did_and_the_groups_lag(kafka_stack, tmp_p
 
     kafka = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers, topic_prefix=f"m{uuid.uuid4().hex[:8]}.")
     TopicAdmin(kafka).apply()
-    port = _free_port()
+    port = free_port()
     worker = StreamsWorker(kafka, tmp_path, metrics_port=port, lag_interval_s=1)
     requests, turns = Tap(kafka, "chat.inference.requests"), Tap(kafka, "chat.turns")
     worker.start()

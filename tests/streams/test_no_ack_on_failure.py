@@ -18,13 +18,13 @@ from datetime import datetime, timezone
 
 import pytest
 
+from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.qdrant import QDRANT_TOOL, SKIP_REASON, QdrantPeer
+from chatpipe.testing.streams import Conversation, StreamsWorker, Tap, answer, prompt
 from schemas.codec import default_codec
 from schemas.records import Deletion, DeletionScope, Feedback, FeedbackKind
 from schemas.topics import deletion_key
 from streams.faults import EXIT_INFRASTRUCTURE
-from tests.kafka_helpers import RecordProducer
-from tests.streams.pipeline import Conversation, StreamsWorker, Tap, answer, prompt
-from tests.streams.qdrant_server import QDRANT_TOOL, SKIP_REASON, QdrantPeer
 from transport.archive import hour_dir, read_messages
 from transport.settings import KafkaSettings
 

@@ -17,13 +17,11 @@ import uuid
 
 import pytest
 
+from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.streams import REPO, Conversation, StreamsWorker, Tap, answer, prompt
 from schemas.codec import default_codec
-from schemas.records import (
-    ChatMessage, Deletion, DeletionScope, Feedback, FeedbackKind, PromptRequest,
-)
+from schemas.records import ChatMessage, Deletion, DeletionScope, Feedback, FeedbackKind, PromptRequest
 from streams.record import turn_id_for
-from tests.streams.pipeline import REPO, Conversation, StreamsWorker, Tap, answer, prompt
-from tests.kafka_helpers import RecordProducer
 from transport.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration

@@ -68,7 +68,7 @@ def test_progress_or_an_idle_partition_is_no_stall(case):
 
 
 def test_run_raises_naming_the_partition_and_skips_while_nothing_is_assigned():
-    clock, agent = Clock(), AgentBatches()
+    agent = AgentBatches()
     dog = ProgressWatchdog(lambda tps: {TP: (41, 56)}, stall_s=0.05, batches=[agent])
     assigned = iter([[], [TP], [TP], [TP], [TP], [TP]])
 

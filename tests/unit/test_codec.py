@@ -261,7 +261,7 @@ def test_dataclass_and_schema_out_of_step_is_a_schema_error():
     from schemas.errors import SchemaError
 
     @dataclass(slots=True)
-    class Cancel:  # noqa: F811 - a drifted copy of records.Cancel, one field short
+    class Cancel:  # a drifted copy of records.Cancel, one field short
         request_id: str
         conversation_id: str
 

@@ -1,6 +1,6 @@
 """How the tests' BatchConsumer builds batches: error events are never wrapped, and a batch is built
 without starting a garbage collection that would promote the previous batch
-(tests/kafka_helpers/batches.py).
+(chatpipe/testing/kafka/batches.py).
 
 The ``Message`` objects are confluent-kafka's own, built the way its tests build them; no broker
 is needed to hand them out.
@@ -13,7 +13,7 @@ import gc
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from tests.kafka_helpers import pause_gc, resume_gc, wrap_batch
+from chatpipe.testing.kafka import pause_gc, resume_gc, wrap_batch
 from transport.message import ConsumedMessage
 
 

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from tests.worker.harness import Reader
+from chatpipe.testing.worker import Reader
 
 
 @pytest.fixture

@@ -15,14 +15,15 @@ import re
 import time
 import uuid
 
+import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.worker import make_request, send_requests, start_worker
 from inference.worker.deletions import RecentDeletions, audit_component, prefix_cache_audit
 from schemas.codec import default_codec
 from schemas.records import Deletion, DeletionScope
 from schemas.topics import deletion_key
-from tests.kafka_helpers import RecordProducer
-from tests.worker.harness import make_request, send_requests, start_worker
 from transport.settings import KafkaSettings
 
 
@@ -49,6 +50,8 @@ def dropped_blocks(log: str, event_id: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+@pytest.mark.integration
+@pytest.mark.model
 def test_a_deletion_drops_the_users_prefix_blocks_and_is_audited(worker_kafka, reader, tmp_path):
     worker = start_worker(worker_kafka, tmp_path)
     producer = RecordProducer(worker_kafka)

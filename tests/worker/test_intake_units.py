@@ -10,16 +10,16 @@ import threading
 
 import pytest
 
+from chatpipe.testing.worker import make_request
 from inference.worker.cancels import CancelListener
-from inference.worker.deletions import DeletionListener
 from inference.worker.capacity import Capacity
+from inference.worker.deletions import DeletionListener
 from inference.worker.intake import Outcome
 from inference.worker.intake_partition import PartitionIntake, partition_group_ids
 from inference.worker.intake_share import share_group_ids
 from inference.worker.settings import WorkerSettings
 from schemas.codec import default_codec
 from schemas.records import Priority
-from tests.worker.harness import make_request
 from transport.errors import TransportError
 from transport.settings import KafkaSettings
 

@@ -1,6 +1,6 @@
 """Which Kafka errors are the record's fault and which the infrastructure's, without a broker:
 consumer errors by code (``transport.group_consumer``, ``transport.share_consumer``), reply
-addresses and failed reply sends (``inference.worker.reply_address``)."""
+addresses (``transport.reply_address``) and failed reply sends (``transport.failures``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import asyncio
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from chatpipe.testing.worker import make_request
 from inference.worker.errors import ReplyAddressError
-from inference.worker.reply_address import ReplyAddresses, is_reply_fault
-from tests.worker.harness import make_request
 from transport.errors import DeliveryError, TransportError
-from transport.group_consumer import ErrorBudget, GroupConsumer, is_transient
+from transport.failures import Fault, classify
+from transport.group_consumer import ErrorBudget, GroupConsumer
+from transport.reply_address import ReplyAddresses, reserved_topics
 from transport.settings import KafkaSettings
 from transport.tail_consumer import TailConsumer
 
@@ -31,7 +32,7 @@ class Clock:
 # -- consumer errors ---------------------------------------------------------------------------
 
 
-def ErrorMessage(code: int) -> Message:  # noqa: N802 - reads as the event it builds
+def ErrorMessage(code: int) -> Message:  # reads as the event it builds
     """A real confluent-kafka error event (what ``consume`` returns for a consumer error)."""
     return Message(topic="u.t", partition=0, offset=-1, error=KafkaError(code))
 
@@ -69,7 +70,7 @@ def test_transient_consumer_errors_are_polled_through(code):
                                   KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError._AUTO_OFFSET_RESET,
                                   KafkaError.GROUP_ID_NOT_FOUND])
 def test_fatal_consumer_errors_raise(code):
-    assert not is_transient(KafkaError(code))
+    assert classify(KafkaError(code)) is not Fault.TRANSIENT
     consumer = GroupConsumer(KAFKA, group_id="g", topics=["u.t"])
     consumer._consumer.close()
     consumer._consumer = FakeConsumer([[ErrorMessage(code)]])
@@ -130,20 +131,25 @@ class Topics:
 
 
 def _check(addresses: ReplyAddresses, reply_to: str | None, reply_partition: int | None = 0) -> None:
-    asyncio.run(addresses.check(make_request(1, reply_to=reply_to, reply_partition=reply_partition)))
+    """What the worker does before generating (worker.py ``_answer_in``)."""
+    req = make_request(1, reply_to=reply_to, reply_partition=reply_partition)
+    if problem := asyncio.run(addresses.problem(req.reply_to or None, req.reply_partition)):
+        raise ReplyAddressError(problem)
 
 
 @pytest.mark.parametrize("reply_to, partition, reason", [
-    ("u.chat.replies", 6, "reply_partition 6 is outside reply topic u.chat.replies (6 partition(s): 0-5)"),
+    ("u.chat.replies", 6, "reply_partition 6 is outside 'u.chat.replies', which has 6 partition(s): 0-5"),
     ("u.chat.replies", -2, "reply_partition -2 is negative"),
-    ("u.nowhere", 0, "reply topic u.nowhere does not exist"),
+    ("u.nowhere", 0, "reply_to 'u.nowhere' is not a topic on the broker"),
     ("bad name!", 0, "is not a valid Kafka topic name"),
-    ("u.chat.inference.requests", 0, "is a request topic of the inference workers"),
+    ("u.chat.inference.requests", 0, "is a topic of the pipeline itself"),
+    ("u.chat.prompts", 0, "is a topic of the pipeline itself"),
 ])
 def test_unanswerable_reply_addresses_are_refused_with_the_reason(reply_to, partition, reason):
     """Guards against a reply address that made the chunk send raise and the worker exit (and every
     restarted worker die on the same record): it must be refused, with a reason, before generating."""
-    addresses = ReplyAddresses(Topics({"u.chat.replies": 6}), own_topics={"u.chat.inference.requests"})
+    addresses = ReplyAddresses(Topics({"u.chat.replies": 6, "u.chat.prompts": 6, "u.chat.inference.requests": 6}),
+                               reserved=reserved_topics("u."))
     with pytest.raises(ReplyAddressError, match=reason.replace("(", r"\(").replace(")", r"\)")):
         _check(addresses, reply_to, partition)
 
@@ -197,4 +203,4 @@ def test_reply_send_errors_are_classified_by_code(exc, fault):
     """Guards against a record's fault (a partition outside the reply topic) being taken for a broker
     failure, and against a broker outage being taken for the record's fault (dead-lettering good
     requests)."""
-    assert is_reply_fault(exc) is fault
+    assert (classify(exc, address_from_record=True) is Fault.RECORD) is fault

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
+from chatpipe.testing.worker import make_request, send_requests
 from inference.worker.capacity import Capacity
 from inference.worker.intake import Outcome
 from inference.worker.intake_partition import PartitionIntake, partition_group_ids
 from inference.worker.settings import WorkerSettings
 from schemas.codec import default_codec
-from tests.worker.harness import make_request, send_requests
 from transport.group_consumer import GroupConsumer
 
 pytestmark = pytest.mark.integration
@@ -78,7 +78,7 @@ async def test_a_backlog_on_every_partition_is_served_fairly_with_few_slots(work
     twelve taken must come from every partition. Without the fair window, librdkafka refetches after
     each pause/resume and hands out the lowest partitions first, so partitions 4-5 waited until the
     others were drained (under sustained load: for ever)."""
-    from tests.kafka_helpers import RecordProducer
+    from chatpipe.testing.kafka import RecordProducer
 
     kafka = worker_kafka
     settings = WorkerSettings(group_id=f"{kafka.topic_prefix}fair", max_in_flight=2, poll_timeout_s=0.05)

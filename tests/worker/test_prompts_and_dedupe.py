@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from chatpipe.testing.kafka import FirstSeen, StreamAssembler
 from inference.worker.errors import InvalidRequestError, InvalidSamplingError, PromptTooLongError
 from inference.worker.prompts import prepare
 from schemas.records import ChatMessage, InferenceRequest, SamplingParams
-from tests.kafka_helpers import FirstSeen, StreamAssembler
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from chatpipe.testing.worker import REPLIES, Reader, make_request, send_requests, start_worker
 from schemas.records import FinishReason, now_ms
-from tests.worker.harness import REPLIES, Reader, make_request, send_requests, start_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
@@ -80,8 +80,8 @@ def test_an_unanswerable_reply_address_is_answered_and_the_worker_goes_on(servic
     good = make_request(12, conversation="c-bad", max_tokens=4, reply_to=replies, reply_partition=1)
     send_requests(kafka, [outside, missing, good])
     rd.wait_responses([outside.request_id, missing.request_id, good.request_id], 90)
-    for bad, reason in ((outside, f"reply_partition 99 is outside reply topic {replies} (6 partition(s)"),
-                        (missing, f"reply topic {kafka.topic('chat.nowhere')} does not exist")):
+    for bad, reason in ((outside, f"reply_partition 99 is outside '{replies}', which has 6 partition(s)"),
+                        (missing, f"reply_to '{kafka.topic('chat.nowhere')}' is not a topic on the broker")):
         response = rd.seen.first_response(bad.request_id)[0]
         assert response.finish_reason is FinishReason.ERROR and reason in response.error, response
         rd.wait_for(lambda s, rid=bad.request_id: _letter_of(s, rid) is not None, 30, "the dead letter")

@@ -15,10 +15,10 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from chatpipe.testing.worker import REPLIES, Reader, make_request, send_requests, start_worker
 from inference.worker.prompts import prepare
 from schemas.records import ChatMessage, FinishReason, InferenceRequest, SamplingParams
 from schemas.requests import response_format_text
-from tests.worker.harness import REPLIES, Reader, make_request, send_requests, start_worker
 
 SCHEMA = {"type": "object",
           "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}, "sunny": {"type": "boolean"}},

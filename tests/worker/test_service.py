@@ -13,11 +13,11 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.ports import free_port
+from chatpipe.testing.worker import REPLIES, Reader, make_request, rss_mb, send_requests, start_worker
 from schemas.records import Cancel, FinishReason, Priority, WorkerState
 from schemas.topics import inference_requests_topic
-from tests.conftest import _free_port
-from tests.worker.harness import REPLIES, Reader, make_request, rss_mb, send_requests, start_worker
-from tests.kafka_helpers import RecordProducer
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
@@ -32,7 +32,7 @@ def service(kafka_stack, tmp_path_factory):
 
     kafka = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers, topic_prefix=f"s{uuid.uuid4().hex[:8]}.")
     TopicAdmin(kafka).apply()
-    port = _free_port()
+    port = free_port()
     worker = start_worker(kafka, tmp_path_factory.mktemp("service"), worker_id="svc", CHATPIPE_MAX_BATCH="2",
                           CHATPIPE_WORKER_MAX_IN_FLIGHT=str(MAX_IN_FLIGHT), CHATPIPE_WORKER_METRICS_PORT=str(port))
     worker.wait_serving()

@@ -15,16 +15,16 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from chatpipe.testing.ports import free_port
+from chatpipe.testing.worker import REPLIES, make_request, send_requests, start_worker
 from schemas.records import FinishReason
-from tests.conftest import _free_port
-from tests.worker.harness import REPLIES, make_request, send_requests, start_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
 
 def test_a_long_generation_is_stopped_before_its_record_lock_runs_out(worker_kafka, reader, tmp_path):
     kafka = worker_kafka
-    port = _free_port()
+    port = free_port()
     worker = start_worker(kafka, tmp_path, intake="share", worker_id="locked",
                           CHATPIPE_WORKER_SHARE_RECORD_LOCK_MS="15000", CHATPIPE_WORKER_METRICS_PORT=str(port),
                           CHATPIPE_WORKER_LAG_INTERVAL_S="1")

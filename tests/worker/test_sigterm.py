@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from chatpipe.testing.worker import REPLIES, make_request, send_requests, start_worker
 from schemas.records import FinishReason
-from tests.worker.harness import REPLIES, make_request, send_requests, start_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 

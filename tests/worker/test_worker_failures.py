@@ -13,10 +13,10 @@ import time
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from chatpipe.testing.worker import REPLIES, make_request, send_requests, start_worker
 from inference.worker.intake_share import share_group_config, share_group_ids
 from inference.worker.settings import WorkerSettings
 from schemas.records import FinishReason, Priority, WorkerState
-from tests.worker.harness import REPLIES, make_request, send_requests, start_worker
 from transport.admin import TopicAdmin
 from transport.share_consumer import RELEASE, ShareGroupConsumer
 

@@ -11,22 +11,18 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
 
+from chatpipe.testing.ports import free_port
+from chatpipe.testing.processes import http_ok, start_process, wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 QDRANT_TOOL = REPO.parent / "shared" / "tools" / "qdrant"
 SKIP_REASON = f"no Qdrant server at {QDRANT_TOOL}: the server and cluster memory tests need ../shared/tools/qdrant"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class QdrantPeer:
@@ -56,24 +52,12 @@ class QdrantPeer:
             if bootstrap is not None:
                 args += ["--bootstrap", bootstrap.p2p_url]
             args += ["--uri", self.p2p_url]
-        log = open(self.dir / "qdrant.log", "ab")
         # the tool script exec's the binary, so this pid is the server's own
-        self.proc = subprocess.Popen(args, cwd=self.dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        log.close()
+        self.proc = start_process(args, log=self.dir / "qdrant.log", env=env, cwd=self.dir, new_session=True)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"qdrant {self.dir.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"qdrant {self.dir.name} not ready after {timeout_s} s:\n{self.log_tail()}")
+        wait_until(lambda: http_ok(f"{self.url}/readyz", timeout_s=1.0), timeout_s=timeout_s,
+                   what=f"qdrant {self.dir.name}", proc=self.proc, log=self.log_tail)
 
     def kill(self) -> None:
         """SIGKILL: the peer vanishes mid-request, as in a machine failure."""

@@ -145,5 +145,5 @@ class RecordProducer:
         else:  # don't mask the original error with a flush failure
             try:
                 self._producer.flush(self.settings.delivery_timeout_s)
-            except Exception:  # noqa: BLE001 - the original exception is what matters
+            except Exception:  # the original exception is what matters
                 log.exception("flush after error failed")

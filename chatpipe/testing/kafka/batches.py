@@ -1,4 +1,4 @@
-"""The decoded record the test consumer (``tests.kafka_helpers.consumer.BatchConsumer``) hands out.
+"""The decoded record the test consumer (``chatpipe.testing.kafka.consumer.BatchConsumer``) hands out.
 How it builds batches cheaply (``wrap_batch``, ``pause_gc``) is ``transport/batches.py``: the
 services' ``GroupConsumer`` builds its batches the same way.
 """

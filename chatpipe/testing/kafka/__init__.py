@@ -6,10 +6,10 @@
     answers.py    FirstSeen (first Response wins), StreamAssembler (each attempt's full text)
 """
 
-from tests.kafka_helpers.answers import FirstSeen, StreamAssembler
-from tests.kafka_helpers.batches import DecodedMessage, pause_gc, resume_gc, wrap_batch
-from tests.kafka_helpers.consumer import BatchConsumer, DeadLetterWriter
-from tests.kafka_helpers.producer import RecordProducer
+from chatpipe.testing.kafka.answers import FirstSeen, StreamAssembler
+from chatpipe.testing.kafka.batches import DecodedMessage, pause_gc, resume_gc, wrap_batch
+from chatpipe.testing.kafka.consumer import BatchConsumer, DeadLetterWriter
+from chatpipe.testing.kafka.producer import RecordProducer
 
 __all__ = ["BatchConsumer", "DeadLetterWriter", "DecodedMessage", "FirstSeen", "RecordProducer", "StreamAssembler",
            "pause_gc", "resume_gc", "wrap_batch"]

@@ -1,6 +1,6 @@
 """Reader-side helpers of the tests: keep each Response once, rebuild each attempt's full text.
 
-A test that reads everything the workers wrote (tests/worker/harness.py) keeps the first Response
+A test that reads everything the workers wrote (chatpipe/testing/worker.py) keeps the first Response
 of a request and compares it with the chunks of the same serving attempt:
 
     seen = FirstSeen(capacity=100_000)

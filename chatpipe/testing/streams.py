@@ -19,9 +19,10 @@ from typing import Any, Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from chatpipe.testing.processes import start_process, wait_until
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, FinishReason, InferenceRequest, PromptRequest, Response, SamplingParams
-from schemas.topics import spec
+from schemas.topics import PROMPTS, REPLIES, RESPONSES, spec
 from streams.faults import EXIT_INFRASTRUCTURE
 from transport.settings import KafkaSettings
 
@@ -57,19 +58,11 @@ class StreamsWorker:
     def start(self, timeout_s: float = 240.0) -> None:
         with open(self.log, "a") as out:
             out.write(f"\n===== start {self.starts} =====\n")
-            out.flush()
-            self.proc = subprocess.Popen([sys.executable, "-m", "chatpipe.cli", "streams"], cwd=REPO, env=self.env,
-                                         stdout=out, stderr=subprocess.STDOUT)
+        self.proc = start_process([sys.executable, "-m", "chatpipe.cli", "streams"], log=self.log, env=self.env,
+                                  cwd=REPO)
         self.starts += 1
-        marker = "Ready"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"chatpipe streams exited with {self.proc.returncode}:\n{self.tail()}")
-            if self.log.read_text().split(f"===== start {self.starts - 1} =====")[-1].count(marker):
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"chatpipe streams not ready after {timeout_s:.0f}s:\n{self.tail()}")
+        wait_until(lambda: "Ready" in self.current_log(), timeout_s=timeout_s, what="chatpipe streams",
+                   proc=self.proc, log=self.tail, interval_s=0.3)
 
     def stop(self, timeout_s: float = 90.0) -> int:
         """SIGTERM and wait; returns the exit code (the worker must stop on its own)."""
@@ -202,15 +195,15 @@ class Conversation:
 
     def ask(self, text: str, **kw) -> InferenceRequest:
         request = prompt(self.tenant, self.user, self.conversation, text,
-                         reply_to=self.producer.settings.topic("chat.replies"), **kw)
-        self.producer.send(self.producer.settings.topic("chat.prompts"), request, key=self.conversation)
+                         reply_to=self.producer.settings.topic(REPLIES), **kw)
+        self.producer.send(self.producer.settings.topic(PROMPTS), request, key=self.conversation)
         self.producer.flush()
         (got,) = self.requests.records(1, where=lambda r: r.request_id == request.request_id)
         return got
 
     def reply(self, request: InferenceRequest, text: str, times: int = 1):
         for _ in range(times):
-            self.producer.send(self.producer.settings.topic("chat.responses"), answer(request, text),
+            self.producer.send(self.producer.settings.topic(RESPONSES), answer(request, text),
                                key=self.conversation)
         self.producer.flush()
         (turn,) = self.turns.records(1, where=lambda t: t.request_id == request.request_id)

@@ -9,31 +9,21 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from tests.streams.pipeline import StreamsWorker
-from tests.worker.harness import CHATPIPE, REPO, WorkerProcess, start_worker
+from chatpipe.testing.ports import free_port
+from chatpipe.testing.processes import http_ok, start_process, stop_process, wait_until
+from chatpipe.testing.streams import StreamsWorker
+from chatpipe.testing.worker import CHATPIPE, REPO, WorkerProcess, start_worker
 from transport.settings import KafkaSettings
 
 API_KEY = "sk-test-" + uuid.uuid4().hex
 OTHER_TENANT_KEY = "sk-test-other-" + uuid.uuid4().hex
 # The model's context as both streams (assembly budget) and the worker (max_seq_len) see it.
 CONTEXT_TOKENS = 1024
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_keys(path: Path) -> Path:
@@ -52,26 +42,12 @@ class GatewayProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_healthy(self, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"gateway exited {self.proc.returncode}:\n{self.log()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"gateway not healthy after {timeout_s}s:\n{self.log()[-3000:]}")
+        wait_until(lambda: http_ok(f"{self.url}/healthz"), timeout_s=timeout_s, what="gateway", proc=self.proc,
+                   log=self.log_path)
 
     def terminate(self, timeout_s: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
+        """SIGTERM and wait; past ``timeout_s`` SIGKILL and ``subprocess.TimeoutExpired``."""
+        return stop_process(self.proc, timeout_s)
 
 
 def start_gateway(kafka: KafkaSettings, root: Path, *, gateway_id: str | None = None, **env: str) -> GatewayProcess:
@@ -82,9 +58,7 @@ def start_gateway(kafka: KafkaSettings, root: Path, *, gateway_id: str | None = 
                 "CHATPIPE_GATEWAY_KEYS_FILE": str(write_keys(root / "keys.json")),
                 "CHATPIPE_GATEWAY_GATEWAY_ID": gateway_id, **env}
     log_path = root / f"{gateway_id}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(CHATPIPE), "gateway"], env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=REPO)
+    proc = start_process([CHATPIPE, "gateway"], log=log_path, env=full_env, cwd=REPO, append=False)
     return GatewayProcess(proc, f"http://127.0.0.1:{port}", log_path)
 
 

@@ -14,17 +14,17 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from chatpipe.testing.kafka import FirstSeen, RecordProducer, StreamAssembler
+from chatpipe.testing.processes import start_process, wait_until
 from inference.worker.replies import ENGINE_TIME_HEADER
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, InferenceRequest, Priority, SamplingParams, now_ms
-from schemas.topics import inference_requests_topic
-from tests.kafka_helpers import FirstSeen, RecordProducer, StreamAssembler
+from schemas.topics import DLQ, REPLIES, RESPONSES, WORKERS_STATUS, inference_requests_topic
 from transport.dedupe import attempt_of
 from transport.settings import KafkaSettings
 
 REPO = Path(__file__).resolve().parents[2]
 CHATPIPE = REPO / ".venv" / "bin" / "chatpipe"
-REPLIES = "chat.replies"
 
 # Small engine so that 2 workers + the broker fit on 2 shared cores.
 ENGINE_ENV = {"CHATPIPE_MAX_BATCH": "4", "CHATPIPE_KV_CACHE_TOKENS": "4096", "CHATPIPE_NUM_THREADS": "1",
@@ -64,14 +64,8 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_serving(self, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if "serving (intake=" in self.log():
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"worker {self.worker_id} exited {self.proc.returncode}:\n{self.log()[-3000:]}")
-            time.sleep(0.2)
-        raise AssertionError(f"worker {self.worker_id} not serving after {timeout_s}s:\n{self.log()[-3000:]}")
+        wait_until(lambda: "serving (intake=" in self.log(), timeout_s=timeout_s, what=f"worker {self.worker_id}",
+                   proc=self.proc, log=self.log_path)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -92,9 +86,7 @@ def start_worker(kafka: KafkaSettings, tmp_path: Path, *, intake: str = "partiti
                 "CHATPIPE_WORKER_GROUP_ID": f"{kafka.topic_prefix}{group_id}", "CHATPIPE_WORKER_WORKER_ID": worker_id,
                 "CHATPIPE_WORKER_HEARTBEAT_S": "1", "HF_HUB_OFFLINE": "1", **env}
     log_path = tmp_path / f"{worker_id}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(CHATPIPE), "inference", *args], env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=REPO)
+    proc = start_process([CHATPIPE, "inference", *args], log=log_path, env=full_env, cwd=REPO, append=False)
     return WorkerProcess(proc, log_path, worker_id)
 
 
@@ -126,7 +118,7 @@ class Reader:
         self._dedupe = FirstSeen()
         self._consumer = Consumer({**kafka.client_config(), "group.id": f"reader-{uuid.uuid4().hex[:8]}",
                                    "enable.auto.commit": False, "fetch.wait.max.ms": 10})
-        names = [kafka.topic(n) for n in ("chat.responses", REPLIES, "chat.dlq", "chat.workers.status")]
+        names = [kafka.topic(n) for n in (RESPONSES, REPLIES, DLQ, WORKERS_STATUS)]
         deadline = time.monotonic() + 30
         while True:  # just-created topics take a moment to show in metadata
             meta = self._consumer.list_topics(timeout=10)

@@ -17,12 +17,12 @@ from typing import Any, Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from chatpipe.testing.kafka.batches import DecodedMessage, pause_gc, resume_gc, wrap_batch
+from chatpipe.testing.kafka.producer import RecordProducer
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
 from schemas.records import DeadLetter
 from schemas.topics import DLQ
-from tests.kafka_helpers.batches import DecodedMessage, pause_gc, resume_gc, wrap_batch
-from tests.kafka_helpers.producer import RecordProducer
 from transport.dead_letters import dead_letter_for, dead_letter_headers, dead_letter_key
 from transport.errors import TransportError
 from transport.message import ConsumedMessage
@@ -71,7 +71,7 @@ class BatchConsumer:
         if on_decode_error is None:
             if dead_letters is None:
                 raise ValueError("give dead_letters or on_decode_error: undecodable messages need a place to go")
-            on_decode_error = lambda exc, msg: dead_letters.send(msg, exc)  # noqa: E731
+            on_decode_error = lambda exc, msg: dead_letters.send(msg, exc)
         self.on_decode_error = on_decode_error
         self._consumer = Consumer({
             **settings.client_config(),

@@ -1,0 +1,99 @@
+"""Starting a service process and waiting for it, the way every stack harness here does it.
+
+    start_process(argv, log=..., env=..., cwd=...)   output (stdout and stderr) appended to ``log``
+    wait_until(check, timeout_s=..., what=..., proc=..., log=...)
+                                                     poll until ready; fail early if the process
+                                                     exited, or at the deadline, with its log's tail
+    http_ok(url)                                     one GET answered 200 (no proxy)
+    stop_process(proc, timeout_s)                    SIGTERM, wait, SIGKILL past the timeout
+    log_tail(path)                                   the end of a log, for a failure message
+
+A readiness failure raises :class:`NotReady` (an ``AssertionError``: in a test it reads as the test's
+failure, with the service's own last lines).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+TAIL_CHARS = 3000
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class NotReady(AssertionError):
+    """A started service exited, or was not ready by its deadline; the message ends with its log's tail."""
+
+
+def log_tail(path: Path | None, chars: int = TAIL_CHARS) -> str:
+    """The last ``chars`` characters of ``path`` ('' when there is none)."""
+    if path is None:
+        return ""
+    try:
+        return Path(path).read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def start_process(argv: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None,
+                  new_session: bool = False, append: bool = True) -> subprocess.Popen:
+    """``argv`` in the background, stdout and stderr appended to ``log`` (created with its folder;
+    emptied first unless ``append``: a readiness check that reads the whole log must not see an
+    earlier run's line)."""
+    log = Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab" if append else "wb") as out:
+        return subprocess.Popen([str(a) for a in argv], env=None if env is None else dict(env), cwd=cwd,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=new_session)
+
+
+def wait_until(check: Callable[[], object], *, timeout_s: float, what: str, proc: subprocess.Popen | None = None,
+               log: Path | Callable[[], str] | None = None, interval_s: float = 0.2) -> object:
+    """Call ``check`` until it returns something true (returned); ``what`` names the service/condition.
+
+    Raises :class:`NotReady` as soon as ``proc`` has exited, or after ``timeout_s``, with the tail of
+    ``log`` (a path, or a function giving the text to show)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise NotReady(f"{what}: exited with {proc.returncode}:\n{_tail(log)}")
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise NotReady(f"{what}: not ready after {timeout_s:.0f}s:\n{_tail(log)}")
+        time.sleep(interval_s)
+
+
+def _tail(log: Path | Callable[[], str] | None) -> str:
+    return log()[-TAIL_CHARS:] if callable(log) else log_tail(log)
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """True when a GET of ``url`` is answered 200 (no proxy: the services listen on loopback)."""
+    try:
+        with _NO_PROXY.open(url, timeout=timeout_s) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0, *, sig: int = signal.SIGTERM,
+                 kill_after: bool = True) -> int | None:
+    """Send ``sig`` (if it still runs) and wait up to ``timeout_s``; past it SIGKILL (``kill_after``) and
+    re-raise ``subprocess.TimeoutExpired``. Returns the exit code."""
+    if proc.poll() is None:
+        os.kill(proc.pid, sig)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        if kill_after:
+            proc.kill()
+            proc.wait()
+        raise
