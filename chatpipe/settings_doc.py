@@ -107,8 +107,11 @@ def default_text(cls: type[BaseSettings], field_name: str) -> str:
         return ""
     else:
         value = field.default
-    if isinstance(value, Path) and value.is_absolute() and value.is_relative_to(Path.home()):
-        return f"~/{value.relative_to(Path.home())}"  # the same text on every machine
+    if isinstance(value, Path) and value.is_absolute():  # the same text in every clone, on every machine
+        if value.is_relative_to(ROOT):
+            return f"<clone>/{value.relative_to(ROOT)}"
+        if value.is_relative_to(Path.home()):
+            return f"~/{value.relative_to(Path.home())}"
     if hasattr(value, "get_secret_value"):
         return "(secret)"
     if isinstance(value, bool):

@@ -308,7 +308,7 @@ def grammar_from_schema(schema: Any) -> Any:
 # The record's response_format carries {"type": "chatpipe_tool_calls", "tool_calls": {"mode", "parallel",
 # "tools": [{"name", "parameters"}]}} (schemas.requests.TOOL_CALLS_FORMAT; never sent by clients). A call
 # is written as the Hermes / Qwen2.5 convention has it (gateway/tools.py renders the tools into
-# the system message and parses the calls back):
+# the system message, gateway/responses.py parses the calls back):
 #
 #     <tool_call>
 #     {"name": "get_weather", "arguments": {"city": "Paris"}}

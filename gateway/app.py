@@ -25,20 +25,12 @@ from gateway.erasure import add_erasure_routes
 from gateway.keys import KeyStore, Principal
 from gateway.limits import BodySizeLimit
 from gateway.metrics import GatewayMetrics
-from gateway.openai_api import (
-    ChatCompletionRequest,
-    OpenAIError,
-    choice,
-    chunk,
-    completion,
-    sse,
-    usage,
-)
+from gateway.openai_api import ChatCompletionRequest, OpenAIError
+from gateway.responses import choice, chunk, completion, sse, usage
 from gateway.service import Delta, GatewayService, Submitted
 from gateway.settings import GatewaySettings
 from gateway.streaming import ClientGone, outcome_of, until_disconnect
-from schemas.records import FeedbackKind, new_id
-from schemas.requests import CONVERSATION_ID, CONVERSATION_ID_RULE
+from schemas.records import FeedbackKind
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -129,7 +121,7 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
 
     add_erasure_routes(app, authenticate, service)  # DELETE /v1/users/{user}[...], /v1/conversations/{id}
     add_embeddings_route(app, authenticate, service)  # POST /v1/embeddings (gateway/embeddings.py)
-    add_completion_routes(app, authenticate, service, settings)  # POST /v1/completions (completions.py)
+    add_completion_routes(app, authenticate, service)  # POST /v1/completions (completions.py)
 
     @app.post("/v1/feedback", status_code=202)
     async def feedback(body: FeedbackBody, principal: Principal = Depends(authenticate)) -> dict[str, str]:
@@ -152,15 +144,9 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
     async def chat_completions(request: Request, body: ChatCompletionRequest,
                                principal: Principal = Depends(authenticate)):
         received = time.perf_counter()
-        body.check(settings.context_tokens)
-        if body.model not in settings.models:
-            raise OpenAIError(404, f"The model `{body.model}` does not exist or you do not have access to it. "
-                                   f"Served: {', '.join(settings.models)}", param="model", code="model_not_found")
-        conversation_id = conversation_of(request, body)
-        service.admit(principal.tenant)
-        sub = await service.submit(principal, body, conversation_id, received,
+        sub = await service.submit(principal, body, request.headers.get(CONVERSATION_HEADER), received,
                                    traceparent=request.headers.get("traceparent"))
-        headers = {CONVERSATION_HEADER: conversation_id, REQUEST_HEADER: sub.request_id}
+        headers = {CONVERSATION_HEADER: sub.conversation_id, REQUEST_HEADER: sub.request_id}
         deltas = service.replies(sub)
         try:
             if body.stream:
@@ -179,21 +165,10 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
                        for c in sub.choices]
             return JSONResponse(completion(sub.request_id, sub.model, choices, sub.tokens_in, sub.tokens_out,
                                            sub.created), headers=headers)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(events(service, sub, first, deltas, include_usage), media_type="text/event-stream",
+        return StreamingResponse(events(service, sub, first, deltas, body.include_usage), media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return app
-
-
-def conversation_of(request: Request, body: ChatCompletionRequest) -> str:
-    given = request.headers.get(CONVERSATION_HEADER) or (body.metadata or {}).get("conversation_id")
-    if given is None:
-        return new_id()
-    if not CONVERSATION_ID.fullmatch(given):
-        raise OpenAIError(400, f"conversation id {given[:40]!r}: use {CONVERSATION_ID_RULE}",
-                          param="metadata.conversation_id", code="invalid_value")
-    return given
 
 
 async def drain(deltas: AsyncIterator[Delta]) -> None:

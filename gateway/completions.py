@@ -3,8 +3,10 @@
 Each prompt of the request (a string, or a list of strings) is one ``PromptRequest`` with
 ``raw_prompt`` set (v5) and no messages, in a conversation of its own; streams passes it through
 with no chat template, no system prompt and no memory recall, and the worker tokenizes it as it
-is (``inference/worker/prompts.py``). Its answer comes back as chat's does (``GatewayService``:
-``submit_raw``, ``replies``); a completion is recorded as its conversation's turn (analytics,
+is (``inference/worker/prompts.py``). The body is ``openai_api.CompletionRequest``, its records
+``translate.completion_request_to_prompts``'s; its answer comes back as chat's does
+(``GatewayService``: ``submit_completion``, ``replies``); this module is the route and the answer's
+legacy shapes. A completion is recorded as its conversation's turn (analytics,
 archive) and never remembered. Why no memory: a raw prompt is a whole document the model
 continues, not a user's message: recalled turns would have to be put in some template, and the
 text the client gets would depend on earlier conversations, which no completions client expects.
@@ -31,101 +33,15 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import field_validator
 
-from gateway.openai_api import OpenAIError, SamplingFields, sse, unsupported, usage
 from gateway.keys import Principal
+from gateway.openai_api import CompletionRequest, OpenAIError
+from gateway.responses import sse, usage
 from gateway.service import Delta, GatewayService, Submitted
-from gateway.settings import GatewaySettings
 from gateway.streaming import ClientGone, outcome_of, until_disconnect
-from schemas.records import SamplingParams, TokenLogprob, new_id
-from schemas.requests import LIMITS, RequestLimits, RequestRuleError, check_raw_prompt, check_sampling, check_user
+from schemas.records import TokenLogprob
 
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions (chat's is the gateway's default_max_tokens)
-MAX_LOGPROBS = 5  # OpenAI's bound of the legacy logprobs
-MAX_PROMPTS = 32  # prompts of one request: each is a request of the backlog (admit), all in flight at once
 REQUEST_HEADER = "X-Chatpipe-Request-Id"
-
-
-class CompletionRequest(SamplingFields):
-    prompt: str | list[Any]  # a string or a list of strings; token ids are refused (check)
-    max_tokens: int | None = None  # None = 16, as OpenAI
-    logprobs: int | None = None  # 0-5: the legacy logprobs object; None = none
-    echo: bool | None = None
-    # Refused unless absent (or the value that asks for nothing): check_supported says why.
-    suffix: str | None = None
-    best_of: int | None = None
-    logit_bias: dict[str, float] | None = None
-
-    @field_validator("logprobs", mode="before")
-    @classmethod
-    def _logprobs_is_a_count(cls, value: Any) -> Any:
-        if isinstance(value, bool):  # chat's logprobs: true; here it is how many alternatives
-            raise ValueError("is a number of alternatives per token here (0-5), not a boolean: in "
-                             "/v1/completions logprobs=0 returns the chosen tokens' logprobs")
-        return value
-
-    def prompts(self) -> list[str]:
-        """The prompt(s) as a list of texts (400 for what is not a string or a list of strings)."""
-        if isinstance(self.prompt, str):
-            return [self.prompt]
-        if not self.prompt:
-            raise OpenAIError(400, "prompt is an empty list: send a string or a list of strings", param="prompt",
-                              code="invalid_value")
-        if all(isinstance(p, str) for p in self.prompt):
-            return list(self.prompt)
-        if all(isinstance(p, int) and not isinstance(p, bool) for p in self.prompt) or all(
-                isinstance(p, list) for p in self.prompt):
-            raise unsupported("prompt", "token-id prompts (a list of integers, or a list of such lists) are not "
-                                        "supported: the pipeline carries text; send the prompt as a string "
-                                        "(or a list of strings)", code="unsupported_value")
-        raise OpenAIError(400, "prompt must be a string or a list of strings", param="prompt", code="invalid_type")
-
-    def check(self, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> list[str]:
-        """The prompts, once every rule holds: schemas.requests' (with ``context_tokens``, max_tokens
-        against the model's context too), then what chatpipe does not do; 400s naming the field."""
-        prompts = self.prompts()
-        if len(prompts) > MAX_PROMPTS:
-            raise OpenAIError(400, f"prompt has {len(prompts)} prompts, over the limit of {MAX_PROMPTS} per "
-                                   "request; send them in several requests", param="prompt",
-                              code="array_above_max_length")
-        try:
-            for i, text in enumerate(prompts):
-                check_raw_prompt(text, limits, field="prompt" if isinstance(self.prompt, str) else f"prompt[{i}]")
-            if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise RequestRuleError("logprobs", f"is {self.logprobs}; use 0-{MAX_LOGPROBS} (0: the chosen tokens' "
-                                                   "logprobs only)", limit=MAX_LOGPROBS)
-            check_sampling(max_tokens=self.max_tokens, context_tokens=context_tokens)
-            check_sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
-                           stop=self.stop_list(), presence_penalty=self.presence_penalty,
-                           frequency_penalty=self.frequency_penalty, logprobs=self.logprobs is not None,
-                           top_logprobs=self.logprobs, n=self.n, limits=limits)
-            if self.user:
-                check_user(self.user, limits)
-        except RequestRuleError as exc:
-            raise OpenAIError(400, str(exc), param=exc.field, code=exc.code) from None
-        self.check_supported()
-        return prompts
-
-    def check_supported(self) -> None:
-        if self.suffix:
-            raise unsupported("suffix", "suffix (text after the completion, for fill-in-the-middle) is not "
-                                        "supported: the served model is not trained for insertion; leave it out")
-        if self.best_of is not None and self.best_of != self.choices:
-            raise unsupported("best_of", f"best_of {self.best_of} with n {self.choices}: choosing the best of more "
-                                         "candidates than are returned is not supported; leave best_of out (or equal "
-                                         "to n) and rank the n choices by their logprobs", code="unsupported_value")
-        if self.echo and self.logprobs is not None:
-            raise unsupported("echo", "echo with logprobs asks for the prompt's own logprobs, which the engine does "
-                                      "not compute; leave out one of them", code="unsupported_value")
-        if self.logit_bias:
-            raise unsupported("logit_bias", "logit_bias is not supported: chatpipe's sampler applies no per-token "
-                                            "bias; leave it out")
-
-    def sampling(self) -> SamplingParams:
-        """The record's sampling; what the request leaves out is chat's default (temperature 0.7)."""
-        return self.sampling_params(self.max_tokens or DEFAULT_MAX_TOKENS, logprobs=self.logprobs is not None,
-                                    top_logprobs=self.logprobs or 0)
 
 
 # -- what we answer ---------------------------------------------------------------------------------
@@ -236,28 +152,13 @@ def prompt_error(exc: OpenAIError) -> OpenAIError:
     return exc
 
 
-def add_completion_routes(app: FastAPI, authenticate: Callable, service: GatewayService,
-                          settings: GatewaySettings) -> None:
+def add_completion_routes(app: FastAPI, authenticate: Callable, service: GatewayService) -> None:
     """``POST /v1/completions`` on ``app`` (create_app's one line)."""
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest, principal: Principal = Depends(authenticate)):
         received = time.perf_counter()
-        prompts = body.check(settings.context_tokens)
-        if body.model not in settings.models:
-            raise OpenAIError(404, f"The model `{body.model}` does not exist or you do not have access to it. "
-                                   f"Served: {', '.join(settings.models)}", param="model", code="model_not_found")
-        subs: list[Submitted] = []
-        try:
-            for text in prompts:
-                service.admit(principal.tenant)
-                subs.append(await service.submit_raw(
-                    principal, model=body.model, prompt=text, sampling=body.sampling(), user=body.user,
-                    stream=body.stream, conversation_id=new_id(), received_at=received,
-                    traceparent=request.headers.get("traceparent")))
-        except BaseException:
-            for sub in subs:
-                service.cancel(sub, "request_refused")
-            raise
+        subs = await service.submit_completion(principal, body, received,
+                                               traceparent=request.headers.get("traceparent"))
         headers = {REQUEST_HEADER: ",".join(s.request_id for s in subs)}
         merged = Merged(service, subs)
 
@@ -284,7 +185,7 @@ def add_completion_routes(app: FastAPI, authenticate: Callable, service: Gateway
             fail(exc)
             raise prompt_error(exc) from None
         n = body.choices
-        echo = [text if body.echo else "" for text in prompts]
+        echo = body.prompts() if body.echo else [""] * len(subs)
         if not body.stream:
             for sub in subs:
                 service.finish(sub, "ok")
@@ -292,8 +193,7 @@ def add_completion_routes(app: FastAPI, authenticate: Callable, service: Gateway
                                    legacy_logprobs(c.logprobs, Offsets()))
                        for i, sub in enumerate(subs) for c in sub.choices]
             return JSONResponse(text_completion(subs, choices, usage_=total_usage(subs)), headers=headers)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(events(service, subs, merged, first, echo, include_usage, fail),
+        return StreamingResponse(events(service, subs, merged, first, echo, body.include_usage, fail),
                                  media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -347,4 +247,4 @@ async def events(service: GatewayService, subs: list[Submitted], merged: Merged,
                 service.cancel(sub, "client_disconnected")
 
 
-__all__ = ["CompletionRequest", "add_completion_routes", "legacy_logprobs"]
+__all__ = ["add_completion_routes", "legacy_logprobs"]

@@ -1,8 +1,8 @@
 """POST /v1/embeddings: OpenAI's embeddings API, served through Kafka by the streams tier's memory model.
 
-The route checks the body (``EmbeddingsBody.texts``: a string or a list of strings within
-``schemas.embeddings.EMBEDDING_LIMITS``; token-id arrays are refused), produces one
-``EmbeddingRequest`` to ``chat.embeddings.requests`` (keyed by request id; reply address = this
+The route has ``translate.embedding_request_to_record`` check the body (``openai_api.EmbeddingsBody``:
+a string or a list of strings within ``schemas.embeddings.EMBEDDING_LIMITS``; token-id arrays are
+refused) and make its record, then produces that one ``EmbeddingRequest`` to ``chat.embeddings.requests`` (keyed by request id; reply address = this
 gateway's reply topic, partition 0; deadline = ``first_chunk_timeout_s`` from now) and waits for
 its ``EmbeddingResult`` on the reply topic (``replies.ReplyReader`` hands it to the request's
 queue), at most until that deadline (then 504). Streams embeds with the model memory uses
@@ -30,76 +30,19 @@ from typing import Any, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
 
-from gateway.keys import Principal, resolve_user
-from gateway.openai_api import OpenAIError
-from schemas.embeddings import EMBEDDING_LIMITS, EmbeddingLimits, check_inputs, vector_bytes, vector_floats
+from gateway.keys import Principal
+from gateway.openai_api import EmbeddingsBody, OpenAIError
+from gateway.translate import embedding_request_to_record
+from schemas.embeddings import vector_bytes, vector_floats
 from schemas.errors import EncodeError
-from schemas.records import EmbeddingRequest, EmbeddingResult, new_id, now_ms
-from schemas.requests import LIMITS, RequestRuleError, check_user
+from schemas.records import EmbeddingRequest, EmbeddingResult, now_ms
 from schemas.topics import EMBEDDING_REQUESTS
 from transport.errors import DeliveryError
 from transport.spans import SERVER
 
 log = logging.getLogger(__name__)
 ROUTE = "/v1/embeddings"
-ENCODING_FORMATS = ("float", "base64")
-
-
-class EmbeddingsBody(BaseModel):
-    """OpenAI's embeddings request. ``input`` is typed here by hand (``texts``) so that a token-id
-    array gets its own clear 400, not pydantic's union error."""
-
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    input: Any
-    encoding_format: str | None = None
-    dimensions: int | None = None
-    user: str | None = None
-
-    def texts(self, limits: EmbeddingLimits = EMBEDDING_LIMITS) -> list[str]:
-        """The texts to embed, in order; OpenAI-shaped 400s for anything else."""
-        value = self.input
-        if isinstance(value, str):
-            texts = [value]
-        elif isinstance(value, list):
-            if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value) or any(
-                    isinstance(v, list) for v in value):
-                raise OpenAIError(400, "input as token ids (an array of integers, or of arrays of integers) is not "
-                                       "supported: the model's tokenizer is not OpenAI's. Send the text: a string, or "
-                                       "a list of strings", param="input", code="invalid_value")
-            bad = next((i for i, v in enumerate(value) if not isinstance(v, str)), None)
-            if bad is not None:
-                raise OpenAIError(400, f"input[{bad}] is {type(value[bad]).__name__}, not a string: send a string or "
-                                       "a list of strings", param=f"input[{bad}]", code="invalid_type")
-            texts = value
-        else:
-            raise OpenAIError(400, f"input is {type(value).__name__}: send a string or a list of strings",
-                              param="input", code="invalid_type")
-        try:
-            check_inputs(texts, limits)
-        except RequestRuleError as exc:
-            raise OpenAIError(400, str(exc), param=exc.field, code=exc.code) from None
-        return texts
-
-    def encoding(self) -> str:
-        fmt = self.encoding_format or "float"
-        if fmt not in ENCODING_FORMATS:
-            raise OpenAIError(400, f"encoding_format must be one of {', '.join(ENCODING_FORMATS)}; got {fmt!r}",
-                              param="encoding_format", code="invalid_value")
-        return fmt
-
-    def check(self) -> None:
-        """The rules that need no model: ``dimensions`` positive, ``user`` an id (streams checks the rest)."""
-        if self.dimensions is not None and self.dimensions < 1:
-            raise OpenAIError(400, f"dimensions must be at least 1, got {self.dimensions}; leave it out for the "
-                                   "model's own", param="dimensions", code="invalid_value")
-        if self.user:  # "" = no user, as OpenAI's clients send it
-            try:
-                check_user(self.user, LIMITS)
-            except RequestRuleError as exc:
-                raise OpenAIError(400, str(exc), param=exc.field, code=exc.code) from None
 
 
 def error_of(result: EmbeddingResult) -> OpenAIError:
@@ -147,23 +90,18 @@ class GatewayEmbeddings:
                                    "retry after 1 s", type="rate_limit_error", code="backlog_full",
                               headers={"Retry-After": "1"})
 
-    async def embed(self, principal: Principal, user_id: str, model: str, texts: list[str], dimensions: int | None,
-                    traceparent: str | None = None) -> EmbeddingResult:
-        """Produce the request, wait for its result (until the deadline); OpenAIError when it failed."""
+    async def embed(self, record: EmbeddingRequest, traceparent: str | None = None) -> EmbeddingResult:
+        """Produce the request (``translate.embedding_request_to_record``'s), wait for its result
+        (until its deadline); OpenAIError when it failed."""
         service = self.service
         self.admit()
-        request_id = new_id()
-        created_at = now_ms()
-        deadline_at = created_at + round(service.settings.first_chunk_timeout_s * 1000)
-        record = EmbeddingRequest(request_id=request_id, tenant=principal.tenant, user_id=user_id,
-                                  created_at=created_at, model=model, inputs=texts, dimensions=dimensions,
-                                  reply_to=service.reply_topic, reply_partition=0, deadline_at=deadline_at)
+        request_id, model, texts, deadline_at = record.request_id, record.model, record.inputs, record.deadline_at
         span = service.tracer.start(f"POST {ROUTE}", traceparent, SERVER, {
             "http.request.method": "POST", "http.route": ROUTE, "chatpipe.request_id": request_id,
             "gen_ai.operation.name": "embeddings", "gen_ai.request.model": model,
             "chatpipe.embeddings.inputs": len(texts)}).activate()
         queue = service.reader.register(request_id)
-        self.inflight[request_id] = principal.tenant
+        self.inflight[request_id] = record.tenant
         outcome = "error"
         try:
             try:
@@ -216,13 +154,9 @@ def add_embeddings_route(app: FastAPI, authenticate: Callable[..., Principal], s
     async def create_embeddings(request: Request, body: EmbeddingsBody,
                                 principal: Principal = Depends(authenticate)) -> JSONResponse:
         received = time.perf_counter()
-        texts = body.texts()
-        encoding = body.encoding()
-        body.check()
-        user = resolve_user(principal, body.user)  # 403 when the key may not name that user
-        result = await embeddings.embed(principal, user.user_id, body.model, texts, body.dimensions,
-                                        traceparent=request.headers.get("traceparent"))
+        record = embedding_request_to_record(body, principal, service.settings, reply_to=service.reply_topic)
+        result = await embeddings.embed(record, traceparent=request.headers.get("traceparent"))
         log.debug("embeddings: %d vector(s) in %.1f ms", result.count, (time.perf_counter() - received) * 1e3)
-        return JSONResponse(response_body(result, encoding))
+        return JSONResponse(response_body(result, body.encoding()))
 
     return embeddings

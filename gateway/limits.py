@@ -12,7 +12,7 @@ a socket with unread data sends a TCP reset, and a client still sending (httpx, 
 would see "connection reset" instead of the 413. A body declared larger than twice the limit is
 not read at all: that client gets the 413 if it waits for it, a reset if it keeps sending.
 
-Not here: the limits on fields inside the body (``schemas.requests``, ``openai_api.check``).
+Not here: the limits on fields inside the body (``schemas.requests``, checked by ``translate.py``).
 """
 
 from __future__ import annotations

@@ -1,34 +1,30 @@
-"""OpenAI's chat-completions shapes: the request body we accept, the objects we answer with, errors.
+"""The request bodies the routes take, as OpenAI's API defines them, their own rules, and OpenAI's error.
 
-Every field of OpenAI's Chat Completions request is named here, and each is either honoured,
-refused with a 400 naming it (``ChatCompletionRequest.check``: audio, a ``logit_bias``, the
-deprecated ``functions`` ...), or accepted and ignored for a reason docs/gateway.md ("Request fields") gives: nothing is
-ignored silently. A field that is not OpenAI's (nor chatpipe's ``top_k``) is refused as
-OpenAI's own server refuses it ("Unrecognized request argument supplied"). What a valid request
-is (roles, limits, sampling ranges, ``max_tokens`` against the context, ``n``, ``response_format``'s
-shape) is ``schemas.requests``, the definition streams and the worker check records with too;
-whether a JSON schema compiles to a grammar is ``formats.response_format.check_response_format``.
-``check`` answers their errors as 400s naming the field. Tool calling (``tools``, ``tool_choice``,
-``parallel_tool_calls``, ``tool`` messages, assistant ``tool_calls``) is ``gateway.tools``.
+Each model checks what concerns its fields alone (``check``: schemas.requests' rules, with
+``max_tokens`` against the context; what chatpipe does not support, as a 400 naming the field).
+Turning a checked body into a record, with the parts that need more than the fields (the tools,
+the response format's grammar, the rendered prompt, who the user is), is ``gateway/translate.py``;
+nothing here calls it or builds a record.
 
-Reference: https://platform.openai.com/docs/api-reference/chat (object names, fields, SSE format).
+- ``ChatCompletionRequest`` (POST /v1/chat/completions): every field of OpenAI's Chat Completions
+  request is named here, and each is honoured, refused with a 400 naming it (``check_supported``:
+  audio, a ``logit_bias``, the deprecated ``functions`` ...), or accepted and ignored for a reason
+  docs/gateway.md ("Request fields") gives (``IGNORED``): nothing is ignored silently. A field that
+  is not OpenAI's (nor chatpipe's ``top_k``) is refused as OpenAI's own server refuses it
+  ("Unrecognized request argument supplied", ``app.py``'s handler).
+- ``CompletionRequest`` (POST /v1/completions, docs/gateway.md "Completions"), ``EmbeddingsBody``
+  (POST /v1/embeddings, "Embeddings").
+
+Reference: https://platform.openai.com/docs/api-reference/chat (object names, fields).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import logging
-import math
-import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
-from formats.errors import FormatError
-from formats.response_format import check_response_format
-from gateway import tools as tooling
-from schemas.records import SamplingParams
+from schemas.embeddings import EMBEDDING_LIMITS, EmbeddingLimits, check_inputs
 from schemas.requests import (
     LIMITS,
     OPENAI_ROLES,
@@ -39,12 +35,14 @@ from schemas.requests import (
     check_conversation_id,
     check_messages,
     check_metadata,
+    check_raw_prompt,
     check_sampling,
     check_user,
-    response_format_text,
 )
 
-log = logging.getLogger(__name__)
+ENCODING_FORMATS = ("float", "base64")  # embeddings' encoding_format
+MAX_LOGPROBS = 5  # OpenAI's bound of the legacy completions' logprobs
+MAX_PROMPTS = 32  # prompts of one completions request: each is a request of the backlog, all in flight at once
 
 
 class OpenAIError(Exception):
@@ -119,8 +117,8 @@ _NO_TOOL = (None, "none")
 
 
 class SamplingFields(BaseModel):
-    """The fields chat and legacy completions requests share (``CompletionRequest`` in
-    completions.py), and their translation into the record's ``SamplingParams``."""
+    """The fields chat and legacy completions requests share (``translate.sampling_params`` makes the
+    record's ``SamplingParams`` of them)."""
 
     # OpenAI's server refuses an argument it does not know; so do we (app.py words the 400).
     model_config = ConfigDict(extra="forbid")
@@ -143,24 +141,15 @@ class SamplingFields(BaseModel):
     def choices(self) -> int:
         return self.n or 1
 
+    @property
+    def include_usage(self) -> bool:
+        """``stream_options.include_usage``: a last event with the usage."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
-
-    def sampling_params(self, max_tokens: int, **fields: Any) -> SamplingParams:
-        """The record's sampling: what the request leaves out is the engine's default (e.g.
-        temperature 0.7); ``fields`` are the endpoint's own (logprobs, response_format)."""
-        sampling = SamplingParams(max_tokens=max_tokens, stop=self.stop_list(), seed=self.seed,
-                                  presence_penalty=self.presence_penalty or 0.0,
-                                  frequency_penalty=self.frequency_penalty or 0.0, n=self.choices, **fields)
-        if self.temperature is not None:
-            sampling.temperature = self.temperature
-        if self.top_p is not None:
-            sampling.top_p = self.top_p
-        if self.top_k is not None:
-            sampling.top_k = self.top_k
-        return sampling
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -171,7 +160,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
-    # Tool calling (gateway.tools).
+    # Tool calling (gateway/tools.py, called by translate).
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -194,26 +183,17 @@ class ChatCompletionRequest(SamplingFields):
     prompt_cache_options: Any = None
     safety_identifier: str | None = None
 
-    @property
-    def top_logprobs_asked(self) -> int:
-        return self.top_logprobs or 0
-
     def check(self, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> None:
-        """What pydantic's types cannot say, as OpenAI-shaped 400s: schemas.requests' rules (with
-        ``context_tokens``, ``max_tokens`` against the model's context too), then what chatpipe
-        does not support, then whether ``response_format``'s schema compiles."""
+        """The fields' own rules, as OpenAI-shaped 400s naming the field: schemas.requests' (with
+        ``context_tokens``, ``max_tokens`` against the model's context too), then what chatpipe does
+        not support. The tools, the response format's schema and the prompt the tools are rendered
+        into are checked by their parts when ``translate.chat_content`` calls them."""
         try:
             check_messages([(m.role, m.text()) for m in self.messages], limits, roles=OPENAI_ROLES,
                            last_roles=("user", TOOL_ROLE))
-            self.check_tool_messages()
-            spec = self.tool_spec()
             if self.response_format is not None and self.response_format.get("type") not in RESPONSE_FORMAT_TYPES:
                 raise RequestRuleError("response_format.type", f"is {self.response_format.get('type')!r}; use one "
                                                                f"of {', '.join(RESPONSE_FORMAT_TYPES)}")
-            if spec is not None and spec.active and response_format_text(self.response_format, limits) is not None:
-                raise RequestRuleError("response_format", f"cannot be combined with tools (tool_choice "
-                                                          f"{spec.mode!r}) yet: send tool_choice \"none\", or "
-                                                          "leave response_format out")
             for name in ("max_tokens", "max_completion_tokens"):
                 check_sampling(max_tokens=getattr(self, name), context_tokens=context_tokens, max_tokens_field=name)
             check_sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
@@ -221,13 +201,6 @@ class ChatCompletionRequest(SamplingFields):
                            frequency_penalty=self.frequency_penalty, logprobs=self.logprobs,
                            top_logprobs=self.top_logprobs, n=self.n, response_format=self.response_format,
                            limits=limits)
-            try:
-                self.response_format_text(limits)  # its length as a record carries it
-            except RequestRuleError as exc:
-                if spec is None or not spec.active:
-                    raise
-                raise RequestRuleError("tools", f"are too large: their parameters schemas take {exc.reason}") from None
-            check_messages(self.record_messages(), limits)  # with the tools rendered into the prompt
             if self.user:  # "" = no user, as OpenAI's clients send it
                 check_user(self.user, limits)
             if self.metadata is not None:
@@ -235,45 +208,8 @@ class ChatCompletionRequest(SamplingFields):
                 if "conversation_id" in self.metadata:
                     check_conversation_id(self.metadata["conversation_id"], field="metadata.conversation_id")
         except RequestRuleError as exc:
-            raise OpenAIError(400, str(exc), param=exc.field, code=exc.code) from None
+            raise as_400(exc) from None
         self.check_supported()
-        check_schema(self.response_format)
-        check_tool_schemas(self.tool_spec())
-
-    def check_tool_messages(self) -> None:
-        """Assistant ``tool_calls`` and ``tool`` messages as OpenAI requires them: a tool message
-        answers a call of the assistant message before it, by ``tool_call_id``. Tool messages before
-        any assistant message are taken as answering calls of the conversation's stored history (a
-        conversation id's request sends only its new messages)."""
-        calls: set[str] | None = None  # None: no assistant message yet
-        for i, m in enumerate(self.messages):
-            if m.tool_calls and m.role != "assistant":
-                raise RequestRuleError(f"messages[{i}].tool_calls", f"is only allowed on assistant messages, not "
-                                                                    f"{m.role!r} ones")
-            if m.role == "assistant":
-                calls = {c.id for c in m.tool_calls or ()}
-            elif m.role == TOOL_ROLE:
-                if not m.tool_call_id:
-                    raise RequestRuleError(f"messages[{i}].tool_call_id", "is required on a tool message: the id of "
-                                                                         "the call it answers")
-                if calls is not None and m.tool_call_id not in calls:
-                    raise RequestRuleError(f"messages[{i}].tool_call_id",
-                                           f"is {m.tool_call_id!r}, which no tool_calls of the assistant message "
-                                           "before it has: a tool message must answer a preceding call")
-            elif calls is not None:
-                calls = set()
-
-    def tool_spec(self) -> tooling.ToolSpec | None:
-        """What the request's tools ask for (RequestRuleError for a malformed one); None without tools."""
-        return tooling.parse_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
-
-    def record_messages(self) -> list[tuple[str, str]]:
-        """The messages as the PromptRequest carries them (role + text): the tools in the system
-        message, calls and their results as text (``tools.render_messages``), developer -> system."""
-        spec = self.tool_spec()
-        return tooling.render_messages(
-            [(m.role, m.text(), [c.model_dump() for c in m.tool_calls] if m.tool_calls else None)
-             for m in self.messages], spec)
 
     def check_supported(self) -> None:
         """400 for what OpenAI's API has and chatpipe does not do (docs/gateway.md "Request fields")."""
@@ -313,138 +249,142 @@ class ChatCompletionRequest(SamplingFields):
             raise unsupported("moderation", "moderation is not supported: chatpipe runs no moderation model on "
                                             "requests or answers; leave it out")
 
-    def response_format_text(self, limits: RequestLimits = LIMITS) -> str | None:
-        """What ``PromptRequest.sampling.response_format`` carries: JSON text, None for free text;
-        with tools (tool_choice not "none"), the tool-call constraint (``ToolSpec.constraint``)."""
-        spec = self.tool_spec()
-        if spec is not None and spec.active:
-            return response_format_text(spec.constraint(), limits)
-        return response_format_text(self.response_format, limits)
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[Any]  # a string or a list of strings; token ids are refused (check)
+    max_tokens: int | None = None  # None = 16, as OpenAI
+    logprobs: int | None = None  # 0-5: the legacy logprobs object; None = none
+    echo: bool | None = None
+    # Refused unless absent (or the value that asks for nothing): check_supported says why.
+    suffix: str | None = None
+    best_of: int | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _logprobs_is_a_count(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # chat's logprobs: true; here it is how many alternatives
+            raise ValueError("is a number of alternatives per token here (0-5), not a boolean: in "
+                             "/v1/completions logprobs=0 returns the chosen tokens' logprobs")
+        return value
+
+    def prompts(self) -> list[str]:
+        """The prompt(s) as a list of texts (400 for what is not a string or a list of strings)."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if not self.prompt:
+            raise OpenAIError(400, "prompt is an empty list: send a string or a list of strings", param="prompt",
+                              code="invalid_value")
+        if all(isinstance(p, str) for p in self.prompt):
+            return list(self.prompt)
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in self.prompt) or all(
+                isinstance(p, list) for p in self.prompt):
+            raise unsupported("prompt", "token-id prompts (a list of integers, or a list of such lists) are not "
+                                        "supported: the pipeline carries text; send the prompt as a string "
+                                        "(or a list of strings)", code="unsupported_value")
+        raise OpenAIError(400, "prompt must be a string or a list of strings", param="prompt", code="invalid_type")
+
+    def check(self, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> list[str]:
+        """The prompts, once every rule holds: schemas.requests' (with ``context_tokens``, max_tokens
+        against the model's context too), then what chatpipe does not do; 400s naming the field."""
+        prompts = self.prompts()
+        if len(prompts) > MAX_PROMPTS:
+            raise OpenAIError(400, f"prompt has {len(prompts)} prompts, over the limit of {MAX_PROMPTS} per "
+                                   "request; send them in several requests", param="prompt",
+                              code="array_above_max_length")
+        try:
+            for i, text in enumerate(prompts):
+                check_raw_prompt(text, limits, field="prompt" if isinstance(self.prompt, str) else f"prompt[{i}]")
+            if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise RequestRuleError("logprobs", f"is {self.logprobs}; use 0-{MAX_LOGPROBS} (0: the chosen tokens' "
+                                                   "logprobs only)", limit=MAX_LOGPROBS)
+            check_sampling(max_tokens=self.max_tokens, context_tokens=context_tokens)
+            check_sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+                           stop=self.stop_list(), presence_penalty=self.presence_penalty,
+                           frequency_penalty=self.frequency_penalty, logprobs=self.logprobs is not None,
+                           top_logprobs=self.logprobs, n=self.n, limits=limits)
+            if self.user:
+                check_user(self.user, limits)
+        except RequestRuleError as exc:
+            raise as_400(exc) from None
+        self.check_supported()
+        return prompts
+
+    def check_supported(self) -> None:
+        if self.suffix:
+            raise unsupported("suffix", "suffix (text after the completion, for fill-in-the-middle) is not "
+                                        "supported: the served model is not trained for insertion; leave it out")
+        if self.best_of is not None and self.best_of != self.choices:
+            raise unsupported("best_of", f"best_of {self.best_of} with n {self.choices}: choosing the best of more "
+                                         "candidates than are returned is not supported; leave best_of out (or equal "
+                                         "to n) and rank the n choices by their logprobs", code="unsupported_value")
+        if self.echo and self.logprobs is not None:
+            raise unsupported("echo", "echo with logprobs asks for the prompt's own logprobs, which the engine does "
+                                      "not compute; leave out one of them", code="unsupported_value")
+        if self.logit_bias:
+            raise unsupported("logit_bias", "logit_bias is not supported: chatpipe's sampler applies no per-token "
+                                            "bias; leave it out")
+
+
+class EmbeddingsBody(BaseModel):
+    """OpenAI's embeddings request. ``input`` is typed here by hand (``texts``) so that a token-id
+    array gets its own clear 400, not pydantic's union error."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    input: Any
+    encoding_format: str | None = None
+    dimensions: int | None = None
+    user: str | None = None
+
+    def texts(self, limits: EmbeddingLimits = EMBEDDING_LIMITS) -> list[str]:
+        """The texts to embed, in order; OpenAI-shaped 400s for anything else."""
+        value = self.input
+        if isinstance(value, str):
+            texts = [value]
+        elif isinstance(value, list):
+            if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value) or any(
+                    isinstance(v, list) for v in value):
+                raise OpenAIError(400, "input as token ids (an array of integers, or of arrays of integers) is not "
+                                       "supported: the model's tokenizer is not OpenAI's. Send the text: a string, or "
+                                       "a list of strings", param="input", code="invalid_value")
+            bad = next((i for i, v in enumerate(value) if not isinstance(v, str)), None)
+            if bad is not None:
+                raise OpenAIError(400, f"input[{bad}] is {type(value[bad]).__name__}, not a string: send a string or "
+                                       "a list of strings", param=f"input[{bad}]", code="invalid_type")
+            texts = value
+        else:
+            raise OpenAIError(400, f"input is {type(value).__name__}: send a string or a list of strings",
+                              param="input", code="invalid_type")
+        try:
+            check_inputs(texts, limits)
+        except RequestRuleError as exc:
+            raise as_400(exc) from None
+        return texts
+
+    def encoding(self) -> str:
+        fmt = self.encoding_format or "float"
+        if fmt not in ENCODING_FORMATS:
+            raise OpenAIError(400, f"encoding_format must be one of {', '.join(ENCODING_FORMATS)}; got {fmt!r}",
+                              param="encoding_format", code="invalid_value")
+        return fmt
+
+    def check(self) -> None:
+        """The rules that need no model: ``dimensions`` positive, ``user`` an id (streams checks the rest)."""
+        if self.dimensions is not None and self.dimensions < 1:
+            raise OpenAIError(400, f"dimensions must be at least 1, got {self.dimensions}; leave it out for the "
+                                   "model's own", param="dimensions", code="invalid_value")
+        if self.user:  # "" = no user, as OpenAI's clients send it
+            try:
+                check_user(self.user, LIMITS)
+            except RequestRuleError as exc:
+                raise as_400(exc) from None
 
 
 def unsupported(param: str, message: str, code: str = "unsupported_parameter") -> OpenAIError:
     return OpenAIError(400, message, param=param, code=code)
 
 
-_grammar_missing_logged = False
-
-
-def check_schema(response_format: dict[str, Any] | None) -> None:
-    """400 naming the part of a ``response_format`` the grammar library cannot compile. Without the
-    library in this process (a gateway installed without the engine's extra) the worker's own check
-    answers it instead: an ``invalid_request`` final chunk, the same 400 (``error_for_chunk``)."""
-    global _grammar_missing_logged
-    if response_format is None or response_format.get("type") == "text":
-        return
-    try:
-        if importlib.util.find_spec("xgrammar") is None:
-            raise ImportError("xgrammar is not installed here (the engine's extra)")
-        check_response_format(response_format)
-    except ImportError as exc:
-        if not _grammar_missing_logged:
-            log.warning("response_format schemas are checked by the workers only: %s", exc)
-            _grammar_missing_logged = True
-    except FormatError as exc:
-        raise OpenAIError(400, str(exc), param="response_format", code="invalid_value") from None
-
-
-def check_tool_schemas(spec: tooling.ToolSpec | None) -> None:
-    """400 naming the tool whose parameters schema the grammar library cannot compile (as
-    ``check_schema``; without the library here the worker answers it)."""
-    global _grammar_missing_logged
-    if spec is None or not spec.active:
-        return
-    try:
-        if importlib.util.find_spec("xgrammar") is None:
-            raise ImportError("xgrammar is not installed here (the engine's extra)")
-        tooling.check_parameters(spec)
-    except ImportError as exc:
-        if not _grammar_missing_logged:
-            log.warning("tools' parameters schemas are checked by the workers only: %s", exc)
-            _grammar_missing_logged = True
-    except RequestRuleError as exc:
-        raise OpenAIError(400, str(exc), param=exc.field, code=exc.code) from None
-
-
-# -- what we answer ---------------------------------------------------------------------------------
-
-def completion(request_id: str, model: str, choices: list[dict[str, Any]], tokens_in: int, tokens_out: int,
-               created: int | None = None) -> dict[str, Any]:
-    """A ``chat.completion``; ``choices`` from ``choice`` (index order)."""
-    return {
-        "id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created or int(time.time()),
-        "model": model, "choices": choices, "usage": usage(tokens_in, tokens_out),
-    }
-
-
-def choice(index: int, text: str | None, finish_reason: str, logprobs: list[Any] | None = None,
-           tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """One choice of a ``chat.completion``; ``logprobs``: the choice's ``TokenLogprob`` records, or
-    None when the request did not ask for them (OpenAI's ``logprobs: null``); ``tool_calls``: the
-    calls the answer made (``message.tool_calls``; ``content`` is None then unless text came too)."""
-    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    return {"index": index, "message": message, "logprobs": logprobs_object(logprobs), "finish_reason": finish_reason}
-
-
-def logprobs_object(entries: list[Any] | None) -> dict[str, Any] | None:
-    """OpenAI's ``logprobs`` of a choice or chunk from ``schemas.records.TokenLogprob``s."""
-    if entries is None:
-        return None
-    return {"content": [{**_token(e), "top_logprobs": [_token(t) for t in e.top]} for e in entries],
-            "refusal": None}
-
-
-def _token(entry: Any) -> dict[str, Any]:
-    # JSON has no -inf: OpenAI answers -9999.0 for a token the model gives no chance
-    logprob = entry.logprob if math.isfinite(entry.logprob) else -9999.0
-    return {"token": entry.token, "logprob": logprob, "bytes": list(entry.bytes)}
-
-
-def usage(tokens_in: int, tokens_out: int) -> dict[str, int]:
-    return {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}
-
-
-def chunk(request_id: str, model: str, created: int, *, index: int = 0, delta: dict[str, Any] | None = None,
-          logprobs: list[Any] | None = None, finish_reason: str | None = None, usage_: dict[str, int] | None = None,
-          final_usage: bool = False) -> str:
-    """One SSE event of a streamed completion (``chat.completion.chunk``) for choice ``index``;
-    ``logprobs``: the ``TokenLogprob``s of this event's tokens (None: not asked)."""
-    body: dict[str, Any] = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": created,
-                            "model": model}
-    if final_usage:  # OpenAI's usage chunk: no choices, usage only (stream_options.include_usage)
-        body["choices"] = []
-        body["usage"] = usage_
-    else:
-        body["choices"] = [{"index": index, "delta": delta or {}, "logprobs": logprobs_object(logprobs),
-                            "finish_reason": finish_reason}]
-    return sse(body)
-
-
-def sse(body: dict[str, Any] | str) -> str:
-    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-    return f"data: {data}\n\n"
-
-
-# Engine finish reasons (schemas.records.FinishReason) -> OpenAI's.
-FINISH = {"STOP": "stop", "LENGTH": "length", "CANCELLED": "stop", "TIMEOUT": "length", "ERROR": "stop",
-          "OVERLOADED": "stop"}
-
-
-def error_for_chunk(error_code: str | None, error: str | None) -> OpenAIError:
-    """The HTTP error for a final chunk that says the request was not served."""
-    message = error or "the request was not served"
-    if error_code == "context_length_exceeded":
-        return OpenAIError(400, f"This request exceeds the model's context: {message}. Please reduce the length "
-                                "of the messages or max_tokens.", param="messages", code="context_length_exceeded")
-    if error_code == "invalid_request":  # a tier's rule; a schema only a worker could compile names its part
-        param = "tools" if message.startswith("response_format.tool_calls") else \
-            "response_format" if message.startswith("response_format") else "messages"
-        return OpenAIError(400, message, param=param, code="invalid_value")
-    if error_code == "expired":  # a tier took it after its deadline (the gateway's own 504 time)
-        return OpenAIError(504, f"the request passed its deadline before it was served: {message}",
-                           type="server_error", code="expired")
-    if error_code == "cancelled":
-        return OpenAIError(503, f"the generation was cancelled: {message}", type="server_error", code="cancelled")
-    return OpenAIError(500, message, type="server_error", code=error_code or "internal_error")
+def as_400(exc: RequestRuleError) -> OpenAIError:
+    """A schemas.requests rule's error as OpenAI's 400, ``param`` the field it names."""
+    return OpenAIError(400, str(exc), param=exc.field, code=exc.code)

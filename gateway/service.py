@@ -1,17 +1,20 @@
-"""One request's path through the gateway: a PromptRequest out, its TokenChunks back.
+"""One request's path through the gateway: a record out, its TokenChunks back.
 
-``submit`` produces the ``PromptRequest`` (keyed by conversation id, reply address = this
-gateway's reply topic, deadline = when this gateway stops waiting for its first token) and waits
-for the broker's acknowledgement, at most ``delivery_timeout_s`` (then 503: a broker that is away
-frees the request's backlog slot in seconds). ``replies`` yields each choice's increments as they
-come (``Delta``: text, its tokens' logprobs, the finish reason on the choice's last), the
-request's ``n`` choices interleaved; per choice the newest serving attempt wins
-(``transport.dedupe.AnswerText``; ``LogprobsShown`` does the same for the logprobs). ``cancel`` sends a ``Cancel``
-(the client went away, or it timed out) so the worker stops generating. ``admit`` refuses new
-work with 429 while ``max_pending`` requests are in flight: the backlog is bounded here instead
-of queueing without limit.
+``submit`` (chat) and ``submit_completion`` (text completions) call ``gateway/translate.py`` once
+for the request's ``PromptRequest`` (every 400 / 404 / 403 is answered there), take a slot of the
+backlog (``admit``: 429 while ``max_pending`` requests are in flight, or the tenant holds its share:
+the backlog is bounded here instead of queueing without limit), then produce the record (keyed by
+conversation id, reply address = this gateway's reply topic) and wait for the broker's
+acknowledgement, at most ``delivery_timeout_s`` (then 503: a broker that is away frees the
+request's backlog slot in seconds). ``replies`` yields each choice's increments as they come
+(``Delta``: text, its tokens' logprobs, the finish reason on the choice's last), the request's
+``n`` choices interleaved; per choice the newest serving attempt wins
+(``transport.dedupe.AnswerText``; ``LogprobsShown`` does the same for the logprobs); with tools,
+each choice's output is read for calls (``responses.ToolCallStream``). ``cancel`` sends a
+``Cancel`` (the client went away, or it timed out) so the worker stops generating.
 
-Not here: HTTP (``app.py``), OpenAI's shapes (``openai_api.py``).
+Not here: HTTP (``app.py``), the request bodies (``openai_api.py``), turning them into records
+(``translate.py``), OpenAI's answer objects (``responses.py``).
 """
 
 from __future__ import annotations
@@ -23,23 +26,21 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from gateway.keys import Principal, owns_request, request_id_for, resolve_user
+from gateway.keys import Principal, owns_request, resolve_user
 from gateway.metrics import GatewayMetrics
-from gateway.openai_api import FINISH, ChatCompletionRequest, OpenAIError, error_for_chunk
+from gateway.openai_api import ChatCompletionRequest, CompletionRequest, OpenAIError
 from gateway.replies import Reply, ReplyReader, ensure_reply_topic
+from gateway.responses import FINISH, ToolCallStream, error_for_chunk, reads_tool_calls
+from gateway.responses import finish_reason as tool_finish_reason
 from gateway.settings import GatewaySettings
-from gateway.tools import ToolCallStream
-from gateway.tools import finish_reason as tool_finish_reason
+from gateway.translate import chat_request_to_prompt, completion_request_to_prompts
 from schemas.codec import default_codec
 from schemas.errors import EncodeError
 from schemas.records import (
     Cancel,
-    ChatMessage,
     Feedback,
     FeedbackKind,
-    MemoryScope,
     PromptRequest,
-    SamplingParams,
     TokenChunk,
     TokenLogprob,
     now_ms,
@@ -148,15 +149,6 @@ class Submitted:
         return all(c.final is not None for c in self.choices)
 
     @property
-    def final(self) -> TokenChunk | None:
-        """Choice 0's final chunk (None before it came)."""
-        return self.choices[0].final
-
-    @property
-    def text(self) -> str:
-        return self.choices[0].text
-
-    @property
     def tokens_in(self) -> int:
         """The prompt's tokens (each choice's final says the same; the largest, should one differ)."""
         return max((c.final.tokens_in or 0 for c in self.choices if c.final), default=0)
@@ -226,36 +218,49 @@ class GatewayService:
                                    "requests at once. Other tenants are not affected",
                               type="rate_limit_error", code="tenant_backlog_full", headers={"Retry-After": str(retry)})
 
-    async def submit(self, principal: Principal, body: ChatCompletionRequest, conversation_id: str,
+    async def submit(self, principal: Principal, body: ChatCompletionRequest, conversation_id: str | None,
                      received_at: float, traceparent: str | None = None) -> Submitted:
-        """Produce the request's PromptRequest; ``traceparent`` (the HTTP header, when the client sent
-        one) makes the request's span part of the client's trace."""
-        # Whose request: the key decides which user it may name (403 otherwise). A user that is not
-        # identified recalls from this conversation only, so one key's many people never mix memories.
-        user = resolve_user(principal, body.user)
-        scope = MemoryScope.USER if user.identified else MemoryScope.CONVERSATION
-        request_id = request_id_for(principal, user.user_id, conversation_id)  # feedback proves ownership with it
-        sampling = body.sampling_params(body.max_completion_tokens or body.max_tokens or self.settings.default_max_tokens,
-                                        logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs_asked,
-                                        response_format=body.response_format_text())
-        # The client gets its 504 at the deadline; a tier that takes the request later answers it
-        # as expired instead of generating for nobody (e.g. work re-read after an outage).
-        created_at = now_ms()
-        deadline_at = created_at + round(self.settings.first_chunk_timeout_s * 1000)
-        prompt = PromptRequest(
-            request_id=request_id, conversation_id=conversation_id, user_id=user.user_id, memory_scope=scope,
-            tenant=principal.tenant, created_at=created_at, model=body.model,
-            messages=[ChatMessage(role, text) for role, text in body.record_messages()],
-            sampling=sampling, stream=body.stream, reply_to=self.reply_topic, reply_partition=0,
-            deadline_at=deadline_at)
-        spec = body.tool_spec()
-        sub = Submitted(request_id, conversation_id, body.model, self.reader.register(request_id), received_at,
-                        deadline_at, tenant=principal.tenant, n=body.choices, logprobs=bool(body.logprobs),
-                        tools=spec is not None and spec.active)
-        await self._produce(sub, prompt, "/v1/chat/completions", "chat", body.stream, traceparent, param="messages")
+        """A chat request: its PromptRequest (``translate.chat_request_to_prompt``: 400 / 404 / 403
+        before anything else), its slot of the backlog (429), the record produced. ``conversation_id``:
+        the one the client named in the header (None: the body's metadata, or a new conversation);
+        ``traceparent`` (the HTTP header, when the client sent one) makes the request's span part of
+        the client's trace."""
+        prompt = chat_request_to_prompt(body, principal, self.settings, conversation_id=conversation_id,
+                                        reply_to=self.reply_topic)
+        self.admit(principal.tenant)
+        sub = self._submitted(prompt, received_at)
+        await self._produce(sub, prompt, "/v1/chat/completions", "chat", traceparent, param="messages")
         return sub
 
-    async def _produce(self, sub: Submitted, prompt: PromptRequest, route: str, operation: str, stream: bool,
+    async def submit_completion(self, principal: Principal, body: CompletionRequest, received_at: float,
+                                traceparent: str | None = None) -> list[Submitted]:
+        """A text-completions request (``completions.py``): one PromptRequest per prompt
+        (``translate.completion_request_to_prompts``: raw_prompt, no messages; streams passes it
+        through without a chat template or memory), each taking its slot of the backlog and produced;
+        ``replies``, ``cancel`` and ``finish`` serve each as they serve a chat request. When one cannot
+        be produced, those already produced are cancelled."""
+        prompts = completion_request_to_prompts(body, principal, self.settings, reply_to=self.reply_topic)
+        subs: list[Submitted] = []
+        try:
+            for prompt in prompts:
+                self.admit(principal.tenant)
+                sub = self._submitted(prompt, received_at)
+                await self._produce(sub, prompt, "/v1/completions", "text_completion", traceparent, param="prompt")
+                subs.append(sub)
+        except BaseException:
+            for sub in subs:
+                self.cancel(sub, "request_refused")
+            raise
+        return subs
+
+    def _submitted(self, prompt: PromptRequest, received_at: float) -> Submitted:
+        """What the reply side keeps of a request while it waits for its answer, from its record."""
+        return Submitted(prompt.request_id, prompt.conversation_id, prompt.model,
+                         self.reader.register(prompt.request_id), received_at, prompt.deadline_at,
+                         tenant=prompt.tenant, n=prompt.sampling.n, logprobs=prompt.sampling.logprobs,
+                         tools=reads_tool_calls(prompt.sampling.response_format))
+
+    async def _produce(self, sub: Submitted, prompt: PromptRequest, route: str, operation: str,
                        traceparent: str | None, *, param: str) -> None:
         """Start the request's SERVER span, take its slot of the backlog and produce its prompt;
         a prompt that cannot be encoded or that the broker refuses for its own sake (``transport.failures``:
@@ -263,7 +268,7 @@ class GatewayService:
         sub.span = self.tracer.start(
             f"POST {route}", traceparent, SERVER,
             {"http.request.method": "POST", "http.route": route, "chatpipe.request_id": sub.request_id,
-             "gen_ai.operation.name": operation, "gen_ai.request.model": sub.model, "chatpipe.stream": stream},
+             "gen_ai.operation.name": operation, "gen_ai.request.model": sub.model, "chatpipe.stream": prompt.stream},
             start_ns=time.time_ns() - int((time.perf_counter() - sub.received_at) * 1e9)).activate()  # log lines: its ids
         self.pending[sub.request_id] = sub
         self.metrics.pending.set(len(self.pending))
@@ -284,26 +289,6 @@ class GatewayService:
         except BaseException:
             self.finish(sub, "error")  # never leave a slot of the backlog taken by a request that is gone
             raise
-
-    async def submit_raw(self, principal: Principal, *, model: str, prompt: str, sampling: SamplingParams,
-                         user: str | None, stream: bool, conversation_id: str, received_at: float,
-                         traceparent: str | None = None, route: str = "/v1/completions") -> Submitted:
-        """``submit`` for a raw text prompt (POST /v1/completions, ``completions.py``): a PromptRequest
-        with ``raw_prompt`` and no messages, which streams passes through without a chat template or
-        memory; ``replies``, ``cancel`` and ``finish`` serve it as they serve a chat request."""
-        resolved = resolve_user(principal, user)
-        scope = MemoryScope.USER if resolved.identified else MemoryScope.CONVERSATION
-        request_id = request_id_for(principal, resolved.user_id, conversation_id)
-        created_at = now_ms()
-        deadline_at = created_at + round(self.settings.first_chunk_timeout_s * 1000)
-        record = PromptRequest(
-            request_id=request_id, conversation_id=conversation_id, user_id=resolved.user_id, memory_scope=scope,
-            tenant=principal.tenant, created_at=created_at, model=model, messages=[], raw_prompt=prompt,
-            sampling=sampling, stream=stream, reply_to=self.reply_topic, reply_partition=0, deadline_at=deadline_at)
-        sub = Submitted(request_id, conversation_id, model, self.reader.register(request_id), received_at,
-                        deadline_at, tenant=principal.tenant, n=sampling.n, logprobs=sampling.logprobs)
-        await self._produce(sub, record, route, "text_completion", stream, traceparent, param="prompt")
-        return sub
 
     async def replies(self, sub: Submitted) -> AsyncIterator[Delta]:
         """Each choice's increments as they come; ends once every choice's final chunk came (each

@@ -1,5 +1,5 @@
-"""OpenAI tool calling on chat completions: the request's tools into the prompt and a constraint,
-the model's output back into ``tool_calls``.
+"""OpenAI tool calling on chat completions, the request's half: its tools into the prompt and a
+constraint (the answer's half, the output back into ``tool_calls``, is ``gateway/responses.py``).
 
 The default model (SmolLM2-135M-Instruct) has no tool format in its chat template, so the gateway
 uses the convention of the Hermes / Qwen2.5 templates (which SmolLM2's larger siblings were trained
@@ -22,43 +22,34 @@ that one, the arguments generated to validate against the function's ``parameter
 ``auto`` -> free text, in which a ``<tool_call>`` starts a call constrained the same way; ``none`` ->
 the tools are not shown to the model and nothing is constrained. ``parallel_tool_calls`` false ->
 exactly one call (required; a named function is always called once); true (OpenAI's default) -> up
-to ``MAX_PARALLEL_CALLS``.
+to ``formats.response_format.MAX_PARALLEL_CALLS``.
 
-``ToolCallStream`` reads the output (streamed or whole) into OpenAI's deltas: content pieces, then
-per call its header (index, ``call_...`` id, type, function name, ``arguments: ""``) and the
-arguments' text in pieces as they come.
+Each step is a function of what it needs, called by ``gateway/translate.py`` in this order:
+``parse_tools`` (the request's tools -> ``ToolSpec``), ``check_tool_messages`` (tool results answer
+calls), ``check_parameters`` (the schemas compile; needs the grammar library),
+``ToolSpec.constraint`` (the record's response_format), ``render_messages`` (the prompt's messages).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
-import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from formats.errors import FormatError
 from formats.response_format import (
-    MAX_PARALLEL_CALLS,
     NO_PARAMETERS,
     TOOL_CALL_BEGIN,
     TOOL_CALL_END,
     TOOL_CALL_SEPARATOR,
-    TOOL_CALL_TRIGGER,
     check_tool_parameters,
 )
-from schemas.requests import TOOL_CALLS_FORMAT, RequestRuleError
+from schemas.requests import TOOL_CALLS_FORMAT, TOOL_ROLE, RequestRuleError
 
 MAX_TOOLS = 128  # OpenAI's limit
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-_ID_CHARS = string.ascii_letters + string.digits
 _TOOL_RESPONSE = "<tool_response>\n{}\n</tool_response>"
-# What the model writes after <tool_call> up to the arguments (the grammar writes it exactly so;
-# whitespace is free in ``auto`` mode, hence the \s*).
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
-_TAIL = re.compile(r"\s*\}\s*</tool_call>")
-_MAX_HEAD_CHARS = 256  # a head that is not a call by then is text
 
 SYSTEM_TOOLS = """# Tools
 
@@ -74,10 +65,6 @@ For each function call, return a json object with function name and arguments wi
 {{"name": <function-name>, "arguments": <args-json-object>}}
 </tool_call>"""
 DEFAULT_SYSTEM = "You are a helpful assistant."
-
-
-def new_call_id() -> str:
-    return "call_" + "".join(secrets.choice(_ID_CHARS) for _ in range(24))
 
 
 @dataclass(frozen=True)
@@ -198,6 +185,31 @@ def check_parameters(spec: ToolSpec) -> None:
             raise RequestRuleError(f"tools[{i}]", f"(function {tool.name!r}): {message}") from None
 
 
+def check_tool_messages(messages: Sequence[Any]) -> None:
+    """Assistant ``tool_calls`` and ``tool`` messages (``openai_api.Message``s) as OpenAI requires
+    them: a tool message answers a call of the assistant message before it, by ``tool_call_id``
+    (RequestRuleError naming the message otherwise). Tool messages before any assistant message are
+    taken as answering calls of the conversation's stored history (a conversation id's request sends
+    only its new messages)."""
+    calls: set[str] | None = None  # None: no assistant message yet
+    for i, m in enumerate(messages):
+        if m.tool_calls and m.role != "assistant":
+            raise RequestRuleError(f"messages[{i}].tool_calls", f"is only allowed on assistant messages, not "
+                                                                f"{m.role!r} ones")
+        if m.role == "assistant":
+            calls = {c.id for c in m.tool_calls or ()}
+        elif m.role == TOOL_ROLE:
+            if not m.tool_call_id:
+                raise RequestRuleError(f"messages[{i}].tool_call_id", "is required on a tool message: the id of "
+                                                                     "the call it answers")
+            if calls is not None and m.tool_call_id not in calls:
+                raise RequestRuleError(f"messages[{i}].tool_call_id",
+                                       f"is {m.tool_call_id!r}, which no tool_calls of the assistant message "
+                                       "before it has: a tool message must answer a preceding call")
+        elif calls is not None:
+            calls = set()
+
+
 # -- the prompt -------------------------------------------------------------------------------------
 
 def call_text(name: str, arguments: Any) -> str:
@@ -238,195 +250,3 @@ def render_messages(messages: Sequence[tuple[str, str, Any]], spec: ToolSpec | N
         else:
             out[first_system] = ("system", f"{out[first_system][1]}\n\n{tools}")
     return out
-
-
-# -- the answer -------------------------------------------------------------------------------------
-
-@dataclass
-class Call:
-    index: int
-    id: str
-    name: str
-    arguments: list[str] = field(default_factory=list)
-    complete: bool = False
-
-    def openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": "".join(self.arguments)}}
-
-
-class ToolCallStream:
-    """Reads one choice's output, in increments, into OpenAI's delta objects (``feed`` / ``end``):
-    ``{"content": ...}`` for text, ``{"tool_calls": [{"index", "id", "type", "function": {"name",
-    "arguments": ""}}]}`` when a call's name is known, then ``{"tool_calls": [{"index", "function":
-    {"arguments": piece}}]}``. Text that could be the start of ``<tool_call>`` is held back until it
-    is known; whitespace-only text around calls is dropped (the answer's content is null then)."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-        self.content: list[str] = []
-        self._state = "text"  # text | head | args | tail
-        self._buf = ""
-        self._ws = ""  # whitespace held back in text (dropped if a call follows)
-        self._depth = 0
-        self._in_string = False
-        self._escape = False
-
-    @property
-    def text(self) -> str | None:
-        joined = "".join(self.content)
-        return joined if joined else None
-
-    def feed(self, text: str) -> list[dict[str, Any]]:
-        self._buf += text
-        out: list[dict[str, Any]] = []
-        step = {"text": self._text, "head": self._head, "args": self._args, "tail": self._tail}
-        while self._buf and step[self._state](out):
-            pass
-        return out
-
-    def end(self) -> list[dict[str, Any]]:
-        """What is left once the output ended: held-back text, a call's head that never became one.
-        Trailing whitespace is dropped."""
-        out: list[dict[str, Any]] = []
-        if self._state == "head":
-            self._buf = TOOL_CALL_TRIGGER + self._buf
-        if self._state in ("text", "head"):
-            self._emit_text(self._buf, out)
-        self._buf, self._ws = "", ""
-        return out
-
-    def _emit_text(self, text: str, out: list[dict[str, Any]]) -> None:
-        """Text outside calls; whitespace at its ends held back (a call or the end may follow)."""
-        body = text.rstrip()
-        if not body.strip():
-            self._ws += text
-            return
-        lead = self._ws if self.content else ""
-        if not self.content:
-            body = body.lstrip()
-        self._ws = text[len(text.rstrip()):]
-        piece = lead + body
-        self.content.append(piece)
-        out.append({"content": piece})
-
-    def _text(self, out: list[dict[str, Any]]) -> bool:
-        at = self._buf.find(TOOL_CALL_TRIGGER)
-        if at >= 0:
-            self._emit_text(self._buf[:at], out)
-            self._ws = ""  # whitespace before a call is not content
-            self._buf = self._buf[at + len(TOOL_CALL_TRIGGER):]
-            self._state = "head"
-            return True
-        keep = _partial_suffix(self._buf, TOOL_CALL_TRIGGER)
-        emit, self._buf = self._buf[:len(self._buf) - keep], self._buf[len(self._buf) - keep:]
-        self._emit_text(emit, out)
-        return False
-
-    def _head(self, out: list[dict[str, Any]]) -> bool:
-        match = _HEAD.match(self._buf)
-        if match is None:
-            if len(self._buf) > _MAX_HEAD_CHARS:  # not a call after all: text
-                self._state, text, self._buf = "text", TOOL_CALL_TRIGGER + self._buf, ""
-                self._emit_text(text, out)
-            return False
-        try:
-            name = json.loads(match.group(1))
-        except ValueError:
-            name = match.group(1).strip('"')
-        call = Call(len(self.calls), new_call_id(), name)
-        self.calls.append(call)
-        out.append({"tool_calls": [{"index": call.index, "id": call.id, "type": "function",
-                                    "function": {"name": name, "arguments": ""}}]})
-        self._buf = self._buf[match.end():]
-        self._state, self._depth, self._in_string, self._escape = "args", 0, False, False
-        return True
-
-    def _args(self, out: list[dict[str, Any]]) -> bool:
-        call = self.calls[-1]
-        if self._depth == 0:  # whitespace before the arguments' object is not part of them
-            self._buf = self._buf.lstrip()
-            if not self._buf:
-                return False
-        end = None
-        for i, ch in enumerate(self._buf):
-            if self._escape:
-                self._escape = False
-            elif self._in_string:
-                if ch == "\\":
-                    self._escape = True
-                elif ch == '"':
-                    self._in_string = False
-            elif ch == '"':
-                self._in_string = True
-            elif ch in "{[":
-                self._depth += 1
-            elif ch in "}]":
-                self._depth -= 1
-                if self._depth == 0:
-                    end = i + 1
-                    break
-        piece = self._buf if end is None else self._buf[:end]
-        if piece:
-            call.arguments.append(piece)
-            out.append({"tool_calls": [{"index": call.index, "function": {"arguments": piece}}]})
-        self._buf = "" if end is None else self._buf[end:]
-        if end is None:
-            return False
-        self._state = "tail"
-        return True
-
-    def _tail(self, out: list[dict[str, Any]]) -> bool:
-        match = _TAIL.match(self._buf)
-        if match is not None:
-            self.calls[-1].complete = True
-            self._buf = self._buf[match.end():]
-            self._state = "text"
-            return True
-        if not _could_be_tail(self._buf):  # a call not closed as written: take the rest as text
-            self.calls[-1].complete = True
-            self._state = "text"
-            return True
-        return False
-
-
-def _partial_suffix(text: str, token: str) -> int:
-    """The length of the longest suffix of ``text`` that is a proper prefix of ``token``."""
-    for n in range(min(len(text), len(token) - 1), 0, -1):
-        if token.startswith(text[-n:]):
-            return n
-    return 0
-
-
-def _could_be_tail(text: str) -> bool:
-    stripped = text.lstrip()
-    if not stripped:
-        return True
-    if not stripped.startswith("}"):
-        return False
-    rest = stripped[1:].lstrip()
-    return "</tool_call>".startswith(rest) or rest.startswith("</tool_call>")
-
-
-@dataclass
-class ParsedAnswer:
-    content: str | None
-    tool_calls: list[dict[str, Any]]
-
-
-def parse_answer(text: str) -> ParsedAnswer:
-    """A whole output: its content (None when it is only calls) and its calls in OpenAI's shape."""
-    stream = ToolCallStream()
-    stream.feed(text)
-    stream.end()
-    return ParsedAnswer(stream.text, [c.openai() for c in stream.calls])
-
-
-def finish_reason(stream: ToolCallStream, engine_finish: str) -> str:
-    """OpenAI's ``tool_calls`` when the model stopped after calling; else the engine's reason."""
-    if engine_finish == "stop" and stream.calls and all(c.complete for c in stream.calls):
-        return "tool_calls"
-    return engine_finish
-
-
-__all__ = ["MAX_PARALLEL_CALLS", "ToolCallStream", "ToolSpec", "finish_reason", "parse_answer", "parse_tools",
-           "render_messages"]

@@ -2,7 +2,7 @@
 
 These dataclasses are what the rest of chatpipe passes around; the codec turns them into
 Avro single-object-encoded bytes and back. Field names and order mirror the latest ``.avsc``
-file of the same name (``tests/unit/test_codec.py::test_records_match_latest_schemas`` keeps the two in step).
+file of the same name (``tests/schemas/test_codec.py::test_records_match_latest_schemas`` keeps the two in step).
 
 Timestamps are ``int`` milliseconds since the Unix epoch (Avro ``timestamp-millis``); the
 codec keeps them as integers so a record decodes to exactly what was encoded.

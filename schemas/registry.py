@@ -34,7 +34,7 @@ def crc64_fingerprint(schema: dict | str) -> bytes:
     """The 8-byte little-endian CRC-64-AVRO fingerprint of a schema's canonical form."""
     canonical = to_parsing_canonical_form(schema)
     # fastavro's hex string is already the little-endian byte order of the 64-bit value
-    # (checked against the spec's vector for "null" in tests/unit/test_codec.py).
+    # (checked against the spec's vector for "null" in tests/schemas/test_codec.py).
     return bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
 
 

@@ -98,7 +98,7 @@ BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in CATALOG}
 
 # The catalog's names for code: every topic a component uses comes from here, through
 # ``KafkaSettings.topic()`` (which puts the deployment's prefix in front), never as a literal
-# (tests/unit/test_topic_names.py checks both: each name is in CATALOG, no literal elsewhere).
+# (tests/schemas/test_topic_names.py checks both: each name is in CATALOG, no literal elsewhere).
 PROMPTS = "chat.prompts"
 INFERENCE_REQUESTS = "chat.inference.requests"
 INFERENCE_REQUESTS_BATCH = "chat.inference.requests.batch"

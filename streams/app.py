@@ -20,11 +20,12 @@ creates only its own internal topics (the table's changelog, its assignor topic)
 admin client, since the broker refuses auto-created topics. Their names start with the app id,
 which carries the deployment's topic prefix, and ``chatpipe status`` lists them.
 
-Each agent runs with concurrency 1 (faust issue #606: concurrent agents can commit an offset
-past an event still being processed), acks its batches itself once their effects are durable
-(``acks.py``), and an exception escaping it ends the process without acking
-(``faults.exit_without_ack``): Faust's own handling would restart the agent on the next batch
-and commit past the failed one.
+Each agent's logic is a plain class (``streams/ports.py``: ``handle(messages, outbox)``); Faust runs
+it through ``faust_runtime.agents.faust_agent``, with concurrency 1 (faust issue #606: concurrent
+agents can commit an offset past an event still being processed), acking each batch once its effects
+are durable, and ending the process unacked when an exception escapes (``faults.exit_without_ack``):
+Faust's own handling would restart the agent on the next batch and commit past the failed one.
+Everything that works around Faust is in ``streams/faust_runtime/`` (its ``__init__`` lists it).
 """
 
 from __future__ import annotations
@@ -46,12 +47,21 @@ from schemas.topics import (
     TURNS,
     spec,
 )
-from streams.acks import committed_position
 from streams.archive import ArchiveAgent, Archiver
 from streams.dead_letters import DeadLetters
 from streams.embedding_requests import EmbeddingRequests
 from streams.erasures import ErasureFollower, ErasureRegistry
 from streams.faults import EXIT_INFRASTRUCTURE, Retrier, exit_without_ack
+from streams.faust_runtime import offsets
+from streams.faust_runtime.agents import faust_agent
+from streams.faust_runtime.outbox import Outbox
+from streams.faust_runtime.table import conversation_table
+from streams.faust_runtime.watchdog import (
+    ProgressWatchdog,
+    StalledConsumerError,
+    commit_acked_before_exit,
+    faust_assignment,
+)
 from streams.forget import Forget, ForgetPartition
 from streams.intake import Intake
 from streams.metrics import StreamsMetrics
@@ -60,9 +70,7 @@ from streams.recorded import BrokerEndOffsets, RecordedOffsets
 from streams.refusals import Refusals
 from transport.reply_address import ReplyAddresses
 from streams.services import StreamsServices
-from streams.table import conversation_table
 from streams.settings import StreamsSettings
-from streams.watchdog import ProgressWatchdog, StalledConsumerError, commit_acked_before_exit, faust_assignment
 from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
 from transport.errors import TransportError
@@ -99,9 +107,7 @@ class StreamsApp:
                  erasures: ErasureRegistry | None = None) -> None:
         import faust
 
-        from streams import faust_offsets
-
-        faust_offsets.install()  # partitions never committed are read again from their start after a rebalance
+        offsets.install()  # partitions never committed are read again from their start after a rebalance
         self.kafka, self.settings, self.services = kafka, settings, services
         # Before any agent runs: every deletion ever made (the log is kept forever), then the forget
         # agent adds the new ones.
@@ -192,8 +198,9 @@ class StreamsApp:
             ("archive", archive_source, self.archive),
             ("embeddings", topic(EMBEDDING_REQUESTS), self.embeddings),
         ):
-            app.agent(channel, name=f"streams.{name}", concurrency=1)(_as_function(agent, name))
-        # Records that wait on an assigned partition and reach no agent end the process (watchdog.py).
+            app.agent(channel, name=f"streams.{name}", concurrency=1)(
+                faust_agent(name, agent, lambda: Outbox(retrier, services.tracer)))
+        # Records that wait on an assigned partition and reach no agent end the process (faust_runtime/watchdog.py).
         sources = {kafka.topic(t) for t in (PROMPTS, RESPONSES, DELETIONS, TURNS, FEEDBACK, DELETIONS_FANOUT,
                                             EMBEDDING_REQUESTS)}
         self.metrics.watch(self)
@@ -216,7 +223,7 @@ def _committed_positions(app: Any, topic: str):
     """Faust's committed position of a partition of ``topic`` (None when it does not know it)."""
     from faust.types import TP
 
-    return lambda partition: committed_position(app.consumer, TP(topic, partition))
+    return lambda partition: offsets.committed_position(app.consumer, TP(topic, partition))
 
 
 def _assigned(app: Any, topic: str):
@@ -245,23 +252,6 @@ def _follow_erasures(kafka: KafkaSettings, services: StreamsServices, registry: 
         raise SystemExit(EXIT_INFRASTRUCTURE) from exc
     registry.merge(loaded)
     return follower
-
-
-def _as_function(agent: Any, name: str):
-    """Faust wants a plain ``async def fn(stream)``; each agent is an object with ``__call__``.
-
-    An exception escaping the agent (an outage past the retry budget, or a bug) ends the process
-    with the batch unacked. CancelledError is no Exception: Faust cancels agents to stop them and
-    on a rebalance, and an unacked batch then is read again where the partition is assigned next.
-    """
-    async def run(stream: Any) -> None:
-        try:
-            await agent(stream)
-        except Exception as exc:  # noqa: BLE001 - every failure gets the same answer: exit unacked
-            exit_without_ack(f"streams.{name}", exc)
-
-    run.__name__ = run.__qualname__ = name
-    return run
 
 
 def run_worker(streams: StreamsApp) -> None:

@@ -28,6 +28,9 @@ offset order, each to a dot-file, fsynced, renamed, its folder fsynced. What thi
   batch stays unacked and the process exits (``faults.py``). A retry writes only what the
   failed attempt had not renamed yet.
 
+No Faust here: ``ArchiveAgent.handle`` takes a batch's messages (``streams/ports.py``); the Faust agent
+that feeds it is ``faust_runtime.agents.faust_agent``.
+
 Not here: undecodable messages are archived as they are (the archive keeps what the topic had).
 """
 
@@ -40,15 +43,15 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Collection, Iterable
+from typing import Collection, Iterable, Sequence
 
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
-from streams.acks import Batches
 from streams.archive_erasure import ArchiveErasure, erase_from_archive
 from streams.dead_letters import event_headers
 from streams.erasures import ErasureRegistry, Subject
 from streams.faults import Retrier
+from streams.ports import BatchRule, Message, Outbox
 from transport import tracing
 from transport.spans import Tracer
 from transport.archive import (
@@ -246,9 +249,8 @@ class Archiver:
         return self._recent[key]
 
 
-def archived_message(event: Any) -> ArchivedMessage:
-    """The Kafka message behind a Faust event, as the archive keeps it (raw bytes)."""
-    m = event.message
+def archived_message(m: Message) -> ArchivedMessage:
+    """A consumed message as the archive keeps it (raw bytes)."""
     # Faust hands the record timestamp as float seconds; the archive keeps Kafka's epoch ms.
     return ArchivedMessage(m.topic, m.partition, m.offset, round(m.timestamp * 1000), m.key, m.value,
                            tuple(event_headers(m)))
@@ -263,18 +265,17 @@ class ArchiveAgent:
         self.retrier = retrier
         self.tracer = tracer  # a "process <topic>" span per archived record, child of its producer span
         self.group = group
+        self.batching = BatchRule(batch_size, flush_s)
 
-    async def __call__(self, stream: Any) -> None:
-        batches = Batches(stream, self.batch_size, self.flush_s)
-        async for events in batches:
-            start_ns = time.time_ns()
-            messages = [archived_message(e) for e in events]
-            # fsync and deflate off the event loop; the events are acked only after every file is renamed.
-            paths = await self.retrier.call("archive write", asyncio.to_thread, self.archiver.write, messages)
-            if self.tracer is not None:
-                self._spans(messages, len(paths), start_ns)
-            await batches.ack(events)
-            log.debug("archived %d messages in %d files", len(messages), len(paths))
+    async def handle(self, consumed: Sequence[Message], outbox: Outbox) -> None:
+        """Archive the batch; returns once every file is renamed (the batch is acked only then). Sends nothing."""
+        start_ns = time.time_ns()
+        messages = [archived_message(m) for m in consumed]
+        # fsync and deflate off the event loop
+        paths = await self.retrier.call("archive write", asyncio.to_thread, self.archiver.write, messages)
+        if self.tracer is not None:
+            self._spans(messages, len(paths), start_ns)
+        log.debug("archived %d messages in %d files", len(messages), len(paths))
 
     def _spans(self, messages: list[ArchivedMessage], files: int, start_ns: int) -> None:
         ended_ns = time.time_ns()

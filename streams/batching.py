@@ -1,4 +1,4 @@
-"""The intake batch bounds: count and time come from the take (``take.py``), tokens from here.
+"""The intake batch bounds: count and time come from the take (``faust_runtime/take.py``), tokens from here.
 
 The take closes a batch at ``n`` events, when no more arrive, or ``within`` seconds after its
 first; it has no notion of size. Intake therefore takes up to ``n`` prompts and splits them, in arrival order, into

@@ -5,7 +5,7 @@ memory's own model (``streams.embeddings.Embedder``, the one intake embeds promp
 embeds turns with), so a client's vectors are the ones memory compares: same model, same dtype,
 same normalisation (L2 norm 1). Not for: storing anything; no text or vector is kept.
 
-Per batch (``acks.Batches`` over the adaptive take, bounded like intake's: ``intake_batch_size``,
+Per batch (``batching``, adaptive and bounded like intake's: ``intake_batch_size``,
 ``intake_batch_window_s``, ``intake_batch_idle_s``): decode every request; refuse those that cannot
 be served; embed the inputs of the others, one model call per run of up to ``max_inputs`` texts
 (``_runs``: intake embeds prompts with the same model between runs); send each request's result, awaited, to
@@ -32,6 +32,10 @@ A result (or error) whose send fails because the reply address vanished since it
 dead-lettered; a broker that is away is retried (``Retrier``), and past the budget the batch stays
 unacked and the process exits (``faults.py``): a re-read request is embedded again (the same
 vectors; the gateway takes the first result of a request and drops later copies).
+
+No Faust here: ``EmbeddingRequests.handle`` takes a batch's messages and an outbox (``streams/ports.py``);
+the Faust agent that feeds it is ``faust_runtime.agents.faust_agent``. Tests without Faust:
+tests/streams/test_agent_logic.py.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -50,11 +54,10 @@ from schemas.embeddings import EMBEDDING_LIMITS, EmbeddingLimits, check_inputs
 from schemas.errors import DecodeError
 from schemas.records import EmbeddingRequest, EmbeddingResult, now_ms
 from schemas.requests import RequestRuleError
-from streams.acks import Batches, receive_batch
-from streams.dead_letters import DeadLetters, child_headers, event_headers
+from streams.dead_letters import DeadLetters, child_headers, event_headers, receive_batch
 from streams.errors import ExpiredRequestError, InvalidReplyAddressError, StreamsError
 from streams.faults import Retrier
-from streams.outbox import Outbox
+from streams.ports import BatchRule, Message, Outbox
 from transport.reply_address import ReplyAddresses
 from transport import tracing
 from transport.acked_producer import AckedProducer
@@ -99,7 +102,7 @@ def model_limits(embedder: Any) -> tuple[Any, int | None]:
 
 @dataclass(slots=True)
 class _Request:
-    event: Any
+    message: Message
     request: EmbeddingRequest
     tokens: list[int]  # per input, as the model reads it (special tokens included)
 
@@ -156,32 +159,31 @@ class EmbeddingRequests:
     def max_tokens(self) -> int | None:
         return self._limits[1]
 
-    async def __call__(self, stream: Any) -> None:
+    @property
+    def batching(self) -> BatchRule:
         s = self.settings
-        await Batches(stream, s.intake_batch_size, s.intake_batch_window_s, idle_s=s.intake_batch_idle_s).serve(self.handle)
+        return BatchRule(s.intake_batch_size, s.intake_batch_window_s, s.intake_batch_idle_s)
 
-    async def handle(self, events: list[Any]) -> None:
-        """Answer or refuse every request of ``events``; returns once all it produced is on the broker."""
+    async def handle(self, messages: Sequence[Message], outbox: Outbox) -> None:
+        """Answer or refuse every request of ``messages``; returns once all it produced is on the broker."""
         tracer = self.services.tracer
-        start_ns = receive_batch(tracer, self.settings.app_id, events)
-        outbox = Outbox(self.retrier, tracer)
+        start_ns = receive_batch(tracer, self.settings.app_id, messages)
         taken: list[_Request] = []
-        for event in events:
-            m = event.message
+        for m in messages:
             try:
                 request = self.services.codec.decode(m.value, EmbeddingRequest, topic=m.topic, partition=m.partition,
                                                      offset=m.offset)
             except DecodeError as exc:
                 self.refused += 1
-                await self.dead_letters.send(event, exc, outbox)
+                await self.dead_letters.send(m, exc, outbox)
                 continue
             span = tracer.process(m.topic, tracing.find(event_headers(m)), group=self.settings.app_id,
                                   partition=m.partition, offset=m.offset, start_ns=start_ns,
                                   attributes={"chatpipe.request_id": request.request_id,
                                               "chatpipe.embeddings.inputs": len(request.inputs)})
             try:
-                if await self._admit(event, request, outbox):
-                    taken.append(_Request(event, request, []))
+                if await self._admit(m, request, outbox):
+                    taken.append(_Request(m, request, []))
                     span.set("chatpipe.outcome", "taken")
                 else:
                     span.set("chatpipe.outcome", "refused")
@@ -195,27 +197,27 @@ class EmbeddingRequests:
         await outbox.deliver()
         self.batches += 1
 
-    async def _admit(self, event: Any, request: EmbeddingRequest, outbox: Outbox) -> bool:
+    async def _admit(self, message: Message, request: EmbeddingRequest, outbox: Outbox) -> bool:
         """True when the request may be embedded; otherwise it was refused (and answered where possible)."""
         if self.replies is not None:
             problem = await self.retrier.call("reply address lookup", self.replies.problem, request.reply_to,
-                                              request.reply_partition, sent_at_s=event.message.timestamp)
+                                              request.reply_partition, sent_at_s=message.timestamp)
             if problem is not None:
                 self.refused += 1
-                await self.dead_letters.send(event, InvalidReplyAddressError(
+                await self.dead_letters.send(message, InvalidReplyAddressError(
                     f"EmbeddingRequest {request.request_id}: {problem}; no result was sent, the reply address itself "
                     "cannot be answered"), outbox)
                 return False
         now = now_ms()
         if request.deadline_at is not None and request.deadline_at < now:
-            await self._refuse(event, request, ExpiredRequestError(
+            await self._refuse(message, request, ExpiredRequestError(
                 f"EmbeddingRequest {request.request_id}: deadline passed {now - request.deadline_at} ms before streams "
                 "took it"), "expired", None, outbox)
             return False
         try:
             self._check(request)
         except InvalidEmbeddingRequestError as exc:
-            await self._refuse(event, request, exc, exc.code, exc.param, outbox)
+            await self._refuse(message, request, exc, exc.code, exc.param, outbox)
             return False
         return True
 
@@ -260,7 +262,7 @@ class EmbeddingRequests:
         for i, n in enumerate(r.tokens):
             if n > self.max_tokens:
                 param = "input" if len(r.tokens) == 1 else f"input[{i}]"
-                await self._refuse(r.event, r.request, InvalidEmbeddingRequestError(
+                await self._refuse(r.message, r.request, InvalidEmbeddingRequestError(
                     f"{param} is {n} tokens; {self.model_name} reads at most {self.max_tokens} (special tokens "
                     "included) and inputs are not truncated: shorten it or split it", code="context_length_exceeded",
                     param=param), "context_length_exceeded", param, outbox)
@@ -282,38 +284,38 @@ class EmbeddingRequests:
                                      count=n, vectors=rows[at:at + n].tobytes(), tokens_in=sum(r.tokens),
                                      worker_id=COMPONENT)
             at += n
-            if await self._answer(r.event, r.request, result, outbox):
+            if await self._answer(r.message, r.request, result, outbox):
                 self.served += 1
 
-    async def _refuse(self, event: Any, request: EmbeddingRequest, exc: Exception, code: str, param: str | None,
+    async def _refuse(self, message: Message, request: EmbeddingRequest, exc: Exception, code: str, param: str | None,
                       outbox: Outbox) -> None:
         """Dead letter with the reason, and an error result to the reply address."""
         self.refused += 1
-        await self.dead_letters.send(event, exc, outbox)
+        await self.dead_letters.send(message, exc, outbox)
         result = EmbeddingResult(request_id=request.request_id, model=request.model, worker_id=COMPONENT,
                                  error_code=code, error=str(exc), error_param=param)
-        await self._answer(event, request, result, outbox, dead_lettered=True)
+        await self._answer(message, request, result, outbox, dead_lettered=True)
 
-    async def _answer(self, event: Any, request: EmbeddingRequest, result: EmbeddingResult, outbox: Outbox,
+    async def _answer(self, message: Message, request: EmbeddingRequest, result: EmbeddingResult, outbox: Outbox,
                       dead_lettered: bool = False) -> bool:
         """Send ``result``, awaited and retried while the broker is away; False when the reply address
         vanished meanwhile (then the request is dead-lettered, unless it was already)."""
-        gone = await self.retrier.call(f"embedding result for request {request.request_id}", self._send, event,
+        gone = await self.retrier.call(f"embedding result for request {request.request_id}", self._send, message,
                                        request, result)
         if gone is None:
             return True
         log.warning("request %s: result not delivered, the reply address is unusable (%s)", request.request_id, gone)
         if not dead_lettered:
             self.refused += 1
-            await self.dead_letters.send(event, InvalidReplyAddressError(
+            await self.dead_letters.send(message, InvalidReplyAddressError(
                 f"EmbeddingRequest {request.request_id}: its result could not be delivered: {gone}"), outbox)
         return False
 
-    async def _send(self, event: Any, request: EmbeddingRequest, result: EmbeddingResult) -> str | None:
+    async def _send(self, message: Message, request: EmbeddingRequest, result: EmbeddingResult) -> str | None:
         """None once the broker has the result; the address's problem when it vanished (not retried)."""
         try:
             await self.reply_producer.send(request.reply_to, result, key=request.request_id,
-                                           partition=request.reply_partition, headers=child_headers(event.message))
+                                           partition=request.reply_partition, headers=child_headers(message))
         except DeliveryError:
             gone = None if self.replies is None else await self.replies.problem(
                 request.reply_to, request.reply_partition, fresh=True)

@@ -40,6 +40,9 @@ broker fault is retried, and past the retry budget nothing is acked and the proc
 (``faults.py``), so the step is carried out again after the restart. Forgetting is idempotent; only
 the audit of such a repeat counts what was left (0 points when the first run had deleted them).
 
+No Faust here: each agent's ``handle`` takes a batch's messages and an outbox (``streams/ports.py``),
+the table is a mapping; the Faust agents that feed them are ``faust_runtime.agents.faust_agent``.
+
 Not here: the topics (``chat.turns``, ``chat.feedback``, ...) keep their copies until retention
 removes them, datasets are the dataset job's, the prefix cache the inference worker's
 (docs/privacy.md has every store's guarantee and time).
@@ -53,13 +56,12 @@ from typing import Any, Sequence
 
 from schemas.errors import DecodeError
 from schemas.records import Deletion, DeletionAudit, DeletionScope
-from streams.acks import Batches
 from streams.archive import Archiver, archived_message
 from streams.dead_letters import DeadLetters, child_headers
 from streams.erasures import ErasureRegistry, Subject
 from streams.errors import InvalidDeletionError
 from streams.faults import Retrier
-from streams.outbox import Outbox
+from streams.ports import BatchRule, Message, Outbox
 from streams.services import StreamsServices
 from streams.table import key_partition
 
@@ -101,26 +103,22 @@ class _DeletionAgent:
     services: StreamsServices
     dead_letters: DeadLetters
     retrier: Retrier
+    batching = BatchRule(BATCH, WITHIN_S)
 
-    async def __call__(self, stream: Any) -> None:
-        batches = Batches(stream, BATCH, WITHIN_S)
-        async for events in batches:
-            outbox = Outbox(self.retrier)
-            for event in events:
-                try:
-                    deletion = decode_deletion(self.services.codec, event.message)
-                except (DecodeError, InvalidDeletionError) as exc:
-                    await self.dead_letters.send(event, exc, outbox)
-                    continue
-                await self.carry_out(deletion, event.message, outbox)
-            await self.after_batch(events)
-            await outbox.deliver()
-            await batches.ack(events)
+    async def handle(self, messages: Sequence[Message], outbox: Outbox) -> None:
+        for m in messages:
+            try:
+                deletion = decode_deletion(self.services.codec, m)
+            except (DecodeError, InvalidDeletionError) as exc:
+                await self.dead_letters.send(m, exc, outbox)
+                continue
+            await self.carry_out(deletion, m, outbox)
+        await self.after_batch(messages)
 
-    async def carry_out(self, deletion: Deletion, message: Any, outbox: Outbox) -> None:
+    async def carry_out(self, deletion: Deletion, message: Message, outbox: Outbox) -> None:
         raise NotImplementedError
 
-    async def after_batch(self, events: list[Any]) -> None:
+    async def after_batch(self, messages: Sequence[Message]) -> None:
         """Before the batch's records are delivered and it is acked."""
 
 
@@ -144,10 +142,10 @@ class Forget(_DeletionAgent):
         self.erasures = _registry(erasures, archiver)
         self.fanned_out = 0
 
-    async def after_batch(self, events: list[Any]) -> None:
+    async def after_batch(self, messages: Sequence[Message]) -> None:
         if self.archiver is not None:  # the deletion log itself, for the dataset job (never rewritten)
             await self.archive_retrier.call("archive deletions", asyncio.to_thread, self.archiver.write,
-                                            [archived_message(e) for e in events])
+                                            [archived_message(m) for m in messages])
 
     async def carry_out(self, deletion: Deletion, m: Any, outbox: Outbox) -> None:
         self.erasures.add(deletion)  # first: whatever this worker writes after this is checked against it

@@ -1,8 +1,8 @@
 """The intake agent: ``chat.prompts`` -> ``InferenceRequest``s with assembled context.
 
-Per batch (``acks.Batches`` over ``take.py``: adaptive, up to n prompts while they keep arriving,
-closed as soon as none more came within ``intake_batch_idle_s``, at most the window; then split by
-prompt tokens, see ``batching.py``):
+Per batch (``batching``: adaptive, up to n prompts while they keep arriving, closed as soon as none
+more came within ``intake_batch_idle_s``, at most the window, taken by ``streams/faust_runtime/``;
+then split by prompt tokens, see ``batching.py``):
 decode and validate every prompt (a bad one is dead-lettered and the rest go on), embed all
 prompts of the run in one call, recall memory for all of them in one call (from every
 conversation of the tenant's user for ``MemoryScope.USER``, from the prompt's own conversation
@@ -22,6 +22,10 @@ Before that, a prompt whose reply address cannot be answered or whose deadline h
 refused (``refusals.py``). The batch is acked only once every record it produced (requests, dead
 letters, error chunks) is on the broker; Qdrant and broker faults are retried, and past the
 retry budget the batch stays unacked and the process exits (``faults.py``), so it is read again.
+
+No Faust here: ``Intake.handle`` takes the batch's messages and an outbox (``streams/ports.py``), the
+table is a mapping; the Faust agent that feeds it is ``faust_runtime.agents.faust_agent``.
+Tests without Faust: tests/streams/test_agent_logic.py.
 """
 
 from __future__ import annotations
@@ -29,21 +33,20 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from confluent_kafka import KafkaException
 
 from schemas.errors import DecodeError
 from schemas.records import InferenceRequest, MemoryScope, PromptRequest
 from schemas.topics import inference_requests_topic
-from streams.acks import Batches, receive_batch
 from streams.batching import split_by_tokens
 from streams.context import Segment, assemble_context
-from streams.dead_letters import DeadLetters, event_headers
+from streams.dead_letters import DeadLetters, event_headers, receive_batch
 from streams.errors import InvalidPromptError, PromptTooLongError
 from streams.faults import Retrier
 from streams.metrics import StreamsMetrics
-from streams.outbox import Outbox
+from streams.ports import BatchRule, Message, Outbox
 from streams.prompts import ParsedPrompt, parse_prompt
 from streams.recorded import RecordedOffsets
 from streams.refusals import Refusals
@@ -67,7 +70,7 @@ def recall_conversation(request: PromptRequest) -> str | None:
 
 @dataclass(slots=True)
 class _Prompt:
-    event: Any
+    message: Message
     request: PromptRequest
     parsed: ParsedPrompt
     span: Span  # "process chat.prompts": its request is produced as its child
@@ -93,35 +96,34 @@ class Intake:
         self.repeats = 0  # prompts read again whose request was answered already (not served twice)
         self.unrecorded = 0  # batches assembled after recorded_wait_s with answers still unrecorded
 
-    async def __call__(self, stream: Any) -> None:
+    @property
+    def batching(self) -> BatchRule:
         s = self.settings
-        await Batches(stream, s.intake_batch_size, s.intake_batch_window_s, idle_s=s.intake_batch_idle_s).serve(self.handle)
+        return BatchRule(s.intake_batch_size, s.intake_batch_window_s, s.intake_batch_idle_s)
 
-    async def handle(self, events: list[Any]) -> None:
-        """Serve or refuse every prompt of ``events``; returns once all they produced is durable."""
-        self.metrics.intake_batch_size.observe(len(events))
+    async def handle(self, messages: Sequence[Message], outbox: Outbox) -> None:
+        """Serve or refuse every prompt of ``messages``; returns once all they produced is durable."""
+        self.metrics.intake_batch_size.observe(len(messages))
         tracer = self.services.tracer
-        start_ns = receive_batch(tracer, self.settings.app_id, events)
-        outbox = Outbox(self.retrier, tracer)
+        start_ns = receive_batch(tracer, self.settings.app_id, messages)
         prompts: list[_Prompt] = []
-        for event in events:
-            m = event.message
+        for m in messages:
             try:
                 request = self.services.codec.decode(m.value, PromptRequest, topic=m.topic,
                                                      partition=m.partition, offset=m.offset)
             except DecodeError as exc:
-                await self.dead_letters.send(event, exc, outbox)
+                await self.dead_letters.send(m, exc, outbox)
                 continue
             span = tracer.process(m.topic, tracing.find(event_headers(m)), group=self.settings.app_id,
                                   partition=m.partition, offset=m.offset, start_ns=start_ns,
                                   attributes={"chatpipe.request_id": request.request_id}).activate()
-            if not await self.refusals.admit(event, request, outbox):
+            if not await self.refusals.admit(m, request, outbox):
                 span.set("chatpipe.outcome", "refused").end()
                 continue
             try:
-                prompts.append(_Prompt(event, request, parse_prompt(request, self.settings.context_tokens), span))
+                prompts.append(_Prompt(m, request, parse_prompt(request, self.settings.context_tokens), span))
             except InvalidPromptError as exc:
-                await self.refusals.refuse(event, request, exc, "invalid_request", outbox)
+                await self.refusals.refuse(m, request, exc, "invalid_request", outbox)
                 span.fail(exc).end()
         if prompts:
             await self._await_recorded(prompts)
@@ -133,7 +135,7 @@ class Intake:
         for prompt in prompts:  # served (or refused) and durable
             prompt.span.end()
         spans.deactivate()
-        log.debug("intake batch of %d prompt(s) on the broker %.1f ms after its last send", len(events),
+        log.debug("intake batch of %d prompt(s) on the broker %.1f ms after its last send", len(messages),
                   (time.perf_counter() - sent) * 1e3)
 
     async def _await_recorded(self, prompts: list[_Prompt]) -> None:
@@ -252,7 +254,7 @@ class Intake:
             context = assemble_context(system_prompt=system_prompt, prompt=parsed.prompt, recent=recent,
                                        recalled=recalled, budget=budget, counter=self.services.counter)
         except PromptTooLongError as exc:
-            await self.refusals.refuse(prompt.event, request, exc, "context_length_exceeded", outbox)
+            await self.refusals.refuse(prompt.message, request, exc, "context_length_exceeded", outbox)
             return None
         self.metrics.assembled_tokens.observe(context.tokens)
         prompt.span.child("assemble", start_ns=assembling_ns, attributes={
@@ -286,7 +288,7 @@ class Intake:
         if tokens > budget:
             exc = PromptTooLongError(f"the raw prompt takes {tokens} tokens, more than the budget of {budget} "
                                      "(context window minus the request's max_tokens)")
-            await self.refusals.refuse(prompt.event, request, exc, "context_length_exceeded", outbox)
+            await self.refusals.refuse(prompt.message, request, exc, "context_length_exceeded", outbox)
             return None
         self.metrics.assembled_tokens.observe(tokens)
         prompt.span.child("assemble", start_ns=assembling_ns, attributes={

@@ -1,6 +1,6 @@
 """The record agent: ``chat.responses`` -> conversation state, ``chat.turns`` and memory.
 
-Per batch of responses (adaptive like intake's, ``take.py``: a lone response is recorded at
+Per batch of responses (adaptive like intake's, ``batching``: a lone response is recorded at
 once, since a follow-up of its conversation may be waiting for it, ``recorded.py``): join each
 with its pending request (kept in the conversation's state by intake), drop a response whose request id was already recorded (a response delivered twice
 makes one turn), embed the batch's answered turns in one call and upsert them into Qdrant,
@@ -26,6 +26,10 @@ A response to a prompt made at or before a ``Deletion`` of its user or conversat
 flight while the user was forgotten, or intake took the prompt after the forget) is dropped:
 no turn, no memory, no dead letter (which would copy its text to ``chat.dlq``); its pending
 request leaves the state, and a state left with nothing goes (``streams/erasures.py``).
+
+No Faust here: ``Record.handle`` takes the batch's messages and an outbox (``streams/ports.py``); the
+Faust agent that feeds it is ``faust_runtime.agents.faust_agent``. Tests without Faust:
+tests/streams/test_agent_logic.py.
 """
 
 from __future__ import annotations
@@ -33,16 +37,15 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 from schemas.errors import DecodeError
 from schemas.records import ConversationTurn, FinishReason, Response
-from streams.acks import Batches, receive_batch
-from streams.dead_letters import DeadLetters, event_headers
+from streams.dead_letters import DeadLetters, event_headers, receive_batch
 from streams.erasures import ErasureRegistry
 from streams.errors import UnknownRequestError
 from streams.faults import Retrier
-from streams.outbox import Outbox
+from streams.ports import BatchRule, Message, Outbox
 from streams.recorded import RecordedOffsets
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
@@ -78,24 +81,24 @@ class Record:
         self.duplicates = 0
         self.other_choices = 0  # Responses of choices other than 0 (n > 1): not turns
 
-    async def __call__(self, stream: Any) -> None:
+    @property
+    def batching(self) -> BatchRule:
         s = self.settings
-        await Batches(stream, s.record_batch_size, s.record_batch_window_s, idle_s=s.record_batch_idle_s).serve(self.handle)
+        return BatchRule(s.record_batch_size, s.record_batch_window_s, s.record_batch_idle_s)
 
-    async def handle(self, events: list[Any]) -> None:
-        """Record every response of ``events``; returns once all they produced is durable."""
+    async def handle(self, messages: Sequence[Message], outbox: Outbox) -> None:
+        """Record every response of ``messages``; returns once all they produced is durable."""
         tracer = self.services.tracer
-        start_ns = receive_batch(tracer, self.settings.app_id, events)
-        outbox = Outbox(self.retrier, tracer)
+        start_ns = receive_batch(tracer, self.settings.app_id, messages)
         spans: list[Span] = []  # one "process chat.responses" per response, ended once its turn is durable
         async with self.services.state_lock:
-            await self._handle_locked(events, outbox, spans, start_ns)
+            await self._handle_locked(messages, outbox, spans, start_ns)
         await outbox.deliver()
         for span in spans:
             span.end()
         deactivate()
 
-    async def _handle_locked(self, events: list[Any], outbox: Outbox, spans: list[Span], start_ns: int) -> None:
+    async def _handle_locked(self, messages: Sequence[Message], outbox: Outbox, spans: list[Span], start_ns: int) -> None:
         from streams.embeddings import turn_text
         from streams.memory import StoredTurn
 
@@ -104,13 +107,12 @@ class Record:
         turns: list[tuple[ConversationTurn, Span]] = []
         stored: list[Any] = []
         stored_spans: list[Span] = []
-        for event in events:
-            m = event.message
+        for m in messages:
             try:
                 response = services.codec.decode(m.value, Response, topic=m.topic, partition=m.partition,
                                                  offset=m.offset)
             except DecodeError as exc:
-                await self.dead_letters.send(event, exc, outbox)
+                await self.dead_letters.send(m, exc, outbox)
                 continue
             span = services.tracer.process(m.topic, tracing.find(event_headers(m)), group=settings.app_id,
                                            partition=m.partition, offset=m.offset, start_ns=start_ns,
@@ -134,7 +136,7 @@ class Record:
             pending = state.take_pending(response.request_id) if state is not None else None
             if pending is None:
                 span.set("chatpipe.outcome", "dead_letter")
-                await self.dead_letters.send(event, UnknownRequestError(
+                await self.dead_letters.send(m, UnknownRequestError(
                     f"response {response.request_id} of conversation {response.conversation_id}: no pending "
                     "request (never seen by intake, or the conversation was forgotten meanwhile)"), outbox)
                 continue
@@ -189,5 +191,5 @@ class Record:
             self.table[key] = state.to_value()
         self.recorded += len(turns)
         if self.recorded_offsets is not None:  # the table holds these responses' effects now
-            for event in events:
-                self.recorded_offsets.applied(event.message.partition, event.message.offset)
+            for m in messages:
+                self.recorded_offsets.applied(m.partition, m.offset)

@@ -48,42 +48,42 @@ class Refusals:
         self.expired = 0
         self.unanswerable = 0
 
-    async def admit(self, event: Any, request: PromptRequest, outbox: Any) -> bool:
+    async def admit(self, message: Any, request: PromptRequest, outbox: Any) -> bool:
         """True when the request may be served; otherwise it has been refused (and answered)."""
         if self.replies is not None:
             problem = await self.retrier.call("reply address lookup", self.replies.problem, request.reply_to,
-                                              request.reply_partition, sent_at_s=event.message.timestamp)
+                                              request.reply_partition, sent_at_s=message.timestamp)
             if problem is not None:
                 self.unanswerable += 1
-                await self.dead_letters.send(event, InvalidReplyAddressError(
+                await self.dead_letters.send(message, InvalidReplyAddressError(
                     f"PromptRequest {request.request_id}: {problem}; no error chunk was sent, the reply "
                     "address itself cannot be answered"), outbox)
                 return False
         now = now_ms()
         if request.deadline_at is not None and request.deadline_at < now:
             self.expired += 1
-            await self.refuse(event, request, ExpiredRequestError(
+            await self.refuse(message, request, ExpiredRequestError(
                 f"PromptRequest {request.request_id}: deadline passed {now - request.deadline_at} ms before intake "
                 "took it"), "expired", outbox, finish=FinishReason.TIMEOUT)
             return False
         return True
 
-    async def refuse(self, event: Any, request: PromptRequest, exc: Exception, error_code: str, outbox: Any,
+    async def refuse(self, message: Any, request: PromptRequest, exc: Exception, error_code: str, outbox: Any,
                      finish: FinishReason = FinishReason.ERROR) -> None:
         """Dead letter with the reason, and a lone final error chunk to the reply address (if any)."""
-        await self.dead_letters.send(event, exc, outbox)
+        await self.dead_letters.send(message, exc, outbox)
         if not request.reply_to or self.reply_producer is None:
             return
         chunk = TokenChunk(request_id=request.request_id, conversation_id=request.conversation_id, index=0,
                            text="", is_final=True, worker_id=COMPONENT, finish_reason=finish,
                            tokens_in=0, tokens_out=0, error_code=error_code, error=str(exc))
-        await self.retrier.call(f"error chunk for request {request.request_id}", self._send_chunk, event, request,
+        await self.retrier.call(f"error chunk for request {request.request_id}", self._send_chunk, message, request,
                                 chunk)
 
-    async def _send_chunk(self, event: Any, request: PromptRequest, chunk: TokenChunk) -> None:
+    async def _send_chunk(self, message: Any, request: PromptRequest, chunk: TokenChunk) -> None:
         try:  # awaited: the chunk is durable before the prompt can be acked
             await self.reply_producer.send(request.reply_to, chunk, key=request.request_id,
-                                           partition=request.reply_partition, headers=child_headers(event.message))
+                                           partition=request.reply_partition, headers=child_headers(message))
         except DeliveryError as err:
             gone = "unknown: reply addresses are not checked" if self.replies is None else \
                 await self.replies.problem(request.reply_to, request.reply_partition, fresh=True)

@@ -26,9 +26,9 @@ class StreamsSettings(BaseSettings):
         None, description="Folder of the chat model's tokenizer; empty = the default model (the CLI finds it)")
     system_prompt: str = Field("You are a helpful assistant.",
                                description="System prompt when the request brings none")
-    # Batching of intake (adaptive, streams/take.py): a batch closes at `intake_batch_size` prompts, when
-    # no further prompt came within `intake_batch_idle_s`, `intake_batch_window_s` after its first prompt
-    # at the latest, or (split after take) when its prompts' tokens pass `intake_batch_tokens`.
+    # Batching of intake (adaptive, streams/faust_runtime/take.py): a batch closes at `intake_batch_size`
+    # prompts, when no further prompt came within `intake_batch_idle_s`, `intake_batch_window_s` after its
+    # first prompt at the latest, or (split after take) when its prompts' tokens pass `intake_batch_tokens`.
     intake_batch_size: int = Field(32, ge=1, description="Most prompts per intake batch")
     intake_batch_window_s: float = Field(0.05, gt=0, description="Longest a batch stays open while prompts "
                                                                  "keep arriving")
@@ -71,7 +71,7 @@ class StreamsSettings(BaseSettings):
     # process exits without acking the batch in hand (streams/faults.py).
     stall_s: float = Field(30.0, gt=0, description="How long records may wait on an assigned source partition "
                            "with nothing reaching its agent before the process exits to be restarted "
-                           "(streams/watchdog.py)")
+                           "(streams/faust_runtime/watchdog.py)")
     stall_check_s: float = Field(5.0, gt=0, description="How often the consumer's progress is checked")
     retry_budget_s: float = Field(60.0, gt=0, description="How long intake, record and forget retry Qdrant "
                                                           "or the broker before the process exits unacked")

@@ -16,13 +16,28 @@ from chatpipe.testing.ports import free_port
 from tests.java_partitions import java_partitions  # noqa: F401 - a session fixture for every test module
 
 
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "java: runs a JVM (the java_partitions fixture: javac and the kafka-clients "
                             "jar; the `java` fixture of tests/spark/test_jvm_archive.py); `make test-unit` leaves these out")
 
 
 JAVA_FIXTURES = {"java_partitions", "java"}
+
+# The longest files, longest first, with their seconds in a whole `make test` (2 workers, 2026-12-05,
+# docs/testing.md). pytest-xdist's `--dist loadfile` hands files out in collection order, so running
+# these first keeps a long file from starting last while the other workers sit idle.
+LONG_FILES = {
+    "tests/spark/test_cluster.py": 230, "tests/faults/test_faults.py": 227, "tests/streams/test_pipeline.py": 197,
+    "tests/engine/test_engine_matches_hf.py": 135, "tests/infra/test_stack_supervisor.py": 123,
+    "tests/privacy/test_erasure_canary.py": 122, "tests/cluster/test_streams_scale_out.py": 108,
+    "tests/engine/test_grammar.py": 99, "tests/security/test_secured_pipeline.py": 91,
+    "tests/cluster/test_cluster.py": 88, "tests/streams/test_no_ack_on_failure.py": 86,
+    "tests/worker/test_sigterm.py": 75, "tests/spark/test_finetune_planted.py": 75,
+    "tests/engine/test_sampling_features.py": 75, "tests/gateway/test_load.py": 74,
+    "tests/spark/test_tenancy_and_erasure.py": 71, "tests/worker/test_crash_recovery.py": 66,
+    "tests/infra/test_stack_full.py": 63, "tests/gateway/test_tools.py": 59, "tests/worker/test_service.py": 52,
+    "tests/worker/test_share_lock.py": 50, "tests/engine/test_lean_llama.py": 46,
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects anything
@@ -36,6 +51,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
         if names & JAVA_FIXTURES and item.get_closest_marker("java") is None:
             item.add_marker(pytest.mark.java)
+    # Stable: a file's tests keep their order, files not listed keep theirs, after the long ones.
+    items.sort(key=lambda item: -LONG_FILES.get(item.nodeid.split("::")[0], 0))
 
 
 @pytest.fixture(scope="session")

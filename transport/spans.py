@@ -499,7 +499,7 @@ def flush() -> None:
 # of producing the record. A send span is a few pieces around the part made once per topic and
 # partition (``_send_templates``), joined with the rest of its export; other spans are joined from pieces, strings escaped by json's own
 # C escaper; a batch's links come from its traceparents in a few passes in C. The output is the
-# same JSON (tests/unit/test_spans.py parses each path against json.dumps of the OTLP dicts): hex
+# same JSON (tests/transport/test_spans.py parses each path against json.dumps of the OTLP dicts): hex
 # ids, nanoseconds and 64-bit ints as strings, typed attribute values.
 
 _str = json.encoder.encode_basestring_ascii  # '"..."', escaped as json.dumps does (C)

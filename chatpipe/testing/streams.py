@@ -17,13 +17,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from chatpipe.testing.processes import start_process, wait_until
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, FinishReason, InferenceRequest, PromptRequest, Response, SamplingParams
 from schemas.topics import PROMPTS, REPLIES, RESPONSES, spec
 from streams.faults import EXIT_INFRASTRUCTURE
+from transport import clients
 from transport.settings import KafkaSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,8 +130,8 @@ class Tap:
 
     def __init__(self, kafka: KafkaSettings, *names: str) -> None:
         self.kafka = kafka
-        self.consumer = Consumer({**kafka.client_config(), "group.id": "unused", "enable.auto.commit": False,
-                                  "enable.partition.eof": False})
+        self.consumer = clients.consumer(kafka, "unused", {"enable.auto.commit": False,
+                                                            "enable.partition.eof": False})
         self.consumer.assign([TopicPartition(kafka.topic(n), p, OFFSET_BEGINNING)
                               for n in names for p in range(spec(n).partitions)])
         self.codec = default_codec()

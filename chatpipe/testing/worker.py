@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from chatpipe.testing.kafka import FirstSeen, RecordProducer, StreamAssembler
 from chatpipe.testing.processes import start_process, wait_until
@@ -20,6 +20,7 @@ from inference.worker.replies import ENGINE_TIME_HEADER
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, InferenceRequest, Priority, SamplingParams, now_ms
 from schemas.topics import DLQ, REPLIES, RESPONSES, WORKERS_STATUS, inference_requests_topic
+from transport import clients
 from transport.dedupe import attempt_of
 from transport.settings import KafkaSettings
 
@@ -116,8 +117,8 @@ class Reader:
         self.codec = default_codec()
         self.seen = Seen()
         self._dedupe = FirstSeen()
-        self._consumer = Consumer({**kafka.client_config(), "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-                                   "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+        self._consumer = clients.consumer(kafka, f"reader-{uuid.uuid4().hex[:8]}",
+                                          {"enable.auto.commit": False, "fetch.wait.max.ms": 10})
         names = [kafka.topic(n) for n in (RESPONSES, REPLIES, DLQ, WORKERS_STATUS)]
         deadline = time.monotonic() + 30
         while True:  # just-created topics take a moment to show in metadata

@@ -121,7 +121,7 @@ def test_node_restart_from_the_cli_rejoins_every_isr(cluster):
 
 def test_catalog_on_three_brokers_has_three_replicas_and_min_isr_two(cluster):
     """On >= 3 brokers `topics apply` must create every catalog topic with 3 replicas and
-    min.insync.replicas=2 (on one broker they stay 1 and 1: tests/integration), idempotently."""
+    min.insync.replicas=2 (on one broker they stay 1 and 1: tests/transport), idempotently."""
     admin = _admin(cluster, prefix="cat.")
     changes = admin.apply()
     assert {c.action for c in changes} == {"create"}

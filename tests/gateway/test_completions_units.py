@@ -16,14 +16,21 @@ import openai
 import pytest
 from pydantic import ValidationError
 
-from gateway.completions import CompletionRequest, Offsets, legacy_logprobs
-from gateway.openai_api import OpenAIError
+from gateway.completions import Offsets, legacy_logprobs
+from gateway.openai_api import CompletionRequest, OpenAIError
+from gateway.translate import DEFAULT_COMPLETION_MAX_TOKENS, sampling_params
 from schemas.records import FinishReason, PromptRequest, TokenLogprob, TopLogprob
 from tests.gateway.inprocess import API_KEY, MODEL, app_client, piece, token
 
 
 def req(**fields) -> CompletionRequest:
     return CompletionRequest(**{"model": MODEL, "prompt": "Once upon a time", **fields})
+
+
+def sampling(body: CompletionRequest):
+    """The record's sampling, as ``translate.completion_request_to_prompts`` makes it."""
+    return sampling_params(body, body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS, logprobs=body.logprobs is not None,
+                           top_logprobs=body.logprobs or 0)
 
 
 # -- the request model ------------------------------------------------------------------------------
@@ -34,13 +41,13 @@ def test_a_string_or_a_list_of_strings():
 
 
 def test_defaults_are_openai_completions():
-    s = req().sampling()
+    s = sampling(req())
     assert (s.max_tokens, s.n, s.logprobs, s.top_logprobs, s.stop, s.response_format) == (16, 1, False, 0, [], None)
-    s = req(max_tokens=5, temperature=0, top_p=0.5, seed=3, stop="\n", n=2, logprobs=3,
-            presence_penalty=0.5).sampling()
+    s = sampling(req(max_tokens=5, temperature=0, top_p=0.5, seed=3, stop="\n", n=2, logprobs=3,
+                     presence_penalty=0.5))
     assert (s.max_tokens, s.temperature, s.top_p, s.seed, s.stop, s.n, s.logprobs, s.top_logprobs,
             s.presence_penalty) == (5, 0, 0.5, 3, ["\n"], 2, True, 3, 0.5)
-    assert req(logprobs=0).sampling().logprobs is True and req(logprobs=0).sampling().top_logprobs == 0
+    assert sampling(req(logprobs=0)).logprobs is True and sampling(req(logprobs=0)).top_logprobs == 0
 
 
 @pytest.mark.parametrize("fields, param, says", [

@@ -87,11 +87,12 @@ def ask_weather(client, i: int) -> Weather:
 
 
 def test_json_schema_answers_parse_and_validate(client):
-    """50 varied prompts, two schemas (one through the client's parse(), one as a raw dict): every
-    answer is JSON that validates, though the default model is small: the grammar makes it so."""
+    """Two schemas through the gateway (one through the client's parse(), one as a raw dict), 8
+    prompts each: every answer is JSON that validates. The grammar's own claim on 50 varied prompts is
+    tests/engine/test_grammar.py's; here the schemas' way through the gateway and Kafka is what is tested."""
     with ThreadPoolExecutor(8) as pool:
-        people = list(pool.map(lambda i: ask_person(client, i), range(25)))
-        weather = list(pool.map(lambda i: ask_weather(client, i), range(25)))
+        people = list(pool.map(lambda i: ask_person(client, i), range(8)))
+        weather = list(pool.map(lambda i: ask_weather(client, i), range(8)))
     assert all(isinstance(p, Person) for p in people) and all(isinstance(w, Weather) for w in weather)
     assert len({p.name for p in people}) > 1  # answers to the prompts, not one constant
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.openai_api import IGNORED, ChatCompletionRequest, OpenAIError
+from gateway.translate import chat_content
 from schemas.records import PromptRequest
 from tests.gateway.inprocess import MODEL, app_client, piece
 
@@ -37,9 +38,15 @@ def request(**fields) -> ChatCompletionRequest:
     return ChatCompletionRequest(model=MODEL, messages=[{"role": "user", "content": "hi"}], **fields)
 
 
+def checked(body: ChatCompletionRequest):
+    """Every rule the gateway applies before a record exists: the fields', the tools', the response
+    format's (its grammar included), as ``translate.chat_request_to_prompt`` runs them."""
+    return chat_content(body, context_tokens=2048, default_max_tokens=256)
+
+
 def refusal(**fields) -> OpenAIError:
     with pytest.raises(OpenAIError) as caught:
-        request(**fields).check(2048)
+        checked(request(**fields))
     assert caught.value.status == 400
     return caught.value
 
@@ -87,7 +94,7 @@ def test_the_docs_table_status_is_what_the_code_does():
     {"stream_options": {"include_usage": True, "include_obfuscation": False}},
 ])
 def test_values_that_ask_for_nothing_chatpipe_lacks_are_accepted(fields):
-    request(**fields).check(2048)
+    checked(request(**fields))
 
 
 @pytest.mark.parametrize("fields, param, says", [
@@ -114,10 +121,10 @@ def test_a_schema_the_grammar_cannot_compile_is_a_400_naming_the_part():
 
 
 def test_good_schemas_pass_the_check():
-    request(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA,
-                                                                     "strict": True}}).check(2048)
-    request(response_format={"type": "json_object"}).check(2048)
-    request(response_format={"type": "text"}).check(2048)
+    checked(request(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA,
+                                                                             "strict": True}}))
+    checked(request(response_format={"type": "json_object"}))
+    checked(request(response_format={"type": "text"}))
 
 
 def test_an_unknown_field_is_a_400_in_openais_words(tmp_path):

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from gateway.openai_api import ChatCompletionRequest, OpenAIError
-from gateway.tools import ToolCallStream, finish_reason, parse_answer, parse_tools, render_messages
+from gateway.responses import ToolCallStream, finish_reason, parse_answer
+from gateway.tools import parse_tools, render_messages
+from gateway.translate import ChatContent, chat_content
 from schemas.requests import TOOL_CALLS_FORMAT, RequestRuleError, response_format_of
 
 MODEL = "smollm2-135m-instruct"
@@ -28,9 +30,22 @@ def request(messages=USER, **fields) -> ChatCompletionRequest:
     return ChatCompletionRequest(model=MODEL, messages=messages, **fields)
 
 
+def content(messages=USER, **fields) -> ChatContent:
+    """The record's messages and sampling, every rule checked (``translate.chat_content``)."""
+    return chat_content(request(messages, **fields), context_tokens=2048, default_max_tokens=256)
+
+
+def record_messages(messages=USER, **fields) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in content(messages, **fields).messages]
+
+
+def response_format_text(**fields) -> str | None:
+    return content(**fields).sampling.response_format
+
+
 def refusal(messages=USER, **fields) -> OpenAIError:
     with pytest.raises(OpenAIError) as caught:
-        request(messages, **fields).check(2048)
+        content(messages, **fields)
     assert caught.value.status == 400
     return caught.value
 
@@ -86,14 +101,14 @@ def test_tool_messages_must_answer_a_call(messages, param, says):
 
 
 def test_valid_tool_requests_pass():
-    request(tools=[WEATHER, NOOP]).check(2048)
-    request(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False).check(2048)
-    request(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}).check(2048)
-    request(tools=[WEATHER], tool_choice="none", response_format={"type": "json_object"}).check(2048)
-    request(tools=[], tool_choice="none").check(2048)
-    request(HISTORY, tools=[WEATHER]).check(2048)
+    content(tools=[WEATHER, NOOP])
+    content(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    content(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    content(tools=[WEATHER], tool_choice="none", response_format={"type": "json_object"})
+    content(tools=[], tool_choice="none")
+    content(HISTORY, tools=[WEATHER])
     # With a conversation id the call is in the stored history: the new message is the result alone.
-    request([{"role": "tool", "tool_call_id": "call_a", "content": "18 C"}], tools=[WEATHER]).check(2048)
+    content([{"role": "tool", "tool_call_id": "call_a", "content": "18 C"}], tools=[WEATHER])
 
 
 HISTORY = USER + [
@@ -108,7 +123,7 @@ HISTORY = USER + [
 
 
 def test_the_records_carry_tools_calls_and_results_as_text():
-    messages = request(HISTORY, tools=[WEATHER]).record_messages()
+    messages = record_messages(HISTORY, tools=[WEATHER])
     assert [role for role, _ in messages] == ["system", "user", "assistant", "user"]
     system = messages[0][1]
     assert "<tools>\n" + json.dumps(WEATHER, ensure_ascii=False) + "\n</tools>" in system
@@ -121,19 +136,19 @@ def test_the_records_carry_tools_calls_and_results_as_text():
     given = render_messages([("developer", "Be brief.", None), ("user", "hi", None)],
                             parse_tools([WEATHER], "auto", None))
     assert given[0][0] == "system" and given[0][1].startswith("Be brief.\n\n# Tools")
-    assert request(tools=[WEATHER], tool_choice="none").record_messages() == [("user", "weather in Paris?")]
+    assert record_messages(tools=[WEATHER], tool_choice="none") == [("user", "weather in Paris?")]
 
 
 def test_the_constraint_rides_in_response_format():
-    fmt = json.loads(request(tools=[WEATHER, NOOP], tool_choice={"type": "function", "function": {
-        "name": "get_weather"}}, parallel_tool_calls=False).response_format_text())
+    fmt = json.loads(response_format_text(tools=[WEATHER, NOOP], tool_choice={"type": "function", "function": {
+        "name": "get_weather"}}, parallel_tool_calls=False))
     assert fmt == {"type": TOOL_CALLS_FORMAT, "tool_calls": {"mode": "required", "parallel": False, "tools": [
         {"name": "get_weather", "parameters": WEATHER["function"]["parameters"]}]}}
     assert response_format_of(json.dumps(fmt))["type"] == TOOL_CALLS_FORMAT  # what streams and the worker check
-    auto = json.loads(request(tools=[WEATHER, NOOP]).response_format_text())["tool_calls"]
+    auto = json.loads(response_format_text(tools=[WEATHER, NOOP]))["tool_calls"]
     assert auto["mode"] == "auto" and auto["parallel"] is True and [t["name"] for t in auto["tools"]] == \
         ["get_weather", "noop"]
-    assert request(tools=[WEATHER], tool_choice="none").response_format_text() is None
+    assert response_format_text(tools=[WEATHER], tool_choice="none") is None
     with pytest.raises(RequestRuleError):
         response_format_of({"type": TOOL_CALLS_FORMAT, "tool_calls": {"mode": "sometimes", "tools": []}})
 
@@ -223,7 +238,7 @@ def accepts(compiled, fmt, text, stop=True) -> bool:
 
 
 def fmt_of(**fields) -> dict:
-    return json.loads(request(tools=[WEATHER, NOOP], **fields).response_format_text())
+    return json.loads(response_format_text(tools=[WEATHER, NOOP], **fields))
 
 
 def test_required_allows_valid_calls_only(compiled):

@@ -1,4 +1,4 @@
-"""Adaptive intake batches (streams/take.py): a batch closes as soon as nothing more arrives, holds what
+"""Adaptive intake batches (streams/faust_runtime/take.py): a batch closes as soon as nothing more arrives, holds what
 was waiting up to its size, stays open while events keep coming (at most the window), and hands events
 out unacked; ``Batches`` on top keeps its guarantees (repeats acked not handed out, events past a gap
 withheld). A real Faust stream over an in-memory channel, no broker: what differs from Faust's
@@ -12,8 +12,8 @@ import faust
 import pytest
 from faust.types import TP, Message
 
-from streams.acks import Batches
-from streams.take import take_while_arriving
+from streams.faust_runtime.acks import Batches
+from streams.faust_runtime.take import take_while_arriving
 
 TOPIC = "p.chat.prompts"
 HOUR = 3600.0

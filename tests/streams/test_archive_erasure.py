@@ -239,6 +239,8 @@ def test_the_forget_agents_fan_out_erase_each_partition_audit_it_and_archive_the
     p erases memory, the table entries of partition p only and the archive files of partition p."""
     from streams.dead_letters import DeadLetters
     from streams.faults import Retrier
+    from streams.faust_runtime.agents import serve
+    from streams.faust_runtime.outbox import Outbox
     from streams.forget import Forget, ForgetPartition
     from streams.services import StreamsServices
     from streams.state import state_key
@@ -257,7 +259,7 @@ def test_the_forget_agents_fan_out_erase_each_partition_audit_it_and_archive_the
     forget = Forget(services, fanout, 6, letters, retrier, archiver=archiver)
     deletion = Deletion(scope=DeletionScope.USER, tenant="acme", user_id="ada", created_at=T0 + 1)
     stream = FakeStream([FakeEvent(DELETIONS, 0, CODEC.encode(deletion), b"acme/ada")])
-    asyncio.run(forget(stream))
+    asyncio.run(serve(stream, forget, lambda: Outbox(retrier)))  # Faust's stream faked (FakeStream)
     assert len(stream.acked) == 1 and fanout.partitions == [0, 1, 2, 3, 4, 5]
     assert all(value == CODEC.encode(deletion) and key == b"acme/ada" for key, value in fanout.sent)
     assert len(table) == 5, "the fan-out itself erases nothing"
@@ -268,11 +270,13 @@ def test_the_forget_agents_fan_out_erase_each_partition_audit_it_and_archive_the
     step = ForgetPartition(services, table, 6, audits, letters, retrier, archiver=archiver,
                            archive_topics=[TURNS, FEEDBACK])
     one = key_partition(keys["c1"], 6)
-    asyncio.run(step(FakeStream([FakeEvent("p.app-forget", 0, CODEC.encode(deletion), b"acme/ada", one)])))
+    asyncio.run(serve(FakeStream([FakeEvent("p.app-forget", 0, CODEC.encode(deletion), b"acme/ada", one)]), step,
+                      lambda: Outbox(retrier)))
     assert keys["c1"] not in table and bob in table
     assert {k for k in keys.values() if k in table} == {k for k in keys.values() if key_partition(k, 6) != one}
     for partition in sorted(set(range(6)) - {one}):
-        asyncio.run(step(FakeStream([FakeEvent("p.app-forget", 1, CODEC.encode(deletion), b"acme/ada", partition)])))
+        asyncio.run(serve(FakeStream([FakeEvent("p.app-forget", 1, CODEC.encode(deletion), b"acme/ada", partition)]),
+                          step, lambda: Outbox(retrier)))
     assert list(table) == [bob]
     assert {(t, u) for topic, t, u, _ in subjects(tmp_path) if topic != DELETIONS} == {("acme", "bob"), ("globex", "ada")}
     decoded = [CODEC.decode(v) for _, v in audits.sent]

@@ -11,7 +11,8 @@ from collections import namedtuple
 from types import SimpleNamespace
 
 from streams.state import state_key
-from streams.table import conversation_table, key_partition
+from streams.faust_runtime.table import conversation_table
+from streams.table import key_partition
 from transport.partitioning import partition_of
 
 TP = namedtuple("TP", "topic partition")

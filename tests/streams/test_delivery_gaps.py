@@ -1,4 +1,4 @@
-"""``Batches`` withholds events handed out past offsets Faust never delivered (streams/acks.py), until the
+"""``Batches`` withholds events handed out past offsets Faust never delivered (streams/faust_runtime/acks.py), until the
 missing ones come, and ends the process when they do not: acking past a gap would let Faust commit over
 the missing event. Faust's stream is replaced by a double that hands out the given events: the drop it
 guards against (Faust's recovery resuming before its seek, faust-streaming#216) happened about once in
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-import streams.acks as acks
-from streams.acks import Batches, DeliveryGapError
+import streams.faust_runtime.acks as acks
+from streams.faust_runtime.acks import Batches, DeliveryGapError
 from tests.streams.test_failure_policy import FakeEvent, FakeStream
 
 TP = ("p.chat.prompts", 0)

@@ -16,7 +16,7 @@ import pytest
 from streams.errors import InfrastructureUnavailableError
 from streams.faults import EXIT_BUG, EXIT_INFRASTRUCTURE, Retrier, exit_code_for
 from streams.memory import MemoryUnavailableError
-from streams.outbox import Outbox
+from streams.faust_runtime.outbox import Outbox
 from transport.errors import TransportError
 from transport.reply_address import ReplyAddresses
 
@@ -197,7 +197,7 @@ def _faust_new_offset(committed: int | None, acked: list[int]) -> int | None:
 
 
 def test_faust_commits_past_an_unacked_event_at_the_committed_position():
-    """Pins the Faust rule streams/acks.py relies on: an unacked event holds the commit back only when
+    """Pins the Faust rule streams/faust_runtime/acks.py relies on: an unacked event holds the commit back only when
     nothing after it on its partition is acked. Acked 10..11 with 12 unacked commits 12 (12 is read again);
     but with 10 unacked and 11..12 acked Faust commits 13, and with nothing committed yet it never checks.
     So the agents ack in offset order and never after a failed batch (they exit instead)."""
@@ -235,7 +235,7 @@ class FakeStream:
 async def test_events_faust_delivers_again_in_the_same_process_are_acked_not_handled_again():
     """Guards the start-up double delivery (Faust's recovery seeks the stream partitions back after the
     fetcher has delivered from them): the same prompts were served twice, 0.1 s apart."""
-    from streams.acks import Batches
+    from streams.faust_runtime.acks import Batches
 
     first = [FakeEvent(0, 0), FakeEvent(0, 1), FakeEvent(1, 0)]
     again = [FakeEvent(0, 0), FakeEvent(0, 1), FakeEvent(0, 2), FakeEvent(1, 0), FakeEvent(1, 1)]
@@ -250,7 +250,7 @@ async def test_events_faust_delivers_again_in_the_same_process_are_acked_not_han
 
 async def test_an_unacked_batch_is_handed_out_again_when_faust_redelivers_it():
     """A batch that failed was never acked, so a redelivery of it (a rebalance) must be handled, not skipped."""
-    from streams.acks import Batches
+    from streams.faust_runtime.acks import Batches
 
     stream = FakeStream([FakeEvent(0, 0)], [FakeEvent(0, 0)])
     batches, handed = Batches(stream, 32, 0.05), 0
@@ -262,7 +262,7 @@ async def test_an_unacked_batch_is_handed_out_again_when_faust_redelivers_it():
 async def test_both_copies_of_an_event_in_one_batch_are_handled_once_and_the_copy_acked_after_it():
     """The seek back can come before the first copy was handed out: both copies then sit in one batch
     (seen: three prompts served twice and a deletion fanned out twice after a restart)."""
-    from streams.acks import Batches
+    from streams.faust_runtime.acks import Batches
 
     stream = FakeStream([FakeEvent(0, 0), FakeEvent(0, 1), FakeEvent(0, 0), FakeEvent(0, 1), FakeEvent(0, 2)],
                         [FakeEvent(0, 2), FakeEvent(0, 3), FakeEvent(0, 3)])

@@ -1,4 +1,4 @@
-"""The seek back after a rebalance covers partitions nobody has committed (streams/faust_offsets.py).
+"""The seek back after a rebalance covers partitions nobody has committed (streams/faust_runtime/offsets.py).
 
 Real aiokafka consumers on the test broker. aiokafka's own ``seek_to_committed`` leaves a partition
 with no committed offset where the fetcher is, so records fetched and dropped before the seek never
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.faust_offsets import seek_to_committed_or_beginning
+from streams.faust_runtime.offsets import seek_to_committed_or_beginning
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +58,7 @@ async def test_a_partition_nobody_committed_is_read_again_from_its_start(kafka_s
     consumer, tp = await _consumer_past_four_records(kafka_settings, topic_factory, group_id)
     try:
         assert (await consumer.seek_to_committed()) == {tp: None}
-        assert await consumer.position(tp) == 4, "aiokafka's own seek moves nothing (what faust_offsets fixes)"
+        assert await consumer.position(tp) == 4, "aiokafka's own seek moves nothing (what faust_runtime/offsets.py fixes)"
 
         committed = await seek_to_committed_or_beginning(consumer)
         assert committed == {tp: None}
@@ -92,7 +92,7 @@ async def test_the_groups_committed_offset_is_asked_through_fausts_own_consumer(
     import faust
     from confluent_kafka import Consumer, TopicPartition
 
-    from streams.faust_offsets import group_committed
+    from streams.faust_runtime.offsets import group_committed
 
     topic = topic_factory(partitions=2)
     committer = Consumer({"bootstrap.servers": kafka_settings.bootstrap_servers, "group.id": group_id})
@@ -109,3 +109,16 @@ async def test_the_groups_committed_offset_is_asked_through_fausts_own_consumer(
         assert await group_committed(app.consumer, (topic, 1)) is None
     finally:
         await thread.stop()
+
+
+def test_the_seek_is_patched_into_fausts_consumer_thread_once():
+    """The monkeypatch lands where faust-streaming 0.15.3 calls it (its recovery's ``perform_seek`` ->
+    ``AIOKafkaConsumerThread.seek_to_committed``), and installing twice keeps one patch."""
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    from streams.faust_runtime import offsets
+
+    offsets.install()
+    patched = AIOKafkaConsumerThread.seek_to_committed
+    offsets.install()
+    assert AIOKafkaConsumerThread.seek_to_committed is patched and patched.covers_uncommitted

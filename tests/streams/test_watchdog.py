@@ -1,5 +1,5 @@
 """The streams progress watchdog: records waiting on an assigned partition that reach no agent make the
-process exit (streams/watchdog.py says where that was seen). The decision is checked here with a chosen
+process exit (streams/faust_runtime/watchdog.py says where that was seen). The decision is checked here with a chosen
 broker answer and clock (a real stalled Faust fetcher cannot be produced on demand: it was seen about once
 in six streams restarts); ``TopicAdmin.backlogs``, which gives that answer, against the real broker."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from streams.watchdog import ProgressWatchdog, StalledConsumerError
+from streams.faust_runtime.watchdog import ProgressWatchdog, StalledConsumerError
 from transport.errors import TransportError
 
 TP = ("chat.prompts", 3)
@@ -25,7 +25,7 @@ class Clock:
 
 
 @dataclass
-class AgentBatches:  # what the watchdog reads of streams.acks.Batches
+class AgentBatches:  # what the watchdog reads of streams.faust_runtime.acks.Batches
     out: bool = False
     last_event_at: dict = field(default_factory=dict)
 
@@ -101,7 +101,7 @@ def test_an_event_loop_that_stops_turning_ends_the_process_with_its_stacks():
     import sys
 
     code = ("import time, logging; logging.basicConfig()\n"
-            "from streams.watchdog import LoopHeartbeat\n"
+            "from streams.faust_runtime.watchdog import LoopHeartbeat\n"
             "LoopHeartbeat(0.5).start()\n"
             "def blocked_in_a_sync_call():\n    time.sleep(30)\n"
             "blocked_in_a_sync_call()\n")
@@ -130,10 +130,10 @@ class _Consumer:
 def test_a_stall_exit_commits_what_was_acked_or_says_what_is_read_again(behaviour, committed, caplog):
     from types import SimpleNamespace
 
-    from streams.watchdog import commit_acked_before_exit
+    from streams.faust_runtime.watchdog import commit_acked_before_exit
 
     app = SimpleNamespace(consumer=_Consumer(behaviour))
-    with caplog.at_level("INFO", logger="streams.watchdog"):
+    with caplog.at_level("INFO", logger="streams.faust_runtime.watchdog"):
         assert asyncio.run(commit_acked_before_exit(app, timeout_s=0.2)) is committed
     assert app.consumer.commits == 1
     said = caplog.text

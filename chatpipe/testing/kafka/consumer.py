@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from chatpipe.testing.kafka.batches import DecodedMessage, pause_gc, resume_gc, wrap_batch
 from chatpipe.testing.kafka.producer import RecordProducer
@@ -23,6 +23,7 @@ from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
 from schemas.records import DeadLetter
 from schemas.topics import DLQ
+from transport import clients
 from transport.dead_letters import dead_letter_for, dead_letter_headers, dead_letter_key
 from transport.errors import TransportError
 from transport.message import ConsumedMessage
@@ -73,9 +74,7 @@ class BatchConsumer:
                 raise ValueError("give dead_letters or on_decode_error: undecodable messages need a place to go")
             on_decode_error = lambda exc, msg: dead_letters.send(msg, exc)
         self.on_decode_error = on_decode_error
-        self._consumer = Consumer({
-            **settings.client_config(),
-            "group.id": group_id,
+        self._consumer = clients.consumer(settings, group_id, {
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             **(extra_config or {}),

@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message
 
 from schemas.codec import AvroCodec, default_codec
+from transport import clients
 from transport import tracing
 from transport.errors import DeliveryError
 from transport.partitioning import LIBRDKAFKA_PARTITIONER
@@ -59,7 +60,6 @@ class RecordProducer:
         self.codec = codec or default_codec()
         self._tracker = _DeliveryTracker()
         config = {
-            **settings.client_config(),
             "enable.idempotence": True,  # implies acks=all and bounded in-flight requests
             "linger.ms": LINGER_MS,
             "compression.type": "lz4",
@@ -68,7 +68,7 @@ class RecordProducer:
             # Keys land where the services' producer (AckedProducer) and the streams tier put them.
             "partitioner": LIBRDKAFKA_PARTITIONER,
         }
-        self._producer = Producer(config)
+        self._producer = clients.producer(settings, config)
 
     @property
     def delivered(self) -> int:

@@ -2,7 +2,7 @@
 
 No broker at all: the producer points at a port nobody listens on, which is what a client sees
 while its broker is down. The ordering of records that waited for room is checked against the
-real broker in tests/integration/test_kafka_contracts.py.
+real broker in tests/transport/test_kafka_contracts.py.
 """
 
 from __future__ import annotations

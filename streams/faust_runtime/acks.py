@@ -35,7 +35,7 @@ offsets are consecutive. Faust's recovery resumes fetching before it seeks back 
 offsets (faust-streaming#216), so an event past a gap usually means the seek is about to deliver
 the missing ones again; but Faust can also drop them for good (seen: one turn never archived after a
 streams SIGKILL, tests/faults; and aiokafka's seek skipped a partition nobody had committed, which
-``faust_offsets.py`` now seeks to its beginning), and acking past a gap lets Faust commit over the
+``offsets.py`` now seeks to its beginning), and acking past a gap lets Faust commit over the
 missing event (it does not hold a commit back for an unacked event at exactly the committed
 position). So events past a gap are **withheld**: not handed to the agent, not acked, until the
 missing offsets come (then the withheld copies are acked once their offsets are handled). If they
@@ -46,6 +46,13 @@ progress watchdog (``watchdog.py``) does the same.
 Every ``Batches`` of the process is listed in ``Batches.live`` with when it last saw an event of each
 partition and whether a batch is out (yielded, not yet acked): what ``watchdog.py`` reads to tell an
 idle agent from one its records no longer reach.
+
+Upstream (faust-streaming 0.15.3): ``Consumer._new_offset`` commits over an unacked event at exactly
+the committed position; the recovery resumes fetching before its seek back (faust-streaming#216).
+Tests: tests/streams/test_failure_policy.py ``test_faust_commits_past_an_unacked_event_at_the_committed_position``
+(pins the upstream rule), ``test_events_faust_delivers_again_in_the_same_process_are_acked_not_handled_again``,
+``test_both_copies_of_an_event_in_one_batch_are_handled_once_and_the_copy_acked_after_it``;
+tests/streams/test_delivery_gaps.py (the gap guard).
 """
 
 from __future__ import annotations
@@ -53,10 +60,11 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, Sequence
+from typing import Any, AsyncIterator, ClassVar, Sequence
 
 from streams.errors import InfrastructureUnavailableError
-from streams.take import take_while_arriving
+from streams.faust_runtime.offsets import committed_position, group_committed
+from streams.faust_runtime.take import take_while_arriving
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +81,6 @@ class DeliveryGapError(InfrastructureUnavailableError):
 def _committed_position(stream: Any, tp: Any) -> int | None:
     """Faust's committed position of ``tp`` (the next offset to read; None when not known)."""
     return committed_position(getattr(getattr(stream, "app", None), "consumer", None), tp)
-
-
-def committed_position(consumer: Any, tp: Any) -> int | None:
-    """The committed position of ``tp`` in Faust's ``consumer`` (next offset to read; None when not known)."""
-    committed = getattr(consumer, "_committed_offset", None)  # Faust keeps it per TP, next-to-read
-    try:
-        value = committed.get(tp) if committed is not None else None
-    except Exception:  # noqa: BLE001 - no consumer (a test double) or not started
-        return None
-    return value if isinstance(value, int) and value >= 0 else None
 
 
 def first_copies(events: Sequence[Any]) -> tuple[list, list]:
@@ -205,8 +203,6 @@ class Batches:
     async def _group_start(self, tp: Any) -> int | None:
         """Where the group reads ``tp`` from: its committed offset on the broker, or with none the log's
         first offset (``auto_offset_reset`` earliest); None when the broker cannot be asked (no check)."""
-        from streams.faust_offsets import group_committed
-
         consumer = getattr(getattr(self.stream, "app", None), "consumer", None)
         if consumer is None:
             return None
@@ -227,13 +223,6 @@ class Batches:
         except Exception:  # noqa: BLE001 - a test double without a consumer, or the broker away
             return None
 
-    async def serve(self, handle: Callable[[Sequence[Any]], Awaitable[None]]) -> None:
-        """An agent's loop: each batch to ``handle``, acked once ``handle`` returns (it returns
-        once all the batch produced is durable)."""
-        async for events in self:
-            await handle(events)
-            await self.ack(events)
-
     async def ack(self, events: Sequence[Any]) -> None:
         """Ack ``events`` in order once their effects are durable: their offsets become committable."""
         for event in events:
@@ -249,11 +238,3 @@ class Batches:
                 del self._withheld[tp]
         self.out = False
 
-
-def receive_batch(tracer: Any, group: str, events: Sequence[Any]) -> int:
-    """Record a batch's "receive" span (linked to each record's producer, transport/spans.py) and
-    return when the batch's handling began (ns), the start of the agent's own spans."""
-    start_ns = time.time_ns()
-    if events:
-        tracer.record_receive(events[0].message.topic, group, [e.message for e in events], start_ns)
-    return start_ns

@@ -21,6 +21,10 @@ moved, no batch of any agent is out (a batch retrying an outage is progress, bou
 retry budget), and no event of that partition reached an agent. Checked every ``check_every_s``
 against the broker (``TopicAdmin.backlogs``, in a thread); a check the broker does not answer is
 skipped: an outage is the retriers' and the consumer's business, not a stall.
+
+Tests: tests/streams/test_watchdog.py ``test_waiting_records_that_reach_no_agent_are_a_stall_after_stall_s``,
+``test_progress_or_an_idle_partition_is_no_stall``, ``test_an_event_loop_that_stops_turning_ends_the_process_with_its_stacks``,
+``test_a_stall_exit_commits_what_was_acked_or_says_what_is_read_again``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from streams.acks import Batches
+from streams.faust_runtime.acks import Batches
 from streams.errors import InfrastructureUnavailableError
 from streams.faults import EXIT_INFRASTRUCTURE
 from transport.errors import TransportError

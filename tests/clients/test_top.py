@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from chatpipe.testing.ports import free_port
-from tests.integration.test_stack_full import _cli
+from tests.infra.test_stack_full import _cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 

@@ -21,6 +21,11 @@ buffered already, up to ``max_events``; the stream's drainer then waits for room
 
 The buffering is Faust's own mechanism (``add_processor`` + ``_enable_passive``, the two calls
 ``noack_take`` makes; faust-streaming 0.15.3), only the closing rule differs.
+
+Upstream: faust-streaming 0.15.3 ``Stream.noack_take`` (``faust/streams/stream.py``), whose timer
+closes a batch every ``within`` seconds whatever is buffered. Tests: tests/streams/test_adaptive_batching.py
+``test_a_lone_event_is_handed_out_at_once_not_after_the_window``,
+``test_a_batch_stays_open_while_events_keep_coming_but_not_past_the_window``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, InferenceRequest, PromptRequest, SamplingParams
 from schemas.requests import LIMITS, RequestRuleError, check_prompt_request
-from tests.unit.test_sampling_records import older
+from tests.schemas.test_sampling_records import older
 
 codec = default_codec()
 

@@ -10,7 +10,7 @@ from streams.embedding_requests import DEFAULT_MODEL_NAME, _Request, _runs, serv
 
 
 def _request(n: int) -> _Request:
-    return _Request(event=None, request=SimpleNamespace(inputs=["t"] * n), tokens=[])
+    return _Request(message=None, request=SimpleNamespace(inputs=["t"] * n), tokens=[])
 
 
 def test_runs_keep_order_and_bound_texts_per_call():

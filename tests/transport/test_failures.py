@@ -198,7 +198,7 @@ def test_streams_intake_refuses_a_reply_to_naming_a_pipeline_topic_with_a_dead_l
     letters: list[BaseException] = []
 
     class DeadLetters:
-        async def send(self, event, exc, outbox):
+        async def send(self, message, exc, outbox):
             letters.append(exc)
 
     class NoChunks:
@@ -206,7 +206,7 @@ def test_streams_intake_refuses_a_reply_to_naming_a_pipeline_topic_with_a_dead_l
             raise AssertionError("no chunk may go to a pipeline topic")
 
     refusals = Refusals(DeadLetters(), StreamsRetrier(1, 0.01, 0.01), NoChunks(), replies)
-    event = SimpleNamespace(message=SimpleNamespace(timestamp=0.0))
+    event = SimpleNamespace(timestamp=0.0)  # the consumed message: only its timestamp is read here
     bad = prompt("acme", "ada", "c1", "hi", reply_to="p.chat.prompts", reply_partition=0)
     assert asyncio.run(refusals.admit(event, bad, None)) is False
     assert len(letters) == 1 and isinstance(letters[0], InvalidReplyAddressError)

@@ -17,6 +17,12 @@ With no committed offset the group's reset policy says where reading starts
 topic is sought to its beginning. Events this process handled already come again and are acked as
 repeats without being handled twice (``acks.py``). Changelog partitions are left alone: Faust's
 recovery seeks those itself.
+
+Upstream: aiokafka ``AIOKafkaConsumer.seek_to_committed`` (``if offset and offset > 0``), called by
+faust-streaming 0.15.3's ``Consumer.perform_seek`` through ``AIOKafkaConsumerThread.seek_to_committed``,
+which ``install`` replaces (a monkeypatch, once per process, from ``streams/app.py``). Tests:
+tests/streams/test_faust_offsets.py ``test_a_partition_nobody_committed_is_read_again_from_its_start`` (the
+upstream skip, then the fix, on the real broker), ``test_the_seek_is_patched_into_fausts_consumer_thread_once``.
 """
 
 from __future__ import annotations
@@ -64,6 +70,16 @@ def install() -> None:
 
     seek_to_committed.covers_uncommitted = True
     AIOKafkaConsumerThread.seek_to_committed = seek_to_committed
+
+
+def committed_position(consumer: Any, tp: Any) -> int | None:
+    """The committed position of ``tp`` in Faust's ``consumer`` (next offset to read; None when not known)."""
+    committed = getattr(consumer, "_committed_offset", None)  # Faust keeps it per TP, next-to-read
+    try:
+        value = committed.get(tp) if committed is not None else None
+    except Exception:  # noqa: BLE001 - no consumer (a test double) or not started
+        return None
+    return value if isinstance(value, int) and value >= 0 else None
 
 
 async def group_committed(faust_consumer: Any, tp: Any) -> int | None:

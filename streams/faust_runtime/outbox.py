@@ -9,6 +9,12 @@ Sends are not awaited one by one: a batch's records travel together and are wait
 
 A record sent again may land twice (when the first copy did reach the broker): every topic
 written here is read by key (request id, turn id, deletion event id), so a repeat is harmless.
+
+Upstream: faust-streaming 0.15.3 ``Topic.send`` returns once aiokafka has buffered the record (its
+``FutureMessage`` resolves on delivery). Tests: tests/streams/test_failure_policy.py
+``test_a_record_whose_delivery_failed_is_sent_again_before_the_batch_counts_as_durable``,
+``test_a_broker_away_past_the_budget_leaves_the_batch_undelivered``. The agents only see
+``streams.ports.Outbox``; ``faust_runtime/agents.py`` makes one per batch and delivers it before the ack.
 """
 
 from __future__ import annotations

@@ -1,0 +1,337 @@
+"""The agents' logic without Faust (streams/ports.py): a batch of consumed records in, records out.
+
+Real records (``schemas.records``) and the real codec on every input and output; the conversation
+table is a ``dict``, the outbox a list. Faked, and only these: the broker (``FakeOutbox`` keeps what
+would be produced; ``FakeReplies`` the embeddings' reply producer), memory and the embedding model
+(``FakeMemory``/``FakeEmbedder``: fixed vectors, no Qdrant; memory itself is tests/streams/test_memory.py),
+and for the adapter tests Faust's stream (``FakeStream``). Tokens are counted one per word.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections import namedtuple
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from schemas.codec import default_codec
+from schemas.records import (
+    ChatMessage,
+    ConversationTurn,
+    DeadLetter,
+    EmbeddingRequest,
+    EmbeddingResult,
+    FinishReason,
+    InferenceRequest,
+    Priority,
+    PromptRequest,
+    Response,
+    SamplingParams,
+)
+from schemas.topics import INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH, PROMPTS, RESPONSES
+from streams.dead_letters import DeadLetters
+from streams.embedding_requests import DEFAULT_MODEL_NAME, EmbeddingRequests
+from streams.faults import Retrier
+from streams.intake import Intake
+from streams.record import Record, turn_id_for
+from streams.refusals import Refusals
+from streams.services import StreamsServices
+from streams.settings import StreamsSettings
+from streams.state import ConversationState, state_key
+from streams.tokens import TokenCounter
+
+CODEC = default_codec()
+TP = namedtuple("TP", "topic partition")
+
+
+@dataclass
+class Msg:
+    """A consumed record as the agents read it (streams.ports.Message)."""
+
+    topic: str
+    offset: int
+    value: bytes
+    key: bytes | None = None
+    partition: int = 0
+    headers: list = field(default_factory=list)
+    timestamp: float = 0.0
+
+    @property
+    def tp(self):
+        return TP(self.topic, self.partition)
+
+
+class Topic:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+
+class FakeOutbox:
+    """The broker, faked: what the agent sends, by topic name."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes]] = []
+        self.delivered = 0
+
+    async def send(self, topic, *, key, value, headers=None, partition=None, parent_trace=None) -> None:
+        self.sent.append((topic.get_topic_name(), key, value))
+
+    async def deliver(self) -> None:
+        self.delivered += 1
+
+    def records(self, topic: str) -> list:
+        return [CODEC.decode(value) for name, _, value in self.sent if name == topic]
+
+
+class FakeEmbedder:
+    dim = 4
+    path = None  # the default model's served name
+
+    async def aencode(self, texts):
+        return np.ones((len(texts), self.dim), dtype="float32") / 2
+
+
+class FakeMemory:
+    def __init__(self) -> None:
+        self.upserts: list = []
+
+    def recall_many(self, queries):
+        return [[] for _ in queries]
+
+    def upsert(self, turns, vectors):
+        self.upserts.extend(turns)
+
+
+def services() -> StreamsServices:
+    return StreamsServices(memory=FakeMemory(), embedder=FakeEmbedder(), counter=TokenCounter(lambda t: t.split()))
+
+
+def settings() -> StreamsSettings:
+    return StreamsSettings(app_id="test", system_prompt="be brief", context_tokens=512)
+
+
+RETRIER = Retrier(1, 0.01, 0.01)
+
+
+def intake(table: dict) -> Intake:
+    letters = DeadLetters(Topic("chat.dlq"), CODEC, "streams.intake")
+    topics = {INFERENCE_REQUESTS: Topic(INFERENCE_REQUESTS), INFERENCE_REQUESTS_BATCH: Topic(INFERENCE_REQUESTS_BATCH)}
+    return Intake(settings(), services(), table, topics, letters, Refusals(letters, RETRIER, None, None), RETRIER)
+
+
+def record(table: dict, svc: StreamsServices | None = None) -> Record:
+    return Record(settings(), svc or services(), table, Topic("chat.turns"),
+                  DeadLetters(Topic("chat.dlq"), CODEC, "streams.record"), RETRIER)
+
+
+def prompt(text: str, conversation: str = "c1", **kw) -> PromptRequest:
+    return PromptRequest(conversation_id=conversation, user_id="ada", tenant="acme", model="smollm2",
+                         messages=[ChatMessage("user", text)], sampling=SamplingParams(max_tokens=64), **kw)
+
+
+def response(request: InferenceRequest, text: str = "Paris.") -> Response:
+    return Response(request_id=request.request_id, conversation_id=request.conversation_id, user_id=request.user_id,
+                    tenant=request.tenant, text=text, model="smollm2", worker_id="w1", tokens_in=10, tokens_out=2,
+                    queue_ms=1, ttft_ms=2, total_ms=3, finish_reason=FinishReason.STOP, created_at=request.created_at)
+
+
+def messages(topic: str, *values: bytes) -> list[Msg]:
+    return [Msg(topic, offset, value) for offset, value in enumerate(values)]
+
+
+# --- intake ---------------------------------------------------------------------------------------
+
+
+def test_intake_serves_each_prompt_to_its_prioritys_topic_and_dead_letters_what_does_not_decode():
+    table: dict = {}
+    agent, out = intake(table), FakeOutbox()
+    first, batch = prompt("What is the capital of France?"), prompt("Summarise this.", "c2", priority=Priority.BATCH)
+    asyncio.run(agent.handle(messages(PROMPTS, CODEC.encode(first), b"\xc3\x01not a record", CODEC.encode(batch)),
+                             out))
+    (served,) = out.records(INFERENCE_REQUESTS)
+    assert isinstance(served, InferenceRequest) and served.request_id == first.request_id
+    assert [m.content for m in served.messages] == ["be brief", "What is the capital of France?"]
+    assert served.context_tokens == 8 and served.reply_to is None
+    assert [r.request_id for r in out.records(INFERENCE_REQUESTS_BATCH)] == [batch.request_id]
+    (letter,) = out.records("chat.dlq")
+    assert isinstance(letter, DeadLetter) and letter.error_type == "UnknownSchemaError" and letter.source_offset == 1
+    state = ConversationState.from_value(table[state_key("acme", "ada", "c1")])
+    assert [p.request_id for p in state.pending] == [first.request_id], "pending before its request is produced"
+    assert out.delivered == 1 and agent.served == 2
+
+
+def test_intake_refuses_a_prompt_over_the_budget_and_does_not_serve_one_answered_already():
+    table: dict = {}
+    agent, out = intake(table), FakeOutbox()
+    too_long = prompt("word " * 600)
+    asyncio.run(agent.handle(messages(PROMPTS, CODEC.encode(too_long)), out))
+    (letter,) = out.records("chat.dlq")
+    assert letter.error_type == "PromptTooLongError" and not out.records(INFERENCE_REQUESTS)
+    # a prompt read again after its answer was recorded (a redelivery after a restart)
+    again = prompt("hello")
+    state = ConversationState("acme", "ada", "c1")
+    state.recorded.append(again.request_id)
+    table[state.key] = state.to_value()
+    out = FakeOutbox()
+    asyncio.run(agent.handle(messages(PROMPTS, CODEC.encode(again)), out))
+    assert not out.sent and agent.repeats == 1
+
+
+# --- record ---------------------------------------------------------------------------------------
+
+
+def test_record_turns_an_answer_into_one_turn_and_a_memory_point_once():
+    table: dict = {}
+    out = FakeOutbox()
+    asyncio.run(intake(table).handle(messages(PROMPTS, CODEC.encode(prompt("What is the capital of France?"))), out))
+    (request,) = out.records(INFERENCE_REQUESTS)
+    svc = services()
+    agent, turns = record(table, svc), FakeOutbox()
+    answer = CODEC.encode(response(request))
+    asyncio.run(agent.handle(messages(RESPONSES, answer, answer), turns))  # delivered twice in one batch
+    (turn,) = turns.records("chat.turns")
+    assert isinstance(turn, ConversationTurn) and turn.event_id == turn_id_for(request.request_id)
+    assert (turn.prompt, turn.answer, turn.turn_index) == ("What is the capital of France?", "Paris.", 0)
+    assert [t.turn_id for t in svc.memory.upserts] == [turn.event_id]
+    state = ConversationState.from_value(table[state_key("acme", "ada", "c1")])
+    assert not state.pending and [t.answer for t in state.recent] == ["Paris."] and agent.duplicates == 1
+    # the next prompt's context holds the answer
+    out = FakeOutbox()
+    asyncio.run(intake(table).handle(messages(PROMPTS, CODEC.encode(prompt("And of Spain?"))), out))
+    (follow_up,) = out.records(INFERENCE_REQUESTS)
+    assert [m.content for m in follow_up.messages][1:] == ["What is the capital of France?", "Paris.", "And of Spain?"]
+
+
+def test_record_dead_letters_a_response_nobody_asked_for():
+    stray = InferenceRequest(request_id="r-unknown", conversation_id="c9", user_id="ada", tenant="acme", created_at=1,
+                             model="smollm2", messages=[ChatMessage("user", "hi")], sampling=SamplingParams())
+    out = FakeOutbox()
+    asyncio.run(record({}).handle(messages(RESPONSES, CODEC.encode(response(stray))), out))
+    (letter,) = out.records("chat.dlq")
+    assert letter.error_type == "UnknownRequestError" and not out.records("chat.turns")
+
+
+# --- embeddings -----------------------------------------------------------------------------------
+
+
+class FakeReplies:
+    """The embeddings' reply producer (a confluent-kafka AckedProducer in the worker), faked."""
+
+    def __init__(self) -> None:
+        self.results: list[EmbeddingResult] = []
+
+    async def send(self, topic, record, *, key, partition, headers):
+        self.results.append(CODEC.decode(CODEC.encode(record)))
+
+
+def test_embeddings_answers_with_vectors_or_a_reason_and_dead_letters_the_refusal():
+    replies = FakeReplies()
+    agent = EmbeddingRequests(settings(), services(), DeadLetters(Topic("chat.dlq"), CODEC, "streams.embeddings"),
+                              RETRIER, replies, None)
+    good = EmbeddingRequest(tenant="acme", user_id="ada", model=DEFAULT_MODEL_NAME, inputs=["a", "b"], reply_to="r")
+    wrong = EmbeddingRequest(tenant="acme", user_id="ada", model="gpt-4", inputs=["a"], reply_to="r")
+    out = FakeOutbox()
+    asyncio.run(agent.handle(messages("chat.embeddings.requests", CODEC.encode(good), CODEC.encode(wrong)), out))
+    by_id = {r.request_id: r for r in replies.results}
+    assert (by_id[good.request_id].count, by_id[good.request_id].dimensions) == (2, 4)
+    assert np.frombuffer(by_id[good.request_id].vectors, dtype="<f4").tolist() == [0.5] * 8
+    assert by_id[wrong.request_id].error_code == "model_not_found"
+    (letter,) = out.records("chat.dlq")
+    assert letter.error_type == "InvalidEmbeddingRequestError" and (agent.served, agent.refused) == (1, 1)
+
+
+# --- the Faust adapter (streams/faust_runtime/agents.py), Faust's stream faked ---------------------
+
+
+class FakeEvent:
+    def __init__(self, message: Msg) -> None:
+        self.message = message
+
+
+class FakeStream:
+    """What ``Batches`` uses of a Faust stream: ``noack_take`` hands the batches out, ``ack`` is recorded."""
+
+    def __init__(self, *batches) -> None:
+        self.batches, self.acked = batches, []
+
+    async def noack_take(self, n, within):
+        for batch in self.batches:
+            yield [FakeEvent(m) for m in batch]
+
+    async def ack(self, event):
+        self.acked.append(event.message.offset)
+
+
+class Recording:
+    """An agent that records the order of what happens to its batches."""
+
+    def __init__(self, log: list, fail: bool = False) -> None:
+        from streams.ports import BatchRule
+
+        self.batching, self.log, self.fail = BatchRule(8, 0.01), log, fail
+
+    async def handle(self, batch, outbox) -> None:
+        self.log.append(("handle", [m.offset for m in batch]))
+        await outbox.send(Topic("out"), key=None, value=b"x")
+        if self.fail:
+            raise RuntimeError("a bug")
+
+
+class LoggingOutbox(FakeOutbox):
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+
+    async def deliver(self) -> None:
+        self.log.append(("deliver", len(self.sent)))
+
+
+def test_the_adapter_acks_a_batch_only_after_its_records_are_delivered():
+    from streams.faust_runtime.agents import serve
+
+    log: list = []
+    stream = FakeStream(messages("in", b"a", b"b"), [Msg("in", 2, b"c")])
+
+    class Acks(FakeStream):
+        async def ack(self, event):
+            log.append(("ack", event.message.offset))
+
+    stream.__class__ = Acks
+    asyncio.run(serve(stream, Recording(log), lambda: LoggingOutbox(log)))
+    assert log == [("handle", [0, 1]), ("deliver", 1), ("ack", 0), ("ack", 1),
+                   ("handle", [2]), ("deliver", 1), ("ack", 2)]
+
+
+def test_an_agent_that_fails_ends_the_process_unacked():
+    from streams.faust_runtime.agents import faust_agent
+
+    exits: list = []
+
+    def exit(component, exc):
+        exits.append((component, type(exc).__name__))
+
+    stream = FakeStream(messages("in", b"a"))
+    run = faust_agent("intake", Recording([], fail=True), FakeOutbox, exit=exit)
+    asyncio.run(run(stream))
+    assert exits == [("streams.intake", "RuntimeError")] and stream.acked == []
+
+
+# --- the boundary ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["streams.intake", "streams.record", "streams.forget", "streams.archive",
+                                    "streams.embedding_requests"])
+def test_an_agents_logic_imports_no_faust(module):
+    """A newcomer changes what an agent does without Faust: the logic modules import neither faust nor
+    streams.faust_runtime (checked in a fresh interpreter)."""
+    code = (f"import sys, {module}; bad = sorted(m for m in sys.modules if m.split('.')[0] == 'faust' "
+            "or m.startswith('streams.faust_runtime')); print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
