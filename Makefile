@@ -10,6 +10,9 @@ CHATPIPE := $(VENV)/bin/chatpipe
 PYTEST_ARGS ?=
 # Two pytest workers (pytest-xdist), whole files per worker (`--dist loadfile`): each worker starts its
 # own test broker, and module-scoped stacks stay in one process. PYTEST_WORKERS=0 runs in one process.
+# `--no-loadscope-reorder`: files are handed out in collection order, which tests/conftest.py sorts
+# longest first (xdist's own order, most tests first, left one-test stacks such as the erasure canary
+# to start last while the other workers sat idle).
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup prerequisites run test test-prerequisites test-unit bench-quick down clean
@@ -45,7 +48,7 @@ test-prerequisites: setup
 	$(PY) -m chatpipe.testing.prerequisites
 
 test: setup test-prerequisites
-	$(PY) -m pytest -q --timeout=900 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q --timeout=900 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The tests that need no service, no JVM, no Go and no pulled model: only the venv, so no `setup`
 # (which needs Java and Maven and pulls the model).

@@ -24,8 +24,9 @@ def pytest_configure(config):
 JAVA_FIXTURES = {"java_partitions", "java"}
 
 # The longest files, longest first, with their seconds in a whole `make test` (2 workers, 2026-12-05,
-# docs/testing.md). pytest-xdist's `--dist loadfile` hands files out in collection order, so running
-# these first keeps a long file from starting last while the other workers sit idle.
+# docs/testing.md). With `--no-loadscope-reorder` (the Makefile) pytest-xdist's `--dist loadfile` hands
+# files out in collection order, so running these first keeps a long file from starting last while the
+# other workers sit idle.
 LONG_FILES = {
     "tests/spark/test_cluster.py": 230, "tests/faults/test_faults.py": 227, "tests/streams/test_pipeline.py": 197,
     "tests/engine/test_engine_matches_hf.py": 135, "tests/infra/test_stack_supervisor.py": 123,

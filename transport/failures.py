@@ -63,6 +63,9 @@ credentials, ``transport.connect_check``).
 from ``backoff_s`` doubling up to ``max_backoff_s``; only TRANSIENT faults are retried, anything
 else passes through at once; when the budget is spent it raises ``Retrier.error`` (an
 ``OutageError``) from the last fault. ``call`` awaits, ``call_blocking`` sleeps the thread.
+``ErrorBudget`` is the same budget for a poll loop, where librdkafka reports consumer errors as
+events instead of raising: a streak of TRANSIENT errors longer than ``budget_s`` raises
+``TransportError`` (the group, share and tail consumers).
 """
 
 from __future__ import annotations
@@ -255,3 +258,43 @@ class Retrier:
         log.warning("%s failed (%s: %s); retrying in %.1f s", what, type(exc).__name__, exc, delay)
         state[1] = min(delay * 2, self.max_backoff_s)
         return min(delay, deadline - now)
+
+
+class ErrorBudget:
+    """How long transient consumer errors may go on before they count as the infrastructure away: the
+    Retrier's budget for errors a poll loop reports as events (librdkafka hands consumer errors out
+    as messages, nothing raises), shared by the group, share and tail consumers.
+
+    A streak is a run of transient errors each less than ``quiet_s`` after the previous one, with
+    no message in between (``ok``). librdkafka retries reconnects every ``reconnect.backoff.max.ms``
+    (10 s) at most, so an outage keeps the streak going; errors minutes apart are separate blips.
+    """
+
+    def __init__(self, budget_s: float = 60.0, quiet_s: float = 15.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget_s = budget_s
+        self.quiet_s = quiet_s
+        self._clock = clock
+        self._since: float | None = None  # first error of the current streak
+        self._last = 0.0
+
+    def ok(self) -> None:
+        """A message came: whatever went wrong has recovered."""
+        self._since = None
+
+    def transient(self, where: str, err: KafkaError) -> None:
+        """Log a transient error; ``TransportError`` once the streak is longer than the budget."""
+        now = self._clock()
+        if self._since is None or now - self._last > self.quiet_s:
+            self._since = now
+        self._last = now
+        if now - self._since > self.budget_s:
+            raise TransportError(f"{where}: {err.name()} ({err.str()}) for {now - self._since:.0f} s, past the "
+                                 f"retry budget of {self.budget_s:.0f} s")
+        log.warning("%s: transient consumer error %s (%s); polling on", where, err.name(), err.str())
+
+    def check(self, where: str, err: KafkaError) -> None:
+        """Pass a transient ``err`` (within the budget); raise ``TransportError`` for any other."""
+        if classify(err) is Fault.TRANSIENT:
+            self.transient(where, err)
+        else:
+            raise TransportError(f"{where}: {err.name()} ({err.str()})") from KafkaException(err)

@@ -20,7 +20,7 @@ position, a fatal error, raises ``TransportError``). ``ShareGroupConsumer`` and 
 use the same rule.
 
 A transient error is logged and polled through: librdkafka reconnects, refreshes metadata and
-rejoins by itself. ``ErrorBudget`` bounds it: transient errors that keep coming (each less than
+rejoins by itself. ``transport.failures.ErrorBudget`` bounds it: transient errors that keep coming (each less than
 ``quiet_s`` after the previous one, no message in between) for longer than ``budget_s`` raise
 ``TransportError`` (the infrastructure is away past the retry budget: the caller exits and is
 restarted, docs/architecture.md "Failure policy").
@@ -36,7 +36,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from transport.batches import wrap_batch
 from transport.errors import TransportError
-from transport.failures import Fault, classify
+from transport.failures import ErrorBudget
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 from transport.spans import Tracer
@@ -47,44 +47,6 @@ PartitionsHook = Callable[[list[tuple[str, int]]], None]
 # The broker's answer to a commit: {(topic, partition): offset} confirmed, and the same of those
 # that failed.
 CommitHook = Callable[[dict[tuple[str, int], int], dict[tuple[str, int], int]], None]
-
-class ErrorBudget:
-    """How long transient consumer errors may go on before they count as the infrastructure away.
-
-    A streak is a run of transient errors each less than ``quiet_s`` after the previous one, with
-    no message in between (``ok``). librdkafka retries reconnects every ``reconnect.backoff.max.ms``
-    (10 s) at most, so an outage keeps the streak going; errors minutes apart are separate blips.
-    """
-
-    def __init__(self, budget_s: float = 60.0, quiet_s: float = 15.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.budget_s = budget_s
-        self.quiet_s = quiet_s
-        self._clock = clock
-        self._since: float | None = None  # first error of the current streak
-        self._last = 0.0
-
-    def ok(self) -> None:
-        """A message came: whatever went wrong has recovered."""
-        self._since = None
-
-    def transient(self, where: str, err: KafkaError) -> None:
-        """Log a transient error; ``TransportError`` once the streak is longer than the budget."""
-        now = self._clock()
-        if self._since is None or now - self._last > self.quiet_s:
-            self._since = now
-        self._last = now
-        if now - self._since > self.budget_s:
-            raise TransportError(f"{where}: {err.name()} ({err.str()}) for {now - self._since:.0f} s, past the "
-                                 f"retry budget of {self.budget_s:.0f} s")
-        log.warning("%s: transient consumer error %s (%s); polling on", where, err.name(), err.str())
-
-    def check(self, where: str, err: KafkaError) -> None:
-        """Pass a transient ``err`` (within the budget); raise ``TransportError`` for any other."""
-        if classify(err) is Fault.TRANSIENT:
-            self.transient(where, err)
-        else:
-            raise TransportError(f"{where}: {err.name()} ({err.str()})") from KafkaException(err)
-
 
 def messages_of(raw: list, errors: ErrorBudget, where: Callable[[Any], str],
                 wrap: Callable[[Any], Any] = ConsumedMessage) -> list:

@@ -34,7 +34,8 @@ from typing import Any, Iterable
 from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, ShareConsumer
 
 from transport.errors import TransportError
-from transport.group_consumer import ErrorBudget, messages_of
+from transport.failures import ErrorBudget
+from transport.group_consumer import messages_of
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 from transport.spans import Tracer

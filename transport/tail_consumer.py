@@ -19,7 +19,8 @@ from typing import Any, Iterable
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from transport.errors import TransportError
-from transport.group_consumer import ErrorBudget, messages_of
+from transport.failures import ErrorBudget
+from transport.group_consumer import messages_of
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 

@@ -13,7 +13,8 @@ from chatpipe.testing.worker import make_request
 from inference.worker.errors import ReplyAddressError
 from transport.errors import DeliveryError, TransportError
 from transport.failures import Fault, classify
-from transport.group_consumer import ErrorBudget, GroupConsumer
+from transport.failures import ErrorBudget
+from transport.group_consumer import GroupConsumer
 from transport.reply_address import ReplyAddresses, reserved_topics
 from transport.settings import KafkaSettings
 from transport.tail_consumer import TailConsumer
