@@ -19,10 +19,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import build_settings, console, err_console
+from chatpipe.commands.common import BootstrapServers, TopicPrefix, build_settings, console, err_console
+from chatpipe.options import option
+from streams.memory_settings import MemorySettings  # pydantic only: the flags are made from its fields
+from streams.settings import StreamsSettings
 
-Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap-servers", "-b", help="Kafka host:port [env CHATPIPE_BOOTSTRAP_SERVERS; default 127.0.0.1:9092]")]
-Prefix = Annotated[Optional[str], typer.Option("--topic-prefix", help="Prefix for every topic name [env CHATPIPE_TOPIC_PREFIX]")]
 
 
 def forget(
@@ -31,12 +32,12 @@ def forget(
     conversation: Annotated[Optional[str], typer.Option("--conversation", "-c", help="Only this conversation of the user")] = None,
     verify: Annotated[bool, typer.Option("--verify", help="Do not erase: search every store and report what remains")] = False,
     reason: Annotated[str, typer.Option("--reason", help="Deletion.reason")] = "operator_request",
-    archive_dir: Annotated[Optional[Path], typer.Option("--archive-dir", help="Avro archive root [env CHATPIPE_STREAMS_ARCHIVE_DIR; default .chatpipe/archive]")] = None,
-    memory_path: Annotated[Optional[Path], typer.Option("--memory-path", help="Qdrant local-mode folder [env CHATPIPE_MEMORY_PATH; default .chatpipe/qdrant]")] = None,
-    qdrant_url: Annotated[Optional[str], typer.Option("--qdrant-url", help="Qdrant server URL instead of local mode [env CHATPIPE_MEMORY_URL]")] = None,
+    archive_dir: Annotated[Optional[Path], option(StreamsSettings, "archive_dir")] = None,
+    memory_path: Annotated[Optional[Path], option(MemorySettings, "path", "--memory-path")] = None,
+    qdrant_url: Annotated[Optional[str], option(MemorySettings, "url", "--qdrant-url")] = None,
     datasets_dir: Annotated[Optional[Path], typer.Option("--datasets-dir", help="Folder the dataset builds are under (checked with --verify)")] = None,
-    bootstrap_servers: Bootstrap = None,
-    topic_prefix: Prefix = None,
+    bootstrap_servers: BootstrapServers = None,
+    topic_prefix: TopicPrefix = None,
 ) -> None:
     """Erase a user (or one conversation) from every store, or --verify what remains of them."""
     from transport.admin import TopicAdmin

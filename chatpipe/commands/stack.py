@@ -14,21 +14,39 @@ import typer
 from rich.table import Table
 
 from chatpipe.commands.common import build_settings, console
+from chatpipe.options import option
+from infra.settings import StackSettings  # pydantic only: the flags are made from its fields
 
-StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="State folder [env CHATPIPE_STATE_DIR; default .chatpipe]")]
-KafkaPort = Annotated[Optional[int], typer.Option("--kafka-port", help="Broker client port [env CHATPIPE_KAFKA_PORT; default 9092]")]
-ControllerPort = Annotated[Optional[int], typer.Option("--controller-port", help="KRaft controller port [env CHATPIPE_CONTROLLER_PORT; default 9093]")]
-GatewayPort = Annotated[Optional[int], typer.Option("--gateway-port", help="Gateway HTTP port [env CHATPIPE_GATEWAY_PORT; default 8000]")]
-MetricsPort = Annotated[Optional[int], typer.Option("--worker-metrics-port", help="Inference worker /metrics port [env CHATPIPE_STACK_WORKER_METRICS_PORT; default 9464]")]
-StreamsMetricsPort = Annotated[Optional[int], typer.Option("--streams-metrics-port", help="Streams worker /metrics port; worker n's on it + n - 1 [env CHATPIPE_STACK_STREAMS_METRICS_PORT; default 9474]")]
-Brokers = Annotated[Optional[int], typer.Option("--brokers", help="Kafka nodes: 1 = one broker; 3 = a KRaft cluster (nodes on CHATPIPE_CLUSTER_BASE_PORT, default 9192-9197; catalog replicated 3 ways, min.insync.replicas 2) [env CHATPIPE_BROKERS; default 1]")]
-QdrantUrl = Annotated[Optional[str], typer.Option("--qdrant-url", help="Qdrant server URL(s) for the streams worker's memory, instead of local mode in <state>/qdrant; kept with the state folder, '' goes back to local mode [env CHATPIPE_QDRANT_URL; default: local mode]")]
-StreamsWorkers = Annotated[Optional[int], typer.Option("--streams-workers", help="Streams worker processes (streams, streams-2, ...), one consumer group; more than 1 needs --qdrant-url; kept with the state folder, a smaller number stops the surplus [env CHATPIPE_STREAMS_WORKERS; default 1]")]
-InferenceWorkers = Annotated[Optional[int], typer.Option("--inference-workers", help="Inference worker processes (inference, inference-2, ...), one consumer group; worker n's /metrics on --worker-metrics-port + n - 1; kept with the state folder [env CHATPIPE_INFERENCE_WORKERS; default 1]")]
+StateDir = Annotated[Optional[Path], option(StackSettings, "state_dir", "--state-dir", help="State folder")]
+KafkaPort = Annotated[Optional[int], option(StackSettings, "kafka_port", "--kafka-port", help="Broker client port")]
+ControllerPort = Annotated[Optional[int], option(StackSettings, "controller_port", "--controller-port")]
+GatewayPort = Annotated[Optional[int], option(StackSettings, "gateway_port", "--gateway-port", help="Gateway HTTP port")]
+MetricsPort = Annotated[Optional[int], option(StackSettings, "worker_metrics_port", "--worker-metrics-port",
+                                              help="Inference worker /metrics port")]
+StreamsMetricsPort = Annotated[Optional[int], option(StackSettings, "streams_metrics_port", "--streams-metrics-port",
+                                                     help="Streams worker /metrics port; worker n's on it + n - 1")]
+Brokers = Annotated[Optional[int], option(StackSettings, "brokers", "--brokers", help=(
+    "Kafka nodes: 1 = one broker; 3 = a KRaft cluster (nodes on CHATPIPE_CLUSTER_BASE_PORT, default 9192-9197; "
+    "catalog replicated 3 ways, min.insync.replicas 2)"))]
+QdrantUrl = Annotated[Optional[str], option(StackSettings, "qdrant_url", "--qdrant-url", help=(
+    "Qdrant server URL(s) for the streams worker's memory, instead of local mode in <state>/qdrant (the default); "
+    "kept with the state folder, '' goes back to local mode"))]
+StreamsWorkers = Annotated[Optional[int], option(StackSettings, "streams_workers", "--streams-workers", help=(
+    "Streams worker processes (streams, streams-2, ...), one consumer group; more than 1 needs --qdrant-url; kept "
+    "with the state folder, a smaller number stops the surplus"))]
+InferenceWorkers = Annotated[Optional[int], option(StackSettings, "inference_workers", "--inference-workers", help=(
+    "Inference worker processes (inference, inference-2, ...), one consumer group; worker n's /metrics on "
+    "--worker-metrics-port + n - 1; kept with the state folder"))]
 Names = Annotated[list[str], typer.Argument(help="Services: kafka, streams, streams-2, ..., inference, inference-2, ..., gateway", show_default=False)]
-KafkaSecurity = Annotated[Optional[str], typer.Option("--kafka-security", help="The broker's client listener: plaintext, or sasl_ssl (SCRAM-SHA-512 over TLS: a CA, the broker's certificate and one user per service made under <state>/kafka/security; every service gets its own login; docs/security_broker.md); kept with the state folder [env CHATPIPE_KAFKA_SECURITY; default plaintext]")]
+KafkaSecurity = Annotated[Optional[str], option(StackSettings, "kafka_security", "--kafka-security", help=(
+    "The broker's client listener: plaintext, or sasl_ssl (SCRAM-SHA-512 over TLS: a CA, the broker's certificate "
+    "and one user per service made under <state>/kafka/security; every service gets its own login; "
+    "docs/security_broker.md); kept with the state folder"))]
 Only = Annotated[Optional[str], typer.Option("--only", help="Start only these, comma-separated: kafka (broker + topics), streams, inference, gateway (jaeger, prometheus with --observability); Kafka always [default: all]")]
-Observability = Annotated[Optional[bool], typer.Option("--observability/--no-observability", help="Also run Jaeger (traces, UI on :16686, OTLP on :4317/:4318) and Prometheus (scrapes every service, :9090), built once with Go and npm into ~/.cache/chatpipe/bin (docs/observability.md); kept with the state folder, --no-observability stops them [env CHATPIPE_OBSERVABILITY; default off]")]
+Observability = Annotated[Optional[bool], option(StackSettings, "observability", "--observability/--no-observability", help=(
+    "Also run Jaeger (traces, UI on :16686, OTLP on :4317/:4318) and Prometheus (scrapes every service, :9090), "
+    "built once with Go and npm into ~/.cache/chatpipe/bin (docs/observability.md); kept with the state folder, "
+    "--no-observability stops them"))]
 
 
 def _open(state_dir, kafka_port=None, controller_port=None, gateway_port=None, worker_metrics_port=None,
