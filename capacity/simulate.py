@@ -73,9 +73,6 @@ class Curve:
         """The same curve on a machine ``factor`` times as fast (e.g. the share of a core a worker gets)."""
         return Curve(tuple((k, r * factor) for k, r in self.points), label=label or self.label)
 
-    def requests_per_s(self, output_tokens: float) -> float:
-        """A saturated worker's requests/s for answers of that mean length."""
-        return self.rate(self.max_batch) / output_tokens
 
 
 @dataclass(frozen=True)

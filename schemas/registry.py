@@ -1,4 +1,4 @@
-"""Every schema version we hold, indexed by name and by CRC-64-AVRO fingerprint.
+"""Every schema version we hold, by name and version, each with its CRC-64-AVRO fingerprint.
 
 All versions of every schema stay in ``schemas/avro/`` as ``<Name>.v<N>.avsc``: a reader
 finds the writer's schema from the fingerprint in the message, and resolves it to the newest
@@ -42,7 +42,6 @@ class SchemaRegistry:
     """In-process view of ``schemas/avro``: no server, no network."""
 
     def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
-        self._by_fingerprint: dict[bytes, SchemaVersion] = {}
         self._latest: dict[str, SchemaVersion] = {}
         self._versions: dict[str, dict[int, SchemaVersion]] = {}
         files = sorted(schema_dir.glob("*.avsc"))
@@ -64,7 +63,6 @@ class SchemaRegistry:
         if raw.get("name") != name:
             raise SchemaError(f"{path}: record name {raw.get('name')!r} does not match file name")
         entry = SchemaVersion(name, version, parsed, crc64_fingerprint(raw))
-        self._by_fingerprint[entry.fingerprint] = entry
         self._versions.setdefault(name, {})[version] = entry
         if name not in self._latest or version > self._latest[name].version:
             self._latest[name] = entry
@@ -80,9 +78,6 @@ class SchemaRegistry:
             return self._versions[name][version]
         except KeyError:
             raise SchemaError(f"no schema {name} v{version}") from None
-
-    def by_fingerprint(self, fp: bytes) -> SchemaVersion | None:
-        return self._by_fingerprint.get(fp)
 
     def names(self) -> list[str]:
         return sorted(self._latest)

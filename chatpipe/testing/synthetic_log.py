@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import random
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from schemas.codec import AvroCodec
 from schemas.records import ConversationTurn, Feedback, FeedbackKind, FinishReason
@@ -235,7 +235,3 @@ def to_messages(log: SyntheticLog, turns_topic: str, feedback_topic: str, partit
         offsets[(topic, part)] = off + 1
         out.append(ArchivedMessage(topic, part, off, ts, key.encode(), value))
     return out
-
-
-def with_timestamps(msgs: list[ArchivedMessage], shift_ms: int) -> list[ArchivedMessage]:
-    return [replace(m, timestamp=m.timestamp + shift_ms) for m in msgs]

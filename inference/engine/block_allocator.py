@@ -249,14 +249,6 @@ class BlockAllocator:
             table.append(self._take_block())
         return True
 
-    def allocate(self, request_id: str, num_tokens: int) -> list[int]:
-        """Worst-case reservation in one call (kept for callers that reserve up front)."""
-        if request_id in self._tables:
-            raise ValueError(f"request {request_id!r} already holds blocks")
-        if not self.allocate_slots(request_id, num_tokens):
-            raise ValueError(f"cannot allocate {self.blocks_for(num_tokens)} blocks, {self.num_free_blocks} free")
-        return self._tables[request_id]
-
     def free(self, request_id: str) -> None:
         """Release a request's blocks. Cached ones become evictable, the tail first in LRU order
         (a prefix's first blocks are the ones most likely to be shared again)."""

@@ -179,9 +179,3 @@ class LeanLlama:
                 for layer in model.model.layers
             ]
         return cls(layers)
-
-    @property
-    def extra_bytes(self) -> int:
-        """Memory of the fused copies (the only tensors not shared with the HF model)."""
-        tensors = [t for ly in self.layers for t in (ly.qkv_weight, ly.qkv_bias, ly.gate_up_weight, ly.gate_up_bias)]
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
