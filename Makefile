@@ -41,7 +41,7 @@ run: setup
 	$(CHATPIPE) demo
 
 # What the tests build or fetch once per machine (Kafka and Spark jars with Maven; kubeconform, Jaeger,
-# Prometheus and their UIs with Go and npm: ~25 min the first time on 2 cores, cached in ~/.cache/chatpipe
+# Prometheus and their UIs with Go and npm: ~16 min the first time on 2 cores (docs/testing.md), cached in ~/.cache/chatpipe
 # after that), built before pytest so that each says what it builds, how long it takes and where its log
 # is (pytest -q would show nothing). `make test-prerequisites` alone is fine too.
 test-prerequisites: setup
