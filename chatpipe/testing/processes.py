@@ -6,7 +6,6 @@
                                                      exited, or at the deadline, with its log's tail
     http_ok(url)                                     one GET answered 200 (no proxy)
     stop_process(proc, timeout_s)                    SIGTERM, wait, SIGKILL past the timeout
-    log_tail(path)                                   the end of a log, for a failure message
 
 A readiness failure raises :class:`NotReady` (an ``AssertionError``: in a test it reads as the test's
 failure, with the service's own last lines).
@@ -23,22 +22,15 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-TAIL_CHARS = 3000
+from infra.services import tail
+
+TAIL_CHARS = 3000  # of a log given as a function's text
+TAIL_LINES = 40  # of a log file (infra.services.tail, what `chatpipe up` shows of a failed service)
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class NotReady(AssertionError):
     """A started service exited, or was not ready by its deadline; the message ends with its log's tail."""
-
-
-def log_tail(path: Path | None, chars: int = TAIL_CHARS) -> str:
-    """The last ``chars`` characters of ``path`` ('' when there is none)."""
-    if path is None:
-        return ""
-    try:
-        return Path(path).read_text(errors="replace")[-chars:]
-    except OSError:
-        return ""
 
 
 def start_process(argv: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None,
@@ -72,7 +64,9 @@ def wait_until(check: Callable[[], object], *, timeout_s: float, what: str, proc
 
 
 def _tail(log: Path | Callable[[], str] | None) -> str:
-    return log()[-TAIL_CHARS:] if callable(log) else log_tail(log)
+    if callable(log):
+        return log()[-TAIL_CHARS:]
+    return "" if log is None else tail(Path(log), TAIL_LINES)
 
 
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
