@@ -132,7 +132,17 @@ def _budget_s(retries: int, backoff_s: float) -> float:
 
 
 class _MemoryRetrier(Retrier):
+    """The memory's own retries are for an outage (the next peer may answer). A refusal
+    (``MemoryRequestError``, a 4xx) goes to the caller at once, as before the shared Retrier: the
+    "already exists" of a collection another worker just created is answered there, and the tier's
+    budget decides the rest."""
+
     error = MemoryUnavailableError
+
+    def _after(self, what: str, exc: Exception, state: list[float]) -> float | None:
+        if isinstance(exc, MemoryRequestError):
+            return None
+        return super()._after(what, exc, state)
 
 
 class ConversationMemory:
