@@ -8,11 +8,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 CHATPIPE := $(VENV)/bin/chatpipe
 PYTEST_ARGS ?=
-# Two pytest workers (pytest-xdist), whole files per worker (`--dist loadfile`): each worker starts its
-# own test broker, and module-scoped stacks stay in one process. PYTEST_WORKERS=0 runs in one process.
-# `--no-loadscope-reorder`: files are handed out in collection order, which tests/conftest.py sorts
-# longest first (xdist's own order, most tests first, left one-test stacks such as the erasure canary
-# to start last while the other workers sat idle).
+# Two pytest workers (pytest-xdist); `--dist loadgroup` with tests/conftest.py's groups: a file's tests
+# stay on one worker (module-scoped stacks stay in one process) and so do the folders whose files share
+# a slow session fixture (the gateway's pipeline, Spark, the default model); each worker starts its own
+# test broker. `--no-loadscope-reorder`: groups are handed out in collection order, which
+# tests/conftest.py sorts longest first (xdist's own order, most tests first, left one-test stacks such
+# as the erasure canary to start last while the other worker sat idle). PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup prerequisites run test test-prerequisites test-unit bench-quick down clean
@@ -48,7 +49,7 @@ test-prerequisites: setup
 	$(PY) -m chatpipe.testing.prerequisites
 
 test: setup test-prerequisites
-	$(PY) -m pytest -q --timeout=900 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -q --timeout=900 -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The tests that need no service, no JVM, no Go and no pulled model: only the venv, so no `setup`
 # (which needs Java and Maven and pulls the model).

@@ -23,10 +23,8 @@ def pytest_configure(config):
 
 JAVA_FIXTURES = {"java_partitions", "java"}
 
-# The longest files, longest first, with their seconds in a whole `make test` (2 workers, 2026-12-05,
-# docs/testing.md). With `--no-loadscope-reorder` (the Makefile) pytest-xdist's `--dist loadfile` hands
-# files out in collection order, so running these first keeps a long file from starting last while the
-# other workers sit idle.
+# The longest files with their seconds in a whole `make test` (2 workers, 2026-12-05, docs/testing.md);
+# a file not listed counts FILE_S.
 LONG_FILES = {
     "tests/spark/test_cluster.py": 230, "tests/faults/test_faults.py": 227, "tests/streams/test_pipeline.py": 197,
     "tests/engine/test_engine_matches_hf.py": 135, "tests/infra/test_stack_supervisor.py": 123,
@@ -39,21 +37,45 @@ LONG_FILES = {
     "tests/infra/test_stack_full.py": 63, "tests/gateway/test_tools.py": 59, "tests/worker/test_service.py": 52,
     "tests/worker/test_share_lock.py": 50, "tests/engine/test_lean_llama.py": 46,
 }
+FILE_S = 10
+
+# Folders whose files share a session fixture that is slow to start: the gateway's whole pipeline
+# (tests/gateway/conftest.py), a Spark session with its planted run, the default model. Each xdist
+# worker has a session of its own, so these folders go to one worker whole (an `xdist_group`, with
+# `--dist loadgroup` in the Makefile) and start their fixture once; every other file is a group of its own.
+SHARED_SESSION_FOLDERS = ("tests/gateway/", "tests/spark/", "tests/engine/")
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects anything
+def xdist_group_of(path: str) -> str:
+    """The group a test file runs in: its folder for SHARED_SESSION_FOLDERS, else the file alone."""
+    return next((folder for folder in SHARED_SESSION_FOLDERS if path.startswith(folder)), path)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects anything, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Marks what a test's fixtures need, so that a missing marker cannot put a broker or a JVM into
     `make test-unit`: a test on the session broker (``kafka_stack``, directly or through another
-    fixture) is ``integration``; one that runs a JVM (``JAVA_FIXTURES``) is ``java``."""
+    fixture) is ``integration``; one that runs a JVM (``JAVA_FIXTURES``) is ``java``. Then puts each
+    test in its xdist group and the groups longest first: with `--no-loadscope-reorder` (the Makefile)
+    xdist hands groups out in collection order, so a long one never starts last while the other
+    worker sits idle."""
+    seconds: dict[str, int] = {}
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if "kafka_stack" in names and item.get_closest_marker("integration") is None:
             item.add_marker(pytest.mark.integration)
         if names & JAVA_FIXTURES and item.get_closest_marker("java") is None:
             item.add_marker(pytest.mark.java)
-    # Stable: a file's tests keep their order, files not listed keep theirs, after the long ones.
-    items.sort(key=lambda item: -LONG_FILES.get(item.nodeid.split("::")[0], 0))
+        path = item.nodeid.split("::")[0]
+        group = xdist_group_of(path)
+        item.add_marker(pytest.mark.xdist_group(group))
+        if path not in seconds:
+            seconds[path] = LONG_FILES.get(path, FILE_S)
+    group_s: dict[str, int] = {}
+    for path, s in seconds.items():
+        group_s[xdist_group_of(path)] = group_s.get(xdist_group_of(path), 0) + s
+    # Stable: a file's tests keep their order, and so do the files of a group.
+    items.sort(key=lambda item: -group_s[xdist_group_of(item.nodeid.split("::")[0])])
 
 
 @pytest.fixture(scope="session")

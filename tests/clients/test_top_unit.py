@@ -1,6 +1,6 @@
 """``chatpipe top``'s arithmetic without a stack: percentiles from bucket deltas (what Prometheus'
 ``histogram_quantile`` gives), rates and lag from two scrapes of fake /metrics pages, and the drawn
-frame. The real stack is in tests/clients/test_top.py."""
+frame. The real stack is in tests/infra/test_stack_full.py."""
 
 from __future__ import annotations
 
