@@ -1,7 +1,8 @@
 """The erasure canary (issue 19): one user's data in every store, one DELETE, then nothing of it left.
 
-Through the real stack (``chatpipe/testing/gateway.py``: ``chatpipe streams``, an inference worker with
-the default model, a gateway, on the session's broker under a topic prefix of its own): a user
+Through the real stack (the session's ``pipeline``, ``chatpipe/testing/gateway.py``: ``chatpipe streams``,
+an inference worker with the default model, a gateway, on the session's broker under a topic prefix of
+its own, shared with the gateway tests): a user
 tells facts in three conversations and gives feedback; the archive is flushed and a dataset is
 built from it (Spark local); ``DELETE /v1/users/{user}``; within the time docs/privacy.md states
 for memory, state and archive (seconds: the audits of ``streams.forget`` and ``streams.archive``),
@@ -33,17 +34,10 @@ ERASED_WITHIN_S = 60
 
 
 @pytest.fixture(scope="module")
-def stack(kafka_stack, tmp_path_factory):
-    from chatpipe.testing.gateway import start_pipeline
-    from transport.admin import TopicAdmin
-    from transport.settings import KafkaSettings
-
-    kafka = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers, topic_prefix=f"e{uuid.uuid4().hex[:8]}.")
-    TopicAdmin(kafka).apply()
-    pipeline = start_pipeline(kafka, tmp_path_factory.mktemp("erasure"))
-    yield pipeline
-    codes = pipeline.stop()
-    assert codes == {"gateway": 0, "inference": 0, "streams": 0}, f"unclean shutdown: {codes}"
+def stack(pipeline):
+    """The session's whole pipeline (tests/conftest.py), shared with the gateway tests: the canary's users
+    are its own (a run id in their names), and every check below is about them alone."""
+    return pipeline
 
 
 def auth() -> dict[str, str]:
