@@ -57,6 +57,8 @@ def session_conf(settings: SparkSettings, input_bytes: int | None = None) -> dic
             driver_java_options(settings.jars_cache_dir) if settings.class_data_sharing else "",
         ])),
     }
+    if client_jit(settings, input_bytes):  # a cluster's executors too (in local mode they are the driver)
+        conf["spark.executor.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
     conf.update(settings.conf)
     extra = conf.get("spark.jars")
     conf["spark.jars"] = f"{jars},{extra}" if extra and extra != jars else jars
@@ -73,14 +75,12 @@ def build_session(settings: SparkSettings, input_bytes: int | None = None):
     # Registered only when the jar is on its way (it could not be built: that was said already).
     with_functions = settings.jvm_functions and jvm_functions.JAR_PREFIX in conf["spark.jars"]
     submitted = shipping.under_spark_submit()
-    builder = SparkSession.builder
     if submitted:
         # spark-submit started the driver's JVM: its --master and --jars stand (jars named now
         # could not reach the driver any more); a --master given to the job itself still wins.
         shipping.check_submitted([Path(j) for j in conf.pop("spark.jars").split(",") if j], sys.argv[0])
-        if "master" in settings.model_fields_set:
-            builder = builder.master(settings.master)
-    else:
+    builder = SparkSession.builder
+    if not submitted or "master" in settings.model_fields_set:
         builder = builder.master(settings.master)
     for key, value in conf.items():
         builder = builder.config(key, value)
