@@ -151,9 +151,9 @@ class Engine:
         ``constraint`` (an ``xgrammar.GrammarMatcher`` built for this model's vocabulary, fresh for
         this request) restricts each sampled token to what it allows; the request ends with STOP
         when it terminates (it accepted its stop token)."""
-        req = self._request(prompt_token_ids, params, priority, request_id, text_stream, tenant, user_id,
-                            cache_prefix, constraint)  # fmt: skip
-        return self.scheduler.add_request(req), req
+        admission, reqs = self.add_request_group([request_id], prompt_token_ids, params, priority, [text_stream],
+                                                 tenant, user_id, cache_prefix, [constraint])  # fmt: skip
+        return admission, reqs[0]
 
     def add_request_group(
         self,
@@ -181,37 +181,28 @@ class Engine:
         for name, per in (("text_streams", text_streams), ("constraints", constraints)):
             if per is not None and len(per) != n:
                 raise InvalidRequestError(f"{name} has {len(per)} entries for {n} requests")
-        reqs: list[Request] = []
-        for i, rid in enumerate(ids):
-            p = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=params.seed + i)
-            req = self._request(prompt_token_ids, p, priority, rid, text_streams[i] if text_streams else None,
-                                tenant, user_id, cache_prefix, constraints[i] if constraints else None)  # fmt: skip
-            if reqs:
-                req.prompt_leader = reqs[0]
-            reqs.append(req)
-        return self.scheduler.add_group(reqs), reqs
-
-    def _request(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, priority: Priority, request_id: str | None,
-        text_stream: Any, tenant: str, user_id: str, cache_prefix: bool, constraint: Any,
-    ) -> Request:  # fmt: skip
-        ids = [int(t) for t in prompt_token_ids]
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        prompt = [int(t) for t in prompt_token_ids]
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         if not params.ignore_eos:
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids | self.eos_token_ids)
-        return Request(
-            request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
-            prompt_token_ids=ids,
-            params=params,
-            priority=priority,
-            text_stream=text_stream,
-            tenant=tenant,
-            user_id=user_id,
-            register_blocks=cache_prefix,
-            constraint=constraint,
-        )
+        reqs: list[Request] = []
+        for i, rid in enumerate(ids):
+            p = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=params.seed + i)
+            reqs.append(Request(
+                request_id=rid if rid is not None else f"req-{next(self._ids)}",
+                prompt_token_ids=list(prompt),
+                params=p,
+                priority=priority,
+                text_stream=text_streams[i] if text_streams else None,
+                tenant=tenant,
+                user_id=user_id,
+                register_blocks=cache_prefix,
+                constraint=constraints[i] if constraints else None,
+                prompt_leader=reqs[0] if reqs else None,
+            ))  # fmt: skip
+        return self.scheduler.add_group(reqs), reqs
 
     def forget_prefixes(self, tenant: str, user_id: str) -> int:
         """Drop every prefix-cache block that requests of (tenant, user_id) computed or reused:
@@ -222,10 +213,7 @@ class Engine:
 
     def refusal_error(self, admission: Admission, request: Request) -> RequestRefused:
         """The named error for a refused request, with its size and the limit it hit."""
-        if admission is Admission.OVERLOADED:
-            limit = self.scheduler.config.max_waiting
-        else:
-            limit = self.max_request_tokens
+        limit = self.scheduler.config.max_waiting if admission is Admission.OVERLOADED else self.max_request_tokens
         return RequestRefused(admission, len(request.prompt_token_ids), request.params.max_new_tokens, limit)
 
     @property

@@ -107,8 +107,7 @@ def default_stop_token_ids(tokenizer: Any) -> list[int]:
 class GrammarCompiler:
     """Compiles response formats for one tokenizer; LRU of compiled grammars (thread-safe)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int] | None = None,
-                 cache_size: int = DEFAULT_CACHE_SIZE, max_threads: int = 1) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int] | None = None) -> None:
         import xgrammar
 
         self.vocab_size = vocab_size
@@ -121,11 +120,9 @@ class GrammarCompiler:
             tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_token_ids
         )
         # xgrammar's own cache off: ours is keyed by our canonical text and bounded by count.
-        self._compiler = xgrammar.GrammarCompiler(self.tokenizer_info, max_threads=max_threads, cache_enabled=False)
+        self._compiler = xgrammar.GrammarCompiler(self.tokenizer_info, max_threads=1, cache_enabled=False)
         self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
-        self._cache_size = cache_size
         self._lock = threading.Lock()
-        self.hits = 0
         self.misses = 0
         self._closers = Closers.from_vocab(self.tokenizer_info.decoded_vocab, self.stop_token_ids)
 
@@ -147,7 +144,6 @@ class GrammarCompiler:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
-                self.hits += 1
                 return hit
         if parsed[0] == "json_object":
             grammar = _json_object_grammar()
@@ -162,7 +158,7 @@ class GrammarCompiler:
             self.misses += 1
             self._cache[key] = compiled
             self._cache.move_to_end(key)
-            while len(self._cache) > self._cache_size:
+            while len(self._cache) > DEFAULT_CACHE_SIZE:
                 self._cache.popitem(last=False)
         return compiled
 
@@ -181,16 +177,14 @@ class GrammarCompiler:
         inner = xgrammar.GrammarMatcher(compiled, override_stop_tokens=self.stop_token_ids)
         if max_tokens is None:
             return inner
-        parsed = parse_response_format(fmt)
-        assert parsed is not None
-        if parsed[0] == "tool_calls":
-            if parsed[1]["mode"] == "auto":  # free text may end anywhere: nothing to close
+        kind, spec = parse_response_format(fmt)
+        if kind == "tool_calls":
+            if spec["mode"] == "auto":  # free text may end anywhere: nothing to close
                 return inner
-            reserve = max(min_json_chars(t["parameters"]) for t in parsed[1]["tools"]) + len(TOOL_CALL_SUFFIX) \
-                + CLOSE_SLACK
-            return BudgetedMatcher(inner, max_tokens, reserve, self._closers, self.stop_token_ids)
-        reserve = min_json_chars(parsed[1] if parsed[0] == "json_schema" else {"type": "object"}) + CLOSE_SLACK
-        return BudgetedMatcher(inner, max_tokens, reserve, self._closers, self.stop_token_ids)
+            shortest = max(min_json_chars(t["parameters"]) for t in spec["tools"]) + len(TOOL_CALL_SUFFIX)
+        else:
+            shortest = min_json_chars(spec if kind == "json_schema" else {"type": "object"})
+        return BudgetedMatcher(inner, max_tokens, shortest + CLOSE_SLACK, self._closers, self.stop_token_ids)
 
     def allocate_bitmask(self, rows: int) -> Any:
         """int32 [rows, ceil(vocab_size / 32)], all tokens allowed; what fill_next_token_bitmask fills."""
@@ -252,7 +246,6 @@ class BudgetedMatcher:
         self._closers = closers
         self._stops = frozenset(stop_token_ids)
         self.accepted = 0
-        self.closing_steps = 0  # masks narrowed to a closer (for tests and metrics)
         self._in_string = False
         self._escape = False
 
@@ -265,7 +258,6 @@ class BudgetedMatcher:
                 if (int(words[tid >> 5]) >> (tid & 31)) & 1:
                     row.zero_()
                     row[tid >> 5] = _bit(tid & 31)
-                    self.closing_steps += 1
                     break
         return out
 
@@ -304,7 +296,7 @@ def min_json_chars(schema: Any, defs: Mapping[str, Any] | None = None, depth: in
     if depth > 8 or not isinstance(schema, Mapping):
         return 4
     if defs is None:
-        defs = {**schema.get("definitions", {}), **schema.get("$defs", {})} if isinstance(schema, Mapping) else {}
+        defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
     if "const" in schema:
         return len(json.dumps(schema["const"]))
     if "enum" in schema:

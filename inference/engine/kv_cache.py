@@ -39,10 +39,6 @@ class PagedKVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, kvH, slots, D]
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, kvH, slots, D]
 
-    @property
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
-
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """slots [T] long; k, v [T, kvH, D]."""
         self.k[layer].index_copy_(1, slots, k.transpose(0, 1))

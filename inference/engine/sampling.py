@@ -240,9 +240,3 @@ def small_tensor(values: list, dtype: torch.dtype, device: torch.device) -> torc
         return torch.tensor(values, dtype=dtype, device=device)
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
-
-def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
-    """logits [V] -> token id, drawn after temperature, top-k, then top-p (nucleus) filtering."""
-    tokens, invalid = draw(logits[None], [p], [generator])
-    _raise_if(bool(invalid))
-    return int(tokens[0])

@@ -28,12 +28,11 @@ admission, never preempted): the baseline of ``bench/engine.py --multi-turn``.
 
 from __future__ import annotations
 
-import abc
 import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 from inference.engine.block_allocator import BlockAllocator
 from inference.engine.errors import InvalidRequestError
@@ -50,75 +49,30 @@ class SchedulerConfig:
     kv_allocation: str = "lazy"  # "lazy" (allocate as computed, preempt when out) or "reserve" (worst case)
 
 
-class QueuePolicy(abc.ABC):
-    """Order of the waiting queue."""
+class WaitingQueue:
+    """The waiting queue: a FIFO per priority class, classes in priority order (interactive before
+    batch); ``queue_policy="fcfs"`` keeps one FIFO for all (arrival order, priority ignored)."""
 
-    @abc.abstractmethod
-    def push(self, request: Request) -> None: ...
+    def __init__(self, policy: str) -> None:
+        if policy not in ("priority", "fcfs"):
+            raise ValueError(f"unknown queue policy {policy!r}; choose one of ['fcfs', 'priority']")
+        self._by_priority = policy == "priority"
+        classes = sorted(Priority) if self._by_priority else [Priority.INTERACTIVE]
+        self._qs: dict[Priority, collections.deque[Request]] = {p: collections.deque() for p in classes}
 
-    @abc.abstractmethod
+    def _queue(self, request: Request) -> collections.deque[Request]:
+        return self._qs[request.priority if self._by_priority else Priority.INTERACTIVE]
+
+    def push(self, request: Request) -> None:
+        self._queue(request).append(request)
+
     def push_preempted(self, request: Request) -> None:
         """Back to the head (of its class), behind preempted requests admitted before it."""
-
-    @abc.abstractmethod
-    def peek(self) -> Request | None: ...
-
-    @abc.abstractmethod
-    def pop(self) -> Request: ...
-
-    @abc.abstractmethod
-    def remove(self, request: Request) -> bool: ...
-
-    @abc.abstractmethod
-    def __len__(self) -> int: ...
-
-    @abc.abstractmethod
-    def __iter__(self) -> Iterator[Request]: ...
-
-
-class FcfsQueue(QueuePolicy):
-    """Arrival order, priority ignored."""
-
-    def __init__(self) -> None:
-        self._q: collections.deque[Request] = collections.deque()
-
-    def push(self, request: Request) -> None:
-        self._q.append(request)
-
-    def push_preempted(self, request: Request) -> None:
-        _insert_preempted(self._q, request)
-
-    def peek(self) -> Request | None:
-        return self._q[0] if self._q else None
-
-    def pop(self) -> Request:
-        return self._q.popleft()
-
-    def remove(self, request: Request) -> bool:
-        try:
-            self._q.remove(request)
-        except ValueError:
-            return False
-        return True
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._q)
-
-
-class PriorityQueue(QueuePolicy):
-    """Interactive before batch; arrival order inside a class."""
-
-    def __init__(self) -> None:
-        self._qs: dict[Priority, collections.deque[Request]] = {p: collections.deque() for p in sorted(Priority)}
-
-    def push(self, request: Request) -> None:
-        self._qs[request.priority].append(request)
-
-    def push_preempted(self, request: Request) -> None:
-        _insert_preempted(self._qs[request.priority], request)
+        q = self._queue(request)
+        i = 0
+        while i < len(q) and q[i].admit_seq is not None and q[i].admit_seq < request.admit_seq:
+            i += 1
+        q.insert(i, request)
 
     def peek(self) -> Request | None:
         return next((q[0] for q in self._qs.values() if q), None)
@@ -131,31 +85,13 @@ class PriorityQueue(QueuePolicy):
 
     def remove(self, request: Request) -> bool:
         try:
-            self._qs[request.priority].remove(request)
+            self._queue(request).remove(request)
         except ValueError:
             return False
         return True
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._qs.values())
-
-    def __iter__(self) -> Iterator[Request]:
-        for q in self._qs.values():
-            yield from q
-
-
-def _insert_preempted(q: collections.deque[Request], request: Request) -> None:
-    i = 0
-    while i < len(q) and q[i].admit_seq is not None and q[i].admit_seq < request.admit_seq:
-        i += 1
-    q.insert(i, request)
-
-
-def make_queue_policy(name: str) -> QueuePolicy:
-    policies: dict[str, Callable[[], QueuePolicy]] = {"priority": PriorityQueue, "fcfs": FcfsQueue}
-    if name not in policies:
-        raise ValueError(f"unknown queue policy {name!r}; choose one of {sorted(policies)}")
-    return policies[name]()
 
 
 @dataclass(frozen=True)
@@ -193,11 +129,10 @@ class Scheduler:
         self.config = config
         self.allocator = allocator
         self.clock = clock
-        self.waiting = make_queue_policy(config.queue_policy)
+        self.waiting = WaitingQueue(config.queue_policy)
         self.running: list[Request] = []  # admission order
         self._by_id: dict[str, Request] = {}
         self._pending_aborts: list[str] = []
-        self._arrivals = 0
         self._admissions = 0
         self.num_preemptions = 0
         self._lock = threading.RLock()
@@ -226,8 +161,6 @@ class Scheduler:
                 return Admission.OVERLOADED
             for request in requests:
                 request.timings.arrival = self.clock()
-                request.arrival_seq = self._arrivals
-                self._arrivals += 1
                 request.status = RequestStatus.WAITING
                 self.waiting.push(request)
                 self._by_id[request.request_id] = request
@@ -258,7 +191,7 @@ class Scheduler:
                 n = min(missing, budget)
                 if n <= 0:
                     continue
-                while not self._grow(req, req.num_computed_tokens + n):
+                while not self.allocator.allocate_slots(req.request_id, req.num_computed_tokens + n):
                     victim = max(self.running, key=self._rank)
                     self._preempt(victim, out)
                     undone = scheduled.pop(victim.request_id, None)
@@ -299,9 +232,6 @@ class Scheduler:
     def _rank(self, req: Request) -> tuple[int, int]:
         """Preemption order: the largest is preempted first (lowest priority, most recently admitted)."""
         return (int(req.priority), req.admit_seq or 0)
-
-    def _grow(self, req: Request, num_tokens: int) -> bool:
-        return self.allocator.allocate_slots(req.request_id, num_tokens)
 
     def _admit(self, req: Request, budget: int) -> ScheduledChunk | None:
         """Take the request's cached prefix and blocks for its first chunk; None if they do not fit."""

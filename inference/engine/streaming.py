@@ -106,15 +106,8 @@ class AsyncEngine:
         each event carries its ``text`` and a stop string ends the request in the step that
         completes it. ``tenant`` salts its prefix-cache hashes, ``user_id`` owns its blocks,
         ``constraint`` restricts its tokens (``Engine.add_request``)."""
-        loop = asyncio.get_running_loop()
-        with self._lock:  # registered before the engine can produce its first event
-            self._check_serving()
-            admission, req = self.engine.add_request(prompt_token_ids, params, priority, request_id, text_stream,
-                                                     tenant=tenant, user_id=user_id, cache_prefix=cache_prefix,
-                                                     constraint=constraint)  # fmt: skip
-            stream = self._stream(loop, admission, req)
-        self._wake.set()
-        return stream
+        return self.submit_group([request_id], prompt_token_ids, params, priority, [text_stream], tenant=tenant,
+                                 user_id=user_id, cache_prefix=cache_prefix, constraints=[constraint])[0]
 
     def submit_group(
         self, request_ids: Sequence[str] | int, prompt_token_ids: Sequence[int], params: SamplingParams = SamplingParams(),
@@ -126,7 +119,7 @@ class AsyncEngine:
         request id, in order, all accepted or all refused (each refused stream carries the
         refusal). Sibling i gets ``seed + i`` when the params have a seed."""
         loop = asyncio.get_running_loop()
-        with self._lock:
+        with self._lock:  # registered before the engine can produce their first events
             self._check_serving()
             admission, reqs = self.engine.add_request_group(
                 request_ids, prompt_token_ids, params, priority, text_streams, tenant=tenant, user_id=user_id,
@@ -172,11 +165,8 @@ class AsyncEngine:
         return future
 
     def _run_commands(self) -> None:
-        while True:
-            try:
-                command, future = self._commands.get_nowait()
-            except queue_module.Empty:
-                return
+        while not self._commands.empty():  # one reader at a time: the step thread, or stop() after it
+            command, future = self._commands.get_nowait()
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -185,11 +175,8 @@ class AsyncEngine:
                 future.set_exception(exc)
 
     def _fail_commands(self, error: Callable[[], BaseException]) -> None:
-        while True:
-            try:
-                _, future = self._commands.get_nowait()
-            except queue_module.Empty:
-                return
+        while not self._commands.empty():
+            _, future = self._commands.get_nowait()
             if future.set_running_or_notify_cancel():
                 future.set_exception(error())
 

@@ -51,34 +51,33 @@ class Capacity:
 
     def plan(self) -> IntakePlan:
         with self._lock:
-            return plan_intake(
-                interactive_in_flight=self._in_flight[Priority.INTERACTIVE],
-                interactive_waiting=self._interactive_waiting,
-                batch_in_flight=self._in_flight[Priority.BATCH],
-                max_in_flight=self.max_in_flight, batch_limit=self.batch_limit,
-            )
+            return self._plan()
+
+    def _plan(self) -> IntakePlan:  # under the lock
+        return plan_intake(
+            interactive_in_flight=self._in_flight[Priority.INTERACTIVE],
+            interactive_waiting=self._interactive_waiting,
+            batch_in_flight=self._in_flight[Priority.BATCH],
+            max_in_flight=self.max_in_flight, batch_limit=self.batch_limit,
+        )
 
     def try_take(self, priority: Priority) -> bool:
         """Take one slot of ``priority`` if the plan has room for it (atomic across threads)."""
         with self._lock:
-            plan = plan_intake(
-                interactive_in_flight=self._in_flight[Priority.INTERACTIVE],
-                interactive_waiting=self._interactive_waiting,
-                batch_in_flight=self._in_flight[Priority.BATCH],
-                max_in_flight=self.max_in_flight, batch_limit=self.batch_limit,
-            )
+            plan = self._plan()
             if (plan.interactive if priority is Priority.INTERACTIVE else plan.batch) <= 0:
                 return False
-            self._in_flight[priority] += 1
-            if priority is Priority.INTERACTIVE:
-                self._interactive_waiting += 1
+            self._take(priority)
             return True
 
     def take(self, priority: Priority) -> None:
         with self._lock:
-            self._in_flight[priority] += 1
-            if priority is Priority.INTERACTIVE:
-                self._interactive_waiting += 1
+            self._take(priority)
+
+    def _take(self, priority: Priority) -> None:  # under the lock
+        self._in_flight[priority] += 1
+        if priority is Priority.INTERACTIVE:
+            self._interactive_waiting += 1
 
     def started(self, priority: Priority) -> None:
         """The request's first token came (it runs in the engine): no longer waiting."""

@@ -31,13 +31,11 @@ class Constraints:
         self._compiler: Any = None
         self._lock = threading.Lock()
 
-    def matchers(self, fmt: dict | None, n: int = 1, max_tokens: int | None = None) -> list[Any] | None:
-        """``n`` fresh matchers for ``fmt`` (OpenAI's response_format object); None without one.
+    def matchers(self, fmt: dict, n: int = 1, max_tokens: int | None = None) -> list[Any] | None:
+        """``n`` fresh matchers for ``fmt`` (OpenAI's response_format object); None for free text.
         With ``max_tokens`` (the request's) each matcher closes the JSON before the budget runs out.
         Blocking (compiles on a cache miss). Raises ``InvalidRequestError`` for a format that does
         not compile, naming the part."""
-        if fmt is None:
-            return None
         with self._lock:
             try:
                 if self._compiler is None:

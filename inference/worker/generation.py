@@ -56,10 +56,9 @@ class Generation:
     def __init__(self, aengine: AsyncEngine, tokenizer: Any, engine_request_id: str, prepared: PreparedRequest,
                  on_first_token: Callable[[], None] = lambda: None, *, tenant: str = DEFAULT_TENANT,
                  user_id: str = "", cache_prefix: bool = True,
-                 on_token: Callable[[float | None], None] = lambda gap_s: None, choice_index: int = 0,
-                 constraint: Any = None, token_bytes: TokenBytes | None = None) -> None:
+                 on_token: Callable[[float | None], None] = lambda gap_s: None, constraint: Any = None,
+                 token_bytes: TokenBytes | None = None) -> None:
         self.aengine = aengine
-        self.choice_index = choice_index
         self.constraint = constraint  # a grammar matcher (response_format), or None
         self.token_bytes = token_bytes  # set: each Delta carries its token's logprob
         self.tenant = tenant  # salts the prefix cache: only this tenant's requests share its blocks
@@ -76,16 +75,11 @@ class Generation:
         self.stop_reason: str | None = None  # why it was cancelled: "cancelled", "deadline", "lock", ...
         self.tokens = 0  # token events received so far
         self.tokens_at_cancel: int | None = None
-        self._stream = None
-        self._attached: tuple[Any, TextStream] | None = None  # (stream, its text stream) of a group submit
+        self._stream: Any = None  # its engine stream, once submitted (alone, or in its request's group)
 
-    def text_stream(self) -> TextStream:
-        """A fresh text edge for this choice (the engine's step builds the text and stops on it)."""
-        return TextStream(self.tokenizer, self.prepared.stop)
-
-    def attach(self, stream: Any, text_stream: TextStream) -> None:
+    def attach(self, stream: Any) -> None:
         """Use ``stream`` (one of a group submitted by ``Choices.submit``) instead of submitting."""
-        self._attached = (stream, text_stream)
+        self._stream = stream
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop at the engine's next step; the first reason given is the one kept."""
@@ -93,23 +87,11 @@ class Generation:
             self.cancelled, self.tokens_at_cancel, self.stop_reason = True, self.tokens, reason
         if self._stream is not None:
             self._stream.cancel()
-        elif self._attached is not None:  # submitted in a group, not iterated yet
-            self._attached[0].cancel()
 
     async def deltas(self) -> AsyncIterator[Delta]:
-        p = self.prepared
-        if self._attached is not None:
-            (stream, _), self._attached = self._attached, None
-        else:
-            extra = {} if self.constraint is None else {"constraint": self.constraint}
-            try:
-                stream = self.aengine.submit(p.prompt_ids, p.params, p.priority, request_id=self.engine_request_id,
-                                             text_stream=self.text_stream(), tenant=self.tenant,
-                                             user_id=self.user_id, cache_prefix=self.cache_prefix, **extra)
-            except ValueError as exc:  # the engine's InvalidRequestError: it can never run this request
-                raise InvalidRequestError(str(exc)) from None
-            _admitted(stream)
-        self._stream = stream
+        if self._stream is None:
+            self._stream = submit_group([self])[0]
+        stream = self._stream
         if self.cancelled:  # a cancel came while we were submitting
             stream.cancel()
         first = True
@@ -129,17 +111,16 @@ class Generation:
                 text = ev.text or ""
                 logprob = self._logprob(ev)
                 if ev.finished:
-                    yield self._final(text, ev.finish_reason, ev, ev.num_output_tokens, logprob)
+                    yield self._final(text, ev, logprob)
                     return
                 yield Delta(text, ev.token_id, logprob=logprob)
         finally:
             await events.aclose()
 
-    def _final(self, text: str, reason: FinishReason | None, ev: Any, n_out: int,
-               logprob: TokenLogprob | None = None) -> Delta:
-        t = ev.timings
-        return Delta(text, ev.token_id, True, reason, ev.num_prompt_tokens or len(self.prepared.prompt_ids), n_out,
-                     queue_s=t.queue_time if t is not None else None,
+    def _final(self, text: str, ev: Any, logprob: TokenLogprob | None) -> Delta:
+        t, n_out = ev.timings, ev.num_output_tokens
+        return Delta(text, ev.token_id, True, ev.finish_reason, ev.num_prompt_tokens or len(self.prepared.prompt_ids),
+                     n_out, queue_s=t.queue_time if t is not None else None,
                      tpot_s=t.tpot(n_out) if t is not None else None, logprob=logprob,
                      error=getattr(ev, "error", None))
 
@@ -157,11 +138,29 @@ class Generation:
         return TokenLogprob(text, float(value), raw, top)
 
 
-def _admitted(stream: Any) -> None:
-    if stream.admission is Admission.OVERLOADED:
+def submit_group(generations: list[Generation]) -> list[Any]:
+    """Submit the choices of one request as one engine group (``AsyncEngine.submit_group``: the
+    siblings take the prompt's KV from the first one's prefix-cache blocks); their streams, in
+    order. Raises ``EngineBusy`` (the engine's queue is full), ``InvalidRequestError`` (the engine
+    can never run it) or ``PromptTooLongError``."""
+    first = generations[0]
+    p = first.prepared
+    constraints = [g.constraint for g in generations]
+    try:
+        streams = first.aengine.submit_group(
+            [g.engine_request_id for g in generations], p.prompt_ids, p.params, p.priority,
+            # a fresh text edge per choice: the engine's step builds its text and stops on its stop strings
+            text_streams=[TextStream(g.tokenizer, p.stop) for g in generations],
+            tenant=first.tenant, user_id=first.user_id, cache_prefix=first.cache_prefix,
+            constraints=constraints if any(c is not None for c in constraints) else None)
+    except ValueError as exc:  # the engine's InvalidRequestError: it can never run this request
+        raise InvalidRequestError(str(exc)) from None
+    admission = streams[0].admission  # all accepted or all refused
+    if admission is Admission.OVERLOADED:
         raise EngineBusy()
-    if stream.admission is not Admission.ACCEPTED:
-        raise PromptTooLongError(str(stream.refusal))  # names the token counts and the limit
+    if admission is not Admission.ACCEPTED:
+        raise PromptTooLongError(str(streams[0].refusal))  # names the token counts and the limit
+    return streams
 
 
 class Choices:
@@ -172,33 +171,17 @@ class Choices:
         self.generations = generations
 
     async def submit(self, before_each_try: Callable[[], None] = lambda: None) -> None:
-        """n > 1: submit all choices as one engine group and attach each its stream; waits while
-        the engine's queue is full (``before_each_try`` may raise, e.g. at the deadline). One
-        choice submits itself in ``Generation.deltas``."""
-        if len(self.generations) < 2:
-            return
-        first = self.generations[0]
-        p = first.prepared
-        constraints = [g.constraint for g in self.generations]
+        """Submit all choices as one engine group and attach each its stream; waits while the
+        engine's queue is full (``before_each_try`` may raise, e.g. at the deadline)."""
         while True:
             before_each_try()
-            text_streams = [g.text_stream() for g in self.generations]
             try:
-                streams = first.aengine.submit_group(
-                    [g.engine_request_id for g in self.generations], p.prompt_ids, p.params, p.priority,
-                    text_streams=text_streams, tenant=first.tenant, user_id=first.user_id,
-                    cache_prefix=first.cache_prefix,
-                    constraints=constraints if any(c is not None for c in constraints) else None)
-            except ValueError as exc:  # the engine's InvalidRequestError
-                raise InvalidRequestError(str(exc)) from None
-            try:
-                _admitted(streams[0])  # all accepted or all refused
+                streams = submit_group(self.generations)
+                break
             except EngineBusy:
                 await asyncio.sleep(0.05)
-                continue
-            break
-        for gen, stream, text_stream in zip(self.generations, streams, text_streams):
-            gen.attach(stream, text_stream)
+        for gen, stream in zip(self.generations, streams):
+            gen.attach(stream)
             if gen.cancelled:  # a cancel came while we were submitting
                 stream.cancel()
 

@@ -11,18 +11,22 @@ cannot serve without it and stops (docs/worker.md, "Failure policy").
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
+from inference.worker.capacity import Capacity
+from inference.worker.settings import WorkerSettings
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 from schemas.records import InferenceRequest, Priority
 from schemas.topics import INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
+from transport.spans import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +59,48 @@ class WorkItem:
         return self.message.topic, self.message.partition
 
 
-class Intake(Protocol):
+class Intake(abc.ABC):
+    """What both intake modes share: their settings, ``taking`` (False once the worker stops taking
+    work) and the way to the event loop (``start``'s callbacks)."""
+
+    def __init__(self, kafka: KafkaSettings, settings: WorkerSettings, capacity: Capacity, codec: AvroCodec) -> None:
+        self.kafka = kafka
+        self.settings = settings
+        self.capacity = capacity
+        self.codec = codec
+        self.tracer = Tracer("inference")  # the worker gives its own: a "receive" span per batch
+        self.taking = True
+
     def start(self, loop: asyncio.AbstractEventLoop, dispatch: Callable[[WorkItem], None],
-              revoked: Callable[[list[WorkItem]], None], failed: Callable[[BaseException], None]) -> None: ...
+              revoked: Callable[[list[WorkItem]], None], failed: Callable[[BaseException], None]) -> None:
+        """Take work: each item to ``dispatch``, revoked ones (partition) to ``revoked``, the error of
+        a thread that died to ``failed``, all called on ``loop``."""
+        self._loop, self._dispatch, self._revoked_cb, self._failed_cb = loop, dispatch, revoked, failed
+        self._start_threads()
+
+    @abc.abstractmethod
+    def _start_threads(self) -> None: ...
+
+    @abc.abstractmethod
     def finish(self, item: WorkItem, outcome: Outcome) -> None: ...
-    def stop_taking(self) -> None: ...
-    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop, hand back what is not finished (blocking: run it off the event loop)."""
+
+    def stop_taking(self) -> None:
+        self.taking = False
+        self.capacity.notify()
+
+    def hand_over(self, item: WorkItem) -> None:
+        """``item`` to the worker (from an intake thread)."""
+        self._loop.call_soon_threadsafe(self._dispatch, item)
+
+    def report_failure(self, exc: BaseException) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._failed_cb, exc)
+        except RuntimeError:  # the loop is closed: the worker has gone already
+            pass
 
 
 def request_topics(settings: KafkaSettings) -> dict[str, Priority]:

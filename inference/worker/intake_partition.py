@@ -16,15 +16,13 @@ which stops (it cannot take or commit anything more).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
 import time
-from typing import Callable
 
 from inference.worker.capacity import Capacity
-from inference.worker.intake import Outcome, WorkItem, decode_item, request_topics
+from inference.worker.intake import Intake, Outcome, WorkItem, decode_item, request_topics
 from inference.worker.offsets import OffsetTracker
 from inference.worker.settings import WorkerSettings
 from schemas.codec import AvroCodec
@@ -32,7 +30,6 @@ from schemas.records import Priority, now_ms
 from transport.errors import TransportError
 from transport.group_consumer import GroupConsumer
 from transport.settings import KafkaSettings
-from transport.spans import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +48,9 @@ def partition_group_ids(settings: WorkerSettings) -> dict[Priority, str]:
     return {Priority.INTERACTIVE: settings.group_id, Priority.BATCH: f"{settings.group_id}.batch"}
 
 
-class PartitionIntake:
+class PartitionIntake(Intake):
     def __init__(self, kafka: KafkaSettings, settings: WorkerSettings, capacity: Capacity, codec: AvroCodec) -> None:
-        self.kafka = kafka
-        self.settings = settings
-        self.capacity = capacity
-        self.codec = codec
-        self.tracer = Tracer("inference")  # the worker gives its own: a "receive" span per batch
+        super().__init__(kafka, settings, capacity, codec)
         self.topics = request_topics(kafka)
         self.tracker = OffsetTracker()
         self._finished: queue.SimpleQueue[tuple[WorkItem, Outcome]] = queue.SimpleQueue()
@@ -67,7 +60,6 @@ class PartitionIntake:
         # While slots are few: per priority, the partitions fetched from -> when each joined the window.
         self._windows: dict[Priority, dict[tuple[str, int], float]] = {}
         self._visited: dict[tuple[str, int], float] = {}  # when each partition was last in a window
-        self._taking = True
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumers: dict[Priority, GroupConsumer] = {}
@@ -76,9 +68,7 @@ class PartitionIntake:
 
     # -- called from the event loop ----------------------------------------------------------------
 
-    def start(self, loop: asyncio.AbstractEventLoop, dispatch: Callable[[WorkItem], None],
-              revoked: Callable[[list[WorkItem]], None], failed: Callable[[BaseException], None]) -> None:
-        self._loop, self._dispatch, self._revoked_cb, self._failed_cb = loop, dispatch, revoked, failed
+    def _start_threads(self) -> None:
         # One group per priority class: a group's assignor balances partition counts over all
         # its topics, so one group on both topics could give one worker every interactive
         # partition and the other every batch partition.
@@ -106,10 +96,6 @@ class PartitionIntake:
         self._finished.put((item, outcome))
         self.capacity.notify()
 
-    def stop_taking(self) -> None:
-        self._taking = False
-        self.capacity.notify()
-
     def close(self) -> None:
         """Commit what is finished, leave the group (blocking: run it off the event loop)."""
         self._stop.set()
@@ -128,8 +114,8 @@ class PartitionIntake:
                 self._apply_finished()
                 self._commit_finished()
                 plan = self.capacity.plan()
-                room_i = plan.interactive if self._taking else 0
-                room_b = plan.batch if self._taking else 0
+                room_i = plan.interactive if self.taking else 0
+                room_b = plan.batch if self.taking else 0
                 self._set_active(Priority.INTERACTIVE, self._window(Priority.INTERACTIVE, room_i))
                 self._set_active(Priority.BATCH, self._window(Priority.BATCH, room_b))
                 if room_i <= 0:  # nothing may come in: serve callbacks, wait for a free slot
@@ -142,7 +128,7 @@ class PartitionIntake:
                 for message in self._outside_window(interactive, Priority.INTERACTIVE,
                                                     interactive.poll_messages(room_i, self.settings.poll_timeout_s)):
                     self._take(message, Priority.INTERACTIVE)
-                room_b = self.capacity.plan().batch if self._taking else 0
+                room_b = self.capacity.plan().batch if self.taking else 0
                 polled = batch.poll_messages(room_b, 0) if room_b > 0 else batch.poll_messages(1, 0)
                 for message in self._outside_window(batch, Priority.BATCH, polled):
                     self._take(message, Priority.BATCH)
@@ -153,16 +139,10 @@ class PartitionIntake:
             log.exception("partition intake failed")
             self._error = exc
             if not self._stop.is_set():
-                self._report_failure(exc)
+                self.report_failure(exc)
         finally:
             for consumer in self._consumers.values():
                 consumer.close()
-
-    def _report_failure(self, exc: BaseException) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._failed_cb, exc)
-        except RuntimeError:  # the loop is closed: the worker has gone already
-            pass
 
     # -- commits (intake thread) -------------------------------------------------------------------
 
@@ -209,14 +189,11 @@ class PartitionIntake:
         self._items[key] = item
         self.tracker.taken(item.partition, message.offset)
         self.capacity.take(priority)
-        self._loop.call_soon_threadsafe(self._dispatch, item)
+        self.hand_over(item)
 
     def _apply_finished(self) -> None:
-        while True:
-            try:
-                item, outcome = self._finished.get_nowait()
-            except queue.Empty:
-                break
+        while not self._finished.empty():  # the intake thread is its only reader
+            item, outcome = self._finished.get_nowait()
             # Identity, not the key: after a revoke and a re-assign the same offset can be taken
             # again by a new item before the old one finishes; the old finish must not remove the
             # new item (its own finish would then be dropped and the position never move again).

@@ -34,23 +34,20 @@ reports it through ``failed``: the worker stops.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
 import time
-from typing import Callable
 
 from inference.worker.capacity import Capacity
 from inference.worker.errors import TooManyDeliveriesError
-from inference.worker.intake import Outcome, WorkItem, decode_item, request_topics
+from inference.worker.intake import Intake, Outcome, WorkItem, decode_item, request_topics
 from inference.worker.settings import WorkerSettings
 from schemas.codec import AvroCodec
 from schemas.records import Priority, now_ms
 from transport.admin import TopicAdmin
 from transport.settings import KafkaSettings
 from transport.share_consumer import ACCEPT, REJECT, RELEASE, ShareGroupConsumer, SharedMessage
-from transport.spans import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +137,7 @@ class _Member:
 
     def take(self, messages: list[SharedMessage]) -> None:
         o = self.owner
-        released = 0
+        released: list[SharedMessage] = []
         lock_until = now_ms() + o.settings.share_record_lock_ms - LOCK_MARGIN_MS  # acquired just now
         for message in messages:
             count = message.delivery_count
@@ -156,12 +153,9 @@ class _Member:
                 # now costs it a delivery attempt when it is acquired again, so a few are held for
                 # a moment, to start here as slots free up.
                 self.held.append((message, time.monotonic(), lock_until))
-            else:
-                self.consumer.acknowledge(message, RELEASE)  # beyond our free slots: someone else's
-                released += 1
-        if released:
-            o.released += released
-            self.consumer.commit(asynchronous=True)
+            else:  # beyond our free slots: someone else's
+                released.append(message)
+        self.release(released)
 
     def dispatch(self, message: SharedMessage, lock_until_ms: int, error: Exception | None = None) -> None:
         item = decode_item(self.owner.codec, message, self.priority, now_ms())
@@ -171,7 +165,7 @@ class _Member:
             item.error = error
         item.handle = self
         self.outstanding += 1
-        self.owner.loop.call_soon_threadsafe(self.owner.dispatch, item)
+        self.owner.hand_over(item)
 
     def start_held(self) -> None:
         o = self.owner
@@ -184,37 +178,31 @@ class _Member:
         """RELEASE held records: all of them, or those held longer than ``share_hold_s`` (another
         worker may be free; the lock must not run out while they wait here)."""
         limit = time.monotonic() - self.owner.settings.share_hold_s
-        keep = [held for held in self.held if not all_of_them and held[1] > limit]
         gone = [held[0] for held in self.held if all_of_them or held[1] <= limit]
-        for message in gone:
+        self.held = [held for held in self.held if not all_of_them and held[1] > limit]
+        self.release(gone)
+
+    def release(self, messages: list[SharedMessage]) -> None:
+        """RELEASE ``messages``: another worker takes them (each release costs a delivery attempt)."""
+        for message in messages:
             self.consumer.acknowledge(message, RELEASE)
-        self.held = keep
-        if gone:
-            self.owner.released += len(gone)
+        if messages:
+            self.owner.released += len(messages)
             self.consumer.commit(asynchronous=True)
 
     def apply_acks(self) -> None:
-        sent = False
-        while True:
-            try:
-                message, outcome = self.acks.get_nowait()
-            except queue.Empty:
-                break
+        if self.acks.empty():
+            return
+        while not self.acks.empty():  # this member's thread is its only reader
+            message, outcome = self.acks.get_nowait()
             self.consumer.acknowledge(message, ACK_OF[outcome])
             self.outstanding -= 1
-            sent = True
-        if sent:
-            self.consumer.commit(asynchronous=True)
+        self.consumer.commit(asynchronous=True)
 
 
-class ShareIntake:
+class ShareIntake(Intake):
     def __init__(self, kafka: KafkaSettings, settings: WorkerSettings, capacity: Capacity, codec: AvroCodec) -> None:
-        self.kafka = kafka
-        self.settings = settings
-        self.capacity = capacity
-        self.codec = codec
-        self.tracer = Tracer("inference")  # the worker gives its own: a "receive" span per batch
-        self.taking = True
+        super().__init__(kafka, settings, capacity, codec)
         self.stopping = threading.Event()
         self.released = 0  # records given back because they exceeded free capacity
         self.poll_locks = {p: threading.Lock() for p in (Priority.INTERACTIVE, Priority.BATCH)}
@@ -228,29 +216,17 @@ class ShareIntake:
         plan = self.capacity.plan()
         return (plan.interactive if priority is Priority.INTERACTIVE else plan.batch) > 0
 
-    def start(self, loop: asyncio.AbstractEventLoop, dispatch: Callable[[WorkItem], None],
-              revoked: Callable[[list[WorkItem]], None], failed: Callable[[BaseException], None]) -> None:
-        self.loop, self.dispatch, self._failed_cb = loop, dispatch, failed
+    def _start_threads(self) -> None:
         admin = TopicAdmin(self.kafka)
         for group in share_group_ids(self.settings).values():
             admin.set_share_group_config(group, share_group_config(self.settings))
         for member in self.members:
             member.thread.start()
 
-    def report_failure(self, exc: BaseException) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self._failed_cb, exc)
-        except RuntimeError:  # the loop is closed: the worker has gone already
-            pass
-
     def finish(self, item: WorkItem, outcome: Outcome) -> None:
         member: _Member = item.handle
         member.acks.put((item.message, outcome))
         member.wake.set()
-        self.capacity.notify()
-
-    def stop_taking(self) -> None:
-        self.taking = False
         self.capacity.notify()
 
     def close(self) -> None:

@@ -59,10 +59,6 @@ class OffsetTracker:
             return None
         return state.pending[0] if state.pending else state.next_offset
 
-    def unfinished(self, partition: Partition) -> int:
-        state = self._parts.get(partition)
-        return 0 if state is None else len(state.pending) - len(state.done)
-
     def committable(self, topics: Collection[str] | None = None) -> dict[Partition, int]:
         """Positions to commit now, of ``topics`` or all: those not confirmed committed and not
         already in flight. Each one returned is in flight until ``commit_succeeded`` or
@@ -101,6 +97,3 @@ class OffsetTracker:
         """Partitions revoked: what was unfinished there is someone else's now."""
         for partition in partitions:
             self._parts.pop(partition, None)
-
-    def partitions(self) -> list[Partition]:
-        return list(self._parts)

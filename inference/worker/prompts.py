@@ -44,14 +44,11 @@ def sampling_params(req: InferenceRequest) -> EngineSampling:
     s = req.sampling
     try:  # max_tokens against the context: prepare, which knows the prompt's length too
         check_record_sampling(s)
-    except RequestRuleError as exc:
-        raise InvalidSamplingError(str(exc)) from None
-    try:
         return EngineSampling(max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                               top_k=s.top_k, seed=s.seed, presence_penalty=s.presence_penalty,
                               frequency_penalty=s.frequency_penalty,
                               logprobs=s.top_logprobs if s.logprobs else None)
-    except ValueError as exc:  # the engine's own range checks
+    except (RequestRuleError, ValueError) as exc:  # ValueError: the engine's own range checks
         raise InvalidSamplingError(str(exc)) from None
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from confluent_kafka import KafkaException
 
@@ -57,10 +58,6 @@ class ReplyStream:
     choice_index: int = 0
     held_ids: list[int] = field(default_factory=list)  # tokens since the last chunk, not yet sent
     held_logprobs: list[TokenLogprob] = field(default_factory=list)
-
-    @property
-    def logprobs(self) -> bool:
-        return self.request.sampling.logprobs
 
     @property
     def enabled(self) -> bool:
@@ -108,15 +105,13 @@ class ReplyStream:
                            index=self.index, text=text, token_ids=token_ids,
                            is_final=final, worker_id=self.worker_id, finish_reason=finish_reason,
                            tokens_in=tokens_in, tokens_out=tokens_out, error_code=error_code, error=error,
-                           choice_index=self.choice_index, logprobs=logprobs if self.logprobs else None)
+                           choice_index=self.choice_index, logprobs=logprobs if self.request.sampling.logprobs else None)
         try:
             delivery = self.producer.send(self.request.reply_to, chunk, key=self.request.request_id,
                                           partition=self.request.reply_partition, headers=self.headers(),
                                           parent_trace=self.parent_trace, want_ack=final or ack)
         except KafkaException as exc:  # refused before it was queued (e.g. a partition outside the topic)
-            if classify(exc, address_from_record=True) is not Fault.RECORD:
-                raise
-            raise self._fault(exc) from exc
+            self._raise_fault(exc)
         if final or ack:  # chunks of one partition land in order: the last one's ack covers them all
             self.last_ack = delivery
         self.final_sent = self.final_sent or final
@@ -133,16 +128,18 @@ class ReplyStream:
         except DeliveryError as exc:
             if self.chunk_span is not None:
                 self.chunk_span.fail(exc)
-            if classify(exc, address_from_record=True) is not Fault.RECORD:
-                raise
-            raise self._fault(exc) from exc
+            self._raise_fault(exc)
         finally:
             if self.final_sent and self.chunk_span is not None:
                 self.chunk_span.set("messaging.batch.message_count", self.index).end()
 
-    def _fault(self, exc: BaseException) -> ReplyAddressError:
+    def _raise_fault(self, exc: BaseException) -> NoReturn:
+        """``ReplyAddressError`` when the refusal is the record's fault (its reply address), else
+        ``exc`` as it is (the broker's)."""
+        if classify(exc, address_from_record=True) is not Fault.RECORD:
+            raise exc
         where = f"{self.request.reply_to}[{self.request.reply_partition}]"
-        return ReplyAddressError(f"the reply address {where} refused a chunk: {exc}")
+        raise ReplyAddressError(f"the reply address {where} refused a chunk: {exc}") from exc
 
     def send_error(self, error_code: str, error: str, finish_reason: FinishReason = FinishReason.ERROR) -> None:
         """A lone final chunk for a request that is not served, so the asker is not left waiting."""

@@ -46,7 +46,7 @@ from inference.worker.deletions import DELETIONS_AUDIT, DeletionListener, Recent
 from inference.worker.errors import (BadRequestError, ReplyAddressError, RequestExpiredError, TooManyDeliveriesError,
                                      WorkerFailed)
 from inference.worker.constraints import Constraints
-from inference.worker.generation import Choices, Delta, EngineBusy, Generation
+from inference.worker.generation import Choices, Delta, Generation
 from inference.worker.heartbeat import FAILED_STATE, WORKERS_STATUS, worker_status
 from inference.worker.intake import Intake, Outcome, WorkItem
 from inference.worker.intake_partition import PartitionIntake
@@ -68,9 +68,8 @@ from transport.spans import Span, Tracer
 log = logging.getLogger(__name__)
 
 FINISH = {EngineFinish.STOP: FinishReason.STOP, EngineFinish.LENGTH: FinishReason.LENGTH,
-          EngineFinish.ABORTED: FinishReason.CANCELLED}
-if hasattr(EngineFinish, "ERROR"):  # the engine could not go on with a request (e.g. its grammar refused a token)
-    FINISH[EngineFinish.ERROR] = FinishReason.ERROR
+          EngineFinish.ABORTED: FinishReason.CANCELLED,
+          EngineFinish.ERROR: FinishReason.ERROR}  # the engine could not go on (e.g. its grammar refused a token)
 # Why the worker itself stopped a generation (Generation.stop_reason) -> how the request ended.
 STOPPED_BY = {"deadline": FinishReason.TIMEOUT, "lock": FinishReason.TIMEOUT}
 
@@ -84,8 +83,7 @@ class Worker:
         self.tokenizer = tokenizer
         self.model_name = model_name
         cfg = engine.model.config
-        self.max_seq_len = min(engine.settings.max_seq_len,
-                               getattr(cfg, "max_position_embeddings", engine.settings.max_seq_len))
+        self.max_seq_len = engine.scheduler.config.max_seq_len  # the settings' and the model's context
         self.capacity = Capacity(*settings.capacity(engine.settings.max_batch))
         self.token_bytes = TokenBytes(tokenizer)  # logprobs: each token's text and real bytes
         # response_format: one compiler per worker (made on first use), one matcher per choice
@@ -126,7 +124,7 @@ class Worker:
         self.aengine.start()
         self._set_state(WorkerState.STARTING)
         self.metrics.serve(self.settings.metrics_port, self.kafka, self.settings)  # + the groups' lag, measured
-        self.cancels.start(loop, self._on_cancel, self._thread_failed("cancel listener"), self._on_bad_cancel)
+        self.cancels.start(loop, self._on_cancel, self._thread_failed("cancel listener"), self._on_bad_record)
         self.deletions.start(loop, self._on_deletion, self._thread_failed("deletion listener"),
                              self._on_bad_record)
         await asyncio.to_thread(self.cancels.ready.wait, 10.0)
@@ -219,10 +217,6 @@ class Worker:
             running[1].cancel()
         else:
             self.recent_cancels.add(cancel.request_id, cancel.reason)
-
-    def _on_bad_cancel(self, message: Any, exc: Exception) -> None:
-        """A record on chat.cancels that is not a Cancel: dead-letter it (a record fault; nothing to stop)."""
-        self._on_bad_record(message, exc)
 
     def _on_bad_record(self, message: Any, exc: Exception) -> None:
         """A record on a broadcast topic (chat.cancels, chat.deletions) that does not decode:
@@ -354,7 +348,7 @@ class Worker:
         token_bytes = self.token_bytes if prepared.logprobs else None
         gens = [Generation(self.aengine, self.tokenizer, f"{req.request_id}#{attempt}" + (f"#{i}" if i else ""),
                            prepared, on_first_token, tenant=req.tenant, user_id=req.user_id,
-                           cache_prefix=not covered, on_token=self.metrics.token, choice_index=i,
+                           cache_prefix=not covered, on_token=self.metrics.token,
                            constraint=matchers[i] if matchers else None, token_bytes=token_bytes)
                 for i in range(n)]
         choices = Choices(gens)
@@ -362,16 +356,10 @@ class Worker:
         replies = [ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace, started_at=started_at,
                                tracer=self.tracer, choice_index=i) for i in range(n)]
         timer = self._stop_timer(item, choices)
-        try:  # n > 1: one engine group (the siblings share the prompt's KV); n = 1 submits in deltas()
+        runs: list[asyncio.Future] = []
+        try:  # one engine group: n > 1 siblings share the prompt's KV
             await choices.submit(lambda: check_deadline(req, now_ms(), "the engine could take it"))
-        except BaseException:
-            if timer is not None:
-                timer.cancel()
-            if self.active.get(req.request_id, (None,))[0] is item:
-                del self.active[req.request_id]
-            raise
-        runs = [asyncio.ensure_future(self._run_choice(item, gen, stream)) for gen, stream in zip(gens, replies)]
-        try:
+            runs = [asyncio.ensure_future(self._run_choice(item, gen, stream)) for gen, stream in zip(gens, replies)]
             finals = await asyncio.gather(*runs)
         except BaseException as exc:  # one choice failed (reply address, deadline, engine): stop them all
             choices.cancel("reply_address" if isinstance(exc, ReplyAddressError) else "failed")
@@ -424,33 +412,27 @@ class Worker:
             stream.send("", None, final=True, finish_reason=reason, tokens_in=final.num_prompt_tokens,
                         tokens_out=final.num_output_tokens, error_code=error_code)
         await asyncio.gather(*(stream.delivered() for stream in replies))
-        self._observe(responses[0], first)
+        response = responses[0]
+        self.metrics.finished(response.finish_reason.value, queue_s=response.queue_ms / 1000,
+                              ttft_s=response.ttft_ms / 1000 if response.ttft_ms else None,
+                              e2e_s=response.total_ms / 1000, tpot_s=first.tpot_s, prompt_tokens=response.tokens_in)
         return Outcome.DONE, reasons[0].value.lower()
 
     async def _run_choice(self, item: WorkItem, gen: Generation, replies: ReplyStream) -> Delta | None:
         """One choice to its end: its chunks streamed as they come; returns its final delta (its
         last text not yet sent), or None when the request was revoked or handed back meanwhile."""
-        req = item.record
         final = None
-        while final is None:
-            check_deadline(req, now_ms(), "the engine could take it")  # after any wait for the engine
-            try:
-                async for delta in gen.deltas():
-                    if item.revoked or item.handed_back:
-                        gen.cancel("handed_back")
-                        continue
-                    if delta.finished:
-                        final = delta
-                    elif delta.text:
-                        replies.send(delta.text, delta.token_id, logprob=delta.logprob)
-                    else:  # no text yet (a partial character, a possible stop string): with the next chunk
-                        replies.hold(delta.token_id, delta.logprob)
-            except EngineBusy:  # only when max_in_flight exceeds the engine's waiting queue
-                await asyncio.sleep(0.05)
+        async for delta in gen.deltas():
+            if item.revoked or item.handed_back:
+                gen.cancel("handed_back")
                 continue
-            if final is None:  # revoked or handed back: answer nothing
-                return None
-        return final
+            if delta.finished:
+                final = delta
+            elif delta.text:
+                replies.send(delta.text, delta.token_id, logprob=delta.logprob)
+            else:  # no text yet (a partial character, a possible stop string): with the next chunk
+                replies.hold(delta.token_id, delta.logprob)
+        return final  # None: revoked or handed back, answer nothing
 
     def _reason(self, final: Delta, gen: Generation) -> FinishReason:
         reason = FINISH.get(final.finish_reason, FinishReason.STOP)
@@ -467,12 +449,10 @@ class Worker:
         at, why = min(limits)
         return asyncio.get_running_loop().call_later(max(0.0, (at - now_ms()) / 1000), gen.cancel, why)
 
-    def _stop_error(self, reason: FinishReason, gen: Generation,
-                    final: Delta | None = None) -> tuple[str | None, str | None]:
+    def _stop_error(self, reason: FinishReason, gen: Generation, final: Delta) -> tuple[str | None, str | None]:
         """(Response.error, final chunk's error_code) of a generation that ended with ``reason``."""
         if reason is FinishReason.ERROR:  # the engine ended it (e.g. the grammar refused a sampled token)
-            return (final.error if final is not None and final.error else "the engine could not go on"), \
-                "internal_error"
+            return final.error or "the engine could not go on", "internal_error"
         if reason is FinishReason.CANCELLED:  # when it stopped tells whether the cancel was prompt
             return f"cancelled at token {gen.tokens_at_cancel}", "cancelled"
         if reason is not FinishReason.TIMEOUT:
@@ -506,11 +486,6 @@ class Worker:
         except ReplyAddressError as refused:  # the dead letter and the Response are the answer then
             log.warning("request %s: error chunk not delivered: %s", req.request_id, refused)
         return Outcome.DEAD
-
-    def _observe(self, response: Any, final: Any) -> None:
-        self.metrics.finished(response.finish_reason.value, queue_s=response.queue_ms / 1000,
-                              ttft_s=response.ttft_ms / 1000 if response.ttft_ms else None,
-                              e2e_s=response.total_ms / 1000, tpot_s=final.tpot_s, prompt_tokens=response.tokens_in)
 
     # -- load reports ------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""The Triton paged decode-attention and KV-store kernels (inference/engine/kernels) against their
-torch references and against the SDPA decode path of ``ModelRunner._attention``.
+"""The Triton paged decode-attention kernel (inference/engine/kernels) against its torch reference
+and against the SDPA decode path of ``ModelRunner._attention``.
 
 How the kernels run without a GPU: in Triton's interpreter, in a child process. Triton reads
 ``TRITON_INTERPRET`` (``triton.knobs.runtime.interpret``, looked up in ``os.environ`` on each
@@ -138,24 +138,6 @@ def case_matches_sdpa(heads, dtype, bs, seed, device="cpu"):
     return (got.float() - want.float()).abs().max().item()
 
 
-def case_store_kv(heads, dtype, bs, seed, device="cpu"):
-    lens = [3, bs + 2, 40]
-    cache, q, tables, k, v, slots = filled_cache(**heads, bs=bs, dtype=dtype, seed=seed, lens=lens, device=device)
-    kp, vp = torch.full_like(cache.k[1], 7.0), torch.full_like(cache.v[1], 7.0)  # untouched slots stay 7
-    kr, vr = kp.clone(), vp.clone()
-    pa.store_kv(kp, vp, slots, k, v)
-    pa.store_kv_reference(kr, vr, slots.int(), k, v)
-    assert torch.equal(kp, kr) and torch.equal(vp, vr), "store_kv differs from store_kv_reference"
-    # ... and from PagedKVCache.write, the writer the runner uses today (over the same slots)
-    assert torch.equal(kp[:, slots], cache.k[1][:, slots]) and torch.equal(vp[:, slots], cache.v[1][:, slots])
-    # stored then attended: the decode kernel over what store_kv wrote equals the SDPA path
-    scale = heads["d"] ** -0.5
-    got = pa.paged_decode_attention(q, kp, vp, tables, torch.tensor(lens, device=device), bs, scale)
-    want = sdpa_decode_path(cache, 1, q, tables, lens, scale)
-    torch.testing.assert_close(got.float(), want.float(), **(F32_TOL if dtype == torch.float32 else BF16_TOL))
-    return 0.0
-
-
 def case_engine_greedy_equals_hf(bs, lean, device="cpu"):
     """The whole engine with the kernel in the decode branch (EngineSettings.paged_kernel on): greedy
     outputs of a tiny random Llama equal HF ``generate``, prompts staggered over chunked steps."""
@@ -201,8 +183,6 @@ CASES = {
     "sdpa-path-smol-f32-bs16": (case_matches_sdpa, dict(heads=SMOL, dtype=F32, bs=16, seed=9)),
     "sdpa-path-llama8b-bf16-bs16": (case_matches_sdpa, dict(heads=LLAMA8B, dtype=BF16, bs=16, seed=10)),
     "sdpa-path-smol-f32-bs4": (case_matches_sdpa, dict(heads=SMOL, dtype=F32, bs=4, seed=11)),
-    "store-kv-smol-f32-bs16": (case_store_kv, dict(heads=SMOL, dtype=F32, bs=16, seed=12)),
-    "store-kv-llama8b-bf16-bs16": (case_store_kv, dict(heads=LLAMA8B, dtype=BF16, bs=16, seed=13)),
 }
 
 
@@ -263,14 +243,6 @@ if __name__ != "__main__":
         assert torch.equal(out[[0, 2]], torch.zeros_like(out[[0, 2]])) and out[1].abs().sum() > 0
         none = pa.paged_decode_attention_reference(q, kp, vp, tables, torch.zeros(3, dtype=torch.long), 16, scale)
         assert torch.equal(none, torch.zeros_like(q))
-
-    def test_store_kv_reference_is_paged_kv_cache_write():
-        cache = PagedKVCache(1, 8, 4, 3, 64, F32, "cpu")
-        k, v, slots = torch.randn(5, 3, 64), torch.randn(5, 3, 64), torch.tensor([0, 7, 8, 30, 13])
-        kp, vp = cache.k[0].clone(), cache.v[0].clone()
-        cache.write(0, slots, k, v)
-        pa.store_kv_reference(kp, vp, slots, k, v)
-        assert torch.equal(kp, cache.k[0]) and torch.equal(vp, cache.v[0])
 
     def test_paged_kernel_setting_resolves_per_device(monkeypatch):
         from inference.engine.settings import EngineSettings

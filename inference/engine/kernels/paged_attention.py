@@ -1,4 +1,4 @@
-"""Paged decode attention that reads K/V in place through the block table, and the KV store.
+"""Paged decode attention that reads K/V in place through the block table.
 
 Why (issue 22): ``ModelRunner._attention``'s decode branch gathers every decode row's context
 blocks into a contiguous ``[Hkv, B, K, D]`` copy (``PagedKVCache.read_blocks``) and then runs SDPA
@@ -21,18 +21,17 @@ int32 or int64 block tables with at least ``ceil(context_len / block_size)`` col
 q / pools / output (e.g. q as a view of a fused qkv tensor). ``context_lens[row] == 0`` is defined:
 that row reads nothing (its block table is not touched) and its output is zeros; a padding row
 with context 1 whose table points at a scratch block just attends to that slot.
-Not supported / not checked: block ids or slots outside the pool (the kernels do no bounds check:
-out-of-range ids read or write out of bounds, where the torch references raise), split-KV across
+Not supported / not checked: block ids outside the pool (the kernel does no bounds check:
+out-of-range ids read out of bounds, where the torch reference raises), split-KV across
 programs (one row with a very long context runs in Hkv programs only; fine at serving batch
 sizes, slow for batch 1 x 100k tokens), prefill (multi-token rows: the runner keeps SDPA),
 sliding windows, ALiBi, soft-capping.
 
-The kernels need CUDA, or Triton's interpreter (``TRITON_INTERPRET=1`` set before triton and this
-module are first imported; the tests run them in a child process, see
-``tests/engine/test_paged_kernel.py``). The
-``*_reference`` functions are plain torch and run anywhere: they are the oracle of the tests and
-the path for CPU. ``HAVE_TRITON`` is False when triton is not installed (CPU-only torch builds);
-the references still work then.
+The kernel needs CUDA, or Triton's interpreter (``TRITON_INTERPRET=1`` set before triton and this
+module are first imported; the tests run it in a child process, see
+``tests/engine/test_paged_kernel.py``). ``paged_decode_attention_reference`` is plain torch and
+runs anywhere: it is the oracle of the tests and the path for CPU. ``HAVE_TRITON`` is False when
+triton is not installed (CPU-only torch builds); the reference still works then.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ try:
     import triton.language as tl
 
     HAVE_TRITON = True
-except ImportError:  # CPU-only torch builds ship without triton: the references still work
+except ImportError:  # CPU-only torch builds ship without triton: the reference still works
     HAVE_TRITON = False
 
 
@@ -128,29 +127,6 @@ if HAVE_TRITON:
             out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :],
         )  # fmt: skip
 
-    @triton.jit
-    def _store_kv_kernel(
-        k_ptr, v_ptr, slots_ptr, kpool_ptr, vpool_ptr,
-        stride_kt, stride_kh, stride_kd,
-        stride_vt, stride_vh, stride_vd,
-        stride_pkh, stride_pks, stride_pkd,
-        stride_pvh, stride_pvs, stride_pvd,
-        D: tl.constexpr, DP: tl.constexpr,
-    ):  # fmt: skip
-        # One program per (token, KV head): one D-vector of K and of V, a contiguous row of the pool.
-        t = tl.program_id(0)
-        h = tl.program_id(1)
-        slot = tl.load(slots_ptr + t).to(tl.int64)
-        d = tl.arange(0, DP)
-        d_ok = d < D
-        k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d * stride_kd, mask=d_ok)
-        v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d * stride_vd, mask=d_ok)
-        h64 = h.to(tl.int64)
-        tl.store(kpool_ptr + h64 * stride_pkh + slot * stride_pks + d * stride_pkd,
-                 k.to(kpool_ptr.dtype.element_ty), mask=d_ok)
-        tl.store(vpool_ptr + h64 * stride_pvh + slot * stride_pvs + d * stride_pvd,
-                 v.to(vpool_ptr.dtype.element_ty), mask=d_ok)
-
 
 # -- launchers ------------------------------------------------------------------------------------
 
@@ -218,28 +194,6 @@ def paged_decode_attention(
     return out
 
 
-def store_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Writes k, v [T, Hkv, D] into one layer's pools [Hkv, num_slots, D] at slots [T] (int32/int64),
-    in place: ``PagedKVCache.write`` as one kernel. Slots must be distinct and inside the pool."""
-    _need_triton()
-    t, hkv, d = k.shape
-    if v.shape != k.shape or k_pool.shape[0] != hkv or k_pool.shape[2] != d or v_pool.shape != k_pool.shape:
-        raise ValueError(f"k {tuple(k.shape)}, v {tuple(v.shape)} do not fit pools {tuple(k_pool.shape)}")
-    if slots.shape != (t,):
-        raise ValueError(f"slots {tuple(slots.shape)} for {t} tokens")
-    if t == 0:
-        return
-    _store_kv_kernel[(t, hkv)](
-        k, v, slots, k_pool, v_pool,
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
-        v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
-        D=d, DP=triton.next_power_of_2(d),
-        num_warps=1 if d <= 128 else 2,
-    )  # fmt: skip
-
-
 # -- plain torch references (the tests' oracle, and the CPU path) ---------------------------------
 
 
@@ -275,8 +229,3 @@ def paged_decode_attention_reference(
     o = probs @ vc  # [Hkv, B, G, D]
     return o.transpose(0, 1).reshape(b, hq, d).to(q.dtype)
 
-
-def store_kv_reference(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """``store_kv`` in torch: the same index_copy_ as ``PagedKVCache.write``."""
-    k_pool.index_copy_(1, slots.long(), k.transpose(0, 1).to(k_pool.dtype))
-    v_pool.index_copy_(1, slots.long(), v.transpose(0, 1).to(v_pool.dtype))
