@@ -31,7 +31,6 @@ Everything that works around Faust is in ``streams/faust_runtime/`` (its ``__ini
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from schemas.topics import (
     DELETIONS,
@@ -106,16 +105,16 @@ class StreamsApp:
     def __init__(self, kafka: KafkaSettings, settings: StreamsSettings, services: StreamsServices,
                  erasures: ErasureRegistry | None = None) -> None:
         import faust
+        from faust.types import TP
 
         offsets.install()  # partitions never committed are read again from their start after a rebalance
         self.kafka, self.settings, self.services = kafka, settings, services
         # Before any agent runs: every deletion ever made (the log is kept forever), then the forget
         # agent adds the new ones.
+        self.erasure_follower = None
         if erasures is None:
             erasures = ErasureRegistry()
             self.erasure_follower = _follow_erasures(kafka, services, erasures)
-        else:
-            self.erasure_follower = None
         self.erasures = erasures
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         partitions = spec(PROMPTS).partitions
@@ -163,9 +162,12 @@ class StreamsApp:
         self.refusals = Refusals(intake_letters, retrier, self.reply_producer, replies)
         # Read-your-writes: intake waits for record to reach chat.responses' end before a conversation
         # with a pending request gets its next context (recorded.py).
-        self.response_ends = BrokerEndOffsets(kafka, kafka.topic(RESPONSES))
-        self.recorded = RecordedOffsets(_committed_positions(app, kafka.topic(RESPONSES)), self.response_ends,
-                                        owned=_assigned(app, kafka.topic(RESPONSES)))
+        # From Faust's consumer: a partition's committed position (None when it does not know it), and
+        # whether the partition is assigned to this worker now.
+        responses = kafka.topic(RESPONSES)
+        self.response_ends = BrokerEndOffsets(kafka, responses)
+        self.recorded = RecordedOffsets(lambda p: offsets.committed_position(app.consumer, TP(responses, p)),
+                                        self.response_ends, owned=lambda p: TP(responses, p) in app.consumer.assignment())
         self.metrics = StreamsMetrics()  # /metrics (streams/metrics.py), served by run_worker
         self.intake = Intake(settings, services, self.table,
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
@@ -217,20 +219,6 @@ class StreamsApp:
                 exit_without_ack("streams.watchdog", exc)
             except Exception as exc:  # noqa: BLE001 - a bug: exit unacked, the supervisor restarts
                 exit_without_ack("streams.watchdog", exc)
-
-
-def _committed_positions(app: Any, topic: str):
-    """Faust's committed position of a partition of ``topic`` (None when it does not know it)."""
-    from faust.types import TP
-
-    return lambda partition: offsets.committed_position(app.consumer, TP(topic, partition))
-
-
-def _assigned(app: Any, topic: str):
-    """Whether a partition of ``topic`` is assigned to this worker now."""
-    from faust.types import TP
-
-    return lambda partition: TP(topic, partition) in app.consumer.assignment()
 
 
 def _follow_erasures(kafka: KafkaSettings, services: StreamsServices, registry: ErasureRegistry) -> ErasureFollower:

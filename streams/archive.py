@@ -211,9 +211,6 @@ class Archiver:
         except DecodeError:
             return None  # not a chatpipe record: archived as it is
 
-    def _event_id(self, m: ArchivedMessage) -> str | None:
-        return getattr(self._record(m), "event_id", None)
-
     def _files(self, topic: str, partition: int) -> list[tuple[int, int, Path]]:
         found = []
         for path in (self.root / topic).glob(f"date=*/hour=*/part-{partition:05d}-*.avro"):
@@ -241,7 +238,8 @@ class Archiver:
             for _, _, path in reversed(self._files(topic, partition)):  # newest first
                 if len(ids) >= self.dedupe_window:
                     break
-                ids.extend(reversed([e for m in read_messages(path) if (e := self._event_id(m)) is not None]))
+                ids.extend(reversed([e for m in read_messages(path)
+                                     if (e := getattr(self._record(m), "event_id", None)) is not None]))
             recent = RecentIds(self.dedupe_window)
             for event_id in reversed(ids[:self.dedupe_window]):
                 recent.add(event_id)
@@ -260,8 +258,6 @@ class ArchiveAgent:
     def __init__(self, archiver: Archiver, batch_size: int, flush_s: float, retrier: Retrier,
                  tracer: Tracer | None = None, group: str | None = None) -> None:
         self.archiver = archiver
-        self.batch_size = batch_size
-        self.flush_s = flush_s
         self.retrier = retrier
         self.tracer = tracer  # a "process <topic>" span per archived record, child of its producer span
         self.group = group

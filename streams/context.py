@@ -21,7 +21,7 @@ kept segment is dropped and the prompt counted again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from schemas.records import ChatMessage
@@ -48,9 +48,6 @@ class AssembledContext:
     tokens: int  # exact templated prompt length
     recalled_turn_ids: list[str]  # recalled turns that made it into ``messages``
     dropped: int = 0  # optional segments that did not fit
-    kept_recent: int = 0
-    kept_recalled: int = 0
-    budget: int = field(default=0)
 
 
 def priority_order(recent: Sequence[Segment], recalled: Sequence[Segment]) -> list[tuple[str, Segment]]:
@@ -93,9 +90,7 @@ def assemble_context(*, system_prompt: str, prompt: str, recent: Sequence[Segmen
     if tokens > budget:
         raise PromptTooLongError(f"the prompt takes {tokens} tokens with the chat template, budget {budget}")
     recalled_ids = [s.turn_id for kind, s in kept if kind == "recalled" and s.turn_id]
-    n_recent = sum(1 for kind, _ in kept if kind == "recent")
-    return AssembledContext(messages, tokens, recalled_ids, dropped=len(candidates) - len(kept),
-                            kept_recent=n_recent, kept_recalled=len(kept) - n_recent, budget=budget)
+    return AssembledContext(messages, tokens, recalled_ids, dropped=len(candidates) - len(kept))
 
 
 def _render_order(system: ChatMessage, user: ChatMessage, kept: list[tuple[str, Segment]]) -> list[ChatMessage]:

@@ -20,21 +20,15 @@ from typing import Any, Sequence
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 from schemas.records import DeadLetter
-from transport import tracing
 from transport.dead_letters import dead_letter_for, dead_letter_headers, dead_letter_key, source_headers
 
 log = logging.getLogger(__name__)
 
 
-def event_headers(message: Any) -> list[tuple[str, bytes | None]]:
-    """A consumed message's headers as (key, value) pairs (Faust may hand a mapping or a list)."""
-    return source_headers(message)
-
-
-def child_headers(message: Any) -> list[tuple[str, bytes]]:
-    """Headers for a record produced because of ``message``: a child of its traceparent."""
-    parent = tracing.find(event_headers(message))
-    return [(tracing.HEADER, tracing.child_traceparent(parent).encode("ascii"))]
+#: A consumed message's headers as (key, value) pairs (Faust may hand a mapping or a list).
+event_headers = source_headers
+#: Headers for a record produced because of a consumed message: a child of its traceparent.
+child_headers = dead_letter_headers
 
 
 def receive_batch(tracer: Any, group: str, messages: Sequence[Any]) -> int:

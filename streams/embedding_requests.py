@@ -54,10 +54,12 @@ from schemas.embeddings import EMBEDDING_LIMITS, EmbeddingLimits, check_inputs
 from schemas.errors import DecodeError
 from schemas.records import EmbeddingRequest, EmbeddingResult, now_ms
 from schemas.requests import RequestRuleError
+from streams.batching import split_by_tokens
 from streams.dead_letters import DeadLetters, child_headers, event_headers, receive_batch
 from streams.errors import ExpiredRequestError, InvalidReplyAddressError, StreamsError
 from streams.faults import Retrier
 from streams.ports import BatchRule, Message, Outbox
+from streams.refusals import reply_problem
 from transport.reply_address import ReplyAddresses
 from transport import tracing
 from transport.acked_producer import AckedProducer
@@ -92,14 +94,6 @@ def served_model_name(embedder: Any) -> str:
     return Path(path).name
 
 
-def model_limits(embedder: Any) -> tuple[Any, int | None]:
-    """(tokenizer, longest input in tokens) of the embedder's model; (None, None) when it has none."""
-    model = getattr(embedder, "model", None)
-    tokenizer = getattr(model, "tokenizer", None)
-    longest = getattr(model, "max_seq_length", None)
-    return tokenizer, (int(longest) if longest else None)
-
-
 @dataclass(slots=True)
 class _Request:
     message: Message
@@ -110,18 +104,8 @@ class _Request:
 def _runs(requests: list[_Request], max_texts: int) -> list[list[_Request]]:
     """``requests`` in order, cut into runs of at most ``max_texts`` inputs (a larger request alone):
     one model call each, so intake's prompt embeddings (the same model, one call at a time) wait for
-    one run at most, not for a whole batch of large requests."""
-    runs: list[list[_Request]] = []
-    texts = 0
-    for r in requests:
-        n = len(r.request.inputs)
-        if runs and texts + n <= max_texts:
-            runs[-1].append(r)
-            texts += n
-        else:
-            runs.append([r])
-            texts = n
-    return runs
+    one run at most, not for a whole batch of large requests. Intake's token bound, with texts for tokens."""
+    return split_by_tokens(requests, [len(r.request.inputs) for r in requests], max_texts)
 
 
 class EmbeddingRequests:
@@ -148,16 +132,15 @@ class EmbeddingRequests:
         return served_model_name(self.services.embedder)
 
     @cached_property
-    def _limits(self) -> tuple[Any, int | None]:
-        return model_limits(self.services.embedder)
-
-    @property
     def tokenizer(self) -> Any:
-        return self._limits[0]
+        """The embedder's model's tokenizer; None when it has none."""
+        return getattr(getattr(self.services.embedder, "model", None), "tokenizer", None)
 
-    @property
+    @cached_property
     def max_tokens(self) -> int | None:
-        return self._limits[1]
+        """The longest input the model reads, in tokens; None when it does not say."""
+        longest = getattr(getattr(self.services.embedder, "model", None), "max_seq_length", None)
+        return int(longest) if longest else None
 
     @property
     def batching(self) -> BatchRule:
@@ -199,15 +182,12 @@ class EmbeddingRequests:
 
     async def _admit(self, message: Message, request: EmbeddingRequest, outbox: Outbox) -> bool:
         """True when the request may be embedded; otherwise it was refused (and answered where possible)."""
-        if self.replies is not None:
-            problem = await self.retrier.call("reply address lookup", self.replies.problem, request.reply_to,
-                                              request.reply_partition, sent_at_s=message.timestamp)
-            if problem is not None:
-                self.refused += 1
-                await self.dead_letters.send(message, InvalidReplyAddressError(
-                    f"EmbeddingRequest {request.request_id}: {problem}; no result was sent, the reply address itself "
-                    "cannot be answered"), outbox)
-                return False
+        if (problem := await reply_problem(self.replies, self.retrier, message, request)) is not None:
+            self.refused += 1
+            await self.dead_letters.send(message, InvalidReplyAddressError(
+                f"EmbeddingRequest {request.request_id}: {problem}; no result was sent, the reply address itself "
+                "cannot be answered"), outbox)
+            return False
         now = now_ms()
         if request.deadline_at is not None and request.deadline_at < now:
             await self._refuse(message, request, ExpiredRequestError(

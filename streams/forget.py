@@ -100,10 +100,17 @@ class _DeletionAgent:
     """What both agents do with a batch: each Deletion checked (else a dead letter) and carried out,
     the batch's records delivered, then the batch acked."""
 
-    services: StreamsServices
-    dead_letters: DeadLetters
-    retrier: Retrier
     batching = BatchRule(BATCH, WITHIN_S)
+
+    def __init__(self, services: StreamsServices, partitions: int, dead_letters: DeadLetters, retrier: Retrier,
+                 archiver: Archiver | None, archive_retrier: Retrier | None, erasures: ErasureRegistry | None) -> None:
+        self.services = services
+        self.partitions = partitions
+        self.dead_letters = dead_letters
+        self.retrier = retrier
+        self.archiver = archiver  # None: no archive in this process
+        self.archive_retrier = archive_retrier or retrier
+        self.erasures = erasures if erasures is not None else (archiver.erasures if archiver else ErasureRegistry())
 
     async def handle(self, messages: Sequence[Message], outbox: Outbox) -> None:
         for m in messages:
@@ -122,24 +129,15 @@ class _DeletionAgent:
         """Before the batch's records are delivered and it is acked."""
 
 
-def _registry(erasures: ErasureRegistry | None, archiver: Archiver | None) -> ErasureRegistry:
-    return erasures if erasures is not None else (archiver.erasures if archiver else ErasureRegistry())
-
-
 class Forget(_DeletionAgent):
     """``chat.deletions`` -> one copy per conversation partition on the fan-out topic; deletions archived."""
 
     def __init__(self, services: StreamsServices, fanout_topic: Any, partitions: int, dead_letters: DeadLetters,
                  retrier: Retrier, *, archiver: Archiver | None = None, archive_retrier: Retrier | None = None,
                  erasures: ErasureRegistry | None = None) -> None:
-        self.services = services
+        # archiver None: the deletions are not archived
+        super().__init__(services, partitions, dead_letters, retrier, archiver, archive_retrier, erasures)
         self.fanout_topic = fanout_topic
-        self.partitions = partitions
-        self.dead_letters = dead_letters
-        self.retrier = retrier
-        self.archiver = archiver  # None: no archive in this process (the deletions are not archived)
-        self.archive_retrier = archive_retrier or retrier
-        self.erasures = _registry(erasures, archiver)
         self.fanned_out = 0
 
     async def after_batch(self, messages: Sequence[Message]) -> None:
@@ -164,16 +162,11 @@ class ForgetPartition(_DeletionAgent):
                  dead_letters: DeadLetters, retrier: Retrier, *, archiver: Archiver | None = None,
                  archive_topics: Sequence[str] = (), archive_retrier: Retrier | None = None,
                  erasures: ErasureRegistry | None = None) -> None:
-        self.services = services
-        self.retrier = retrier
+        # archiver None: nothing to rewrite
+        super().__init__(services, partitions, dead_letters, retrier, archiver, archive_retrier, erasures)
         self.table = table
-        self.partitions = partitions
         self.audit_topic = audit_topic
-        self.dead_letters = dead_letters
-        self.archiver = archiver  # None: no archive in this process (nothing to rewrite)
         self.archive_topics = tuple(archive_topics)  # real names (with the prefix) of the rewritten topics
-        self.archive_retrier = archive_retrier or retrier
-        self.erasures = _registry(erasures, archiver)
         self.carried_out = 0
 
     async def carry_out(self, deletion: Deletion, m: Any, outbox: Outbox) -> None:

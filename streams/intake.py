@@ -256,25 +256,12 @@ class Intake:
         except PromptTooLongError as exc:
             await self.refusals.refuse(prompt.message, request, exc, "context_length_exceeded", outbox)
             return None
-        self.metrics.assembled_tokens.observe(context.tokens)
-        prompt.span.child("assemble", start_ns=assembling_ns, attributes={
-            "chatpipe.context.tokens": context.tokens, "chatpipe.context.messages": len(context.messages),
-            "chatpipe.context.recalled_turns": len(context.recalled_turn_ids),
-            "gen_ai.request.max_tokens": request.sampling.max_tokens}).end()
-        evicted = state.add_pending(
-            PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at),
-            self.settings.pending_limit)
-        if evicted is not None:
-            log.warning("conversation %s: no response for request %s among the last %d; forgetting it",
-                        request.conversation_id, evicted.request_id, self.settings.pending_limit)
-        return InferenceRequest(
-            request_id=request.request_id, conversation_id=request.conversation_id, user_id=request.user_id,
-            tenant=request.tenant, created_at=request.created_at, model=request.model,
-            messages=context.messages, sampling=request.sampling, priority=request.priority,
-            reply_to=request.reply_to, reply_partition=request.reply_partition,
-            context_tokens=context.tokens, recalled_turn_ids=context.recalled_turn_ids,
-            deadline_at=request.deadline_at,
-        )
+        pending = PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at)
+        return self._request(prompt, state, pending, assembling_ns,
+                             {"chatpipe.context.messages": len(context.messages),
+                              "chatpipe.context.recalled_turns": len(context.recalled_turn_ids)},
+                             messages=context.messages, context_tokens=context.tokens,
+                             recalled_turn_ids=context.recalled_turn_ids)
 
     async def _prepare_raw(self, prompt: _Prompt, state: ConversationState, outbox: Outbox,
                            assembling_ns: int) -> InferenceRequest | None:
@@ -290,21 +277,29 @@ class Intake:
                                      "(context window minus the request's max_tokens)")
             await self.refusals.refuse(prompt.message, request, exc, "context_length_exceeded", outbox)
             return None
-        self.metrics.assembled_tokens.observe(tokens)
+        pending = PendingRequest(request.request_id, text, None, request.created_at, remember=False)
+        return self._request(prompt, state, pending, assembling_ns,
+                             {"chatpipe.context.messages": 0, "chatpipe.context.raw": True},
+                             messages=[], context_tokens=tokens, raw_prompt=text)
+
+    def _request(self, prompt: _Prompt, state: ConversationState, pending: PendingRequest, assembling_ns: int,
+                 assembled: dict[str, Any], **context: Any) -> InferenceRequest:
+        """The prompt's ``InferenceRequest`` with its assembled ``context`` (``InferenceRequest`` fields),
+        its "assemble" span (``assembled``: attributes of the context) and its pending entry in ``state``."""
+        request = prompt.request
+        self.metrics.assembled_tokens.observe(context["context_tokens"])
         prompt.span.child("assemble", start_ns=assembling_ns, attributes={
-            "chatpipe.context.tokens": tokens, "chatpipe.context.messages": 0, "chatpipe.context.raw": True,
+            "chatpipe.context.tokens": context["context_tokens"], **assembled,
             "gen_ai.request.max_tokens": request.sampling.max_tokens}).end()
-        evicted = state.add_pending(PendingRequest(request.request_id, text, None, request.created_at, remember=False),
-                                    self.settings.pending_limit)
+        evicted = state.add_pending(pending, self.settings.pending_limit)
         if evicted is not None:
             log.warning("conversation %s: no response for request %s among the last %d; forgetting it",
                         request.conversation_id, evicted.request_id, self.settings.pending_limit)
         return InferenceRequest(
             request_id=request.request_id, conversation_id=request.conversation_id, user_id=request.user_id,
-            tenant=request.tenant, created_at=request.created_at, model=request.model, messages=[],
-            sampling=request.sampling, priority=request.priority, reply_to=request.reply_to,
-            reply_partition=request.reply_partition, context_tokens=tokens, deadline_at=request.deadline_at,
-            raw_prompt=text,
+            tenant=request.tenant, created_at=request.created_at, model=request.model, sampling=request.sampling,
+            priority=request.priority, reply_to=request.reply_to, reply_partition=request.reply_partition,
+            deadline_at=request.deadline_at, **context,
         )
 
     async def _send(self, prompt: _Prompt, out: InferenceRequest, outbox: Outbox) -> None:

@@ -40,7 +40,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -202,7 +202,7 @@ class ConversationMemory:
             batch = models.Batch(
                 ids=[point_id(turns[i].turn_id) for i in rows],
                 vectors=vectors[rows].tolist(),
-                payloads=[_payload(turns[i]) for i in rows],
+                payloads=[asdict(turns[i]) for i in rows],
             )
             self._call("upsert", "upsert", collection_name=name, points=batch, wait=True)
 
@@ -214,7 +214,7 @@ class ConversationMemory:
         name = self._collection_of(tenant, user_id)
         if self.local and name not in self._partitions:
             return 0
-        flt = _filter(tenant, user_id, conversation_id)
+        flt = _filter(tenant=tenant, user_id=user_id, conversation_id=conversation_id)
         # count, then delete by the same filter: a turn stored in between is deleted too, just not counted
         found = self._call("count", "count", collection_name=name, count_filter=flt, exact=True).count
         if found:
@@ -250,7 +250,7 @@ class ConversationMemory:
                 continue
             requests[i] = models.QueryRequest(
                 query=vector.tolist(),
-                filter=_filter(q.tenant, q.user_id, q.conversation_id),
+                filter=_filter(tenant=q.tenant, user_id=q.user_id, conversation_id=q.conversation_id),
                 # excluded turns are dropped here, not by a must_not filter: local mode would test
                 # that condition on every point of the user in Python
                 limit=max(limit, self.settings.recall_candidates) + len(q.exclude_turn_ids),
@@ -268,10 +268,7 @@ class ConversationMemory:
     def count(self, *, tenant: str | None = None, user_id: str | None = None,
               conversation_id: str | None = None) -> int:
         """How many turns are stored, all of them or those matching every key given."""
-        must = [models.FieldCondition(key=k, match=models.MatchValue(value=v))
-                for k, v in (("tenant", tenant), ("user_id", user_id), ("conversation_id", conversation_id))
-                if v is not None]
-        flt = models.Filter(must=must) if must else None
+        flt = _filter(tenant=tenant, user_id=user_id, conversation_id=conversation_id)
         if not self.local:
             names = [self.settings.collection]
         elif tenant is not None and user_id is not None:
@@ -413,20 +410,11 @@ class ConversationMemory:
             raise
 
 
-def _filter(tenant: str, user_id: str, conversation_id: str | None) -> models.Filter:
-    must: list[models.Condition] = [
-        models.FieldCondition(key="tenant", match=models.MatchValue(value=tenant)),
-        models.FieldCondition(key="user_id", match=models.MatchValue(value=user_id)),
-    ]
-    if conversation_id is not None:
-        must.append(models.FieldCondition(key="conversation_id", match=models.MatchValue(value=conversation_id)))
-    return models.Filter(must=must)
-
-
-def _payload(turn: StoredTurn) -> dict[str, Any]:
-    return {"turn_id": turn.turn_id, "tenant": turn.tenant, "user_id": turn.user_id,
-            "conversation_id": turn.conversation_id, "turn_index": turn.turn_index,
-            "prompt": turn.prompt, "answer": turn.answer, "created_at": turn.created_at}
+def _filter(**keys: str | None) -> models.Filter | None:
+    """The payload filter matching every key given (None: not filtered on); None when none is given."""
+    must: list[models.Condition] = [models.FieldCondition(key=k, match=models.MatchValue(value=v))
+                                    for k, v in keys.items() if v is not None]
+    return models.Filter(must=must) if must else None
 
 
 def _turn(payload: dict[str, Any]) -> StoredTurn:

@@ -38,6 +38,15 @@ log = logging.getLogger(__name__)
 COMPONENT = "streams.intake"
 
 
+async def reply_problem(replies: ReplyAddresses | None, retrier: Retrier, message: Any, request: Any) -> str | None:
+    """Why ``request``'s reply address cannot be answered (looked up within the retry budget); None when it
+    can, or when reply addresses are not checked (``replies`` None)."""
+    if replies is None:
+        return None
+    return await retrier.call("reply address lookup", replies.problem, request.reply_to, request.reply_partition,
+                              sent_at_s=message.timestamp)
+
+
 class Refusals:
     def __init__(self, dead_letters: DeadLetters, retrier: Retrier, reply_producer: AckedProducer | None,
                  replies: ReplyAddresses | None) -> None:
@@ -50,15 +59,12 @@ class Refusals:
 
     async def admit(self, message: Any, request: PromptRequest, outbox: Any) -> bool:
         """True when the request may be served; otherwise it has been refused (and answered)."""
-        if self.replies is not None:
-            problem = await self.retrier.call("reply address lookup", self.replies.problem, request.reply_to,
-                                              request.reply_partition, sent_at_s=message.timestamp)
-            if problem is not None:
-                self.unanswerable += 1
-                await self.dead_letters.send(message, InvalidReplyAddressError(
-                    f"PromptRequest {request.request_id}: {problem}; no error chunk was sent, the reply "
-                    "address itself cannot be answered"), outbox)
-                return False
+        if (problem := await reply_problem(self.replies, self.retrier, message, request)) is not None:
+            self.unanswerable += 1
+            await self.dead_letters.send(message, InvalidReplyAddressError(
+                f"PromptRequest {request.request_id}: {problem}; no error chunk was sent, the reply "
+                "address itself cannot be answered"), outbox)
+            return False
         now = now_ms()
         if request.deadline_at is not None and request.deadline_at < now:
             self.expired += 1

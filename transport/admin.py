@@ -14,6 +14,7 @@ import logging
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
@@ -28,6 +29,7 @@ from confluent_kafka.admin import (
 
 from schemas.topics import CATALOG, TopicSpec, replication_for
 from transport.errors import TopicExistsError, TransportError
+from transport.failures import kafka_error
 from transport.settings import KafkaSettings
 
 
@@ -76,6 +78,12 @@ _COORDINATOR_MOVING = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_I
                        KafkaError.COORDINATOR_NOT_AVAILABLE)
 
 
+def _setting(kind: ConfigResource.Type, name: str, config: dict[str, str]) -> ConfigResource:
+    """An incremental alter-configs resource that sets every entry of ``config`` on ``name``."""
+    return ConfigResource(kind, name, incremental_configs=[
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in config.items()])
+
+
 class TopicAdmin:
     def __init__(self, settings: KafkaSettings, timeout_s: float = 30.0) -> None:
         self.settings = settings
@@ -103,7 +111,7 @@ class TopicAdmin:
         try:
             return len(futures[group_id].result(timeout=self.timeout_s).members)
         except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
+            error = kafka_error(exc)
             if error is not None and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
                 return 0
             raise TransportError(f"describe group {group_id}: {exc}") from exc
@@ -132,17 +140,14 @@ class TopicAdmin:
         if kind == "share":
             return None  # a share group has no committed offsets to compare
         try:
-            topics = self._admin.list_topics(timeout=self.timeout_s).topics
-            everything = [(t, p) for t, meta in topics.items() if not t.startswith("__") for p in meta.partitions]
+            everything = [(t, p) for t, count in self.topic_partitions().items() for p in range(count)]
             committed = self.committed(group_id, everything)
         except (KafkaException, TransportError):
             return None
         partitions = [tp for tp, offset in committed.items() if offset >= 0]
         if not partitions:
             return 0
-        ends = self._wait(self._admin.list_offsets(
-            {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}), "list offsets of")
-        end_of = {(tp.topic, tp.partition): info.offset for tp, info in ends.items()}
+        end_of = self._offsets(partitions, OffsetSpec.latest())
         return sum(max(0, end_of[tp] - committed[tp]) for tp in partitions)
 
     def committed(self, group_id: str, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -166,7 +171,7 @@ class TopicAdmin:
                                                timeout=max(1.0, deadline - time.monotonic()))
                     break
                 except KafkaException as exc:
-                    error = exc.args[0] if exc.args else None
+                    error = kafka_error(exc)
                     if (error is None or error.code() not in _COORDINATOR_MOVING) or time.monotonic() > deadline:
                         raise TransportError(f"committed offsets of group {group_id}: {exc}") from exc
                     time.sleep(0.25)  # the group's coordinator is loading or moving: ask again
@@ -181,15 +186,17 @@ class TopicAdmin:
         if not partitions:
             return {}
         position = self.committed(group_id, partitions)
-        specs = {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}
-        ends = {(tp.topic, tp.partition): info.offset
-                for tp, info in self._wait(self._admin.list_offsets(specs), "list offsets of").items()}
+        ends = self._offsets(partitions, OffsetSpec.latest())
         never = [tp for tp in partitions if position.get(tp, -1) < 0]
         if never:
-            firsts = self._wait(self._admin.list_offsets({TopicPartition(t, p): OffsetSpec.earliest() for t, p in never}),
-                                "list offsets of")
-            position.update({(tp.topic, tp.partition): info.offset for tp, info in firsts.items()})
+            position.update(self._offsets(never, OffsetSpec.earliest()))
         return {tp: (position[tp], ends[tp]) for tp in partitions}
+
+    def _offsets(self, partitions: list[tuple[str, int]], spec: OffsetSpec) -> dict[tuple[str, int], int]:
+        """The ``spec`` offset (latest, earliest) of each of ``partitions``."""
+        found = self._wait(self._admin.list_offsets({TopicPartition(t, p): spec for t, p in partitions}),
+                           "list offsets of")
+        return {(tp.topic, tp.partition): info.offset for tp, info in found.items()}
 
     def _wait(self, futures: dict, what: str) -> dict:
         results = {}
@@ -197,7 +204,7 @@ class TopicAdmin:
             try:
                 results[key] = future.result(timeout=self.timeout_s)
             except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
+                error = kafka_error(exc)
                 message = f"{what} {key}: {error.str() if error is not None else exc}"
                 if error is not None and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                     raise TopicExistsError(message) from exc
@@ -207,12 +214,14 @@ class TopicAdmin:
                                      f"(broker {self.settings.bootstrap_servers})") from exc
         return results
 
-    def topic_partitions(self) -> dict[str, int]:
+    def _metadata(self) -> Any:
         try:
-            metadata = self._admin.list_topics(timeout=self.timeout_s)
+            return self._admin.list_topics(timeout=self.timeout_s)
         except KafkaException as exc:
             raise TransportError(f"cannot reach Kafka at {self.settings.bootstrap_servers}: {exc}") from exc
-        return {name: len(t.partitions) for name, t in metadata.topics.items() if not name.startswith("__")}
+
+    def topic_partitions(self) -> dict[str, int]:
+        return {name: len(t.partitions) for name, t in self._metadata().topics.items() if not name.startswith("__")}
 
     def cluster_replication(self) -> tuple[int, dict[str, set[int]]]:
         """(brokers in the cluster, the replica counts of each topic's partitions).
@@ -220,10 +229,7 @@ class TopicAdmin:
         Brokers counted are the live ones plus every one holding a replica: with one node of
         three down the cluster still counts as three, and ``apply`` does not fall back to 1 copy.
         """
-        try:
-            metadata = self._admin.list_topics(timeout=self.timeout_s)
-        except KafkaException as exc:
-            raise TransportError(f"cannot reach Kafka at {self.settings.bootstrap_servers}: {exc}") from exc
+        metadata = self._metadata()
         brokers = set(metadata.brokers)
         counts: dict[str, set[int]] = {}
         for name, topic in metadata.topics.items():
@@ -298,12 +304,7 @@ class TopicAdmin:
             self._wait(self._admin.create_partitions(grows), "add partitions to")
         config_topics = sorted({c.topic for c in changes if c.action == "set-config"})
         if config_topics:
-            resources = [
-                ConfigResource(ConfigResource.Type.TOPIC, t, incremental_configs=[
-                    ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-                    for k, v in wanted[t][1].items()])
-                for t in config_topics
-            ]
+            resources = [_setting(ConfigResource.Type.TOPIC, t, wanted[t][1]) for t in config_topics]
             self._wait(self._admin.incremental_alter_configs(resources), "set config of")
         return [c for c in changes if c.action != "cannot-shrink" and not (c.action == "create" and c.topic in existed)]
 
@@ -324,9 +325,8 @@ class TopicAdmin:
             try:
                 return call()
             except TransportError as exc:
-                cause = exc.__cause__
-                code = cause.args[0].code() if isinstance(cause, KafkaException) and cause.args else None
-                if code not in _SETTLING or time.monotonic() > deadline:
+                error = kafka_error(exc.__cause__) if isinstance(exc.__cause__, KafkaException) else None
+                if error is None or error.code() not in _SETTLING or time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
 
@@ -353,8 +353,7 @@ class TopicAdmin:
         Idempotent; works before the group has any member. Without ``share.auto.offset.reset=
         earliest`` a new share group starts at the end of its topics and skips what is waiting.
         """
-        resource = ConfigResource(ConfigResource.Type.GROUP, group_id, incremental_configs=[
-            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in config.items()])
+        resource = _setting(ConfigResource.Type.GROUP, group_id, config)
         self._wait(self._admin.incremental_alter_configs([resource]), "set config of share group")
 
     def describe(self, names: list[str] | None = None) -> list[TopicInfo]:
@@ -363,9 +362,9 @@ class TopicAdmin:
         names = sorted(partitions) if names is None else [n for n in names if n in partitions]
         if not names:
             return []
-        request = {TopicPartition(n, p): OffsetSpec.latest() for n in names for p in range(partitions[n])}
-        offsets = self._while_settling(lambda: self._wait(self._admin.list_offsets(request), "list offsets of"))
+        request = [(n, p) for n in names for p in range(partitions[n])]
+        offsets = self._while_settling(lambda: self._offsets(request, OffsetSpec.latest()))
         ends: dict[str, list[int]] = {n: [0] * partitions[n] for n in names}
-        for tp, info in offsets.items():
-            ends[tp.topic][tp.partition] = info.offset
+        for (topic, partition), offset in offsets.items():
+            ends[topic][partition] = offset
         return [TopicInfo(n, partitions[n], ends[n]) for n in names]

@@ -152,12 +152,6 @@ def kafka_error(exc: BaseException | KafkaError) -> KafkaError | None:
     return None
 
 
-def kafka_code(exc: BaseException | KafkaError) -> int | None:
-    """The Kafka error code behind ``exc`` (see ``kafka_error``), or None when it has none."""
-    err = kafka_error(exc)
-    return None if err is None else err.code()
-
-
 def _classify_kafka(err: KafkaError, address_from_record: bool) -> Fault:
     code = err.code()
     if err.fatal():

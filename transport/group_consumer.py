@@ -108,17 +108,15 @@ class GroupConsumer:
         if self._hooks[0]:
             self._hooks[0](pairs)
 
-    def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition], lost: bool = False) -> None:
         pairs = [(tp.topic, tp.partition) for tp in partitions]
-        if self._hooks[1]:
-            self._hooks[1](pairs)
+        hook = self._hooks[2 if lost else 1]
+        if hook:
+            hook(pairs)
         self.assignment.difference_update(pairs)
 
-    def _lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        pairs = [(tp.topic, tp.partition) for tp in partitions]
-        if self._hooks[2]:
-            self._hooks[2](pairs)
-        self.assignment.difference_update(pairs)
+    def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._revoked(consumer, partitions, lost=True)
 
     def _committed(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is not None and err.code() == KafkaError._NO_OFFSET:
@@ -154,13 +152,11 @@ class GroupConsumer:
         return out
 
     def pause(self, partitions: Iterable[tuple[str, int]]) -> None:
-        tps = [TopicPartition(t, p) for t, p in partitions]
-        if tps:
+        if tps := [TopicPartition(t, p) for t, p in partitions]:
             self._consumer.pause(tps)
 
     def resume(self, partitions: Iterable[tuple[str, int]]) -> None:
-        tps = [TopicPartition(t, p) for t, p in partitions]
-        if tps:
+        if tps := [TopicPartition(t, p) for t, p in partitions]:
             self._consumer.resume(tps)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:

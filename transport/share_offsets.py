@@ -17,7 +17,6 @@ whole module with the client's call once confluent-kafka has one.
 from __future__ import annotations
 
 import socket
-import ssl
 import struct
 import time
 from dataclasses import dataclass
@@ -107,15 +106,11 @@ class _Reader:
 class _Connection:
     def __init__(self, host: str, port: int, kafka: KafkaSettings, timeout_s: float) -> None:
         sock = socket.create_connection((host, port), timeout=timeout_s)
-        if kafka.security_protocol == "SSL":
-            context = ssl.create_default_context(cafile=str(kafka.ssl_ca_file) if kafka.ssl_ca_file else None)
-            context.check_hostname = kafka.ssl_check_hostname
-            if kafka.ssl_cert_file is not None:
-                password = kafka.ssl_key_password.get_secret_value() if kafka.ssl_key_password else None
-                context.load_cert_chain(str(kafka.ssl_cert_file), str(kafka.ssl_key_file or kafka.ssl_cert_file),
-                                        password)
+        context = kafka.ssl_context()  # None without TLS (SASL_SSL never gets here)
+        if context is not None:
             sock = context.wrap_socket(sock, server_hostname=host)
         self.sock = sock
+        self._answers = sock.makefile("rb")
         self.correlation = 0
 
     def ask(self, api: int, version: int, body: bytes, flexible: bool) -> _Reader:
@@ -133,14 +128,10 @@ class _Connection:
         return reader
 
     def _read(self, n: int) -> bytes:
-        chunks, got = [], 0
-        while got < n:
-            chunk = self.sock.recv(n - got)
-            if not chunk:
-                raise TransportError("the broker closed the connection")
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
+        data = self._answers.read(n)  # buffered: reads until n bytes came, or the connection closed
+        if len(data) < n:
+            raise TransportError("the broker closed the connection")
+        return data
 
     def versions(self) -> dict[int, tuple[int, int]]:
         r = self.ask(API_VERSIONS, 0, b"", flexible=False)
@@ -154,6 +145,7 @@ class _Connection:
         return out
 
     def close(self) -> None:
+        self._answers.close()
         self.sock.close()
 
 

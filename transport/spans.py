@@ -137,10 +137,7 @@ class Span:
         return self.traceparent.endswith("01")
 
     def set(self, key: str, value: Any) -> "Span":
-        if self.attributes is None:
-            self.attributes = {}
-        self.attributes[key] = value
-        return self
+        return self.update({key: value})
 
     def update(self, attributes: dict[str, Any]) -> "Span":
         if self.attributes is None:

@@ -78,11 +78,6 @@ class DeliveryGapError(InfrastructureUnavailableError):
     """Faust handed out an event past one it never delivered: acking it could commit over the missing one."""
 
 
-def _committed_position(stream: Any, tp: Any) -> int | None:
-    """Faust's committed position of ``tp`` (the next offset to read; None when not known)."""
-    return committed_position(getattr(getattr(stream, "app", None), "consumer", None), tp)
-
-
 def first_copies(events: Sequence[Any]) -> tuple[list, list]:
     """``events`` split into the first copy of each (partition, offset) and the copies that follow it."""
     seen: set = set()
@@ -167,7 +162,7 @@ class Batches:
         if tp not in self._gap_since:
             # Another member may have moved the partition on while it was not ours: the committed
             # position is then ahead of what this process last saw, and reading resumes there.
-            known = [p for p in (expected, _committed_position(self.stream, tp)) if p is not None]
+            known = [p for p in (expected, committed_position(self._consumer(), tp)) if p is not None]
             if not known:  # Faust does not know yet where the group stands: the broker is asked
                 start = await self._group_start(tp)
                 known = [start] if start is not None else []
@@ -203,7 +198,7 @@ class Batches:
     async def _group_start(self, tp: Any) -> int | None:
         """Where the group reads ``tp`` from: its committed offset on the broker, or with none the log's
         first offset (``auto_offset_reset`` earliest); None when the broker cannot be asked (no check)."""
-        consumer = getattr(getattr(self.stream, "app", None), "consumer", None)
+        consumer = self._consumer()
         if consumer is None:
             return None
         try:
@@ -215,13 +210,14 @@ class Batches:
 
     async def _log_start(self, tp: Any) -> int | None:
         """The first offset ``tp``'s log still holds (None when the broker cannot be asked)."""
-        consumer = getattr(getattr(self.stream, "app", None), "consumer", None)
-        if consumer is None:
-            return None
         try:
-            return (await consumer.earliest_offsets(tp)).get(tp)
+            return (await self._consumer().earliest_offsets(tp)).get(tp)
         except Exception:  # noqa: BLE001 - a test double without a consumer, or the broker away
             return None
+
+    def _consumer(self) -> Any:
+        """Faust's consumer of the stream's app (None: a test double without one)."""
+        return getattr(getattr(self.stream, "app", None), "consumer", None)
 
     async def ack(self, events: Sequence[Any]) -> None:
         """Ack ``events`` in order once their effects are durable: their offsets become committable."""

@@ -111,24 +111,21 @@ class ProgressWatchdog:
         heartbeat = LoopHeartbeat(max(self.stall_s, 2 * check_every_s)).start()
         beating = asyncio.ensure_future(heartbeat.beat_forever(min(0.5, heartbeat.limit_s / 4)))
         try:
-            await self._run(assigned, check_every_s)
+            while True:
+                await asyncio.sleep(check_every_s)
+                tps = assigned()
+                if not tps:  # nothing assigned, or Faust is rebalancing / restoring the table: no stall
+                    self._seen.clear()
+                    continue
+                stalled = await asyncio.to_thread(self.check, tps)
+                if stalled:
+                    detail = ", ".join(f"{t}[{p}] at {self._seen[(t, p)].position}" for t, p in stalled)
+                    raise StalledConsumerError(
+                        f"records wait on {detail} and none reached an agent for {self.stall_s:g} s "
+                        "(committed offsets unchanged, no batch in progress): the consumer stalled")
         finally:
             beating.cancel()
             heartbeat.stop()  # the loop is stopping (or this raised): its silence is no stall any more
-
-    async def _run(self, assigned: Callable[[], list[TP]], check_every_s: float) -> None:
-        while True:
-            await asyncio.sleep(check_every_s)
-            tps = assigned()
-            if not tps:  # nothing assigned, or Faust is rebalancing / restoring the table: no stall
-                self._seen.clear()
-                continue
-            stalled = await asyncio.to_thread(self.check, tps)
-            if stalled:
-                detail = ", ".join(f"{t}[{p}] at {self._seen[(t, p)].position}" for t, p in stalled)
-                raise StalledConsumerError(
-                    f"records wait on {detail} and none reached an agent for {self.stall_s:g} s "
-                    "(committed offsets unchanged, no batch in progress): the consumer stalled")
 
 
 class LoopHeartbeat:

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from schemas.errors import DecodeError, EncodeError, UnknownSchemaError
 from transport.errors import DeliveryError, QueueFullError, TransportError
-from transport.failures import Fault, OutageError, Retrier, classify, kafka_code
+from transport.failures import Fault, OutageError, Retrier, classify, kafka_error
 
 
 def kafka(code: int, *, fatal: bool = False) -> KafkaException:
@@ -74,7 +74,7 @@ def test_the_kafka_code_is_found_through_causes():
         except KafkaException as exc:
             raise TransportError("describe group g: refused") from exc
     except TransportError as wrapped:
-        assert kafka_code(wrapped) == KafkaError.GROUP_AUTHORIZATION_FAILED
+        assert kafka_error(wrapped).code() == KafkaError.GROUP_AUTHORIZATION_FAILED
         assert classify(wrapped) is Fault.FATAL
 
 
