@@ -24,15 +24,14 @@ What a schema means here (docs/engine.md, "Structured outputs"):
   (as if anchored), ``maxLength`` counts UTF-8 bytes for non-ASCII text. The output still validates.
 
 Threads: ``check_response_format`` and ``check_tool_parameters`` are safe from any thread (the LRU of
-checked schemas is locked; xgrammar compiles in C++ and releases the GIL).
+checked schemas is ``functools.lru_cache``'s, which is thread-safe; xgrammar compiles in C++ and releases the GIL).
 """
 
 from __future__ import annotations
 
-import collections
+import functools
 import json
 import re
-import threading
 from typing import Any, Iterable, Mapping
 
 from formats.errors import FormatError
@@ -44,17 +43,10 @@ DEFAULT_CACHE_SIZE = 128
 
 # Keywords xgrammar 0.2.9 accepts and does not enforce (measured: an instance breaking them passes).
 UNSUPPORTED_KEYWORDS = {
-    "uniqueItems": "uniqueItems is not enforced by the grammar engine",
-    "contains": "contains is not enforced by the grammar engine",
-    "minContains": "minContains is not enforced by the grammar engine",
-    "maxContains": "maxContains is not enforced by the grammar engine",
-    "dependentRequired": "dependentRequired is not enforced by the grammar engine",
-    "dependentSchemas": "dependentSchemas is not enforced by the grammar engine",
-    "dependencies": "dependencies is not enforced by the grammar engine",
-    "not": "not is not enforced by the grammar engine",
-    "if": "if/then/else is not enforced by the grammar engine",
-    "then": "if/then/else is not enforced by the grammar engine",
-    "else": "if/then/else is not enforced by the grammar engine",
+    **{key: f"{key} is not enforced by the grammar engine" for key in (
+        "uniqueItems", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
+        "dependencies", "not")},
+    **dict.fromkeys(("if", "then", "else"), "if/then/else is not enforced by the grammar engine"),
     "oneOf": "oneOf is not enforced (it would be matched as anyOf); use anyOf with disjoint schemas",
     "$dynamicRef": "$dynamicRef is not supported",
     "$recursiveRef": "$recursiveRef is not supported",
@@ -75,11 +67,9 @@ COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperti
 NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "format")
 OTHER_KEYWORDS = frozenset(["type", "enum", "const", "required", "$ref", "nullable"])
-KNOWN_KEYWORDS = (
-    frozenset(UNSUPPORTED_KEYWORDS) | ANNOTATIONS | OTHER_KEYWORDS | frozenset(SCHEMA_MAP_KEYWORDS)
-    | frozenset(SCHEMA_KEYWORDS) | frozenset(SCHEMA_LIST_KEYWORDS) | frozenset(COUNT_KEYWORDS)
-    | frozenset(NUMBER_KEYWORDS) | frozenset(STRING_KEYWORDS)
-)  # fmt: skip
+KNOWN_KEYWORDS = frozenset().union(
+    UNSUPPORTED_KEYWORDS, ANNOTATIONS, OTHER_KEYWORDS, SCHEMA_MAP_KEYWORDS, SCHEMA_KEYWORDS, SCHEMA_LIST_KEYWORDS,
+    COUNT_KEYWORDS, NUMBER_KEYWORDS, STRING_KEYWORDS)
 _LOOKAROUND = re.compile(r"\(\?<?[=!]|\\[1-9]|\\k<")
 _XGR_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*(Check failed: .*? is false: )?")
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -139,20 +129,14 @@ def check_response_format(fmt: Mapping[str, Any] | str | None) -> None:
         for i, tool in enumerate(parsed[1]["tools"]):
             check_tool_parameters(tool["parameters"], f"{ROOT}.tool_calls.tools[{i}].parameters")
         return
-    key = canonical(parsed[1])
-    with _checked_lock:
-        if key in _checked:
-            _checked.move_to_end(key)
-            return
-    schema_grammar(parsed[1])
-    with _checked_lock:
-        _checked[key] = None
-        while len(_checked) > DEFAULT_CACHE_SIZE:
-            _checked.popitem(last=False)
+    _check_schema(canonical(parsed[1]))
 
 
-_checked: collections.OrderedDict[str, None] = collections.OrderedDict()
-_checked_lock = threading.Lock()
+@functools.lru_cache(maxsize=DEFAULT_CACHE_SIZE)
+def _check_schema(key: str) -> None:
+    """``schema_grammar`` of a schema given as its ``canonical`` text, remembered for the last
+    ``DEFAULT_CACHE_SIZE`` schemas that passed (a failure is not kept: it raises again)."""
+    schema_grammar(json.loads(key))
 
 
 def canonical(schema: Any) -> str:
@@ -252,7 +236,7 @@ def _locate(schema: Any, reason: str) -> str:
     """The deepest subschema that fails alone with the same reason (root $defs attached, so its
     references still resolve); the schema's root when none does."""
     defs = {k: schema[k] for k in ("$defs", "definitions") if isinstance(schema, Mapping) and k in schema}
-    best = SCHEMA_PATH
+    best, node = SCHEMA_PATH, schema
     for path, sub in _subschemas(schema, SCHEMA_PATH):
         if not isinstance(sub, Mapping):
             continue
@@ -261,18 +245,10 @@ def _locate(schema: Any, reason: str) -> str:
             grammar_from_schema(probe)
         except Exception as exc:  # noqa: BLE001 - any compile failure; its reason is compared below
             if _clean(exc) == reason and path.count(".") + path.count("[") > best.count(".") + best.count("["):
-                best = path
-    node = _at(schema, best)
+                best, node = path, sub
     if reason.startswith("Regex") and isinstance(node, Mapping) and "pattern" in node:
         best += ".pattern"  # the schema's own pattern (a property *name* pattern names patternProperties)
     return best
-
-
-def _at(schema: Any, path: str) -> Any:
-    for found, sub in _subschemas(schema, SCHEMA_PATH):
-        if found == path:
-            return sub
-    return schema
 
 
 def _subschemas(node: Any, path: str) -> Iterable[tuple[str, Any]]:
@@ -363,18 +339,9 @@ def check_tool_parameters(schema: Any, path: str) -> None:
     kind = schema.get("type", "object")
     if kind != "object":
         raise _bad(f"{path}.type", f"must be 'object' (a function's arguments are a JSON object), got {kind!r}")
-    key = "tool:" + canonical(schema)
-    with _checked_lock:
-        if key in _checked:
-            _checked.move_to_end(key)
-            return
     try:
-        schema_grammar(schema)
+        _check_schema(canonical(schema))
     except FormatError as exc:
         message = str(exc)
         raise FormatError(path + message[len(SCHEMA_PATH):] if message.startswith(SCHEMA_PATH)
                           else f"{path}: {message}") from None
-    with _checked_lock:
-        _checked[key] = None
-        while len(_checked) > DEFAULT_CACHE_SIZE:
-            _checked.popitem(last=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Header, Request
@@ -29,7 +30,7 @@ from gateway.openai_api import ChatCompletionRequest, OpenAIError
 from gateway.responses import choice, chunk, completion, sse, usage
 from gateway.service import Delta, GatewayService, Submitted
 from gateway.settings import GatewaySettings
-from gateway.streaming import ClientGone, outcome_of, until_disconnect
+from gateway.streaming import ClientGone, outcome_of, wait_for_answer
 from schemas.records import FeedbackKind
 from transport.settings import KafkaSettings
 
@@ -67,32 +68,30 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        code = None
         if first.get("type") == "json_invalid" or (not loc and first.get("type") == "model_attributes_type"):
             message, param = "the request body must be a JSON object (Content-Type: application/json)", None
         elif first.get("type") == "extra_forbidden":  # OpenAI's own words for a field it does not know
-            name = ".".join(loc)
-            return JSONResponse(OpenAIError(
-                400, f"Unrecognized request argument supplied: {name}. docs/gateway.md lists the fields this route "
-                     "takes (for chat completions: \"Request fields\", which are honoured, refused or ignored)",
-                param=name, code="unknown_parameter").body(), status_code=400)
+            param, code = ".".join(loc), "unknown_parameter"
+            message = (f"Unrecognized request argument supplied: {param}. docs/gateway.md lists the fields this route "
+                       "takes (for chat completions: \"Request fields\", which are honoured, refused or ignored)")
         else:
             message, param = f"{'.'.join(loc) or 'body'}: {first.get('msg')}", ".".join(loc) or None
-        return JSONResponse(OpenAIError(400, message, param=param).body(), status_code=400)
+        return await openai_error(request, OpenAIError(400, message, param=param, code=code))
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")  # a bug: logged with its traceback, answered in OpenAI's shape
-        return JSONResponse(OpenAIError(500, f"internal error: {type(exc).__name__}", type="server_error",
-                                        code="internal_error").body(), status_code=500)
+        return await openai_error(request, OpenAIError(500, f"internal error: {type(exc).__name__}",
+                                                       type="server_error", code="internal_error"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return JSONResponse(OpenAIError(exc.status_code, str(exc.detail), type=kind).body(),
-                            status_code=exc.status_code)
+        return await openai_error(request, OpenAIError(exc.status_code, str(exc.detail), type=kind))
 
     def authenticate(authorization: str | None = Header(None)) -> Principal:
         principal = keys.lookup(authorization)
@@ -149,10 +148,7 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         headers = {CONVERSATION_HEADER: sub.conversation_id, REQUEST_HEADER: sub.request_id}
         deltas = service.replies(sub)
         try:
-            if body.stream:
-                first = await until_disconnect(request, anext(deltas, None))
-            else:
-                await until_disconnect(request, drain(deltas))
+            first = await wait_for_answer(request, deltas, body.stream)
         except ClientGone:
             service.cancel(sub, "client_disconnected")
             return PlainTextResponse("", status_code=499)
@@ -171,36 +167,28 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
     return app
 
 
-async def drain(deltas: AsyncIterator[Delta]) -> None:
-    async for _ in deltas:
-        pass
-
-
 async def events(service: GatewayService, sub: Submitted, first: Delta | None, deltas: AsyncIterator[Delta],
                  include_usage: bool) -> AsyncIterator[str]:
     """The SSE body: each choice's role, its text deltas (with their tokens' logprobs when asked),
     its finish reason; usage when asked (all choices' tokens), once every choice ended; ``[DONE]``."""
     finished = False
+    sub_chunk = partial(chunk, sub.request_id, sub.model, sub.created)  # an event of this request
 
     def event(delta: Delta) -> list[str]:
         out = []
         if delta.parts is not None:  # tools: content and tool_calls deltas (the logprobs on the first)
             parts = delta.parts or ([{}] if delta.logprobs else [])
             for i, part in enumerate(parts):
-                out.append(chunk(sub.request_id, sub.model, sub.created, index=delta.index, delta=part,
-                                 logprobs=delta.logprobs if i == 0 else None))
+                out.append(sub_chunk(index=delta.index, delta=part, logprobs=delta.logprobs if i == 0 else None))
         elif delta.text or delta.logprobs:
-            out.append(chunk(sub.request_id, sub.model, sub.created, index=delta.index, delta={"content": delta.text},
-                             logprobs=delta.logprobs))
+            out.append(sub_chunk(index=delta.index, delta={"content": delta.text}, logprobs=delta.logprobs))
         if delta.finish_reason is not None:
-            out.append(chunk(sub.request_id, sub.model, sub.created, index=delta.index,
-                             finish_reason=delta.finish_reason))
+            out.append(sub_chunk(index=delta.index, finish_reason=delta.finish_reason))
         return out
 
     try:
         for c in sub.choices:
-            yield chunk(sub.request_id, sub.model, sub.created, index=c.index,
-                        delta={"role": "assistant", "content": ""})
+            yield sub_chunk(index=c.index, delta={"role": "assistant", "content": ""})
         if first is not None:
             for text in event(first):
                 yield text
@@ -208,8 +196,7 @@ async def events(service: GatewayService, sub: Submitted, first: Delta | None, d
             for text in event(delta):
                 yield text
         if include_usage:
-            yield chunk(sub.request_id, sub.model, sub.created, final_usage=True,
-                        usage_=usage(sub.tokens_in, sub.tokens_out))
+            yield sub_chunk(usage_=usage(sub.tokens_in, sub.tokens_out))
         yield sse("[DONE]")
         finished = True
         service.finish(sub, "ok")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -36,9 +35,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from gateway.keys import Principal
 from gateway.openai_api import CompletionRequest, OpenAIError
-from gateway.responses import sse, usage
+from gateway.responses import json_logprob, sse, usage
 from gateway.service import Delta, GatewayService, Submitted
-from gateway.streaming import ClientGone, outcome_of, until_disconnect
+from gateway.streaming import ClientGone, outcome_of, wait_for_answer
 from schemas.records import TokenLogprob
 
 REQUEST_HEADER = "X-Chatpipe-Request-Id"
@@ -62,31 +61,23 @@ class Offsets:
         return out
 
 
-def _logprob(value: float) -> float:
-    return value if math.isfinite(value) else -9999.0  # JSON has no -inf (as chat's logprobs)
-
-
 def legacy_logprobs(entries: list[TokenLogprob] | None, offsets: Offsets) -> dict[str, Any] | None:
     """OpenAI's legacy ``logprobs`` of a choice (or of a chunk's tokens) from ``TokenLogprob``s."""
     if entries is None:
         return None
     top = []
     for e in entries:
-        alternatives = {e.token: _logprob(e.logprob)}
+        alternatives = {e.token: json_logprob(e.logprob)}
         for t in e.top:
-            alternatives.setdefault(t.token, _logprob(t.logprob))
+            alternatives.setdefault(t.token, json_logprob(t.logprob))
         top.append(alternatives)
-    return {"tokens": [e.token for e in entries], "token_logprobs": [_logprob(e.logprob) for e in entries],
+    return {"tokens": [e.token for e in entries], "token_logprobs": [json_logprob(e.logprob) for e in entries],
             "top_logprobs": top, "text_offset": offsets.feed(entries)}
-
-
-def completion_id(subs: list[Submitted]) -> str:
-    return f"cmpl-{subs[0].request_id}"
 
 
 def text_completion(subs: list[Submitted], choices: list[dict[str, Any]] | None, *,
                     usage_: dict[str, int] | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": completion_id(subs), "object": "text_completion", "created": subs[0].created,
+    body: dict[str, Any] = {"id": f"cmpl-{subs[0].request_id}", "object": "text_completion", "created": subs[0].created,
                             "model": subs[0].model, "choices": choices if choices is not None else []}
     if usage_ is not None:
         body["usage"] = usage_
@@ -119,8 +110,8 @@ class Merged:
                 self.queue.put_nowait((i, delta, None))
         except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
             self.queue.put_nowait((i, None, exc))
-            return
-        self.queue.put_nowait((i, None, None))
+        else:
+            self.queue.put_nowait((i, None, None))
 
     def __aiter__(self) -> "Merged":
         return self
@@ -172,10 +163,7 @@ def add_completion_routes(app: FastAPI, authenticate: Callable, service: Gateway
                     service.cancel(sub, "request_failed")
 
         try:
-            if body.stream:
-                first = await until_disconnect(request, anext(merged, None))
-            else:
-                await until_disconnect(request, drain(merged))
+            first = await wait_for_answer(request, merged, body.stream)
         except ClientGone:
             merged.close()
             for sub in subs:
@@ -198,11 +186,6 @@ def add_completion_routes(app: FastAPI, authenticate: Callable, service: Gateway
                                  headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def drain(merged: Merged) -> None:
-    async for _ in merged:
-        pass
-
-
 async def events(service: GatewayService, subs: list[Submitted], merged: Merged, first: tuple[int, Delta] | None,
                  echo: list[str], include_usage: bool, fail: Callable[[OpenAIError], None]) -> AsyncIterator[str]:
     """The SSE body: ``text_completion`` objects, one per increment of a choice (its finish reason on
@@ -214,9 +197,8 @@ async def events(service: GatewayService, subs: list[Submitted], merged: Merged,
     def event(i: int, delta: Delta) -> str | None:
         if not (delta.text or delta.logprobs or delta.finish_reason):
             return None
-        logprobs = legacy_logprobs(delta.logprobs, offsets[i, delta.index]) if delta.logprobs is not None else None
-        return sse(text_completion(subs, [text_choice(i * n + delta.index, delta.text, delta.finish_reason,
-                                                      logprobs)]))
+        logprobs = legacy_logprobs(delta.logprobs, offsets[i, delta.index])
+        return sse(text_completion(subs, [text_choice(i * n + delta.index, delta.text, delta.finish_reason, logprobs)]))
 
     try:
         for i, text in enumerate(echo):

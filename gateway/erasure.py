@@ -26,8 +26,9 @@ from fastapi import Depends, FastAPI
 
 from gateway.keys import Principal, resolve_user
 from gateway.openai_api import OpenAIError
+from gateway.translate import checked_conversation_id
 from schemas.records import Deletion, DeletionScope
-from schemas.requests import CONVERSATION_ID, CONVERSATION_ID_RULE, LIMITS
+from schemas.requests import LIMITS
 from schemas.topics import DELETIONS, deletion_key
 from transport.errors import DeliveryError
 
@@ -45,13 +46,15 @@ def add_erasure_routes(app: FastAPI, authenticate: Callable[..., Principal], ser
     async def forget_user_conversation(user: str, conversation_id: str,
                                        principal: Principal = Depends(authenticate)) -> dict[str, Any]:
         resolved = resolve_user(principal, _named_user(user))
-        return await _send(service, principal, resolved.user_id, _conversation(conversation_id))
+        conversation = checked_conversation_id(conversation_id, param="conversation_id")
+        return await _send(service, principal, resolved.user_id, conversation)
 
     @app.delete("/v1/conversations/{conversation_id}", status_code=202)
     async def forget_conversation(conversation_id: str, principal: Principal = Depends(authenticate)) -> dict[str, Any]:
         # The requests of this key that named no user belong to its default user (bound keys: their user).
         resolved = resolve_user(principal, None)
-        return await _send(service, principal, resolved.user_id, _conversation(conversation_id))
+        conversation = checked_conversation_id(conversation_id, param="conversation_id")
+        return await _send(service, principal, resolved.user_id, conversation)
 
 
 def _named_user(user: str) -> str:
@@ -62,13 +65,6 @@ def _named_user(user: str) -> str:
         raise OpenAIError(400, f"the user in the path has {len(user)} characters; at most {LIMITS.max_user_chars}",
                           param="user", code="invalid_value")
     return user
-
-
-def _conversation(conversation_id: str) -> str:
-    if not CONVERSATION_ID.fullmatch(conversation_id):
-        raise OpenAIError(400, f"conversation id {conversation_id[:40]!r}: use {CONVERSATION_ID_RULE}",
-                          param="conversation_id", code="invalid_value")
-    return conversation_id
 
 
 async def _send(service: Any, principal: Principal, user_id: str, conversation_id: str | None) -> dict[str, Any]:

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Awaitable, Callable
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.openai_api import OpenAIError
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 DRAIN_S = 5.0  # longest a refused body is read and dropped before the connection closes
 
 
@@ -100,13 +97,10 @@ async def _drain(receive: Receive, most_bytes: int) -> None:
 
 
 def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None  # the server refuses a malformed length itself
-    return None
+    try:
+        return int(Headers(scope=scope)["content-length"])
+    except (KeyError, ValueError):
+        return None  # none declared, or a malformed one (the server refuses that itself)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -20,7 +20,8 @@ Reference: https://platform.openai.com/docs/api-reference/chat (object names, fi
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from contextlib import contextmanager
+from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -58,28 +59,26 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+# The parts of a request ignore fields they do not know (pydantic's default; a message's ``name``, for
+# one); the request bodies themselves refuse them (``extra="forbid"``, below).
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
     text: str
 
 
 class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="ignore")
     name: str
     arguments: str = ""
 
 
 class ToolCall(BaseModel):
     """An assistant message's call, sent back in the history."""
-    model_config = ConfigDict(extra="ignore")
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
     role: str  # one of schemas.requests.OPENAI_ROLES (ChatCompletionRequest.check)
     content: str | list[TextPart] | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant message's calls
@@ -94,8 +93,7 @@ class Message(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    # include_obfuscation (OpenAI's random padding of stream events) is ignored: docs/gateway.md
-    model_config = ConfigDict(extra="ignore")
+    # include_obfuscation (OpenAI's random padding of stream events) is ignored, as unknown fields are: docs/gateway.md
     include_usage: bool = False
 
 
@@ -151,6 +149,15 @@ class SamplingFields(BaseModel):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def check_shared(self, limits: RequestLimits, **endpoint: Any) -> None:
+        """schemas.requests' rules on the fields both routes share, with the route's own (``endpoint``:
+        logprobs, top_logprobs, response_format), and ``user`` as an id. Raises RequestRuleError."""
+        check_sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+                       stop=self.stop_list(), presence_penalty=self.presence_penalty,
+                       frequency_penalty=self.frequency_penalty, n=self.n, limits=limits, **endpoint)
+        if self.user:  # "" = no user, as OpenAI's clients send it
+            check_user(self.user, limits)
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[Message]
@@ -188,7 +195,7 @@ class ChatCompletionRequest(SamplingFields):
         ``context_tokens``, ``max_tokens`` against the model's context too), then what chatpipe does
         not support. The tools, the response format's schema and the prompt the tools are rendered
         into are checked by their parts when ``translate.chat_content`` calls them."""
-        try:
+        with rules_as_400():
             check_messages([(m.role, m.text()) for m in self.messages], limits, roles=OPENAI_ROLES,
                            last_roles=("user", TOOL_ROLE))
             if self.response_format is not None and self.response_format.get("type") not in RESPONSE_FORMAT_TYPES:
@@ -196,19 +203,12 @@ class ChatCompletionRequest(SamplingFields):
                                                                f"of {', '.join(RESPONSE_FORMAT_TYPES)}")
             for name in ("max_tokens", "max_completion_tokens"):
                 check_sampling(max_tokens=getattr(self, name), context_tokens=context_tokens, max_tokens_field=name)
-            check_sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
-                           stop=self.stop_list(), presence_penalty=self.presence_penalty,
-                           frequency_penalty=self.frequency_penalty, logprobs=self.logprobs,
-                           top_logprobs=self.top_logprobs, n=self.n, response_format=self.response_format,
-                           limits=limits)
-            if self.user:  # "" = no user, as OpenAI's clients send it
-                check_user(self.user, limits)
+            self.check_shared(limits, logprobs=self.logprobs, top_logprobs=self.top_logprobs,
+                              response_format=self.response_format)
             if self.metadata is not None:
                 check_metadata(self.metadata, limits)
                 if "conversation_id" in self.metadata:
                     check_conversation_id(self.metadata["conversation_id"], field="metadata.conversation_id")
-        except RequestRuleError as exc:
-            raise as_400(exc) from None
         self.check_supported()
 
     def check_supported(self) -> None:
@@ -292,21 +292,14 @@ class CompletionRequest(SamplingFields):
             raise OpenAIError(400, f"prompt has {len(prompts)} prompts, over the limit of {MAX_PROMPTS} per "
                                    "request; send them in several requests", param="prompt",
                               code="array_above_max_length")
-        try:
+        with rules_as_400():
             for i, text in enumerate(prompts):
                 check_raw_prompt(text, limits, field="prompt" if isinstance(self.prompt, str) else f"prompt[{i}]")
             if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
                 raise RequestRuleError("logprobs", f"is {self.logprobs}; use 0-{MAX_LOGPROBS} (0: the chosen tokens' "
                                                    "logprobs only)", limit=MAX_LOGPROBS)
             check_sampling(max_tokens=self.max_tokens, context_tokens=context_tokens)
-            check_sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
-                           stop=self.stop_list(), presence_penalty=self.presence_penalty,
-                           frequency_penalty=self.frequency_penalty, logprobs=self.logprobs is not None,
-                           top_logprobs=self.logprobs, n=self.n, limits=limits)
-            if self.user:
-                check_user(self.user, limits)
-        except RequestRuleError as exc:
-            raise as_400(exc) from None
+            self.check_shared(limits, logprobs=self.logprobs is not None, top_logprobs=self.logprobs)
         self.check_supported()
         return prompts
 
@@ -356,10 +349,8 @@ class EmbeddingsBody(BaseModel):
         else:
             raise OpenAIError(400, f"input is {type(value).__name__}: send a string or a list of strings",
                               param="input", code="invalid_type")
-        try:
+        with rules_as_400():
             check_inputs(texts, limits)
-        except RequestRuleError as exc:
-            raise as_400(exc) from None
         return texts
 
     def encoding(self) -> str:
@@ -375,16 +366,18 @@ class EmbeddingsBody(BaseModel):
             raise OpenAIError(400, f"dimensions must be at least 1, got {self.dimensions}; leave it out for the "
                                    "model's own", param="dimensions", code="invalid_value")
         if self.user:  # "" = no user, as OpenAI's clients send it
-            try:
+            with rules_as_400():
                 check_user(self.user, LIMITS)
-            except RequestRuleError as exc:
-                raise as_400(exc) from None
 
 
 def unsupported(param: str, message: str, code: str = "unsupported_parameter") -> OpenAIError:
     return OpenAIError(400, message, param=param, code=code)
 
 
-def as_400(exc: RequestRuleError) -> OpenAIError:
-    """A schemas.requests rule's error as OpenAI's 400, ``param`` the field it names."""
-    return OpenAIError(400, str(exc), param=exc.field, code=exc.code)
+@contextmanager
+def rules_as_400() -> Iterator[None]:
+    """A schemas.requests rule's error raised inside, as OpenAI's 400 (``param``: the field it names)."""
+    try:
+        yield
+    except RequestRuleError as exc:
+        raise OpenAIError(400, str(exc), param=exc.field, code=exc.code) from None

@@ -73,9 +73,12 @@ def logprobs_object(entries: list[Any] | None) -> dict[str, Any] | None:
 
 
 def _token(entry: Any) -> dict[str, Any]:
+    return {"token": entry.token, "logprob": json_logprob(entry.logprob), "bytes": list(entry.bytes)}
+
+
+def json_logprob(value: float) -> float:
     # JSON has no -inf: OpenAI answers -9999.0 for a token the model gives no chance
-    logprob = entry.logprob if math.isfinite(entry.logprob) else -9999.0
-    return {"token": entry.token, "logprob": logprob, "bytes": list(entry.bytes)}
+    return value if math.isfinite(value) else -9999.0
 
 
 def usage(tokens_in: int, tokens_out: int) -> dict[str, int]:
@@ -83,13 +86,13 @@ def usage(tokens_in: int, tokens_out: int) -> dict[str, int]:
 
 
 def chunk(request_id: str, model: str, created: int, *, index: int = 0, delta: dict[str, Any] | None = None,
-          logprobs: list[Any] | None = None, finish_reason: str | None = None, usage_: dict[str, int] | None = None,
-          final_usage: bool = False) -> str:
+          logprobs: list[Any] | None = None, finish_reason: str | None = None,
+          usage_: dict[str, int] | None = None) -> str:
     """One SSE event of a streamed completion (``chat.completion.chunk``) for choice ``index``;
     ``logprobs``: the ``TokenLogprob``s of this event's tokens (None: not asked)."""
     body: dict[str, Any] = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": created,
                             "model": model}
-    if final_usage:  # OpenAI's usage chunk: no choices, usage only (stream_options.include_usage)
+    if usage_ is not None:  # OpenAI's usage chunk: no choices, usage only (stream_options.include_usage)
         body["choices"] = []
         body["usage"] = usage_
     else:
@@ -278,24 +281,18 @@ class ToolCallStream:
 
     def _tail(self, out: list[dict[str, Any]]) -> bool:
         match = _TAIL.match(self._buf)
-        if match is not None:
-            self.calls[-1].complete = True
-            self._buf = self._buf[match.end():]
-            self._state = "text"
-            return True
-        if not _could_be_tail(self._buf):  # a call not closed as written: take the rest as text
-            self.calls[-1].complete = True
-            self._state = "text"
-            return True
-        return False
+        if match is None and _could_be_tail(self._buf):
+            return False  # more may close the call
+        # Closed as written, or not (then the rest is taken as text): the call ended either way.
+        self.calls[-1].complete = True
+        self._buf = self._buf if match is None else self._buf[match.end():]
+        self._state = "text"
+        return True
 
 
 def _partial_suffix(text: str, token: str) -> int:
     """The length of the longest suffix of ``text`` that is a proper prefix of ``token``."""
-    for n in range(min(len(text), len(token) - 1), 0, -1):
-        if token.startswith(text[-n:]):
-            return n
-    return 0
+    return next((n for n in range(min(len(text), len(token) - 1), 0, -1) if token.startswith(text[-n:])), 0)
 
 
 def _could_be_tail(text: str) -> bool:
@@ -306,20 +303,6 @@ def _could_be_tail(text: str) -> bool:
         return False
     rest = stripped[1:].lstrip()
     return "</tool_call>".startswith(rest) or rest.startswith("</tool_call>")
-
-
-@dataclass
-class ParsedAnswer:
-    content: str | None
-    tool_calls: list[dict[str, Any]]
-
-
-def parse_answer(text: str) -> ParsedAnswer:
-    """A whole output: its content (None when it is only calls) and its calls in OpenAI's shape."""
-    stream = ToolCallStream()
-    stream.feed(text)
-    stream.end()
-    return ParsedAnswer(stream.text, [c.openai() for c in stream.calls])
 
 
 def finish_reason(stream: ToolCallStream, engine_finish: str) -> str:

@@ -9,7 +9,7 @@ completion routes: ``completions.py`` importing ``app.py`` back was a cycle).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, AsyncIterator
 
 from fastapi import Request
 
@@ -37,6 +37,16 @@ async def until_disconnect(request: Request, awaitable: Any) -> Any:
         return work.result()
     work.cancel()
     raise ClientGone()
+
+
+async def wait_for_answer(request: Request, answer: AsyncIterator[Any], stream: bool) -> Any:
+    """Streamed: ``answer``'s first item (None when it has none), so that the HTTP status can follow
+    it; else ``answer`` read to its end (None). ClientGone as soon as the client closes the connection."""
+    async def drain() -> None:
+        async for _ in answer:
+            pass
+
+    return await until_disconnect(request, anext(answer, None) if stream else drain())
 
 
 async def wait_for_disconnect(request: Request) -> None:

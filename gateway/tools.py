@@ -177,12 +177,10 @@ def check_parameters(spec: ToolSpec) -> None:
     """RequestRuleError naming the tool whose parameters schema the grammar library cannot enforce
     (``tools[i].function.parameters...``). Needs xgrammar (ImportError otherwise)."""
     for i, tool in enumerate(spec.tools):
-        path = f"tools[{i}].function.parameters"
         try:
-            check_tool_parameters(tool.parameters, path)
+            check_tool_parameters(tool.parameters, f"tools[{i}].function.parameters")
         except FormatError as exc:
-            message = str(exc)
-            raise RequestRuleError(f"tools[{i}]", f"(function {tool.name!r}): {message}") from None
+            raise RequestRuleError(f"tools[{i}]", f"(function {tool.name!r}): {exc}") from None
 
 
 def check_tool_messages(messages: Sequence[Any]) -> None:

@@ -41,7 +41,7 @@ from gateway.openai_api import (
     EmbeddingsBody,
     OpenAIError,
     SamplingFields,
-    as_400,
+    rules_as_400,
 )
 from gateway.settings import GatewaySettings
 from schemas.records import (
@@ -144,7 +144,7 @@ def chat_content(body: ChatCompletionRequest, *, context_tokens: int | None, def
     """Steps 1 and 2 of a chat request (the module docstring): its fields, its tools, its response
     format, its messages as the record carries them, its sampling. 400s naming the field."""
     body.check(context_tokens, limits)
-    try:
+    with rules_as_400():
         tools.check_tool_messages(body.messages)
         spec = tools.parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
         response_format = record_response_format(body.response_format, spec, limits)
@@ -152,8 +152,6 @@ def chat_content(body: ChatCompletionRequest, *, context_tokens: int | None, def
             [(m.role, m.text(), [c.model_dump() for c in m.tool_calls] if m.tool_calls else None)
              for m in body.messages], spec)
         check_messages(messages, limits)  # with the tools rendered into the prompt
-    except RequestRuleError as exc:
-        raise as_400(exc) from None
     max_tokens = body.max_completion_tokens or body.max_tokens or default_max_tokens
     sampling = sampling_params(body, max_tokens, logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0,
                                response_format=response_format)
@@ -206,16 +204,10 @@ def _grammar_check(check: Callable[[], None], what: str) -> None:
 def sampling_params(body: SamplingFields, max_tokens: int, **fields: Any) -> SamplingParams:
     """The record's sampling: what the request leaves out is the engine's default (e.g. temperature
     0.7); ``fields`` are the endpoint's own (logprobs, top_logprobs, response_format)."""
-    sampling = SamplingParams(max_tokens=max_tokens, stop=body.stop_list(), seed=body.seed,
-                              presence_penalty=body.presence_penalty or 0.0,
-                              frequency_penalty=body.frequency_penalty or 0.0, n=body.choices, **fields)
-    if body.temperature is not None:
-        sampling.temperature = body.temperature
-    if body.top_p is not None:
-        sampling.top_p = body.top_p
-    if body.top_k is not None:
-        sampling.top_k = body.top_k
-    return sampling
+    given = {name: getattr(body, name) for name in ("temperature", "top_p", "top_k") if getattr(body, name) is not None}
+    return SamplingParams(max_tokens=max_tokens, stop=body.stop_list(), seed=body.seed, n=body.choices,
+                          presence_penalty=body.presence_penalty or 0.0,
+                          frequency_penalty=body.frequency_penalty or 0.0, **given, **fields)
 
 
 def check_model(model: str, served: list[str]) -> None:
@@ -230,10 +222,15 @@ def conversation_id_of(given: str | None, metadata: Mapping[str, str] | None) ->
     ``metadata.conversation_id`` (checked with the body's fields), else a new one."""
     if not given:
         return (metadata or {}).get("conversation_id") or new_id()
-    if not CONVERSATION_ID.fullmatch(given):
-        raise OpenAIError(400, f"conversation id {given[:40]!r}: use {CONVERSATION_ID_RULE}",
-                          param="metadata.conversation_id", code="invalid_value")
-    return given
+    return checked_conversation_id(given, param="metadata.conversation_id")
+
+
+def checked_conversation_id(conversation_id: str, *, param: str) -> str:
+    """``conversation_id`` when it is one (400 naming ``param`` otherwise): a header's, a path's."""
+    if not CONVERSATION_ID.fullmatch(conversation_id):
+        raise OpenAIError(400, f"conversation id {conversation_id[:40]!r}: use {CONVERSATION_ID_RULE}", param=param,
+                          code="invalid_value")
+    return conversation_id
 
 
 def memory_scope(user: ResolvedUser) -> MemoryScope:

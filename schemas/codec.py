@@ -211,13 +211,10 @@ class AvroCodec:
         try:
             value = schemaless_reader(buf, writer, reader)
         except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError, ... on junk
-            raise DecodeError(
-                f"corrupt {version.name} v{version.version} body: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise DecodeError(f"corrupt {version.name} v{version.version} body: {type(exc).__name__}: {exc}") from exc
         if buf.tell() != len(data):
-            raise DecodeError(
-                f"corrupt {version.name} v{version.version} body: {len(data) - buf.tell()} trailing bytes"
-            )
+            raise DecodeError(f"corrupt {version.name} v{version.version} body: "
+                              f"{len(data) - buf.tell()} trailing bytes")
         if not isinstance(value, dict):
             raise DecodeError(f"{version.name}: body is not a record")
         return value
@@ -229,15 +226,8 @@ class AvroCodec:
         reader = None if latest is plan.version else latest.parsed
         return plan.version.name, self._read(plan, data, plan.version.parsed, reader)
 
-    def decode(
-        self,
-        data: bytes,
-        expected: type | None = None,
-        *,
-        topic: str | None = None,
-        partition: int | None = None,
-        offset: int | None = None,
-    ) -> Any:
+    def decode(self, data: bytes, expected: type | None = None, *, topic: str | None = None,
+               partition: int | None = None, offset: int | None = None) -> Any:
         """The typed record in ``data``; ``expected`` checks its type.
 
         Raises :class:`DecodeError` carrying ``topic``/``partition``/``offset`` when given.

@@ -225,13 +225,8 @@ class _Compiler:
             (item_hint,) = typing.get_args(hint) or (Any,)
             item = self._fresh("i")
             conv, check = self.encode_value(schema["items"], item_hint, item, None)
-            if conv == item and check is None:
-                return x, f"type({x}) is list"
-            if conv == item:
-                return x, f"type({x}) is list and all({check} for {item} in {x})"
-            if check is not None:
-                return f"[{conv} for {item} in {x}]", f"type({x}) is list and all({check} for {item} in {x})"
-            return f"[{conv} for {item} in {x}]", f"type({x}) is list"
+            items_check = "" if check is None else f" and all({check} for {item} in {x})"
+            return (x if conv == item else f"[{conv} for {item} in {x}]"), f"type({x}) is list{items_check}"
         if kind == "map":
             return self._generic_encode(x), f"type({x}) is dict"
         if kind == "int":

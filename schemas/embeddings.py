@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from schemas.requests import RequestRuleError
+from schemas.requests import RequestRuleError, over_limit
 
 FLOAT_BYTES = 4  # float32
 
@@ -57,9 +57,8 @@ def check_inputs(inputs: Sequence[str], limits: EmbeddingLimits = EMBEDDING_LIMI
     if not inputs:
         raise RequestRuleError("input", "is empty: send a string or a list of at least one string")
     if len(inputs) > limits.max_inputs:
-        raise RequestRuleError("input", f"has {len(inputs)} texts, over the limit of {limits.max_inputs} per request; "
-                                        "send them in several requests", limit=limits.max_inputs,
-                               code="array_above_max_length")
+        raise over_limit("input", f"has {len(inputs)} texts", limits.max_inputs, "send them in several requests",
+                         per="per request", code="array_above_max_length")
     total = 0
     for i, text in enumerate(inputs):
         field = "input" if len(inputs) == 1 else f"input[{i}]"
@@ -68,14 +67,11 @@ def check_inputs(inputs: Sequence[str], limits: EmbeddingLimits = EMBEDDING_LIMI
         if not text:
             raise RequestRuleError(field, "is an empty string: there is nothing to embed")
         if len(text) > limits.max_input_chars:
-            raise RequestRuleError(field, f"is {len(text)} characters, over the limit of {limits.max_input_chars} "
-                                          "per text; shorten it", limit=limits.max_input_chars,
-                                   code="string_above_max_length")
+            raise over_limit(field, f"is {len(text)} characters", limits.max_input_chars, "shorten it", per="per text")
         total += len(text)
     if total > limits.max_total_chars:
-        raise RequestRuleError("input", f"is {total} characters in all, over the limit of {limits.max_total_chars}; "
-                                        "send fewer or shorter texts", limit=limits.max_total_chars,
-                               code="string_above_max_length")
+        raise over_limit("input", f"is {total} characters in all", limits.max_total_chars,
+                         "send fewer or shorter texts")
 
 
 def pack_rows(rows: Iterable[Sequence[float]]) -> bytes:

@@ -22,21 +22,10 @@ class DecodeError(ChatpipeError):
     point at the exact message: ``topic``, ``partition`` and ``offset``.
     """
 
-    def __init__(
-        self,
-        reason: str,
-        *,
-        topic: str | None = None,
-        partition: int | None = None,
-        offset: int | None = None,
-    ) -> None:
-        self.reason = reason
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
-        where = ""
-        if topic is not None:
-            where = f" (topic {topic}, partition {partition}, offset {offset})"
+    def __init__(self, reason: str, *, topic: str | None = None, partition: int | None = None,
+                 offset: int | None = None) -> None:
+        self.reason, self.topic, self.partition, self.offset = reason, topic, partition, offset
+        where = "" if topic is None else f" (topic {topic}, partition {partition}, offset {offset})"
         super().__init__(f"{reason}{where}")
 
     def at(self, topic: str | None, partition: int | None, offset: int | None) -> "DecodeError":

@@ -16,6 +16,7 @@ rewrites the committed copies, and tests/docs/test_data_flow.py fails when they 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import zip_longest
 from pathlib import Path
 
 from schemas.topics import CATALOG, DAY_MS, TopicSpec
@@ -81,9 +82,7 @@ def flow_lines(catalog: Iterable[TopicSpec] = CATALOG, width: int = 32, right: i
     lines: list[str] = []
     for s in specs:
         prods, cons = _wrap(_grouped(s.producers), width), _wrap(_grouped(s.consumers), right)
-        for i in range(max(len(prods), len(cons))):
-            p = prods[i] if i < len(prods) else ""
-            c = cons[i] if i < len(cons) else ""
+        for i, (p, c) in enumerate(zip_longest(prods, cons, fillvalue="")):
             if i == 0:
                 lines.append(f"{p:>{width}} {_ARROW} {s.name:<{w_topic}} {_ARROW} {c}".rstrip())
             else:

@@ -359,11 +359,6 @@ class EmbeddingResult:
     schema_version: int = 1
 
 
-Record = (
-    PromptRequest | InferenceRequest | TokenChunk | Response | Cancel | ConversationTurn
-    | Feedback | Deletion | WorkerStatus | DeadLetter | DeletionAudit | EmbeddingRequest | EmbeddingResult
-)
-
 #: Every top-level record type, by its Avro record name.
 RECORD_TYPES: dict[str, type] = {
     cls.__name__: cls

@@ -48,7 +48,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 
@@ -81,6 +81,14 @@ class RequestRuleError(ChatpipeError):
     def __init__(self, field: str, message: str, *, limit: Any = None, code: str = "invalid_value") -> None:
         super().__init__(f"{field} {message}")
         self.field, self.reason, self.limit, self.code = field, message, limit, code
+
+
+def over_limit(field: str, size: str, limit: int, advice: str, *, per: str = "",
+               code: str = "string_above_max_length") -> RequestRuleError:
+    """A value over its bound, worded alike everywhere: "<field> <size>, over the limit of <limit>
+    [<per>]; <advice>" ("input[2] is 30000 characters, over the limit of 20000 per text; shorten it")."""
+    return RequestRuleError(field, f"{size}, over the limit of {limit}{' ' + per if per else ''}; {advice}",
+                            limit=limit, code=code)
 
 
 class ContextSizeError(ChatpipeError):
@@ -135,22 +143,19 @@ def check_messages(messages: Sequence[tuple[str, str]], limits: RequestLimits = 
     if not messages:
         raise RequestRuleError("messages", "is empty: no messages; send at least one user message")
     if len(messages) > limits.max_messages:
-        raise RequestRuleError("messages", f"has {len(messages)} messages, over the limit of {limits.max_messages}; "
-                                           "send fewer (with a conversation id, only the new message is needed: "
-                                           "the pipeline keeps the history)",
-                               limit=limits.max_messages, code="array_above_max_length")
+        raise over_limit("messages", f"has {len(messages)} messages", limits.max_messages, "send fewer (with a "
+                         "conversation id, only the new message is needed: the pipeline keeps the history)",
+                         code="array_above_max_length")
     check_roles([role for role, _ in messages], roles=roles)
     total = 0
     for i, (_, text) in enumerate(messages):
         if len(text) > limits.max_message_chars:
-            raise RequestRuleError(f"messages[{i}].content", f"is {len(text)} characters, over the limit of "
-                                   f"{limits.max_message_chars} per message; shorten it",
-                                   limit=limits.max_message_chars, code="string_above_max_length")
+            raise over_limit(f"messages[{i}].content", f"is {len(text)} characters", limits.max_message_chars,
+                             "shorten it", per="per message")
         total += len(text)
     if total > limits.max_prompt_chars:
-        raise RequestRuleError("messages", f"are {total} characters in all, over the limit of "
-                                           f"{limits.max_prompt_chars}; shorten the prompt or send fewer messages",
-                               limit=limits.max_prompt_chars, code="string_above_max_length")
+        raise over_limit("messages", f"are {total} characters in all", limits.max_prompt_chars,
+                         "shorten the prompt or send fewer messages")
     last_role, last_text = messages[-1]
     if last_role not in last_roles:
         raise RequestRuleError("messages", f"has no user message to answer (the last message is from {last_role!r}); "
@@ -167,8 +172,7 @@ def check_raw_prompt(text: str, limits: RequestLimits = LIMITS, *, field: str = 
     if not text:
         raise RequestRuleError(field, "is empty: a completion needs the text to continue")
     if len(text) > limits.max_prompt_chars:
-        raise RequestRuleError(field, f"is {len(text)} characters, over the limit of {limits.max_prompt_chars}; "
-                                      "shorten it", limit=limits.max_prompt_chars, code="string_above_max_length")
+        raise over_limit(field, f"is {len(text)} characters", limits.max_prompt_chars, "shorten it")
 
 
 def check_roles(roles_given: Iterable[str], *, roles: Sequence[str] = ROLES) -> None:
@@ -202,7 +206,7 @@ def check_sampling(*, max_tokens: int | None = None, temperature: float | None =
                                          f"{name} to at most {context_tokens - 1} (less, the longer the prompt)",
                                    limit=context_tokens - 1, code="integer_above_max_value")
     if temperature is not None:
-        _in_range("temperature", temperature, 0.0, limits.max_temperature, "0 = greedy")
+        _in_range("temperature", temperature, 0.0, limits.max_temperature, "use a number in that range (0 = greedy)")
     if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
         code = "decimal_below_min_value" if top_p <= 0 else "decimal_above_max_value"
         raise RequestRuleError("top_p", f"must be in (0, 1], got {top_p}; use a number above 0 and at most 1 "
@@ -217,21 +221,16 @@ def check_sampling(*, max_tokens: int | None = None, temperature: float | None =
     for name, penalty in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
         if penalty is not None:
             _in_range(name, penalty, -limits.max_penalty, limits.max_penalty,
-                      "0 = off; positive values make the answer repeat itself less")
+                      "use a number in that range (0 = off; positive values make the answer repeat itself less)")
     if top_logprobs is not None:
-        if not 0 <= top_logprobs <= limits.max_top_logprobs:
-            raise RequestRuleError("top_logprobs", f"must be in [0, {limits.max_top_logprobs}], got {top_logprobs}; "
-                                                   "ask for at most that many alternatives per token",
-                                   limit=(0, limits.max_top_logprobs),
-                                   code="integer_below_min_value" if top_logprobs < 0 else "integer_above_max_value")
+        _in_range("top_logprobs", top_logprobs, 0, limits.max_top_logprobs,
+                  "ask for at most that many alternatives per token", kind="integer")
         if top_logprobs > 0 and not logprobs:
             raise RequestRuleError("top_logprobs", f"is {top_logprobs} but logprobs is not true; set logprobs to true "
                                                    "to get top_logprobs (or leave top_logprobs out)")
-    if n is not None and not 1 <= n <= limits.max_choices:
-        raise RequestRuleError("n", f"must be in [1, {limits.max_choices}], got {n}; ask for at most "
-                                    f"{limits.max_choices} choices per request (send more requests for more)",
-                               limit=(1, limits.max_choices),
-                               code="integer_below_min_value" if n < 1 else "integer_above_max_value")
+    if n is not None:
+        _in_range("n", n, 1, limits.max_choices, f"ask for at most {limits.max_choices} choices per request (send "
+                  "more requests for more)", kind="integer")
     if response_format is not None:
         response_format_of(response_format, limits)
 
@@ -256,9 +255,8 @@ def response_format_of(value: str | Mapping[str, Any] | None, limits: RequestLim
         return None
     if isinstance(value, str):
         if len(value) > limits.max_response_format_chars:
-            raise RequestRuleError("response_format", f"is {len(value)} characters as JSON, over the limit of "
-                                                      f"{limits.max_response_format_chars}; use a smaller schema",
-                                   limit=limits.max_response_format_chars, code="string_above_max_length")
+            raise over_limit("response_format", f"is {len(value)} characters as JSON",
+                             limits.max_response_format_chars, "use a smaller schema")
         try:
             value = json.loads(value)
         except ValueError as exc:
@@ -309,23 +307,19 @@ def response_format_text(value: str | Mapping[str, Any] | None, limits: RequestL
 
 def check_stop(stop: Sequence[str], limits: RequestLimits = LIMITS) -> None:
     if len(stop) > limits.max_stop_strings:
-        raise RequestRuleError("stop", f"has {len(stop)} stop strings, over the limit of {limits.max_stop_strings}; "
-                                       "send fewer", limit=limits.max_stop_strings, code="array_above_max_length")
+        raise over_limit("stop", f"has {len(stop)} stop strings", limits.max_stop_strings, "send fewer",
+                         code="array_above_max_length")
     for i, s in enumerate(stop):
         if len(s) > limits.max_stop_chars:
-            raise RequestRuleError(f"stop[{i}]", f"is {len(s)} characters, over the limit of {limits.max_stop_chars} "
-                                                 "per stop string; shorten it", limit=limits.max_stop_chars,
-                                   code="string_above_max_length")
+            raise over_limit(f"stop[{i}]", f"is {len(s)} characters", limits.max_stop_chars, "shorten it",
+                             per="per stop string")
 
 
-def _in_range(field: str, value: float, low: float, high: float, hint: str) -> None:
-    if not (math.isfinite(value) and low <= value <= high):
-        raise RequestRuleError(field, f"must be in [{low:g}, {high:g}], got {value}; use a number in that range "
-                                      f"({hint})", limit=(low, high), code=_range_code(value, low))
-
-
-def _range_code(value: float, low: float) -> str:
-    return "decimal_below_min_value" if value < low else "decimal_above_max_value"
+def _in_range(field: str, value: float, low: float, high: float, advice: str, kind: str = "decimal") -> None:
+    """``value`` in [low, high] (NaN and infinities are not); ``kind``: the error code's, decimal or integer."""
+    if not low <= value <= high:
+        raise RequestRuleError(field, f"must be in [{low:g}, {high:g}], got {value}; {advice}", limit=(low, high),
+                               code=f"{kind}_below_min_value" if value < low else f"{kind}_above_max_value")
 
 
 # -- who and where ----------------------------------------------------------------------------------
@@ -343,8 +337,8 @@ def _check_id(field: str, value: str, max_chars: int, what: str) -> None:
     if not value.strip():
         raise RequestRuleError(field, f"is empty; name {what}")
     if len(value) > max_chars:
-        raise RequestRuleError(field, f"is {len(value)} characters, over the limit of {max_chars}; use a shorter id "
-                                      "(e.g. a hash of a longer one)", limit=max_chars, code="string_above_max_length")
+        raise over_limit(field, f"is {len(value)} characters", max_chars, "use a shorter id (e.g. a hash of a longer "
+                         "one)")
     if _CONTROL.search(value):
         raise RequestRuleError(field, "contains control characters (newline, tab, escape ...); use printable "
                                       "characters only")
@@ -359,17 +353,15 @@ def check_conversation_id(conversation_id: str, *, field: str = "conversation_id
 
 def check_metadata(metadata: Mapping[str, str], limits: RequestLimits = LIMITS) -> None:
     if len(metadata) > limits.max_metadata_pairs:
-        raise RequestRuleError("metadata", f"has {len(metadata)} pairs, over the limit of {limits.max_metadata_pairs}; "
-                                           "send fewer", limit=limits.max_metadata_pairs, code="object_above_max_size")
+        raise over_limit("metadata", f"has {len(metadata)} pairs", limits.max_metadata_pairs, "send fewer",
+                         code="object_above_max_size")
     for key, value in metadata.items():
         if len(key) > limits.max_metadata_key_chars:
-            raise RequestRuleError("metadata", f"has a key of {len(key)} characters ({key[:40]!r}...), over the limit "
-                                               f"of {limits.max_metadata_key_chars}; use a shorter key",
-                                   limit=limits.max_metadata_key_chars, code="string_above_max_length")
+            raise over_limit("metadata", f"has a key of {len(key)} characters ({key[:40]!r}...)",
+                             limits.max_metadata_key_chars, "use a shorter key")
         if len(value) > limits.max_metadata_value_chars:
-            raise RequestRuleError(f"metadata.{key}", f"is {len(value)} characters, over the limit of "
-                                                      f"{limits.max_metadata_value_chars} per value; shorten it",
-                                   limit=limits.max_metadata_value_chars, code="string_above_max_length")
+            raise over_limit(f"metadata.{key}", f"is {len(value)} characters", limits.max_metadata_value_chars,
+                             "shorten it", per="per value")
 
 
 # -- whole records ----------------------------------------------------------------------------------
@@ -393,11 +385,9 @@ def check_prompt_request(request: Any, *, context_tokens: int | None = None, lim
 
 def check_record_sampling(sampling: Any, *, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> None:
     """``check_sampling`` on a ``schemas.records.SamplingParams``."""
-    check_sampling(max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                   top_k=sampling.top_k, seed=sampling.seed, stop=sampling.stop,
-                   presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
-                   logprobs=sampling.logprobs, top_logprobs=sampling.top_logprobs, n=sampling.n,
-                   response_format=sampling.response_format, context_tokens=context_tokens, limits=limits)
+    # Its fields are check_sampling's parameters, one for one.
+    check_sampling(**{f.name: getattr(sampling, f.name) for f in fields(sampling)},
+                   context_tokens=context_tokens, limits=limits)
 
 
 # -- the context size -------------------------------------------------------------------------------

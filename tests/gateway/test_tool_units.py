@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.openai_api import ChatCompletionRequest, OpenAIError
-from gateway.responses import ToolCallStream, finish_reason, parse_answer
+from gateway.responses import ToolCallStream, finish_reason
 from gateway.tools import parse_tools, render_messages
 from gateway.translate import ChatContent, chat_content
 from schemas.requests import TOOL_CALLS_FORMAT, RequestRuleError, response_format_of
@@ -24,6 +26,20 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city", "unit"], "additionalProperties": False}}}
 NOOP = {"type": "function", "function": {"name": "noop"}}
 USER = [{"role": "user", "content": "weather in Paris?"}]
+
+
+@dataclass
+class ParsedAnswer:
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+
+
+def parse_answer(text: str) -> ParsedAnswer:
+    """A whole output, fed at once: its content (None when it is only calls) and its calls in OpenAI's shape."""
+    stream = ToolCallStream()
+    stream.feed(text)
+    stream.end()
+    return ParsedAnswer(stream.text, [c.openai() for c in stream.calls])
 
 
 def request(messages=USER, **fields) -> ChatCompletionRequest:
