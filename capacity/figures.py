@@ -35,12 +35,10 @@ GPU_SOURCE = ("README.md 'GPU' table (bench/engine.py --device cuda --shapes lla
 
 # bench/capacity.py: one `chatpipe inference` process, SmolLM2-135M-Instruct, float32, 1 torch thread,
 # engine max batch 4, requests straight on chat.inference.requests (closed loop, medians of 3 rounds spread
-# over the run). CPU_RUN names the run; SIZES_RUN the one the record sizes come from.
+# over the run). CPU_RUN names the run (the record sizes below come from it too).
 CPU_RUN = "bench/capacity.py full run of 2026-12-02 01:46 UTC, quiet machine (docs/deploy.md 'Validation')"
-SIZES_RUN = CPU_RUN
 CPU = Curve(((1, 13.8), (2, 16.4), (3, 19.3), (4, 28.7)),
             label="CPU SmolLM2-135M, 1 thread, max batch 4 (bench/capacity.py)")
-CPU_ANSWER_TOKENS = Figure(34.0, "tokens", "CPU", f"{CPU_RUN}: mean answer of the curve's requests")
 
 CURVES = {"gpu-8b": GPU_8B, "gpu-1b": GPU_1B, "cpu": CPU}
 
@@ -83,7 +81,7 @@ SIZES = {  # bytes; 48 turns of 70.9 prompt / 238.6 answer tokens built from the
     "archive bytes per turn (deflate)": 234.7,
     "archive bytes per turn (raw: value + key + headers)": 1709.0,
 }
-SIZES_SOURCE = f"{SIZES_RUN} step 4 (capacity/records.py: the codec, transport/archive.py's deflate)"
+SIZES_SOURCE = f"{CPU_RUN} step 4 (capacity/records.py: the codec, transport/archive.py's deflate)"
 
 # -- Qdrant (docs) ----------------------------------------------------------------------------------------
 EMBEDDING_DIM = Figure(384, "dimensions", "docs", "all-MiniLM-L6-v2 (streams/embeddings.py)")

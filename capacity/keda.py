@@ -106,12 +106,7 @@ class HorizontalPodAutoscaler:
         keep = now - max(self.s.scale_up_stabilization_s, self.s.scale_down_stabilization_s)
         self.recommendations = [(t, r) for t, r in self.recommendations if t > keep]
         self.recommendations.append((now, proposal))
-        recommendation = current
-        if recommendation < up:
-            recommendation = up
-        if recommendation > down:
-            recommendation = down
-        return recommendation
+        return min(max(current, up), down)
 
     @staticmethod
     def _change_in_period(events: list[tuple[float, int]], now: float, period: float) -> int:
@@ -124,13 +119,12 @@ class HorizontalPodAutoscaler:
         period = s.policy_period_s
         added = self._change_in_period(self.up_events, now, period)
         removed = self._change_in_period(self.down_events, now, period)
+        start = current - added + removed  # the replicas at the start of the period
         if desired > current:
-            start = current - added + removed
             limits = [math.ceil(start * (1 + s.scale_up_percent / 100)), start + s.scale_up_pods]
             limit = max(max(limits), current)  # selectPolicy Max: the policy allowing the most
             return min(desired, s.max_replicas, limit)
         if desired < current:
-            start = current - added + removed
             limit = min(int(start * (1 - s.scale_down_percent / 100)), current)
             return max(desired, self.min_replicas, limit)
         return desired
@@ -156,14 +150,10 @@ class ScaledObject:
         """KEDA's check every pollingInterval: the replica count it sets (``current`` if none)."""
         active = sum(partition_lags) > self.s.activation_lag_threshold
         if self.s.min_replicas >= 1:  # "If the minimum replicas is >= 1, the scaler is always active"
-            return max(current, self.s.min_replicas) if current < self.s.min_replicas else current
+            return max(current, self.s.min_replicas)
         if active:
             self.last_active = now
             return max(1, self.s.min_replicas) if current == 0 else current
         if current > 0 and now - self.last_active >= self.s.cooldown_period_s:
             return 0
         return current
-
-    def sync(self, now: float, current: int, partition_lags: Sequence[int]) -> int:
-        """The HPA's sync every --horizontal-pod-autoscaler-sync-period."""
-        return self.hpa.reconcile(now, current, self.metric(partition_lags))

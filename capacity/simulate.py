@@ -101,7 +101,6 @@ class _Worker:
     v: float = 0.0  # tokens each running request has received (the batch shares the rate equally)
     t: float = 0.0
     version: int = 0
-    gone_at: float | None = None
     drain_deadline: float = math.inf
 
 
@@ -109,9 +108,7 @@ class _Worker:
 class Sample:
     t: float
     pods: int  # existing pods (starting + serving; draining ones are terminating)
-    serving: int
     lag: float  # KEDA's metric as the HPA saw it
-    queued: int
 
 
 @dataclass
@@ -188,9 +185,7 @@ class Simulation:
                  scaling: ScalingSettings | None = None, replicas: int | None = None, sample_s: float = 15.0) -> None:
         if (scaling is None) == (replicas is None):
             raise ValueError("give either scaling (KEDA) or a fixed number of replicas")
-        self.requests = list(requests)
-        if any(b.arrival_s < a.arrival_s for a, b in zip(self.requests, self.requests[1:])):
-            self.requests.sort(key=lambda r: r.arrival_s)
+        self.requests = sorted(requests, key=lambda r: r.arrival_s)  # stable: ties keep their order
         self.wp = worker
         self.partitions = partitions if worker.intake == "partition" else 1
         self.scaling = with_lag_threshold(scaling, worker.batch) if scaling is not None else None
@@ -216,8 +211,6 @@ class Simulation:
         self.pod_seconds = 0.0
         self.last_t = 0.0
         self.samples: list[Sample] = []
-        self.max_pods = 0
-        self.min_pods = 1 << 30
         self.answered = 0
         self.unacked = 0  # requests not finished (share groups' lag)
         self.alive = 0
@@ -234,12 +227,9 @@ class Simulation:
         return r.partition % self.partitions if self.wp.intake == "partition" else 0
 
     # -- workers -----------------------------------------------------------------------------------
-    def _per_request_rate(self, w: _Worker) -> float:
-        return self.per_request[len(w.running)]
-
     def _advance(self, w: _Worker, now: float) -> None:
         if w.running:
-            w.v += (now - w.t) * self._per_request_rate(w)
+            w.v += (now - w.t) * self.per_request[len(w.running)]
         w.t = now
 
     def _reschedule(self, w: _Worker) -> None:
@@ -248,7 +238,7 @@ class Simulation:
             heapq.heappop(w.heap)
         if w.heap:
             finish_v = w.heap[0][0]
-            rate = self._per_request_rate(w)
+            rate = self.per_request[len(w.running)]  # each running request's share of the worker's rate
             self._push(w.t + max(0.0, finish_v - w.v) / rate, "complete", w.id, w.version)
         elif w.state == "draining":
             self._push(w.t, "leave", w.id, 0)
@@ -393,7 +383,6 @@ class Simulation:
         for w in (starting + serving)[:n]:
             if w.state == "starting":
                 w.state = "gone"
-                w.gone_at = now
                 self._account(now)
                 self.alive -= 1
             else:
@@ -409,7 +398,6 @@ class Simulation:
         if w.running:
             self._cancel_running(w, now)
         w.state = "gone"
-        w.gone_at = now
         self._account(now)
         self.alive -= 1
         self._rebalance(now)
@@ -427,12 +415,9 @@ class Simulation:
             raise ValueError("no requests to simulate")
         t0 = min(0.0, self.requests[0].arrival_s)
         self.last_t = t0
-        if self.fixed is not None:
-            for _ in range(self.fixed):
-                self._add_pod(t0, ready_now=True)
-        else:
-            for _ in range(max(self.scaling.min_replicas, 0)):
-                self._add_pod(t0, ready_now=True)
+        for _ in range(self.fixed if self.fixed is not None else self.scaling.min_replicas):
+            self._add_pod(t0, ready_now=True)
+        if self.scaling is not None:
             self.keda = ScaledObject(self.scaling)
             self._push(t0 + self.scaling.hpa_sync_period_s, "hpa")
             self._push(t0 + self.scaling.polling_interval_s, "keda")
@@ -474,20 +459,16 @@ class Simulation:
                 self._scale(now, current, self.keda.poll(now, current, self.lags()))
                 self._push(now + self.scaling.polling_interval_s, "keda")
             elif kind == "sample":
-                lags = self.lags()
-                pods = self.pods()
-                self.samples.append(Sample(now, pods, sum(1 for w in self.workers if w.state == "serving"),
-                                           self.metric(lags), sum(lags)))
-                self.max_pods = max(self.max_pods, pods)
-                self.min_pods = min(self.min_pods, pods)
+                self.samples.append(Sample(now, self.pods(), self.metric(self.lags())))
                 if self.answered == len(self.requests):
                     break
                 self._push(now + self.sample_s, "sample")
         if self.answered < len(self.requests):
             raise RuntimeError(f"simulation ended with {len(self.requests) - self.answered} request(s) unanswered "
                                "(no worker could take them)")
+        pods = [sample.pods for sample in self.samples]  # a sample is taken at t0 and every sample_s
         return SimulationResult(self.requests, self.start, self.done, self.samples, self.pod_seconds, max(self.done),
-                                self.duplicates, self.restarts, self.max_pods, self.min_pods)
+                                self.duplicates, self.restarts, max(pods), min(pods))
 
     def metric(self, lags: Sequence[int]) -> float:
         """What the HPA scales on: KEDA's Kafka lag metric (partition intake, capped at the partitions), or the

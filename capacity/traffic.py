@@ -80,11 +80,6 @@ class RateCurve:
         self.cum = [0.0]
         for r in self.rates:
             self.cum.append(self.cum[-1] + r * step_s)
-        self.horizon = horizon
-
-    def rate(self, t: float) -> float:
-        i = min(len(self.rates) - 1, max(0, int(t // self.step_s)))
-        return self.rates[i]
 
     def invert(self, cumulative: float) -> float | None:
         """The time t at which the integral of the rate reaches ``cumulative`` (None past the horizon)."""

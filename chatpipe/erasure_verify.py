@@ -112,17 +112,22 @@ def subject_deletions(kafka: Any, subject: Subject, codec: AvroCodec) -> list[De
     found: list[Deletion] = []
 
     def take(message: Any) -> None:
-        if message.value() is None:
-            return
-        try:
-            deletion = codec.decode(message.value(), Deletion)
-        except DecodeError:
-            return
-        if (deletion.tenant, deletion.user_id) == (subject.tenant, subject.user_id):
+        deletion = _decoded(message, Deletion, codec)
+        if deletion is not None and (deletion.tenant, deletion.user_id) == (subject.tenant, subject.user_id):
             found.append(deletion)
 
     read_to_end(kafka, kafka.topic(DELETIONS), take)
     return sorted(found, key=lambda d: d.created_at)
+
+
+def _decoded(message: Any, record_type: type, codec: AvroCodec) -> Any:
+    """The ``record_type`` a message holds; None for a tombstone or bytes that do not decode."""
+    if message.value() is None:
+        return None
+    try:
+        return codec.decode(message.value(), record_type)
+    except DecodeError:
+        return None
 
 
 def check_audits(kafka: Any, deletions: list[Deletion], newest: Deletion | None, codec: AvroCodec) -> StoreReport:
@@ -132,13 +137,8 @@ def check_audits(kafka: Any, deletions: list[Deletion], newest: Deletion | None,
     components: dict[str, Counter] = {event_id: Counter() for event_id in wanted}
 
     def take(message: Any) -> None:
-        if message.value() is None:
-            return
-        try:
-            audit = codec.decode(message.value(), DeletionAudit)
-        except DecodeError:
-            return
-        if audit.deletion_event_id in components:
+        audit = _decoded(message, DeletionAudit, codec)
+        if audit is not None and audit.deletion_event_id in components:
             components[audit.deletion_event_id][audit.component] += 1
 
     read_to_end(kafka, kafka.topic(DELETIONS_AUDIT), take)
@@ -263,11 +263,9 @@ def check_state(kafka: Any, changelog: str, subject: Subject, until_ms: int,
 
 def check_archive(archive_dir: Path | None, topics: list[str], subject: Subject, until_ms: int, codec: AvroCodec,
                   progress: Progress | None = None) -> StoreReport:
-    report = StoreReport("archive")
     if archive_dir is None or not Path(archive_dir).is_dir():
-        report.checked = False
-        report.details.append(f"no archive folder at {archive_dir} (give --archive-dir)")
-        return report
+        return StoreReport("archive", checked=False, details=[f"no archive folder at {archive_dir} (give --archive-dir)"])
+    report = StoreReport("archive")
     needle = subject.user_id.encode()
     files = [p for topic in topics for p in archive_files(archive_dir, topic)]
     for i, path in enumerate(files, 1):
@@ -294,17 +292,15 @@ def check_archive(archive_dir: Path | None, topics: list[str], subject: Subject,
 # -- datasets -------------------------------------------------------------------------------------
 
 def check_datasets(datasets_dir: Path | None, subject: Subject, until_ms: int) -> StoreReport:
-    report = StoreReport("datasets")
     if datasets_dir is None:
-        report.checked = False
-        report.details.append("not checked: give --datasets-dir (the folder the dataset builds are written under)")
-        return report
+        return StoreReport("datasets", checked=False, details=["not checked: give --datasets-dir (the folder the "
+                                                               "dataset builds are written under)"])
     try:
         from spark_jobs.erasure import affected_datasets
     except ImportError as exc:  # the dataset job's side of the contract (spark_jobs/erasure.py)
-        report.checked = False
-        report.details.append(f"not checked: spark_jobs.erasure is not available ({exc})")
-        return report
+        return StoreReport("datasets", checked=False,
+                           details=[f"not checked: spark_jobs.erasure is not available ({exc})"])
+    report = StoreReport("datasets")
     for found in affected_datasets(Path(datasets_dir), subject.tenant, subject.user_id, subject.conversation_id):
         if found.built_at_ms <= until_ms:
             report.affected += 1

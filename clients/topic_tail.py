@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any, Callable, Iterator
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from clients.record_json import decoded_line, error_line
 from schemas.codec import AvroCodec, default_codec
@@ -69,22 +69,18 @@ class TopicTail:
         self.topic = settings.topic(name)
         self.expected = (RECORD_TYPES[self.spec.value], *ALSO_CARRIED.get(self.spec.name, ()))
         self.codec = codec or default_codec()
-        self._broker_errors: list[str] = []
         self._consumer = kafka_clients.consumer(settings, f"chatpipe-tail-{uuid.uuid4().hex[:12]}", {  # never joined
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             # A missing broker is reported once by us (below), not as a page of librdkafka logs.
             "log_level": 0,
-            "error_cb": self._on_error,
+            "error_cb": lambda err: None,
         })
         try:
             self.partitions = self._assign(settings, partition, from_beginning, connect_timeout_s)
         except BaseException:
             self._consumer.close()
             raise
-
-    def _on_error(self, err: KafkaError) -> None:
-        self._broker_errors.append(err.str())
 
     def _assign(self, settings: KafkaSettings, partition: int | None, from_beginning: bool,
                 timeout_s: float) -> list[int]:

@@ -131,24 +131,6 @@ def jaeger_trace(query_url: str, request_id: str, timeout_s: float = 5.0) -> lis
     return sorted(rows, key=lambda r: r.start_ns)
 
 
-def depths(rows: list[SpanRow]) -> dict[str, int]:
-    """Each span's depth in its trace (a span whose parent is not among ``rows`` is a root)."""
-    by_id = {r.span_id: r for r in rows}
-    out: dict[str, int] = {}
-
-    def depth(r: SpanRow, seen: int = 0) -> int:
-        if r.span_id in out:
-            return out[r.span_id]
-        parent = by_id.get(r.parent_id) if r.parent_id else None
-        d = 0 if parent is None or seen > 64 else depth(parent, seen + 1) + 1
-        out[r.span_id] = d
-        return d
-
-    for r in rows:
-        depth(r)
-    return out
-
-
 def tree_order(rows: list[SpanRow]) -> list[SpanRow]:
     """Depth-first by start time: each span right under its parent, like a trace UI's waterfall."""
     ids = {r.span_id for r in rows}

@@ -1,7 +1,7 @@
 """The Kafka of a stack started with ``chatpipe up --brokers N`` (N > 1): a KRaft cluster.
 
 ``infra.stack.LocalStack`` drives its broker through a small interface (``up``, ``down``,
-``killed``, ``pid``, ``status``, ``answers``, ``logs_dir``, ``bootstrap_servers``) that
+``killed``, ``pid``, ``running``, ``answers``, ``logs_dir``, ``bootstrap_servers``) that
 ``LocalKafka`` has; this adapter gives ``KafkaCluster`` the same, so the services, health checks
 and ``down`` work unchanged on a cluster. The nodes take the cluster's own ports
 (``ClusterSettings``: node n on ``CHATPIPE_CLUSTER_BASE_PORT`` + 2(n-1), default 9192, and the next
@@ -11,19 +11,11 @@ folder; ``--kafka-port`` is the single broker's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from infra.cluster_settings import ClusterSettings
 from infra.kafka_cluster import KafkaCluster
 from infra.settings import StackSettings
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterBrokerStatus:
-    pid: int | None  # the first running node's pid (the stack table shows one row for Kafka)
-    running: bool  # every node runs
-    bootstrap_servers: str
 
 
 def cluster_settings(settings: StackSettings) -> ClusterSettings:
@@ -50,10 +42,9 @@ class ClusterBroker:
         pids = self.pids()
         return pids[0] if pids else None
 
-    def status(self) -> ClusterBrokerStatus:
-        pids = self.pids()
-        return ClusterBrokerStatus(pids[0] if pids else None, len(pids) == len(self.cluster.nodes),
-                                   self.bootstrap_servers)
+    def running(self) -> bool:
+        """Every node runs."""
+        return len(self.pids()) == len(self.cluster.nodes)
 
     def answers(self) -> bool:
         return len(self.cluster.live_brokers()) == len(self.cluster.nodes)

@@ -25,8 +25,6 @@ from typing import Mapping
 from infra.settings import StackSettings
 
 STREAMS, INFERENCE = "streams", "inference"
-# The kinds that scale -> the StackSettings field with their count.
-SCALED = {STREAMS: "streams_workers", INFERENCE: "inference_workers"}
 _INSTANCE = re.compile(r"^(streams|inference)(?:-([1-9][0-9]*))?$")
 
 
@@ -52,10 +50,6 @@ def kind_of(name: str) -> str:
     """The kind of a service name: "inference-2" -> "inference"; "gateway" -> "gateway"."""
     parsed = parse_instance(name)
     return parsed[0] if parsed else name
-
-
-def count(settings: StackSettings, kind: str) -> int:
-    return getattr(settings, SCALED[kind])
 
 
 def metrics_port(settings: StackSettings, index: int) -> int:

@@ -26,15 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.cluster_settings import ClusterSettings
-from infra.services import alive
+from infra.services import alive, command_line, pid_in, tail
 from infra.local_kafka import (
     LOG4J_CONFIG,
     BrokerStartError,
     PortInUseError,
     StackError,
-    _tail,
     ensure_jars,
     kafka_version,
+    plaintext_listeners,
     port_open,
 )
 
@@ -106,16 +106,10 @@ class ClusterNode:
             return self.proc.pid
         # Not started here, or our child has exited and another process (the CLI) may have
         # started the node again: the pid file names the JVM.
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
+        pid = pid_in(self.pid_file)
+        if pid is None or (self.proc is not None and pid == self.proc.pid):
             return None
-        if self.proc is not None and pid == self.proc.pid:
-            return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            return None
+        cmdline = command_line(pid)
         if "kafka.Kafka" in cmdline and str(self.props) in cmdline and _process_alive(pid):
             return pid
         return None
@@ -130,11 +124,7 @@ class ClusterNode:
             "process.roles=broker,controller",
             f"node.id={self.node_id}",
             f"controller.quorum.voters={voters}",
-            f"listeners=PLAINTEXT://{s.host}:{self.client_port},CONTROLLER://{s.host}:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://{s.host}:{self.client_port}",
-            "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            *plaintext_listeners(s.host, self.client_port, self.controller_port),
             f"log.dirs={self.data_dir}",
             # Internal topics replicated like the catalog's (3 copies, 2 must have a write).
             f"default.replication.factor={rf}",
@@ -216,7 +206,7 @@ class ClusterNode:
         return int(state.get("leaderEpoch", -1)), int(state.get("leaderId", -1))
 
     def log_tail(self) -> str:
-        return f"{_tail(self.stdout_file, 10)}\n{_tail(self.logs_dir / 'server.log')}"
+        return f"{tail(self.stdout_file, 10)}\n{tail(self.logs_dir / 'server.log', 30)}"
 
 
 class KafkaCluster:

@@ -32,6 +32,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.services import write_atomically
 from schemas.errors import ChatpipeError
 
 PROTOCOL = "SASL_SSL"
@@ -45,6 +46,7 @@ USERS = (ADMIN_USER, *SERVICE_USERS.values())
 BROKER_SUBJECT = "/O=chatpipe/CN=chatpipe-broker"
 BROKER_CERT_PRINCIPAL = "CN=chatpipe-broker,O=chatpipe"
 CERT_DAYS = 825  # what clients such as macOS still accept for a leaf certificate
+PRIVATE = 0o600  # the mode of every file holding a key or a password: never readable by others, even for a moment
 
 
 class SecurityError(ChatpipeError):
@@ -92,13 +94,15 @@ class BrokerSecurity:
         if not self.keystore.exists():
             self._make_broker_cert(hosts)
         if not self.credentials_file.exists():
-            _write_private(self.credentials_file, json.dumps(
-                {"mechanism": MECHANISM, "users": {user: secrets.token_urlsafe(24) for user in USERS}}, indent=1))
+            write_atomically(self.credentials_file, json.dumps(
+                {"mechanism": MECHANISM, "users": {user: secrets.token_urlsafe(24) for user in USERS}}, indent=1),
+                PRIVATE)
         for user in USERS:
             if not self.password_file(user).exists():
-                _write_private(self.password_file(user), self.password(user) + "\n")
+                write_atomically(self.password_file(user), self.password(user) + "\n", PRIVATE)
             if not self.env_file(user).exists():
-                _write_private(self.env_file(user), "".join(f"{k}={v}\n" for k, v in self.client_env(user).items()))
+                write_atomically(self.env_file(user), "".join(f"{k}={v}\n" for k, v in self.client_env(user).items()),
+                                 PRIVATE)
 
     def _make_broker_cert(self, hosts: tuple[str, ...]) -> None:
         work = self.folder / "broker.tmp"
@@ -117,7 +121,7 @@ class BrokerSecurity:
                      "-CAkey", str(self.ca_key), "-set_serial", str(secrets.randbits(63)), "-days", str(CERT_DAYS),
                      "-sha256", "-extfile", str(work / "ext.cnf"), "-out", str(work / "broker.crt"))
             key = (work / "broker.key").read_text()
-            _write_private(self.keystore, key + (work / "broker.crt").read_text() + self.ca_file.read_text())
+            write_atomically(self.keystore, key + (work / "broker.crt").read_text() + self.ca_file.read_text(), PRIVATE)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -266,16 +270,6 @@ def _openssl(*args: str) -> None:
     proc = subprocess.run(["openssl", *args], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SecurityError(f"openssl {args[0]} failed: {proc.stderr.strip().splitlines()[-1:]}")
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to a file only its owner can read (created 0600, never world-readable for a moment)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    tmp.replace(path)
 
 
 def _is_ip(host: str) -> bool:

@@ -21,19 +21,17 @@ import base64
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from infra.kafka_security import ADMIN_USER, BROKER_CERT_PRINCIPAL, MECHANISM, BrokerSecurity, apply_acls
-from infra.services import alive
+from infra.services import command_line, pid_in, tail, terminate
 from infra.settings import StackSettings
 from schemas.errors import ChatpipeError
 
@@ -108,20 +106,13 @@ def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def _tail(path: Path, lines: int = 30) -> str:
-    if not path.exists():
-        return f"(no {path.name})"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerStatus:
-    running: bool
-    pid: int | None
-    bootstrap_servers: str
-    controller_port: int
-    state_dir: Path
-    version: str
+def plaintext_listeners(host: str, client_port: int, controller_port: int) -> list[str]:
+    """``server.properties`` lines of a node with a plaintext client listener and a plaintext controller."""
+    return [f"listeners=PLAINTEXT://{host}:{client_port},CONTROLLER://{host}:{controller_port}",
+            f"advertised.listeners=PLAINTEXT://{host}:{client_port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"]
 
 
 class LocalKafka:
@@ -140,24 +131,16 @@ class LocalKafka:
     # --- inspection ------------------------------------------------------------------------
     def pid(self) -> int | None:
         """Pid of this state folder's broker if it is alive (and really is our broker)."""
-        try:  # "<pid>" (LocalKafka.up) or "<pid> <start time>" (the stack's supervisor)
-            pid = int(self.pid_file.read_text().split()[0])
-        except (FileNotFoundError, ValueError, IndexError):
-            return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
+        pid = pid_in(self.pid_file)  # "<pid>" (LocalKafka.up) or "<pid> <start time>" (the stack's supervisor)
+        if pid is None:
             return None
         # A recycled pid belongs to some other program: only trust our own command line.
-        if "kafka.Kafka" in cmdline and str(self.dir) in cmdline:
-            return pid
-        return None
+        cmdline = command_line(pid)
+        return pid if "kafka.Kafka" in cmdline and str(self.dir) in cmdline else None
 
-    def status(self) -> BrokerStatus:
-        pid = self.pid()
-        return BrokerStatus(pid is not None and port_open(self.settings.host, self.settings.kafka_port),
-                            pid, self.settings.bootstrap_servers, self.settings.controller_port,
-                            self.dir, kafka_version())
+    def running(self) -> bool:
+        """The broker's process runs and its client port takes connections."""
+        return self.pid() is not None and port_open(self.settings.host, self.settings.kafka_port)
 
     # --- start -----------------------------------------------------------------------------
     def up(self) -> bool:
@@ -213,11 +196,7 @@ class LocalKafka:
     def _listener_lines(self) -> list[str]:
         s = self.settings
         if self.security is None:
-            return [f"listeners=PLAINTEXT://{s.host}:{s.kafka_port},CONTROLLER://{s.host}:{s.controller_port}",
-                    f"advertised.listeners=PLAINTEXT://{s.host}:{s.kafka_port}",
-                    "controller.listener.names=CONTROLLER",
-                    "inter.broker.listener.name=PLAINTEXT",
-                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"]
+            return plaintext_listeners(s.host, s.kafka_port, s.controller_port)
         sec = self.security
         admin_password = sec.password(ADMIN_USER)
         return [
@@ -307,7 +286,7 @@ class LocalKafka:
                 said = f"was {reason}" if reason.startswith("killed") else reason
                 raise BrokerStartError(
                     f"the Kafka broker {said} while starting. "
-                    f"Last lines of {self.logs_dir}:\n{_tail(self.stdout_file)}\n{_tail(self.logs_dir / 'server.log')}")
+                    f"Last lines of {self.logs_dir}:\n{tail(self.stdout_file, 30)}\n{tail(self.logs_dir / 'server.log', 30)}")
             if port_open(self.settings.host, self.settings.kafka_port) and self.answers():
                 if self.security is not None:  # before any service connects: without ACLs it may do nothing
                     apply_acls({"bootstrap.servers": self.settings.bootstrap_servers, **self.security.client_config()},
@@ -316,7 +295,7 @@ class LocalKafka:
             time.sleep(0.3)
         raise BrokerStartError(
             f"the Kafka broker{f' (pid {pid})' if pid else ''} did not answer on {self.settings.bootstrap_servers} within "
-            f"{self.settings.start_timeout_s:.0f}s. Last lines of its log:\n{_tail(self.logs_dir / 'server.log')}")
+            f"{self.settings.start_timeout_s:.0f}s. Last lines of its log:\n{tail(self.logs_dir / 'server.log', 30)}")
 
     def answers(self) -> bool:
         """True when the broker answers a metadata request (within about 2 s)."""
@@ -337,12 +316,7 @@ class LocalKafka:
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return False
-        os.kill(pid, signal.SIGTERM)  # the broker's shutdown hook flushes and closes its logs
-        deadline = time.monotonic() + self.settings.stop_timeout_s
-        while time.monotonic() < deadline and alive(pid):
-            time.sleep(0.2)
-        self.killed = alive(pid)
-        if self.killed:
-            os.kill(pid, signal.SIGKILL)
+        # SIGTERM: the broker's shutdown hook flushes and closes its logs.
+        self.killed = terminate(pid, self.settings.stop_timeout_s)
         self.pid_file.unlink(missing_ok=True)
         return True

@@ -36,14 +36,9 @@ def ensure_keys_file(path: Path) -> tuple[str, bool]:
     # O_EXCL + mode 0600 at creation: the key is never readable by others, not even for a moment.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
-        json.dump({key: local_entry()}, out, indent=2)
+        json.dump({key: {"tenant": LOCAL_TENANT, "users": "any"}}, out, indent=2)  # multi-user: see above
         out.write("\n")
     return key, True
-
-
-def local_entry() -> dict[str, str]:
-    """The keys-file entry of the generated local key."""
-    return {"tenant": LOCAL_TENANT, "users": "any"}
 
 
 def first_key(path: Path) -> str:

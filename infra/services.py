@@ -54,11 +54,42 @@ def alive(pid: int) -> bool:
     return True
 
 
+def command_line(pid: int) -> str:
+    """The process's command line, its arguments separated by NUL bytes ("" when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def terminate(pid: int, timeout_s: float, sig: signal.Signals = signal.SIGTERM) -> bool:
+    """Send ``sig`` and wait up to ``timeout_s`` for ``pid`` to exit; SIGKILL it if it has not (then wait
+    up to 5 s more). True when it needed the SIGKILL."""
+    os.kill(pid, sig)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive(pid):
+        time.sleep(0.1)
+    if not alive(pid):
+        return False
+    os.kill(pid, signal.SIGKILL)
+    while alive(pid) and time.monotonic() < deadline + 5:
+        time.sleep(0.05)
+    return True
+
+
+def write_atomically(path: Path, text: str, mode: int = 0o666) -> None:
+    """``text`` into a new file beside ``path``, created with ``mode`` (0o600: readable by its owner only,
+    from the first moment), then renamed over ``path``: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w", encoding="utf-8") as out:
+        out.write(text)
+    tmp.replace(path)
+
+
 def write_pid_file(path: Path, pid: int) -> None:
     """``"<pid> <start time>"``, replaced atomically (a reader never sees half a line)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(f"{pid} {start_time(pid) or '0'}\n")
-    tmp.replace(path)
+    write_atomically(path, f"{pid} {start_time(pid) or '0'}\n")
 
 
 def pid_in(path: Path) -> int | None:
@@ -107,16 +138,8 @@ class ServiceProcess:
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return StopResult(self.name, "not running", None, 0.0)
-        os.kill(pid, signal.SIGTERM)  # every service drains or cancels its work on SIGTERM, then exits
-        deadline = began + timeout_s
-        while time.monotonic() < deadline and alive(pid):
-            time.sleep(0.1)
-        outcome = "stopped"
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
-            outcome = "killed"
-            while alive(pid) and time.monotonic() < deadline + 5:
-                time.sleep(0.05)
+        # Every service drains or cancels its work on SIGTERM, then exits.
+        outcome = "killed" if terminate(pid, timeout_s) else "stopped"
         self.pid_file.unlink(missing_ok=True)
         return StopResult(self.name, outcome, pid, time.monotonic() - began)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.local_kafka import PortInUseError, StackError, port_open
-from infra.services import alive, tail
+from infra.services import alive, command_line, tail, write_atomically
 from infra.spark_cluster_settings import SparkClusterSettings
 
 STATE_FILE = "cluster.json"
@@ -83,7 +83,6 @@ class SparkClusterStatus:
     workers: list[WorkerStatus] = field(default_factory=list)
     apps: list[dict] = field(default_factory=list)  # running applications: id, name, cores, memory per executor
     completed_apps: int = 0  # applications that ran on it and ended (since the master started)
-    state_dir: Path | None = None
 
 
 class _Daemon:
@@ -101,11 +100,8 @@ class _Daemon:
         """``pid`` runs this daemon (pids get recycled: trust only our own command line)."""
         if pid is None or not alive(pid):
             return False
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            return False
-        return self.main_class in cmdline and self.tag in cmdline
+        arguments = command_line(pid).split("\0")
+        return self.main_class in arguments and self.tag in arguments
 
     def start(self, settings: SparkClusterSettings, args: list[str]) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -172,9 +168,7 @@ class SparkCluster:
 
     def _save(self, state: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        tmp.replace(self.state_file)  # a reader never sees half a file
+        write_atomically(self.state_file, json.dumps(state, indent=2) + "\n")
 
     def master_url(self) -> str | None:
         """``spark://host:port`` of this state folder's running master, else None."""
@@ -301,7 +295,7 @@ class SparkCluster:
         version = importlib.metadata.version("pyspark")
         state = self._load()
         if state is None:
-            return SparkClusterStatus(version, None, None, None, False, state_dir=self.settings.state_dir)
+            return SparkClusterStatus(version, None, None, None, False)
         master_pid = state.get("master_pid") if self.master.is_ours(state.get("master_pid")) else None
         doc = self._json(state) if master_pid is not None else None
         listed = {w.get("port"): w for w in (doc or {}).get("workers", []) if w.get("state") == "ALIVE"}
@@ -318,7 +312,7 @@ class SparkCluster:
                  "state": a.get("state")} for a in (doc or {}).get("activeapps", [])]
         return SparkClusterStatus(version, f"spark://{state['host']}:{state['master_port']}",
                                   f"http://{state['host']}:{state['webui_port']}", master_pid, doc is not None,
-                                  workers, apps, len((doc or {}).get("completedapps", [])), self.settings.state_dir)
+                                  workers, apps, len((doc or {}).get("completedapps", [])))
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

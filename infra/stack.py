@@ -94,8 +94,8 @@ def broker_for(settings: StackSettings):
     """The Kafka of this stack: one broker (``LocalKafka``), or a KRaft cluster for ``brokers`` > 1.
 
     ``LocalStack`` uses of it: ``up() -> bool`` (False: was running), ``down() -> bool`` (False: was
-    not running), ``killed`` (the last down needed SIGKILL), ``pid()``, ``status()`` (``.pid``,
-    ``.running``), ``answers()``, ``logs_dir``; and ``LocalStack.bootstrap_servers`` for the clients.
+    not running), ``killed`` (the last down needed SIGKILL), ``pid()`` (of the first node that runs),
+    ``running()``, ``answers()``, ``logs_dir``; and ``LocalStack.bootstrap_servers`` for the clients.
     """
     if settings.brokers > 1:
         from infra.cluster_broker import ClusterBroker
@@ -243,7 +243,7 @@ class LocalStack:
             return {}
         return {service.name: service for service in self.supervisor.spec().services}
 
-    def _ask(self, entries: dict[str, ServiceSpec], drop: frozenset[str] = frozenset()) -> Spec:
+    def _ask(self, entries: dict[str, ServiceSpec], drop: frozenset[str] = frozenset()) -> None:
         """Hand ``entries`` to the supervisor (starting one if needed), forget ``drop`` (stopped
         instances beyond the stack's counts), and wait until it has acted."""
 
@@ -259,7 +259,6 @@ class LocalStack:
         new, _ = self.supervisor.update(change)
         if any(s.wanted for s in new.services):
             self.supervisor.wait_applied(new.revision)
-        return new
 
     def _exit_since(self, name: str, since: float) -> str | None:
         """How ``name`` ended if it exited (unasked) since ``since`` (wall clock); None while it runs or
@@ -328,7 +327,7 @@ class LocalStack:
         s = self.settings
         kind, index = parse_instance(name) or (name, 1)
         if kind == KAFKA:
-            return "" if self.kafka.status().running and self.kafka.answers() else "the broker does not answer"
+            return "" if self.kafka.running() and self.kafka.answers() else "the broker does not answer"
         if kind in (STREAMS, INFERENCE) and self.kafka.pid() is None:
             return "Kafka is not running"  # no group to ask about (and no 5 s admin timeout per probe)
         if kind in BACKENDS:
@@ -364,7 +363,8 @@ class LocalStack:
         catalog is applied; ``on_wait({name: why}, seconds)`` while some are not healthy yet;
         ``on_stopped(result)`` per surplus instance stopped.
         """
-        kinds = [k for k in (*self._backends(), *SERVICES) if only is None or k in only]
+        backend_kinds = BACKENDS if self.settings.observability else ()
+        kinds = [k for k in (*backend_kinds, *SERVICES) if only is None or k in only]
         self._check_scale(kinds)
         if only is not None and not self.settings.observability and set(only) & set(BACKENDS):
             raise StackError(f"--only {','.join(only)}: jaeger and prometheus run with --observability only")
@@ -391,9 +391,6 @@ class LocalStack:
             self._ask(entries, drop=frozenset(surplus))
         self._wait_healthy(wanted, fresh, asked_at, on_ready, on_wait)
 
-    def _backends(self) -> tuple[str, ...]:
-        return BACKENDS if self.settings.observability else ()
-
     def _installed(self) -> binaries.Installed | None:
         try:
             return binaries.installed(self.settings)
@@ -419,41 +416,34 @@ class LocalStack:
         folder one process opens), the workers' /metrics ports (inference and streams) out of range or on
         another service's port."""
         s = self.settings
-        if STREAMS in kinds and s.streams_workers > 1 and not s.qdrant_url:
-            raise StackError(f"--streams-workers {s.streams_workers} needs a Qdrant server: give --qdrant-url URL "
-                             "(e.g. ../shared/tools/qdrant); Qdrant local mode is a folder only one process can open")
         if STREAMS in kinds:
-            self._check_streams_ports()
-        if INFERENCE not in kinds:
-            return
-        first, last = metrics_port(s, 1), metrics_port(s, s.inference_workers)
-        if last > 65535:
-            raise StackError(f"--inference-workers {s.inference_workers} from --worker-metrics-port {first} needs "
-                             f"ports up to {last}, past 65535; choose a lower --worker-metrics-port")
-        taken = {s.gateway_port: "the gateway's (--gateway-port)"}
-        if s.brokers == 1:
-            taken |= {s.kafka_port: "Kafka's (--kafka-port)", s.controller_port: "the controller's (--controller-port)"}
-        for port, whose in taken.items():
-            if first <= port <= last:
-                raise StackError(f"port {port} is {whose} and also an inference worker's /metrics port (worker n "
-                                 f"listens on --worker-metrics-port + n - 1: {first}-{last}); choose other ports")
+            if s.streams_workers > 1 and not s.qdrant_url:
+                raise StackError(f"--streams-workers {s.streams_workers} needs a Qdrant server: give --qdrant-url URL "
+                                 "(e.g. ../shared/tools/qdrant); Qdrant local mode is a folder only one process can open")
+            inference_ports = {metrics_port(s, i): "an inference worker's /metrics port (--worker-metrics-port)"
+                               for i in range(1, s.inference_workers + 1)}
+            self._check_worker_ports("a streams", "--streams-workers", s.streams_workers, streams_metrics_port,
+                                     "--streams-metrics-port", inference_ports)
+        if INFERENCE in kinds:
+            self._check_worker_ports("an inference", "--inference-workers", s.inference_workers, metrics_port,
+                                     "--worker-metrics-port")
 
-    def _check_streams_ports(self) -> None:
-        """The streams workers' /metrics ports: in range, and no other service's port."""
+    def _check_worker_ports(self, worker: str, count_flag: str, count: int, port_of: Callable[[StackSettings, int], int],
+                            port_flag: str, also_taken: dict[int, str] | None = None) -> None:
+        """The /metrics ports of ``count`` workers (worker n's: ``port_of(settings, n)``): in range, and
+        none of another service's ports (``also_taken``: port -> whose, besides the gateway's and Kafka's)."""
         s = self.settings
-        first, last = streams_metrics_port(s, 1), streams_metrics_port(s, s.streams_workers)
+        first, last = port_of(s, 1), port_of(s, count)
         if last > 65535:
-            raise StackError(f"--streams-workers {s.streams_workers} from --streams-metrics-port {first} needs ports up "
-                             f"to {last}, past 65535; choose a lower --streams-metrics-port")
-        taken = {s.gateway_port: "the gateway's (--gateway-port)",
-                 **{metrics_port(s, i): "an inference worker's /metrics port (--worker-metrics-port)"
-                    for i in range(1, s.inference_workers + 1)}}
+            raise StackError(f"{count_flag} {count} from {port_flag} {first} needs ports up to {last}, past 65535; "
+                             f"choose a lower {port_flag}")
+        taken = {s.gateway_port: "the gateway's (--gateway-port)", **(also_taken or {})}
         if s.brokers == 1:
             taken |= {s.kafka_port: "Kafka's (--kafka-port)", s.controller_port: "the controller's (--controller-port)"}
         for port, whose in taken.items():
             if first <= port <= last:
-                raise StackError(f"port {port} is {whose} and also a streams worker's /metrics port (worker n listens "
-                                 f"on --streams-metrics-port + n - 1: {first}-{last}); choose other ports")
+                raise StackError(f"port {port} is {whose} and also {worker} worker's /metrics port (worker n listens "
+                                 f"on {port_flag} + n - 1: {first}-{last}); choose other ports")
 
     def _surplus(self) -> list[str]:
         """Instances beyond the stack's counts that run or that the supervisor has in hand, highest first."""
@@ -494,14 +484,12 @@ class LocalStack:
             kind, index = parse_instance(name) or (name, 1)
             if kind == "gateway":
                 flag, port = "--gateway-port", self.settings.gateway_port
-            elif kind == INFERENCE:
-                flag, port = "--worker-metrics-port", metrics_port(self.settings, index)
+            elif kind in (INFERENCE, STREAMS):
+                flag, port_of = (("--worker-metrics-port", metrics_port) if kind == INFERENCE
+                                 else ("--streams-metrics-port", streams_metrics_port))
+                port = port_of(self.settings, index)
                 if index > 1:
-                    flag += " (inference worker n listens on it + n - 1)"
-            elif kind == STREAMS:
-                flag, port = "--streams-metrics-port", streams_metrics_port(self.settings, index)
-                if index > 1:
-                    flag += " (streams worker n listens on it + n - 1)"
+                    flag += f" ({kind} worker n listens on it + n - 1)"
             elif kind in BACKENDS:
                 flag, port = next(((f, p) for p, f in backends.ports(self.settings, kind).items()
                                    if port_open(self.settings.host, p)), ("", 0))

@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from infra.instances import kind_of
+from infra.services import write_atomically
 from infra.settings import PERSISTED_FIELDS, StackSettings
 from schemas.errors import ChatpipeError
 
@@ -46,10 +47,8 @@ def load(state_dir: Path) -> dict | None:
 
 def save(settings: StackSettings, services: list[str]) -> None:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    path = _path(settings.state_dir)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"settings": settings.persisted(), "services": services}, indent=2) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
+    write_atomically(_path(settings.state_dir),
+                     json.dumps({"settings": settings.persisted(), "services": services}, indent=2) + "\n")
 
 
 def resolve(settings: StackSettings, running: set[str]) -> tuple[StackSettings, list[str] | None]:

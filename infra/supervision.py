@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from infra.local_kafka import StackError
-from infra.services import alive, read_pid_file, tail
+from infra.services import read_pid_file, tail, terminate, write_atomically
 from infra.settings import StackSettings
 
 SPEC_FILE = "supervisor-spec.json"
@@ -141,9 +140,6 @@ class SupervisorState:
     phase: str = "running"  # "running" | "shutting down" | "stopped" | "released" | "idle"
     services: dict[str, ServiceState] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
     @classmethod
     def from_json(cls, data: dict) -> "SupervisorState":
         services = {n: ServiceState.from_json(s) for n, s in data.get("services", {}).items()}
@@ -195,12 +191,7 @@ def happened(subject: str, reason: str) -> str:
 
 # --- files ----------------------------------------------------------------------------------------
 def _write_json(path: Path, data: dict, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as out:
-        json.dump(data, out, indent=1)
-        out.write("\n")
-    tmp.replace(path)  # a reader never sees half a file
+    write_atomically(path, json.dumps(data, indent=1) + "\n", mode)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -223,7 +214,7 @@ def read_state(run_dir: Path) -> SupervisorState | None:
 
 
 def write_state(run_dir: Path, state: SupervisorState) -> None:
-    _write_json(run_dir / STATE_FILE, state.to_json())
+    _write_json(run_dir / STATE_FILE, asdict(state))
 
 
 @contextmanager
@@ -318,14 +309,7 @@ class SupervisorClient:
         pid = self.pid()
         if pid is None:
             return None
-        os.kill(pid, signal.SIGUSR1)
-        deadline = time.monotonic() + timeout_s
-        while alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)  # it owns no data: its services run on without it
-            while alive(pid) and time.monotonic() < deadline + 5:
-                time.sleep(0.05)
+        terminate(pid, timeout_s, signal.SIGUSR1)  # SIGKILL after the timeout: it owns no data
         self.pid_file.unlink(missing_ok=True)
         return pid
 

@@ -272,6 +272,9 @@ class Supervisor:
         r = child.record
         after = child.crashed
         what = f"restart {r.restarts + 1} after {after.reason}" if after else "start"
+        if after is not None:  # a start that fails counts too: it is a restart that ended at once
+            r.restarts += 1
+            after.restart_at = time.time()
         try:
             Path(service.log_file).parent.mkdir(parents=True, exist_ok=True)
             with open(service.log_file, "ab") as out:
@@ -283,18 +286,12 @@ class Supervisor:
                                         start_new_session=True)  # a signal to the supervisor's group spares it
         except OSError as exc:
             log.error("%s: could not start: %s", r.name, exc)
-            if after is not None:
-                r.restarts += 1
-                after.restart_at = time.time()
             child.started_mono = time.monotonic()
             r.state = "running"  # so that the exit below is a failure with backoff, like any other
             self._record_exit(child, f"could not start: {exc}", None, None)
             return True
         write_pid_file(Path(service.pid_file), proc.pid)
         child.proc, child.started_mono = proc, time.monotonic()
-        if after is not None:
-            r.restarts += 1
-            after.restart_at = time.time()
         child.crashed = None
         r.state, r.pid, r.started_at, r.next_start_at = "running", proc.pid, time.time(), None
         r.generation = service.generation

@@ -238,10 +238,6 @@ def container_security() -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
-def pod_security() -> dict[str, Any]:
-    return {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-
-
 def scrape_annotations(values: Values, port: int) -> dict[str, str]:
     if not values.prometheus.annotations:
         return {}
@@ -254,7 +250,7 @@ def http_probe(path: str, port: str | int, period_s: int, failures: int, timeout
 
 
 def pod_spec_common(values: Values) -> dict[str, Any]:
-    out: dict[str, Any] = {"securityContext": pod_security()}
+    out: dict[str, Any] = {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}}
     if values.image_pull_secrets:
         out["imagePullSecrets"] = [{"name": s} for s in values.image_pull_secrets]
     return out

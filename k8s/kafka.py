@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from k8s.common import KAFKA_PLAIN_PORT, KAFKA_TLS_PORT, cluster_ca_secret, labels
+from k8s.common import KAFKA_PLAIN_PORT, KAFKA_TLS_PORT, labels, resources
 from k8s.values import Values
 from schemas.topics import CATALOG, TopicSpec, replication_for
 
@@ -80,18 +80,14 @@ def node_pools(values: Values) -> list[dict[str, Any]]:
               "kraftMetadata": "shared"}
     if k.storage_class:
         volume["class"] = k.storage_class
-    resources = {}
-    if k.resources.requests:
-        resources["requests"] = dict(k.resources.requests)
-    if k.resources.limits:
-        resources["limits"] = dict(k.resources.limits)
+    pool_resources = resources(k.resources)
     pools = [("brokers", k.nodes, ["broker"] if k.controllers else ["controller", "broker"])]
     if k.controllers:
         pools.insert(0, ("controllers", k.controllers, ["controller"]))
     return [{"apiVersion": API, "kind": "KafkaNodePool",
              "metadata": {"name": pool, "namespace": values.namespace, "labels": _strimzi_labels(values)},
              "spec": {"replicas": replicas, "roles": roles, "storage": {"type": "jbod", "volumes": [dict(volume)]},
-                      **({"resources": resources} if resources else {})}}
+                      **({"resources": pool_resources} if pool_resources else {})}}
             for pool, replicas, roles in pools]
 
 
@@ -140,9 +136,8 @@ def kafka_users(values: Values) -> list[dict[str, Any]]:
         return []
     from infra.kafka_security import ADMIN_USER, SERVICE_USERS
 
-    users = []
-    for service, user in SERVICE_USERS.items():
-        users.append((user, {"type": "simple", "acls": acls(service, values.topic_prefix)}))
+    users = [(user, {"type": "simple", "acls": acls(service, values.topic_prefix)})
+             for service, user in SERVICE_USERS.items()]
     users.append((ADMIN_USER, None))
     return [{"apiVersion": API, "kind": "KafkaUser",
              "metadata": {"name": user, "namespace": values.namespace, "labels": _strimzi_labels(values)},
@@ -153,11 +148,4 @@ def kafka_users(values: Values) -> list[dict[str, Any]]:
 
 def render(values: Values) -> list[dict[str, Any]]:
     return [*node_pools(values), kafka_cluster(values), *kafka_topics(values), *kafka_users(values)]
-
-
-def created_secrets(values: Values) -> set[str]:
-    """Secrets Strimzi's operators make for these objects (and the services mount)."""
-    out = {cluster_ca_secret(values)}
-    out |= {u["metadata"]["name"] for u in kafka_users(values)}
-    return out
 

@@ -45,10 +45,6 @@ def worker_groups(values: Values):
     return [(g.group, topic, g.kind) for g in lag_groups(kafka, worker_settings(values)) for topic in g.topics]
 
 
-def backlog_query(group: str, topic: str) -> str:
-    return f'max(chatpipe_consumer_lag_records{{group="{group}",topic="{topic}"}})'
-
-
 def lag_per_worker(values: Values) -> int:
     """The scaler's target per worker: the value, else ``capacity.keda.default_lag_threshold`` of the
     engine's max batch the containers get (3/4 of it)."""
@@ -73,7 +69,7 @@ def triggers(values: Values) -> list[dict[str, Any]]:
                 trigger["authenticationRef"] = {"name": AUTH}
         else:
             trigger = {"type": "prometheus", "name": _trigger_name(topic),
-                       "metadata": {"serverAddress": k.prometheus_url, "query": backlog_query(group, topic),
+                       "metadata": {"serverAddress": k.prometheus_url, "query": f'max(chatpipe_consumer_lag_records{{group="{group}",topic="{topic}"}})',
                                     "threshold": lag,
                                     "activationThreshold": str(k.activation_lag), "ignoreNullValues": "true"}}
         out.append(trigger)

@@ -34,9 +34,6 @@ class Rendered:
     def objects(self) -> list[dict[str, Any]]:
         return [obj for objs in self.files.values() for obj in objs]
 
-    def kustomized(self) -> list[str]:
-        return [f"{name}.yaml" for name in self.files if name not in ON_DEMAND]
-
 
 def render(values: Values) -> Rendered:
     secrets, todo = services.secrets(values)
@@ -68,10 +65,10 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
     return "".join("---\n" + yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=120) for obj in objects)
 
 
-def kustomization(rendered: Rendered, values: Values) -> dict[str, Any]:
+def kustomization(rendered: Rendered) -> dict[str, Any]:
     return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
             # Every object names its namespace already (the services are given DNS names in it).
-            "resources": rendered.kustomized(),
+            "resources": [f"{name}.yaml" for name in rendered.files if name not in ON_DEMAND],
             "labels": [{"pairs": {"app.kubernetes.io/managed-by": MANAGED_BY}, "includeSelectors": False}]}
 
 
@@ -81,19 +78,18 @@ def header(name: str) -> str:
     return f"# Rendered by `chatpipe k8s render` (k8s/); edit the values or the settings, not this file.{note}\n"
 
 
-def files_text(rendered: Rendered, values: Values) -> Iterator[tuple[str, str]]:
+def files_text(rendered: Rendered) -> Iterator[tuple[str, str]]:
     for name, objects in rendered.files.items():
         yield f"{name}.yaml", header(name) + to_yaml(objects)
-    yield "kustomization.yaml", header("kustomization") + yaml.safe_dump(kustomization(rendered, values),
-                                                                          sort_keys=False)
+    yield "kustomization.yaml", header("kustomization") + yaml.safe_dump(kustomization(rendered), sort_keys=False)
 
 
-def write(rendered: Rendered, values: Values, out: Path) -> list[Path]:
+def write(rendered: Rendered, out: Path) -> list[Path]:
     """The files in ``out`` (created); the Secrets file is readable by its owner only. Files of an earlier
     render that this one no longer makes are removed (so that ``apply -k`` and kubeconform see this one)."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for file_name, text in files_text(rendered, values):
+    for file_name, text in files_text(rendered):
         path = out / file_name
         tmp = path.with_name(f".{file_name}.tmp")
         tmp.unlink(missing_ok=True)
@@ -107,55 +103,5 @@ def write(rendered: Rendered, values: Values, out: Path) -> list[Path]:
     return written
 
 
-def as_text(rendered: Rendered, values: Values) -> str:
-    return "".join(f"# file: {name}\n{text}" for name, text in files_text(rendered, values))
-
-
-# --- what tests and the CLI check --------------------------------------------------------------------------
-def pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    """The pod specs of a workload object (Deployment, StatefulSet, Job, CronJob)."""
-    spec = obj.get("spec", {})
-    if obj["kind"] in ("Deployment", "StatefulSet", "Job"):
-        return [spec["template"]["spec"]]
-    if obj["kind"] == "CronJob":
-        return [spec["jobTemplate"]["spec"]["template"]["spec"]]
-    return []
-
-
-def referenced_secrets(objects: list[dict[str, Any]]) -> set[str]:
-    """Every Secret a rendered object names: pod volumes and variables, Spark pods' volumes and
-    variables, KEDA's TriggerAuthentication."""
-    out = set()
-
-    def from_pod(pod: dict[str, Any]) -> None:
-        for volume in pod.get("volumes", []):
-            if "secret" in volume:
-                out.add(volume["secret"]["secretName"])
-        for container in [*pod.get("containers", []), *pod.get("initContainers", [])]:
-            from_env(container.get("env", []))
-
-    def from_env(env: list[dict[str, Any]]) -> None:
-        for var in env:
-            ref = var.get("valueFrom", {}).get("secretKeyRef")
-            if ref:
-                out.add(ref["name"])
-
-    for obj in objects:
-        for pod in pod_specs(obj):
-            from_pod(pod)
-        if obj["kind"] in ("SparkApplication", "ScheduledSparkApplication"):
-            spec = obj["spec"]["template"] if obj["kind"] == "ScheduledSparkApplication" else obj["spec"]
-            for volume in spec.get("volumes", []):
-                if "secret" in volume:
-                    out.add(volume["secret"]["secretName"])
-            for role in ("driver", "executor"):
-                from_env(spec[role].get("env", []))
-        if obj["kind"] == "TriggerAuthentication":
-            out |= {ref["name"] for ref in obj["spec"].get("secretTargetRef", [])}
-    return out
-
-
-def provided_secrets(values: Values, rendered: Rendered) -> set[str]:
-    """Secrets that will exist: rendered here, or made by Strimzi for the rendered Kafka and KafkaUsers."""
-    own = {o["metadata"]["name"] for o in rendered.objects if o["kind"] == "Secret"}
-    return own | kafka.created_secrets(values)
+def as_text(rendered: Rendered) -> str:
+    return "".join(f"# file: {name}\n{text}" for name, text in files_text(rendered))

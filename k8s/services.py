@@ -65,6 +65,23 @@ def _deployment(values: Values, component: str, pod: dict[str, Any], *, replicas
             "spec": spec}
 
 
+def _worker_container(values: Values, component: str, env: dict[str, str], metrics_port: int, *,
+                      startup_probe: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A streams or inference worker's container: ``chatpipe <component>``, probed on its ``/metrics``."""
+    return _container(values, component, [component], env,
+                      ports=[{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}],
+                      startupProbe=startup_probe, readinessProbe=http_probe("/metrics", "metrics", 10, 3),
+                      livenessProbe=http_probe("/metrics", "metrics", 10, 6, timeout_s=5), **extra)
+
+
+def _worker_pod(values: Values, grace_s: int, container: dict[str, Any],
+                volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A worker's pod: the model's init containers (if any) before ``container``."""
+    init = model_init(values)
+    return {"terminationGracePeriodSeconds": grace_s, **({"initContainers": init} if init else {}),
+            "containers": [container], "volumes": volumes}
+
+
 # --- gateway --------------------------------------------------------------------------------------------
 def gateway_env(values: Values) -> dict[str, str]:
     from gateway.settings import GatewaySettings
@@ -98,11 +115,10 @@ def gateway(values: Values) -> list[dict[str, Any]]:
         startupProbe=http_probe("/healthz", "http", 2, 90),
         readinessProbe=http_probe("/healthz", "http", 5, 2),
         livenessProbe=http_probe("/metrics", "http", 10, 3),
-        lifecycle={"preStop": {"sleep": {"seconds": values.gateway.stop_delay_s}}} if values.gateway.stop_delay_s else {},
+        **({"lifecycle": {"preStop": {"sleep": {"seconds": values.gateway.stop_delay_s}}}}
+           if values.gateway.stop_delay_s else {}),
         resources=resources(values.gateway.resources),
         volumeMounts=[{"name": "keys", "mountPath": GATEWAY_KEYS_MOUNT, "readOnly": True}, *kafka_mounts])
-    if not container["lifecycle"]:
-        del container["lifecycle"]
     pod = {"terminationGracePeriodSeconds": grace, "containers": [container],
            "volumes": [{"name": "keys", "secret": {"secretName": GATEWAY_KEYS_SECRET}}, *kafka_vols]}
     hpa = values.gateway.hpa
@@ -192,11 +208,10 @@ def streams_env(values: Values) -> dict[str, str]:
     from streams.settings import StreamsSettings
 
     metrics_port = StackSettings.model_fields["streams_metrics_port"].default  # the stack's port, here too
-    env = {**env_of(StreamsSettings, state_dir=STREAMS_STATE, archive_dir=ARCHIVE_MOUNT, metrics_port=metrics_port,
-                    metrics_host="0.0.0.0"),
-           **env_of(MemorySettings, url=qdrant_url(values)), **model_env(values), **kafka_env(values, "streams"),
-           **tracing_env(values), **values.streams.env}
-    return env
+    return {**env_of(StreamsSettings, state_dir=STREAMS_STATE, archive_dir=ARCHIVE_MOUNT, metrics_port=metrics_port,
+                       metrics_host="0.0.0.0"),
+            **env_of(MemorySettings, url=qdrant_url(values)), **model_env(values), **kafka_env(values, "streams"),
+            **tracing_env(values), **values.streams.env}
 
 
 def _streams_classes():
@@ -224,24 +239,17 @@ def streams(values: Values) -> list[dict[str, Any]]:
     if not s.metrics_port:
         raise RenderError("streams: CHATPIPE_STREAMS_METRICS_PORT 0 turns /metrics off, which the probes need")
     kafka_vols, kafka_mounts = kafka_volumes(values, "streams")
-    container = _container(
-        values, "streams", ["streams"], env,
-        ports=[{"name": "metrics", "containerPort": s.metrics_port, "protocol": "TCP"}],
-        # /metrics is served once the embedding model is loaded, just before Faust starts.
-        startupProbe=http_probe("/metrics", "metrics", 5, 120),
-        readinessProbe=http_probe("/metrics", "metrics", 10, 3),
-        livenessProbe=http_probe("/metrics", "metrics", 10, 6, timeout_s=5),
+    # /metrics is served once the embedding model is loaded, just before Faust starts.
+    container = _worker_container(
+        values, "streams", env, s.metrics_port, startup_probe=http_probe("/metrics", "metrics", 5, 120),
         resources=resources(values.streams.resources),
         volumeMounts=[{"name": "state", "mountPath": str(s.state_dir)},
                       {"name": "archive", "mountPath": str(s.archive_dir)},
                       {"name": "model", "mountPath": values.model.mount_path, "readOnly": True}, *kafka_mounts])
     container["env"] += _qdrant_key_env(values, (MemorySettings, "api_key"))
-    pod = {"terminationGracePeriodSeconds": values.streams.termination_grace_s,
-           "initContainers": model_init(values), "containers": [container],
-           "volumes": [{"name": "state", "emptyDir": {}}, volume_source(values.archive, "archive"),
-                       volume_source(values.model.volume, "model"), *kafka_vols]}
-    if not pod["initContainers"]:
-        del pod["initContainers"]
+    pod = _worker_pod(values, values.streams.termination_grace_s, container,
+                      [{"name": "state", "emptyDir": {}}, volume_source(values.archive, "archive"),
+                       volume_source(values.model.volume, "model"), *kafka_vols])
     # One worker at a time: each change of membership is one rebalance of the group, and a surge pod
     # beyond the partitions would own nothing.
     return [_deployment(values, "streams", pod, replicas=values.streams.replicas,
@@ -257,19 +265,15 @@ def inference_env(values: Values) -> dict[str, str]:
     from infra.settings import StackSettings
 
     metrics_port = StackSettings.model_fields["worker_metrics_port"].default  # the stack's port, here too
-    return {**env_of(WorkerSettings, intake=values.inference.intake, metrics_port=metrics_port,
-                     metrics_host="0.0.0.0"),
-            **env_of(EngineSettings, device="cuda" if values.inference.gpus else "cpu", max_batch=_max_batch(values)),
+    iv = values.inference
+    max_batch = iv.max_batch or (GPU_MAX_BATCH if iv.gpus else None)
+    return {**env_of(WorkerSettings, intake=iv.intake, metrics_port=metrics_port, metrics_host="0.0.0.0"),
+            **env_of(EngineSettings, device="cuda" if iv.gpus else "cpu", max_batch=max_batch),
             **model_env(values),
             **kafka_env(values, "inference"), **tracing_env(values), **values.inference.env}
 
 
 GPU_MAX_BATCH = 32  # what the docs/benchmarks.md "GPU" runs measured on one H200 (and capacity/figures.py's GPU curves)
-
-
-def _max_batch(values: Values) -> int | None:
-    iv = values.inference
-    return iv.max_batch or (GPU_MAX_BATCH if iv.gpus else None)
 
 
 def engine_settings(values: Values):
@@ -305,27 +309,19 @@ def inference(values: Values) -> list[dict[str, Any]]:
     iv = values.inference
     gpu = {"nvidia.com/gpu": str(iv.gpus)} if iv.gpus else None
     kafka_vols, kafka_mounts = kafka_volumes(values, "inference")
-    container = _container(
-        values, "inference", ["inference"], env,
-        ports=[{"name": "metrics", "containerPort": s.metrics_port, "protocol": "TCP"}],
-        # /metrics is served once the model is loaded (minutes for a large model on a cold node).
-        startupProbe=http_probe("/metrics", "metrics", 10, 90),
-        readinessProbe=http_probe("/metrics", "metrics", 10, 3),
-        livenessProbe=http_probe("/metrics", "metrics", 10, 6, timeout_s=5),
+    # /metrics is served once the model is loaded (minutes for a large model on a cold node).
+    container = _worker_container(
+        values, "inference", env, s.metrics_port, startup_probe=http_probe("/metrics", "metrics", 10, 90),
         resources=resources(iv.resources, gpu),
         volumeMounts=[{"name": "model", "mountPath": values.model.mount_path, "readOnly": True},
                       {"name": "shm", "mountPath": "/dev/shm"}, *kafka_mounts])
     # Heartbeats and answers carry the pod's name (a restarted container keeps it).
     container["env"].append({"name": env_var(WorkerSettings, "worker_id"),
                              "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
-    pod: dict[str, Any] = {
-        # SIGTERM: stop taking work, finish in-flight requests for grace_s, hand the rest back, leave the group.
-        "terminationGracePeriodSeconds": math.ceil(s.grace_s) + iv.grace_margin_s,
-        "initContainers": model_init(values), "containers": [container],
-        "volumes": [volume_source(values.model.volume, "model", read_only=values.model.volume.kind == "pvc"),
-                    {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}, *kafka_vols]}
-    if not pod["initContainers"]:
-        del pod["initContainers"]
+    # SIGTERM: stop taking work, finish in-flight requests for grace_s, hand the rest back, leave the group.
+    pod = _worker_pod(values, math.ceil(s.grace_s) + iv.grace_margin_s, container,
+                      [volume_source(values.model.volume, "model", read_only=values.model.volume.kind == "pvc"),
+                       {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}, *kafka_vols])
     if iv.gpus:
         pod["nodeSelector"] = dict(iv.node_selector)
         pod["tolerations"] = [dict(t) for t in iv.tolerations]

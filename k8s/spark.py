@@ -96,11 +96,8 @@ def application_spec(values: Values, job: str, job_cls, module: str) -> dict[str
         "executor": {"instances": sv.executor_instances, "cores": sv.executor_cores, "memory": sv.executor_memory,
                      "labels": pod_labels, "env": env, "volumeMounts": mounts},
         "volumes": vols,
+        "deps": {"jars": list(sv.jars)} if sv.jars else {"packages": packages(values)},
     }
-    if sv.jars:
-        spec["deps"] = {"jars": list(sv.jars)}
-    else:
-        spec["deps"] = {"packages": packages(values)}
     if values.image_pull_secrets:
         spec["imagePullSecrets"] = list(values.image_pull_secrets)
     return spec

@@ -17,35 +17,27 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
 from chatpipe.commands.common import build_settings, console
 from chatpipe.options import option
 
-_FIELDS_CACHE: dict[type, list[inspect.Parameter]] = {}
-
-
 def _flag_params(cls) -> list[inspect.Parameter]:
     """One keyword parameter (a typer option defaulting to None: "not given") per settings field."""
-    if cls in _FIELDS_CACHE:
-        return _FIELDS_CACHE[cls]
     params = []
     for name, info in cls.model_fields.items():
         flag = "--" + name.replace("_", "-")
         annotation = info.annotation
         choices = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
         help_ = f"{info.description} ({' | '.join(choices)})" if choices else None
+        kind = Optional[annotation] if annotation in (bool, int, float) else Optional[str]
         if annotation is bool:
-            kind: Any = Optional[bool]
             flag = f"{flag}/--no-{flag[2:]}"
-        else:
-            kind = {int: Optional[int], float: Optional[float]}.get(annotation, Optional[str])
         # help, variable and default from the field (chatpipe/options.py)
         annotated = Annotated[kind, option(cls, name, flag, help=help_, show_default=False)]
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotated))
-    _FIELDS_CACHE[cls] = params
     return params
 
 
@@ -155,16 +147,12 @@ def register(app: typer.Typer) -> None:
 
     group = typer.Typer(help="Capacity: what N users need (`chatpipe capacity --users N`), and a day of KEDA "
                         "autoscaling (`chatpipe capacity simulate`).", invoke_without_command=True)
-    plan_cmd = _command((CapacitySettings, WorkloadSettings, TrafficSettings), _plan)
-    plan_params = list(inspect.signature(plan_cmd).parameters.values())
-
-    def callback(ctx: typer.Context, **values) -> None:
+    def plan_unless_a_subcommand(capacity, workload, traffic, *, ctx: typer.Context) -> None:
         if ctx.invoked_subcommand is None:
-            plan_cmd(**values)
+            _plan(capacity, workload, traffic)
 
-    ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
-    callback.__signature__ = inspect.Signature([ctx_param, *plan_params])
-    callback.__annotations__ = {"ctx": typer.Context, **{p.name: p.annotation for p in plan_params}}
+    ctx = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+    callback = _command((CapacitySettings, WorkloadSettings, TrafficSettings), plan_unless_a_subcommand, [ctx])
     callback.__doc__ = _plan.__doc__
     group.callback(invoke_without_command=True)(callback)
 

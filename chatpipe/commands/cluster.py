@@ -2,19 +2,18 @@
 
 Three KRaft nodes on loopback by default (``infra.kafka_cluster``), each a broker and a quorum
 voter. ``up`` also applies the topic catalog, replicated 3 ways with ``min.insync.replicas=2``.
-``cluster_up`` / ``cluster_down`` / ``print_cluster_status`` are what ``chatpipe up --brokers N``
-calls; the single broker of ``chatpipe up`` is not here.
+``print_cluster_status`` is what ``chatpipe status`` prints for a stack of ``--brokers N``; the single
+broker of ``chatpipe up`` is not here.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
-from rich.table import Table
 
-from chatpipe.commands.common import build_settings, console
+from chatpipe.commands.common import build_settings, console, table
 from chatpipe.options import option
 from infra.cluster_settings import ClusterSettings  # pydantic only: the flags are made from its fields
 from transport.settings import KafkaSettings
@@ -39,44 +38,13 @@ def _cluster(state_dir, brokers, base_port):
     return KafkaCluster(_settings(state_dir, brokers, base_port))
 
 
-def cluster_up(settings: "ClusterSettings", *, topic_prefix: str | None = None) -> str:
-    """Start every node, wait until all are live brokers, apply the topic catalog (replicated by the
-    cluster's size), print what happened. Returns the bootstrap servers for the services."""
-    from infra.kafka_cluster import KafkaCluster
-    from transport.admin import TopicAdmin
-    from transport.settings import KafkaSettings
-
-    cluster = KafkaCluster(settings)
-    with console.status(f"starting {settings.brokers} Kafka nodes on {settings.bootstrap_servers}..."):
-        started = cluster.up()
-    state = "started" if started else "already running"
-    console.print(f"Kafka cluster {state}: {settings.brokers} node(s), {settings.bootstrap_servers}, "
-                  f"controller leader node {cluster.controller_leader()}, state {settings.cluster_dir}")
-    kafka = build_settings(KafkaSettings, bootstrap_servers=settings.bootstrap_servers, topic_prefix=topic_prefix)
-    changes = TopicAdmin(kafka).apply()
-    console.print(f"topic catalog applied: {len(changes)} change(s)")
-    for change in changes:
-        console.print(f"  {change.action:20} {change.topic}  {change.detail}")
-    return settings.bootstrap_servers
-
-
-def cluster_down(settings: "ClusterSettings") -> list[int]:
-    """Stop every node of the cluster (all at once, SIGTERM; SIGKILL after the stop timeout)."""
-    from infra.kafka_cluster import KafkaCluster
-
-    stopped = KafkaCluster(settings).down()
-    console.print(f"Kafka cluster stopped: node(s) {stopped}" if stopped else "Kafka cluster was not running")
-    return stopped
-
-
-def print_cluster_status(settings: "ClusterSettings", *, topics: bool = True) -> bool:
+def print_cluster_status(settings: "ClusterSettings") -> bool:
     """Print each node, the controller leader and every partition's leader and ISR; True if all nodes are live."""
     from infra.kafka_cluster import KafkaCluster
 
     st = KafkaCluster(settings).status()
-    nodes = Table(title=f"Kafka {st.version} cluster ({st.bootstrap_servers})")
-    for col in ("node", "state", "pid", "client port", "quorum port", "role", "folder"):
-        nodes.add_column(col)
+    nodes = table("node", "state", "pid", "client port", "quorum port", "role", "folder",
+                  title=f"Kafka {st.version} cluster ({st.bootstrap_servers})")
     for n in st.nodes:
         state = "live" if n.registered else ("starting / fenced" if n.running else "stopped")
         role = "controller leader" if n.node_id == st.controller_leader else "voter"
@@ -85,29 +53,42 @@ def print_cluster_status(settings: "ClusterSettings", *, topics: bool = True) ->
     console.print(nodes)
     leader = st.controller_leader
     console.print(f"controller leader: node {leader}" if leader is not None else "controller leader: none (no quorum)")
-    if topics and st.partitions:
-        table = Table(title="partitions")
-        for col in ("topic", "partition", "leader", "replicas", "in-sync replicas"):
-            table.add_column(col)
+    if st.partitions:
+        partitions = table("topic", "partition", "leader", "replicas", "in-sync replicas", title="partitions")
         for p in st.partitions:
             short = set(p.isr) != set(p.replicas)
             isr = ",".join(map(str, p.isr)) + ("  (under-replicated)" if short else "")
-            table.add_row(p.topic, str(p.partition), str(p.leader) if p.leader >= 0 else "none",
+            partitions.add_row(p.topic, str(p.partition), str(p.leader) if p.leader >= 0 else "none",
                           ",".join(map(str, p.replicas)), isr)
-        console.print(table)
+        console.print(partitions)
     return all(n.registered for n in st.nodes)
 
 
 @cluster_app.command("up")
 def up(state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None, topic_prefix: Prefix = None) -> None:
     """Start the cluster in the background, wait until every node is a live broker, apply the topic catalog."""
-    cluster_up(_settings(state_dir, brokers, base_port), topic_prefix=topic_prefix)
+    from transport.admin import TopicAdmin
+
+    cluster = _cluster(state_dir, brokers, base_port)
+    settings = cluster.settings
+    with console.status(f"starting {settings.brokers} Kafka nodes on {settings.bootstrap_servers}..."):
+        started = cluster.up()
+    state = "started" if started else "already running"
+    console.print(f"Kafka cluster {state}: {settings.brokers} node(s), {settings.bootstrap_servers}, "
+                  f"controller leader node {cluster.controller_leader()}, state {settings.cluster_dir}")
+    # The catalog, replicated by the cluster's size.
+    kafka = build_settings(KafkaSettings, bootstrap_servers=settings.bootstrap_servers, topic_prefix=topic_prefix)
+    changes = TopicAdmin(kafka).apply()
+    console.print(f"topic catalog applied: {len(changes)} change(s)")
+    for change in changes:
+        console.print(f"  {change.action:20} {change.topic}  {change.detail}")
 
 
 @cluster_app.command("down")
 def down(state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
     """Stop every node cleanly."""
-    cluster_down(_settings(state_dir, brokers, base_port))
+    stopped = _cluster(state_dir, brokers, base_port).down()  # all at once, SIGTERM; SIGKILL after the timeout
+    console.print(f"Kafka cluster stopped: node(s) {stopped}" if stopped else "Kafka cluster was not running")
 
 
 @cluster_app.command("status")
@@ -117,32 +98,30 @@ def status(state_dir: StateDir = None, brokers: Brokers = None, base_port: BaseP
         raise typer.Exit(code=1)
 
 
-@node_app.command("stop")
-def node_stop(node_id: NodeId, state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
-    """Stop one node cleanly (SIGTERM: it hands its partition leaderships over first)."""
-    done = _cluster(state_dir, brokers, base_port).stop_node(node_id)
-    console.print(f"node {node_id} {'stopped' if done else 'was not running'}")
+# `chatpipe cluster node <command> ID`: the KafkaCluster method it calls, what the node then is, what it
+# says when there was nothing to do (the method returned False), and its help.
+_NODE_COMMANDS = {
+    "stop": ("stop_node", "stopped", "was not running",
+             "Stop one node cleanly (SIGTERM: it hands its partition leaderships over first)."),
+    "kill": ("kill_node", "killed", "was not running", "SIGKILL one node: a crash, nothing flushed or handed over."),
+    "start": ("start_node", "started", "was already running",
+              "Start one stopped or killed node and wait until it is a live broker again."),
+    "restart": ("restart_node", "restarted", "",
+                "Stop (SIGTERM) and start one node; waits until it is a live broker again."),
+}
 
 
-@node_app.command("kill")
-def node_kill(node_id: NodeId, state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
-    """SIGKILL one node: a crash, nothing flushed or handed over."""
-    done = _cluster(state_dir, brokers, base_port).kill_node(node_id)
-    console.print(f"node {node_id} {'killed' if done else 'was not running'}")
+def _node_command(method: str, done: str, nothing_done: str, help_: str) -> Callable[..., None]:
+    def command(node_id: NodeId, state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
+        acted = getattr(_cluster(state_dir, brokers, base_port), method)(node_id)
+        console.print(f"node {node_id} {nothing_done if acted is False else done}")
+
+    command.__doc__ = help_
+    return command
 
 
-@node_app.command("start")
-def node_start(node_id: NodeId, state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
-    """Start one stopped or killed node and wait until it is a live broker again."""
-    done = _cluster(state_dir, brokers, base_port).start_node(node_id)
-    console.print(f"node {node_id} {'started' if done else 'was already running'}")
-
-
-@node_app.command("restart")
-def node_restart(node_id: NodeId, state_dir: StateDir = None, brokers: Brokers = None, base_port: BasePort = None) -> None:
-    """Stop (SIGTERM) and start one node; waits until it is a live broker again."""
-    _cluster(state_dir, brokers, base_port).restart_node(node_id)
-    console.print(f"node {node_id} restarted")
+for _name, (_method, _done, _nothing_done, _help) in _NODE_COMMANDS.items():
+    node_app.command(_name)(_node_command(_method, _done, _nothing_done, _help))
 
 
 def register(app: typer.Typer) -> None:

@@ -3,13 +3,16 @@ output."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
-from typing import Annotated, Optional, TypeVar
+from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import typer
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 from rich.console import Console
+from rich.table import Table
 
 from chatpipe.options import option
 from transport.settings import KafkaSettings  # pydantic only: the flags below are made from its fields
@@ -26,6 +29,15 @@ def print_error(message: object) -> None:
     from rich.text import Text
 
     err_console.print(Text.assemble(("error:", "bold red"), " ", str(message)), soft_wrap=True, highlight=False)
+
+
+def table(*columns: str, title: str | None = None, **column_options: Any) -> Table:
+    """A rich table with these columns (``column_options`` for each: ``overflow="fold"``, ...)."""
+    out = Table(title=title)
+    for column in columns:
+        out.add_column(column, **column_options)
+    return out
+
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -51,33 +63,47 @@ def build_settings(cls: type[S], **flags) -> S:
 # --- Kafka connection flags, the same on every command that builds KafkaSettings ---------------------
 # The SASL password has no flag (a flag shows in `ps` and shell history): CHATPIPE_KAFKA_SASL_PASSWORD
 # or --kafka-sasl-password-file (docs/security.md).
-KafkaSecurityProtocol = Annotated[Optional[str], option(KafkaSettings, "security_protocol", "--kafka-security-protocol")]
-KafkaSaslMechanism = Annotated[Optional[str], option(KafkaSettings, "sasl_mechanism", "--kafka-sasl-mechanism")]
-KafkaSaslUsername = Annotated[Optional[str], option(
-    KafkaSettings, "sasl_username", "--kafka-sasl-username",
-    help="SASL user (OAUTHBEARER: the OIDC client id); its password only from CHATPIPE_KAFKA_SASL_PASSWORD or "
-         "--kafka-sasl-password-file, never a flag")]
-KafkaSaslPasswordFile = Annotated[Optional[Path], option(KafkaSettings, "sasl_password_file",
-                                                         "--kafka-sasl-password-file")]
-KafkaSslCaFile = Annotated[Optional[Path], option(KafkaSettings, "ssl_ca_file", "--kafka-ssl-ca-file")]
-KafkaSslCertFile = Annotated[Optional[Path], option(KafkaSettings, "ssl_cert_file", "--kafka-ssl-cert-file")]
-KafkaSslKeyFile = Annotated[Optional[Path], option(
-    KafkaSettings, "ssl_key_file", "--kafka-ssl-key-file",
-    help="PEM private key of --kafka-ssl-cert-file; its password only from CHATPIPE_KAFKA_SSL_KEY_PASSWORD")]
 BootstrapServers = Annotated[Optional[str], option(KafkaSettings, "bootstrap_servers", "--bootstrap-servers", "-b")]
 TopicPrefix = Annotated[Optional[str], option(KafkaSettings, "topic_prefix", "--topic-prefix")]
+_KAFKA_FLAGS = {"bootstrap_servers": BootstrapServers, "topic_prefix": TopicPrefix}
+# The security flags, parameter kafka_<field> -> --kafka-<field> (help: the field's, or the one given here).
+_SECURITY_FLAGS = {f"kafka_{field}": Annotated[Optional[kind], option(KafkaSettings, field,
+                                                                      f"--kafka-{field.replace('_', '-')}", **help_)]
+                   for field, kind, help_ in (
+    ("security_protocol", str, {}),
+    ("sasl_mechanism", str, {}),
+    ("sasl_username", str, {"help": "SASL user (OAUTHBEARER: the OIDC client id); its password only from "
+                                    "CHATPIPE_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file, never a flag"}),
+    ("sasl_password_file", Path, {}),
+    ("ssl_ca_file", Path, {}),
+    ("ssl_cert_file", Path, {}),
+    ("ssl_key_file", Path, {"help": "PEM private key of --kafka-ssl-cert-file; its password only from "
+                                    "CHATPIPE_KAFKA_SSL_KEY_PASSWORD"}),
+)}
 
 
-def kafka_settings(bootstrap_servers: str | None = None, topic_prefix: str | None = None, *,
-                   security_protocol: str | None = None, sasl_mechanism: str | None = None,
-                   sasl_username: str | None = None, sasl_password_file: Path | None = None,
-                   ssl_ca_file: Path | None = None, ssl_cert_file: Path | None = None,
-                   ssl_key_file: Path | None = None):
-    """``KafkaSettings`` from the connection flags (None: the CHATPIPE_* variables, then the defaults)."""
-    return build_settings(KafkaSettings, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix,
-                          security_protocol=security_protocol, sasl_mechanism=sasl_mechanism,
-                          sasl_username=sasl_username, sasl_password_file=sasl_password_file,
-                          ssl_ca_file=ssl_ca_file, ssl_cert_file=ssl_cert_file, ssl_key_file=ssl_key_file)
+def with_kafka_flags(command: Callable) -> Callable:
+    """``command`` with the Kafka flags of its ``kafka`` parameter, which receives the ``KafkaSettings``
+    they make (a flag not given: the CHATPIPE_* variable, then the default). The flags stand where
+    ``kafka`` stands, the security ones last."""
+
+    def flags(names: dict[str, Any]) -> list[inspect.Parameter]:
+        return [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=annotation)
+                for name, annotation in names.items()]
+
+    params = []
+    for param in inspect.signature(command, eval_str=True).parameters.values():
+        params += flags(_KAFKA_FLAGS) if param.name == "kafka" else [param]
+    params += flags(_SECURITY_FLAGS)
+
+    @functools.wraps(command)
+    def wrapper(**values: Any) -> None:
+        given = {name.removeprefix("kafka_"): values.pop(name) for name in (*_KAFKA_FLAGS, *_SECURITY_FLAGS)}
+        command(**values, kafka=build_settings(KafkaSettings, **given))
+
+    wrapper.__signature__ = inspect.Signature(params)
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
 
 
 def check_kafka(kafka, command: str) -> None:

@@ -68,10 +68,7 @@ def pull(model_cache: ModelCache = None) -> None:
 
 
 @model_app.command("info")
-def info(
-    model: Model = None,
-    model_cache: ModelCache = None,
-) -> None:
+def info(model: Model = None, model_cache: ModelCache = None) -> None:
     """Where the model is and its shape, without loading the weights."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
     from transformers import AutoConfig

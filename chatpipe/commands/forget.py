@@ -86,8 +86,6 @@ def _verify(kafka, user: str, tenant: str, conversation: str | None, archive_dir
     from streams.app import changelog_topic
     from chatpipe.erasure_verify import verify
     from streams.erasures import Subject
-    from streams.memory_settings import MemorySettings
-    from streams.settings import StreamsSettings
 
     streams = build_settings(StreamsSettings, archive_dir=archive_dir)
     memory = build_settings(MemorySettings, path=memory_path, url=qdrant_url)

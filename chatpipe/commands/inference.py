@@ -11,18 +11,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import (BootstrapServers, KafkaSaslMechanism, KafkaSaslPasswordFile, KafkaSaslUsername,
-                                      KafkaSecurityProtocol, KafkaSslCaFile, KafkaSslCertFile, KafkaSslKeyFile,
-                                      TopicPrefix, build_settings, check_kafka, kafka_settings, print_error)
+from chatpipe.commands.common import build_settings, check_kafka, print_error, with_kafka_flags
 from chatpipe.commands.engine import Device, KvCacheTokens, MaxBatch, MaxSeqLen, Model
 from chatpipe.options import option
 from inference.worker.settings import WorkerSettings  # pydantic only: the flags are made from its fields
+from transport.settings import KafkaSettings
 
 
+@with_kafka_flags
 def inference(
     intake: Annotated[Optional[str], option(WorkerSettings, "intake")] = None,
-    bootstrap_servers: BootstrapServers = None,
-    topic_prefix: TopicPrefix = None,
+    kafka: Optional[KafkaSettings] = None,  # from --bootstrap-servers, --topic-prefix, --kafka-* (with_kafka_flags)
     group_id: Annotated[Optional[str], option(WorkerSettings, "group_id")] = None,
     worker_id: Annotated[Optional[str], option(WorkerSettings, "worker_id")] = None,
     max_in_flight: Annotated[Optional[int], option(WorkerSettings, "max_in_flight")] = None,
@@ -34,13 +33,6 @@ def inference(
     kv_cache_tokens: KvCacheTokens = None,
     max_seq_len: MaxSeqLen = None,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING")] = "INFO",
-    kafka_security_protocol: KafkaSecurityProtocol = None,
-    kafka_sasl_mechanism: KafkaSaslMechanism = None,
-    kafka_sasl_username: KafkaSaslUsername = None,
-    kafka_sasl_password_file: KafkaSaslPasswordFile = None,
-    kafka_ssl_ca_file: KafkaSslCaFile = None,
-    kafka_ssl_cert_file: KafkaSslCertFile = None,
-    kafka_ssl_key_file: KafkaSslKeyFile = None,
 ) -> None:
     """Serve InferenceRequests from Kafka with the local engine until SIGTERM."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
@@ -56,10 +48,6 @@ def inference(
     from transport.logs import configure_logging
 
     configure_logging("inference", log_level)  # CHATPIPE_LOG_FORMAT: text or JSON lines
-    kafka = kafka_settings(bootstrap_servers, topic_prefix, security_protocol=kafka_security_protocol,
-                           sasl_mechanism=kafka_sasl_mechanism, sasl_username=kafka_sasl_username,
-                           sasl_password_file=kafka_sasl_password_file, ssl_ca_file=kafka_ssl_ca_file,
-                           ssl_cert_file=kafka_ssl_cert_file, ssl_key_file=kafka_ssl_key_file)
     worker_settings = build_settings(WorkerSettings, intake=intake, group_id=group_id, worker_id=worker_id,
                                      max_in_flight=max_in_flight, metrics_port=metrics_port, grace_s=grace_s)
     engine_settings = build_settings(EngineSettings, model_path=model, device=device, max_batch=max_batch,

@@ -43,16 +43,11 @@ def _parameters(job_cls) -> list[inspect.Parameter]:
 
 
 def _command(job_cls, body: Callable) -> Callable:
-    """A function typer can read: keyword parameters from the job's options, calling ``body(**values)``."""
+    """``body(**values)`` as typer reads it: keyword parameters from the job's options."""
     params = _parameters(job_cls)
-
-    def command(**values) -> None:
-        body(**values)
-
-    command.__signature__ = inspect.Signature(params)
-    command.__annotations__ = {p.name: p.annotation for p in params}
-    command.__doc__ = body.__doc__
-    return command
+    body.__signature__ = inspect.Signature(params)
+    body.__annotations__ = {p.name: p.annotation for p in params}
+    return body
 
 
 def _prepare(job: str, job_cls, values: dict):

@@ -28,9 +28,8 @@ def _render(values_file: Optional[Path]):
     from k8s.render import render
     from k8s.values import load
 
-    values = load(values_file)
     try:
-        return values, render(values)
+        return render(load(values_file))
     except RenderError as exc:
         print_error(f"cannot render: {exc}")
         raise typer.Exit(1) from None
@@ -45,11 +44,11 @@ def render_command(
     """Render the manifests: Strimzi Kafka and topics, gateway, streams, inference, Qdrant, KEDA, Spark jobs."""
     from k8s.render import as_text, write
 
-    values, rendered = _render(values_file)
+    rendered = _render(values_file)
     if out is None:
-        typer.echo(as_text(rendered, values), nl=False)
+        typer.echo(as_text(rendered), nl=False)
     else:
-        for path in write(rendered, values, out):
+        for path in write(rendered, out):
             err_console.print(f"wrote {path}", highlight=False)
     for note in rendered.notes:
         err_console.print(f"[yellow]{note}[/]", highlight=False, soft_wrap=True)
@@ -87,9 +86,8 @@ def validate_command(
 
     with tempfile.TemporaryDirectory(prefix="chatpipe-k8s-") as tmp:
         if folder is None:
-            values, rendered = _render(values_file)
             folder = Path(tmp)
-            write(rendered, values, folder)
+            write(_render(values_file), folder)
         files = sorted(p for p in folder.glob("*.yaml") if p.name != "kustomization.yaml")
         if not files:
             print_error(f"no manifests in {folder}")

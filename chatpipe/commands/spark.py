@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
-from chatpipe.commands.common import build_settings, console, err_console
+from chatpipe.commands.common import build_settings, console, err_console, table
 from chatpipe.options import option
 from infra.spark_cluster_settings import SparkClusterSettings  # pydantic only: the flags are made from its fields
 from spark_jobs.settings import SparkSettings
@@ -49,18 +48,14 @@ def print_status(settings: "SparkClusterSettings") -> bool:
     state = "alive" if st.master_alive else ("starting" if st.master_pid else "stopped")
     console.print(f"Spark {st.version} master {st.master_url} ({state}, pid {st.master_pid or '-'}), "
                   f"web UI {st.webui_url}, state {settings.spark_dir}")
-    table = Table(title="workers")
-    for col in ("worker", "state", "pid", "port", "cores (used)", "memory MiB (used)", "folder"):
-        table.add_column(col)
+    workers = table("worker", "state", "pid", "port", "cores (used)", "memory MiB (used)", "folder", title="workers")
     for w in st.workers:
         wstate = "registered" if w.registered else ("starting" if w.pid else "stopped")
-        table.add_row(str(w.worker), wstate, str(w.pid or "-"), str(w.port), f"{w.cores} ({w.cores_used})",
+        workers.add_row(str(w.worker), wstate, str(w.pid or "-"), str(w.port), f"{w.cores} ({w.cores_used})",
                       f"{w.memory_mb} ({w.memory_used_mb})", str(w.dir))
-    console.print(table)
+    console.print(workers)
     if st.apps:
-        apps = Table(title="running applications")
-        for col in ("id", "name", "cores", "memory per executor MiB", "state"):
-            apps.add_column(col)
+        apps = table("id", "name", "cores", "memory per executor MiB", "state", title="running applications")
         for a in st.apps:
             apps.add_row(str(a["id"]), str(a["name"]), str(a["cores"]), str(a["memory_per_executor_mb"]), str(a["state"]))
         console.print(apps)

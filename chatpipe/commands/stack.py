@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
-from chatpipe.commands.common import build_settings, console
+from chatpipe.commands.common import build_settings, console, table
 from chatpipe.options import option
 from infra.settings import StackSettings  # pydantic only: the flags are made from its fields
 
@@ -49,19 +48,11 @@ Observability = Annotated[Optional[bool], option(StackSettings, "observability",
     "--no-observability stops them"))]
 
 
-def _open(state_dir, kafka_port=None, controller_port=None, gateway_port=None, worker_metrics_port=None,
-          brokers=None, qdrant_url=None, streams_workers=None, inference_workers=None, kafka_security=None,
-          observability=None, streams_metrics_port=None):
-    from infra.settings import StackSettings
+def _open(**flags):
+    """The stack of the state folder, its ``StackSettings`` from the flags given (``build_settings``)."""
     from infra.stack import LocalStack
 
-    settings = build_settings(StackSettings, state_dir=state_dir, kafka_port=kafka_port,
-                              controller_port=controller_port, gateway_port=gateway_port,
-                              worker_metrics_port=worker_metrics_port, brokers=brokers, qdrant_url=qdrant_url,
-                              streams_workers=streams_workers, inference_workers=inference_workers,
-                              kafka_security=kafka_security, observability=observability,
-                              streams_metrics_port=streams_metrics_port)
-    return LocalStack.open(settings)
+    return LocalStack.open(build_settings(StackSettings, **flags))
 
 
 def _parse_names(names: list[str], stack) -> list[str]:
@@ -89,6 +80,12 @@ def _parse_only(only: str | None) -> list[str] | None:
     return names
 
 
+def _on_wait(spinner):
+    """``on_wait`` of ``up`` and ``restart``: the spinner names each service not healthy yet, and why."""
+    return lambda pending, seconds: spinner.update(
+        f"waiting for {', '.join(f'{name} ({why})' for name, why in pending.items())} ... {seconds:.0f} s")
+
+
 def _on_ready(health, started, seconds):
     verb = "started" if started else "already running"
     console.print(f"[green]✓[/] {health.name:9} {verb}: pid {health.pid}, {health.address}  "
@@ -106,8 +103,11 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
     import time
 
     wanted = _parse_only(only)
-    stack = _open(state_dir, kafka_port, controller_port, gateway_port, worker_metrics_port, brokers, qdrant_url,
-                  streams_workers, inference_workers, kafka_security, observability, streams_metrics_port)
+    stack = _open(state_dir=state_dir, kafka_port=kafka_port, controller_port=controller_port,
+                  gateway_port=gateway_port, worker_metrics_port=worker_metrics_port, brokers=brokers,
+                  qdrant_url=qdrant_url, streams_workers=streams_workers, inference_workers=inference_workers,
+                  kafka_security=kafka_security, observability=observability,
+                  streams_metrics_port=streams_metrics_port)
     s = stack.settings
     began = time.monotonic()
     with console.status(f"starting Kafka on {stack.bootstrap_servers} (first run fetches jars with mvn)...") as spinner:
@@ -122,12 +122,8 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
                 if change.action != "create":
                     console.print(f"    {change.action:15} {change.topic}  {change.detail}", markup=False, soft_wrap=True)
 
-        def on_wait(pending, seconds):
-            waiting = ", ".join(f"{name} ({why})" for name, why in pending.items())
-            spinner.update(f"waiting for {waiting} ... {seconds:.0f} s")
-
         try:
-            stack.up(wanted, on_ready=_on_ready, on_topics=on_topics, on_wait=on_wait, on_stopped=_on_stopped,
+            stack.up(wanted, on_ready=_on_ready, on_topics=on_topics, on_wait=_on_wait(spinner), on_stopped=_on_stopped,
                      on_build=lambda message: console.print(f"  {message}"))
         except KeyboardInterrupt:
             # The services run in their own sessions: Ctrl-C stopped the waiting, not them.
@@ -178,7 +174,8 @@ def down(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_po
          gateway_port: GatewayPort = None, worker_metrics_port: MetricsPort = None, brokers: Brokers = None) -> None:
     """Stop the supervisor (nothing is restarted), then gateway, inference, streams, then Kafka (SIGTERM;
     SIGKILL only after the stop timeout)."""
-    stack = _open(state_dir, kafka_port, controller_port, gateway_port, worker_metrics_port, brokers)
+    stack = _open(state_dir=state_dir, kafka_port=kafka_port, controller_port=controller_port,
+                  gateway_port=gateway_port, worker_metrics_port=worker_metrics_port, brokers=brokers)
 
     def on_released(pid):
         console.print(f"supervisor stopped: pid {pid} (services are no longer restarted)" if pid
@@ -190,20 +187,16 @@ def down(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_po
 def restart(names: Names, state_dir: StateDir = None) -> None:
     """Stop (SIGTERM) and start again the named services through the supervisor, and wait until each is
     healthy; a service stopped by `chatpipe stop` is started. Not counted as a restart, no backoff."""
-    stack = _open(state_dir)
+    stack = _open(state_dir=state_dir)
     wanted = _parse_names(names, stack)
     with console.status(f"restarting {', '.join(wanted)} ...") as spinner:
-
-        def on_wait(pending, seconds):
-            spinner.update(f"waiting for {', '.join(f'{n} ({why})' for n, why in pending.items())} ... {seconds:.0f} s")
-
-        stack.restart(wanted, on_ready=lambda h, started, s: _on_ready(h, True, s), on_wait=on_wait)
+        stack.restart(wanted, on_ready=lambda h, started, s: _on_ready(h, True, s), on_wait=_on_wait(spinner))
 
 
 def stop(names: Names, state_dir: StateDir = None) -> None:
     """Stop the named services through the supervisor and keep them stopped (SIGTERM; SIGKILL after the
     stop timeout) while the rest runs on; `chatpipe restart NAME` or `chatpipe up` starts one again."""
-    stack = _open(state_dir)
+    stack = _open(state_dir=state_dir)
     stack.stop(_parse_names(names, stack), _on_stopped)
 
 
@@ -211,7 +204,6 @@ def supervise(state_dir: StateDir = None) -> None:
     """Run the stack's supervisor in the foreground (`chatpipe up` starts it in the background): start and
     restart the services of <state>/run/supervisor-spec.json until SIGTERM (stops them all) or SIGUSR1
     (leaves them running)."""
-    from infra.settings import StackSettings
     from infra.supervisor import main
 
     raise typer.Exit(code=main(build_settings(StackSettings, state_dir=state_dir)))
@@ -229,10 +221,7 @@ def _status_json(stack, healths) -> dict:
     data = {"state_dir": str(stack.settings.state_dir),
             "supervisor": {"pid": stack.supervisor.pid(), "phase": state.phase if state else None,
                            "log": str(stack.supervisor.log_file)},
-            "services": [{"name": h.name, "healthy": h.healthy, "state": h.state, "detail": h.detail, "pid": h.pid,
-                          "supervised": h.supervised, "restarts": h.restarts,
-                          "last_exit": asdict(h.last_exit) if h.last_exit else None,
-                          "address": h.address, "log": str(h.log)} for h in healths],
+            "services": [{**asdict(h), "log": str(h.log)} for h in healths],  # last_exit: a dict too, or None
             "groups": [], "topics": []}
     if healths[0].healthy:
         try:
@@ -253,7 +242,8 @@ def status(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_
 
     from transport.errors import TransportError
 
-    stack = _open(state_dir, kafka_port, controller_port, gateway_port, worker_metrics_port, brokers)
+    stack = _open(state_dir=state_dir, kafka_port=kafka_port, controller_port=controller_port,
+                  gateway_port=gateway_port, worker_metrics_port=worker_metrics_port, brokers=brokers)
     healths = stack.status()
     down = [h.name for h in healths if not h.healthy and h.state != "not started"]
     if as_json:
@@ -262,16 +252,16 @@ def status(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_
         if down or "error" in data:
             raise typer.Exit(code=1)
         return
-    table = Table(title=f"chatpipe local stack ({stack.settings.state_dir})")
-    for col in ("service", "health", "pid", "restarts", "last exit", "address", "log"):
-        table.add_column(col, overflow="fold")  # a path cut with "…" cannot be copied
+    services = table("service", "health", "pid", "restarts", "last exit", "address", "log",
+                     title=f"chatpipe local stack ({stack.settings.state_dir})",
+                     overflow="fold")  # a path cut with "…" cannot be copied
     colour = {"healthy": "green", "not started": "dim"}
     for h in healths:
         state = h.state + (f": {h.detail}" if h.detail else "")
         restarts = "-" if h.restarts is None else str(h.restarts)
-        table.add_row(h.name, f"[{colour.get(h.state, 'red')}]{state}[/]", str(h.pid or "-"), restarts,
+        services.add_row(h.name, f"[{colour.get(h.state, 'red')}]{state}[/]", str(h.pid or "-"), restarts,
                       _last_exit(h.last_exit), h.address, str(h.log))
-    console.print(table)
+    console.print(services)
     _print_supervisor(stack)
     for h in healths:  # a service that is down now: why it went, from the end of its log
         if not h.healthy and h.last_exit is not None and not h.last_exit.requested and h.last_exit.log_tail:
@@ -283,25 +273,20 @@ def status(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_
 
         print_cluster_status(cluster_settings(stack.settings))
     if healths[0].healthy:
+        from chatpipe.commands.topics import topics_table
+
         admin = stack.admin()
         try:
             groups, topics = admin.group_lags(), admin.describe()
         except TransportError as exc:
             console.print(f"[red]cannot read groups and topics:[/] {exc}")
             raise typer.Exit(code=1) from None
-        lag_table = Table(title="consumer groups")
-        for col in ("group", "type", "state", "members", "lag"):
-            lag_table.add_column(col)
+        lag_table = table("group", "type", "state", "members", "lag", title="consumer groups")
         for g in groups:
             lag_table.add_row(g.group, g.kind, g.state, "-" if g.members is None else str(g.members),
                               "-" if g.lag is None else str(g.lag))
         console.print(lag_table)
-        topic_table = Table(title="topics")
-        for col in ("topic", "partitions", "end offsets", "messages"):
-            topic_table.add_column(col)
-        for info in topics:
-            topic_table.add_row(info.name, str(info.partitions), " ".join(map(str, info.end_offsets)), str(info.messages))
-        console.print(topic_table)
+        console.print(topics_table(topics, title="topics"))
     if down:
         console.print(f"[red]down:[/] {', '.join(down)}")
         raise typer.Exit(code=1)

@@ -19,17 +19,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import (BootstrapServers, KafkaSaslMechanism, KafkaSaslPasswordFile, KafkaSaslUsername,
-                                      KafkaSecurityProtocol, KafkaSslCaFile, KafkaSslCertFile, KafkaSslKeyFile,
-                                      TopicPrefix)
+from chatpipe.commands.common import with_kafka_flags
 from chatpipe.options import option
 from streams.memory_settings import MemorySettings  # pydantic only: the flags are made from its fields
 from streams.settings import StreamsSettings
+from transport.settings import KafkaSettings
 
 
+@with_kafka_flags
 def streams(
-    bootstrap_servers: BootstrapServers = None,
-    topic_prefix: TopicPrefix = None,
+    kafka: Optional[KafkaSettings] = None,  # from --bootstrap-servers, --topic-prefix, --kafka-* (with_kafka_flags)
     state_dir: Annotated[Optional[Path], option(StreamsSettings, "state_dir")] = None,
     archive_dir: Annotated[Optional[Path], option(StreamsSettings, "archive_dir")] = None,
     memory_path: Annotated[Optional[Path], option(MemorySettings, "path", "--memory-path")] = None,
@@ -37,13 +36,6 @@ def streams(
     tokenizer: Annotated[Optional[Path], option(StreamsSettings, "tokenizer_path", "--tokenizer")] = None,
     log_level: Annotated[Optional[str], option(StreamsSettings, "log_level")] = None,
     metrics_port: Annotated[Optional[int], option(StreamsSettings, "metrics_port")] = None,
-    kafka_security_protocol: KafkaSecurityProtocol = None,
-    kafka_sasl_mechanism: KafkaSaslMechanism = None,
-    kafka_sasl_username: KafkaSaslUsername = None,
-    kafka_sasl_password_file: KafkaSaslPasswordFile = None,
-    kafka_ssl_ca_file: KafkaSslCaFile = None,
-    kafka_ssl_cert_file: KafkaSslCertFile = None,
-    kafka_ssl_key_file: KafkaSslKeyFile = None,
 ) -> None:
     """Run the streams worker: prompts -> context -> inference requests; responses -> turns, memory, archive.
 
@@ -51,17 +43,13 @@ def streams(
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local folders only
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # for tokenizers (read by it): no fork warning
-    from chatpipe.commands.common import build_settings, check_kafka, kafka_settings
+    from chatpipe.commands.common import build_settings, check_kafka
     from inference.engine.model_store import locate_model
     from inference.engine.settings import EngineSettings
     from streams.app import StreamsApp, run_worker
     from streams.services import StreamsServices
     from transport.logs import configure_logging
 
-    kafka = kafka_settings(bootstrap_servers, topic_prefix, security_protocol=kafka_security_protocol,
-                           sasl_mechanism=kafka_sasl_mechanism, sasl_username=kafka_sasl_username,
-                           sasl_password_file=kafka_sasl_password_file, ssl_ca_file=kafka_ssl_ca_file,
-                           ssl_cert_file=kafka_ssl_cert_file, ssl_key_file=kafka_ssl_key_file)
     settings = build_settings(StreamsSettings, state_dir=state_dir, archive_dir=archive_dir,
                               tokenizer_path=tokenizer, log_level=log_level, metrics_port=metrics_port)
     memory = build_settings(MemorySettings, path=memory_path, url=qdrant_url)

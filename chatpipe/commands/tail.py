@@ -10,9 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import build_settings, err_console, print_error
-from chatpipe.options import option
-from transport.settings import KafkaSettings  # pydantic only: the flags are made from its fields
+from chatpipe.commands.common import BootstrapServers, TopicPrefix, build_settings, err_console, print_error
 
 
 def tail(
@@ -21,8 +19,8 @@ def tail(
     max_records: Annotated[Optional[int], typer.Option("--max", min=1, help="Stop after this many lines")] = None,
     timeout_s: Annotated[Optional[float], typer.Option("--timeout-s", min=0, help="Stop after this many seconds without a message")] = None,
     partition: Annotated[Optional[int], typer.Option("--partition", min=0, help="Only this partition")] = None,
-    bootstrap_servers: Annotated[Optional[str], option(KafkaSettings, "bootstrap_servers", "--bootstrap-servers", "-b")] = None,
-    topic_prefix: Annotated[Optional[str], option(KafkaSettings, "topic_prefix")] = None,
+    bootstrap_servers: BootstrapServers = None,
+    topic_prefix: TopicPrefix = None,
 ) -> None:
     """Decode a topic to JSON lines: one per message, undecodable ones as {"error": ..., "value_base64": ...}."""
     import json

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from chatpipe.commands.common import build_settings, console
-from chatpipe.options import option
-from transport.settings import KafkaSettings  # pydantic only: the flags are made from its fields
+from chatpipe.commands.common import BootstrapServers, TopicPrefix, build_settings, console, table
 
 topics_app = typer.Typer(help="Create and inspect the catalog's topics.", no_args_is_help=True)
 
-Bootstrap = Annotated[Optional[str], option(KafkaSettings, "bootstrap_servers", "--bootstrap-servers", "-b")]
-Prefix = Annotated[Optional[str], option(KafkaSettings, "topic_prefix")]
 
 
 def _admin(bootstrap_servers, topic_prefix):
@@ -28,8 +24,8 @@ def _admin(bootstrap_servers, topic_prefix):
 
 @topics_app.command("apply")
 def apply(
-    bootstrap_servers: Bootstrap = None,
-    topic_prefix: Prefix = None,
+    bootstrap_servers: BootstrapServers = None,
+    topic_prefix: TopicPrefix = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would change")] = False,
 ) -> None:
     """Create missing topics and align partitions and configs with the catalog (idempotent)."""
@@ -42,14 +38,17 @@ def apply(
 
 
 @topics_app.command("list")
-def list_topics(bootstrap_servers: Bootstrap = None, topic_prefix: Prefix = None) -> None:
+def list_topics(bootstrap_servers: BootstrapServers = None, topic_prefix: TopicPrefix = None) -> None:
     """Each topic with its partitions and end offsets."""
-    table = Table()
-    for col in ("topic", "partitions", "end offsets", "messages"):
-        table.add_column(col)
-    for info in _admin(bootstrap_servers, topic_prefix).describe():
-        table.add_row(info.name, str(info.partitions), " ".join(map(str, info.end_offsets)), str(info.messages))
-    console.print(table)
+    console.print(topics_table(_admin(bootstrap_servers, topic_prefix).describe()))
+
+
+def topics_table(topics: list, title: str | None = None) -> Table:
+    """Each topic with its partitions, end offsets and messages (also in `chatpipe status`)."""
+    out = table("topic", "partitions", "end offsets", "messages", title=title)
+    for info in topics:
+        out.add_row(info.name, str(info.partitions), " ".join(map(str, info.end_offsets)), str(info.messages))
+    return out
 
 
 def register(app: typer.Typer) -> None:

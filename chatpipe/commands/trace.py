@@ -68,12 +68,14 @@ def _print_waterfall(rows, request_id: str, all_attributes: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from clients.traces import KINDS, SHOWN, depths, tree_order
+    from clients.traces import KINDS, SHOWN, tree_order
 
     own_trace = {r.trace_id for r in rows if r.attributes.get("chatpipe.request_id") == request_id}
     ordered = tree_order([r for r in rows if r.trace_id in own_trace])
     linked = [r for r in rows if r.trace_id not in own_trace]
-    depth = depths(ordered)
+    depth: dict[str, int] = {}  # in tree order a span's parent comes first; one not among them is a root
+    for r in ordered:
+        depth[r.span_id] = depth[r.parent_id] + 1 if r.parent_id in depth else 0
     t0 = min(r.start_ns for r in rows)
     total = max(r.end_ns for r in rows) - t0 or 1
     width = 16

@@ -10,7 +10,3 @@ like every other service.
 Not here: the spans and metrics themselves (``transport.spans``, each service's ``metrics.py``), and the
 Grafana dashboards (``infra/grafana/*.json``, for users who run Grafana; it is not shipped).
 """
-
-from infra.observability.backends import BACKENDS
-
-__all__ = ["BACKENDS"]

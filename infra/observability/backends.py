@@ -24,6 +24,7 @@ from pathlib import Path
 from infra import instances
 from infra.local_kafka import http_status, port_open
 from infra.observability.binaries import Installed
+from infra.services import write_atomically
 from infra.settings import StackSettings
 
 JAEGER, PROMETHEUS = "jaeger", "prometheus"
@@ -118,9 +119,7 @@ def write_config(settings: StackSettings, name: str, installed: Installed | None
     if path.exists() and path.read_text() == text:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)  # Prometheus may read it at any time (SIGHUP, a restart)
+    write_atomically(path, text)  # Prometheus may read it at any time (SIGHUP, a restart)
     return True
 
 

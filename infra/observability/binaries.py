@@ -104,19 +104,38 @@ def installed(settings: StackSettings) -> Installed:
         raise BuildError(f"{', '.join(missing)} not built in {bin_dir(settings)}: `chatpipe up --observability` "
                          "builds it (once, with Go)")
     return Installed(programs["jaeger"], programs["prometheus"], _jaeger_ui_found(settings),
-                     prometheus_ui_dir(settings) if (prometheus_ui_dir(settings) / ".complete").exists() else None)
+                     _prometheus_ui_found(settings))
 
 
-def ensure(settings: StackSettings, progress: Progress = lambda message: None) -> Installed:
+def ensure(settings: StackSettings, progress: Progress = lambda message: None, *, verbose: bool = False) -> Installed:
     """Build what is missing (the programs, then the UIs where the tools and sources are here); a failed
-    UI build is said through ``progress`` and leaves that backend without pages, not without its API."""
+    UI build is said through ``progress`` and leaves that backend without pages, not without its API.
+    ``verbose``: also one line per piece found cached, and one when a build is done (``build_all``)."""
     for program in (JAEGER, PROMETHEUS):
+        path = program_path(settings, program)
+        if path.is_file():
+            if verbose:
+                progress(f"{program.release}: cached ({path})")
+            continue
+        began = time.monotonic()
         ensure_program(settings, program, progress)
-    for name, build in (("Jaeger UI", ensure_jaeger_ui), ("Prometheus UI", ensure_prometheus_ui)):
+        if verbose:
+            progress(f"{program.release}: done in {time.monotonic() - began:.0f} s ({path})")
+    uis = (("Jaeger UI", _jaeger_ui_found, ensure_jaeger_ui), ("Prometheus UI", _prometheus_ui_found,
+                                                                ensure_prometheus_ui))
+    for name, found, build in uis:
+        if (cached := found(settings)) is not None:
+            if verbose:
+                progress(f"{name}: cached ({cached})")
+            continue
+        began = time.monotonic()
         try:
-            build(settings, progress)
+            built = build(settings, progress)
         except BuildError as exc:
             progress(f"{name} not built, the backend runs without it: {exc}")
+            continue
+        if verbose and built is not None:
+            progress(f"{name}: done in {time.monotonic() - began:.0f} s ({built})")
     return installed(settings)
 
 
@@ -144,7 +163,8 @@ def ensure_program(settings: StackSettings, program: GoProgram, progress: Progre
         began = time.monotonic()
         src = tmp / "src"
         src.mkdir()
-        env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": f"-p={_jobs()}"}
+        env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local",
+               "GOFLAGS": f"-p={max(1, (os.cpu_count() or 2) // 2)}"}  # on half the cores
         _run([go, "mod", "init", f"chatpipe.local/build/{program.name}"], src, env, log)
         _run([go, "get", "-tool", f"{program.package}@{program.version}"], src, env, log)
         _run([go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp / program.name), program.package], src, env, log)
@@ -209,6 +229,10 @@ def _unpack_jaeger_ui(settings: StackSettings, tarball: Path) -> Path:
             raise BuildError(f"{tarball} (CHATPIPE_JAEGER_UI_SOURCE) has no index.html at its top: not the "
                              "Jaeger UI's built assets")
     return dest
+
+
+def _prometheus_ui_found(settings: StackSettings) -> Path | None:
+    return prometheus_ui_dir(settings) if (prometheus_ui_dir(settings) / ".complete").exists() else None
 
 
 def ensure_prometheus_ui(settings: StackSettings, progress: Progress = lambda message: None) -> Path | None:
@@ -277,10 +301,6 @@ def _log(dest: Path) -> Path:
     return log
 
 
-def _jobs() -> int:
-    return max(1, (os.cpu_count() or 2) // 2)
-
-
 @contextmanager
 def _building(dest: Path) -> Iterator[Path]:
     """A fresh temporary folder beside ``dest``, renamed to ``dest`` when the block ends without an
@@ -330,30 +350,7 @@ def build_all(settings: StackSettings, say: Progress = print) -> Installed:
     """``ensure``, saying one line per piece before it is built (name, version, about how long, its log)
     and one when it is done or was found cached: for a build run ahead of the tests (whose output
     pytest hides), so that the long first build on a machine shows."""
-    for program in (JAEGER, PROMETHEUS):
-        path = program_path(settings, program)
-        if path.is_file():
-            say(f"{program.release}: cached ({path})")
-            continue
-        began = time.monotonic()
-        ensure_program(settings, program, say)
-        say(f"{program.release}: done in {time.monotonic() - began:.0f} s ({path})")
-    uis = (("Jaeger UI", _jaeger_ui_found, ensure_jaeger_ui),
-           ("Prometheus UI", lambda s: prometheus_ui_dir(s) if (prometheus_ui_dir(s) / ".complete").exists() else None,
-            ensure_prometheus_ui))
-    for name, found, build in uis:
-        if (cached := found(settings)) is not None:
-            say(f"{name}: cached ({cached})")
-            continue
-        began = time.monotonic()
-        try:
-            built = build(settings, say)
-        except BuildError as exc:
-            say(f"{name} not built, the backend runs without it: {exc}")
-            continue
-        if built is not None:
-            say(f"{name}: done in {time.monotonic() - began:.0f} s ({built})")
-    return installed(settings)
+    return ensure(settings, say, verbose=True)
 
 
 def main() -> int:

@@ -102,7 +102,7 @@ def test_activation_threshold_is_strictly_greater_than():
 def test_min_replicas_one_never_scales_to_zero():
     so = ScaledObject(ScalingSettings(lag_threshold=16, min_replicas=1))
     assert so.poll(10_000.0, 1, [0] * 6) == 1
-    assert so.sync(10_000.0, 1, [0] * 6) == 1
+    assert so.hpa.reconcile(10_000.0, 1, so.metric([0] * 6)) == 1
 
 
 def test_invalid_combinations_are_refused():

@@ -53,7 +53,7 @@ def _variants(secret_files) -> dict[str, Values]:
 def test_rendered_manifests_pass_kubeconform_strict(variant, secret_files, tmp_path):
     values = _variants(secret_files)[variant]
     rendered = render(values)
-    files = [p for p in write(rendered, values, tmp_path) if p.name != "kustomization.yaml"]
+    files = [p for p in write(rendered, tmp_path) if p.name != "kustomization.yaml"]
     result = validate(files)
     assert result.ok, result.output
     count = len(rendered.objects)
