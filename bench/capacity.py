@@ -42,7 +42,6 @@ Starts its own broker (bench/local_broker.py) unless ``--bootstrap-servers`` is 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -50,21 +49,25 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import bench_broker  # bench/, beside this script
+from local_broker import bench_broker, bench_parser, broker_pid, cpu_s, fresh_kafka  # bench/, beside this script
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from capacity.simulate import Curve, WorkerParams, percentile, simulate
 from capacity.traffic import Request
-from chatpipe.testing.worker import start_worker
+from chatpipe.testing.worker import Reader, make_request, start_worker
 from schemas.codec import default_codec
-from schemas.records import ChatMessage, InferenceRequest, Priority, SamplingParams, now_ms
-from schemas.topics import INFERENCE_REQUESTS, REPLIES, RESPONSES
-from transport.partitioning import partition_of
+from schemas.records import InferenceRequest, TokenChunk, now_ms
+from schemas.topics import INFERENCE_REQUESTS, REPLIES
+from transport import clients as kafka_clients
+from transport.partitioning import LIBRDKAFKA_PARTITIONER, partition_of
 
 PARTITIONS = 6
 MAX_BATCH = 4
@@ -96,15 +99,6 @@ def balanced_keys(n: int, tag: str, partitions: tuple[int, ...] = tuple(range(PA
     return keys
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (its threads included)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-
-
 PROBE = ("import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end:\n    pass\n"
          "print(time.process_time() / {s})")
 
@@ -121,56 +115,6 @@ def probe_cpu(threads: int, seconds: float = 2.0) -> float:
     return min(1.0, statistics.fmean(shares))
 
 
-@dataclass
-class Seen:
-    responses: dict[str, object] = field(default_factory=dict)  # request id -> first Response
-    chunks: list[tuple[int, int, str]] = field(default_factory=list)  # (worker created_at ms, tokens, request id)
-
-
-class Reader:
-    """Everything on chat.responses and the reply topic, from the beginning."""
-
-    def __init__(self, kafka) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-        from transport import clients as kafka_clients
-
-        self.codec = default_codec()
-        self.seen = Seen()
-        self.consumer = kafka_clients.consumer(kafka, f"cap-reader-{uuid.uuid4().hex[:8]}",
-                                               {"enable.auto.commit": False, "fetch.wait.max.ms": 10})
-        names = [kafka.topic(RESPONSES), kafka.topic(REPLIES)]
-        meta = self.consumer.list_topics(timeout=10)
-        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in names for p in meta.topics[t].partitions])
-
-    def poll(self, timeout_s: float = 0.05) -> list:
-        """Read what is there; returns the Responses first seen now."""
-        new = []
-        raw = self.consumer.consume(1000, 0) or self.consumer.consume(1, timeout_s)
-        for msg in raw:
-            if msg.error():
-                continue
-            record = self.codec.decode(msg.value())
-            if type(record).__name__ == "Response":
-                if record.request_id not in self.seen.responses:
-                    self.seen.responses[record.request_id] = record
-                    new.append(record)
-            elif type(record).__name__ == "TokenChunk" and record.token_ids:
-                self.seen.chunks.append((record.created_at, len(record.token_ids), record.request_id))
-        return new
-
-    def wait(self, ids, timeout_s: float) -> None:
-        ids = set(ids)
-        deadline = time.monotonic() + timeout_s
-        while not ids <= set(self.seen.responses):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"timed out: {len(ids - set(self.seen.responses))} request(s) unanswered")
-            self.poll()
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
 class Load:
     """Makes and sends the bench's requests."""
 
@@ -183,16 +127,14 @@ class Load:
         self.topic = kafka.topic(INFERENCE_REQUESTS)
 
     def request(self, i: int, key: str, tenant: str, max_tokens: int | None = None) -> InferenceRequest:
-        now = now_ms()
-        return InferenceRequest(
-            request_id=f"{tenant}-{i}-{uuid.uuid4().hex[:6]}", conversation_id=key, user_id="u1", tenant=tenant,
-            created_at=now, enqueued_at=now, model="smollm2-135m-instruct",
-            messages=[ChatMessage("user", prompt_text(i))],
-            sampling=SamplingParams(max_tokens=max_tokens or self.max_tokens, temperature=0.0),
-            priority=Priority.INTERACTIVE, reply_to=self.kafka.topic(REPLIES), reply_partition=i % PARTITIONS)
+        """A greedy, interactive request of ``prompt_text(i)`` (a tenant of its own: no prefix-cache reuse
+        across tenants), answered on the reply topic."""
+        return make_request(i, conversation=key, tenant=tenant, max_tokens=max_tokens or self.max_tokens,
+                            reply_to=self.kafka.topic(REPLIES), reply_partition=i % PARTITIONS, text=prompt_text(i))
 
-    def send(self, req: InferenceRequest) -> None:
-        self.producer.send(self.topic, req, key=req.conversation_id)
+    def send(self, *requests: InferenceRequest) -> None:
+        for req in requests:
+            self.producer.send(self.topic, req, key=req.conversation_id)
         self.producer._producer.flush(5)  # on the broker now: the schedule is the arrival time
 
 
@@ -215,18 +157,19 @@ def closed_loop(load: Load, reader: Reader, k: int, window_s: float, tag: str,
     top_up()
     warm_until = None
     while warm_until is None:  # warm: the first k answers (the batch is staggered after them)
-        reader.poll()
+        reader.poll(0.05)
         top_up()
         if sum(1 for r in sent if r in reader.seen.responses) >= k:
             warm_until = now_ms()
     end_ms = warm_until + window_s * 1000
     while now_ms() < end_ms + 500:
-        reader.poll()
+        reader.poll(0.05)
         top_up()
     ours = set(sent)
-    reader.wait(ours, 300)  # the worker idle again before anything else (the CPU probe) is measured
-    tokens = sum(n for t, n, rid in reader.seen.chunks if rid in ours and warm_until <= t < end_ms)
-    done = [reader.seen.responses[r].tokens_out for r in ours if r in reader.seen.responses]
+    reader.wait_responses(ours, 300)  # the worker idle again before anything else (the CPU probe) is measured
+    tokens = sum(len(chunk.token_ids) for rid in ours for chunk, _ in reader.seen.chunks.get(rid, ())
+                 if warm_until <= chunk.created_at < end_ms)
+    done = [reader.seen.first_response(r)[0].tokens_out for r in ours if r in reader.seen.responses]
     return tokens / window_s, statistics.fmean(done)
 
 
@@ -270,9 +213,9 @@ def open_loop(load: Load, reader: Reader, backlog: int, rate: float, steady_s: f
         load.send(req)
         requests.append(req)
         produced.append(req.enqueued_at)
-    reader.wait([r.request_id for r in requests], 900)
+    reader.wait_responses([r.request_id for r in requests], 900)
     cpu = {name: cpu_s(pid) - cpu0[name] for name, pid in pids.items()}
-    return RunResult(requests, [reader.seen.responses[r.request_id] for r in requests], produced, cpu,
+    return RunResult(requests, [reader.seen.first_response(r.request_id)[0] for r in requests], produced, cpu,
                      os.getloadavg()[:2])
 
 
@@ -286,9 +229,7 @@ def rel(a: float, b: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="about five minutes on 2 cores")
-    parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
+    parser = bench_parser(__doc__, "about five minutes on 2 cores")
     parser.add_argument("--skip-broker", action="store_true", help="skip the broker CPU measurement")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this file")
     args = parser.parse_args()
@@ -299,37 +240,11 @@ def main() -> None:
         run(bootstrap, args.quick, args.skip_broker or args.bootstrap_servers is not None, args.json)
 
 
-def broker_pid(bootstrap: str) -> int | None:
-    """The local broker's pid (the java process listening on the bootstrap port), for its CPU time."""
-    port = bootstrap.rsplit(":", 1)[-1]
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "kafka.Kafka" in cmd:
-            props = Path(cmd.split()[-1])
-            try:
-                if not props.is_absolute():
-                    props = Path(os.readlink(proc / "cwd")) / props
-                if f":{port}" in props.read_text():
-                    return int(proc.name)
-            except OSError:
-                continue
-    return None
-
-
 def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -> None:
-    from transport.admin import TopicAdmin
-    from transport.settings import KafkaSettings
-
     max_tokens, window_s, ks, steady_s, rounds = ((32, 8.0, (1, 2, 4), 20.0, 2) if quick
                                                   else (48, 12.0, (1, 2, 3, 4), 40.0, 3))
     tmp = Path(tempfile.mkdtemp(prefix="chatpipe-bench-capacity-logs-"))
-    kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"cap{uuid.uuid4().hex[:6]}.")
-    TopicAdmin(kafka).apply()
+    kafka = fresh_kafka(bootstrap, "cap")
     bpid = broker_pid(bootstrap)
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; broker pid {bpid}; "
           f"workers: 1 torch thread, max batch {MAX_BATCH}, max_tokens {max_tokens}")
@@ -344,9 +259,8 @@ def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -
     workers = [a]
     try:
         warm = [load.request(10_000 + j, k, "warm") for j, k in enumerate(balanced_keys(6, "warm"))]
-        for r in warm:
-            load.send(r)
-        reader.wait([r.request_id for r in warm], 300)
+        load.send(*warm)
+        reader.wait_responses([r.request_id for r in warm], 300)
         print(f"\n1. per-worker curve of worker A (closed loop, {window_s:.0f} s windows, k = {ks}); rounds before run 1"
               f"{', between the runs' if rounds == 3 else ''} and after run 2 (then on A's partitions only, B idle); "
               f"worker start to SERVING {start_a:.1f} s")
@@ -393,10 +307,9 @@ def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -
         while len(set(owner.values())) < 2 and time.monotonic() - serving_b < 120:
             batch = [load.request(20_000 + j + n, k, "join", max_tokens=2) for n, k in enumerate(balanced_keys(6, f"join{j}"))]
             j += 6
-            for r in batch:
-                load.send(r)
-            reader.wait([r.request_id for r in batch], 120)
-            owner = {n % PARTITIONS: reader.seen.responses[r.request_id].worker_id for n, r in enumerate(batch)}
+            load.send(*batch)
+            reader.wait_responses([r.request_id for r in batch], 120)
+            owner = {n % PARTITIONS: reader.seen.first_response(r.request_id)[0].worker_id for n, r in enumerate(batch)}
             if "cap-b" in owner.values() and join_b is None:
                 join_b = time.monotonic() - serving_b
         a_parts = tuple(sorted(p for p, w in owner.items() if w == "cap-a"))
@@ -409,9 +322,7 @@ def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -
         run2 = open_loop(load, reader, backlog, rate, steady_s, "run2",
                          {"worker A": a.proc.pid, "worker B": b.proc.pid, "broker": bpid or 0})
         run2.share = (before + probe_cpu(2)) / 2
-        split = {}
-        for resp in run2.responses:
-            split[resp.worker_id] = split.get(resp.worker_id, 0) + 1
+        split = dict(Counter(resp.worker_id for resp in run2.responses))
         print(f"   run 2 (2 workers): drain {run2.drain_s():.1f} s, answered per worker {split}, "
               f"CPU s {fmt_cpu(run2.cpu)}, load average {run2.load_avg[0]:.1f}")
         curve_round(f"r{rounds - 1}", a_parts)
@@ -427,7 +338,8 @@ def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -
         core_curve = Curve(tuple(core_points), label="this run, per whole core")
         out_mean = statistics.fmean(mean_out)
         print(f"   answers {out_mean:.1f} tokens on average (the runs' own lengths go to the simulation)")
-        answers = [r.text for r in reader.seen.responses.values() if r.tokens_out > 4]  # not the 2-token joins
+        answers = [got[0][0].text for got in reader.seen.responses.values()
+                   if got[0][0].tokens_out > 4]  # not the 2-token joins
         prompts = [prompt_text(i) for i in range(len(TOPICS) * 3)]
     finally:
         reader.close()
@@ -473,10 +385,9 @@ def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -
     print(f"   diagnostic: CPU the workers got (from /proc) {got[0][0]:.2f} and {got[1][0]:.2f} per worker (the probe "
           f"said {run1.share:.2f}, {run2.share:.2f}); with it the drain errors would be {got[0][1]:.1%} and "
           f"{got[1][1]:.1%}")
+    # the larger drain error of the two runs, with and without the probe
+    error, raw_error = (max(rel(sd, md) for _, md, sd, *_ in tables[how]) for how in ("as probed", "unscaled"))
     rows = tables["as probed"]
-    error = max(rel(rows[0][2], rows[0][1]), rel(rows[1][2], rows[1][1]))
-    raw = tables["unscaled"]
-    raw_error = max(rel(raw[0][2], raw[0][1]), rel(raw[1][2], raw[1][1]))
     m_speed, s_speed = rows[0][1] / rows[1][1], rows[0][2] / rows[1][2]
 
     from transformers import AutoTokenizer
@@ -509,13 +420,6 @@ def fmt_cpu(cpu: dict[str, float]) -> str:
 def broker_cost(kafka, bpid: int, quick: bool) -> dict[str, float]:
     """Broker CPU-seconds per million token chunks produced (lz4 batches, as the workers send them) and
     per million read back by one consumer: the broker-side figure behind ``chatpipe capacity``'s brokers."""
-    from confluent_kafka import TopicPartition
-
-    from transport import clients as kafka_clients
-
-    from schemas.records import TokenChunk
-    from transport.partitioning import LIBRDKAFKA_PARTITIONER
-
     n = 200_000 if quick else 600_000
     codec = default_codec()
     value = codec.encode(TokenChunk(request_id=str(uuid.uuid4()), conversation_id=str(uuid.uuid4()), index=117,
@@ -537,8 +441,6 @@ def broker_cost(kafka, bpid: int, quick: bool) -> dict[str, float]:
     produce_cpu, produce_wall = cpu_s(bpid) - c0, time.monotonic() - t0
     consumer = kafka_clients.consumer(kafka, f"cap-broker-{uuid.uuid4().hex[:6]}",
                                       {"enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    from confluent_kafka import OFFSET_BEGINNING
-
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
     c0, t0, got = cpu_s(bpid), time.monotonic(), 0
     while got < n and time.monotonic() - t0 < 120:

@@ -33,7 +33,6 @@ headline: ``e2e/gateway+kafka+streams+worker vs engine tokens/s ratio = X``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -41,14 +40,13 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import bench_broker  # bench/, beside this script
+from local_broker import bench_broker, bench_parser, engine_alone, fresh_kafka, percentile  # bench/, beside this script
 
 MODEL = "smollm2-135m-instruct"
 CONTEXT_TOKENS = 1024
@@ -64,11 +62,6 @@ class Side:
     tokens: list[int] = field(default_factory=list)
     ttft_load: list[float] = field(default_factory=list)
     ttft_alone: list[float] = field(default_factory=list)
-
-
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
 def prompt_text(i: int) -> str:
@@ -128,77 +121,20 @@ async def through_gateway(url: str, key: str, indices: list[int], max_tokens: in
         return time.perf_counter() - start, list(answers)
 
 
-# -- the engine alone -----------------------------------------------------------------------------
-
-async def engine_alone(engine, tokenizer, requests: list) -> tuple[float, list[int], list[float], list[int]]:
-    """(seconds, output tokens, TTFT to the first text, prompt tokens) per request, all submitted at once."""
-    from inference.engine.streaming import AsyncEngine
-    from inference.worker.generation import Generation
-    from inference.worker.prompts import prepare
-
-    async with AsyncEngine(engine, idle_wait_s=0.01) as aengine:
-        async def one(req) -> tuple[int, float, int]:
-            t0 = time.perf_counter()
-            first = None  # the first text, as the gateway's client sees its first content
-            prepared = prepare(req, tokenizer, engine.settings.max_seq_len)
-            gen = Generation(aengine, tokenizer, f"{req.request_id}-{uuid.uuid4().hex[:6]}", prepared)
-            out = 0
-            async for delta in gen.deltas():
-                if first is None and delta.text:
-                    first = time.perf_counter()
-                if delta.finished:
-                    out = delta.num_output_tokens
-            return out, (first or time.perf_counter()) - t0, len(prepared.prompt_ids)
-
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one(r) for r in requests))
-        elapsed = time.perf_counter() - start
-    return elapsed, [r[0] for r in results], [r[1] for r in results], [r[2] for r in results]
-
-
 # -- the pipeline ---------------------------------------------------------------------------------
 
-def start_stack(kafka, root: Path, max_pending: int, traces_dir: Path | None = None):
-    """Streams + one inference worker (ENGINE settings) + one gateway, as chatpipe/testing/gateway.py does;
-    with ``traces_dir``, every process writes its spans there (tracing on), else none records any."""
-    from unittest import mock
+def start_stack(kafka, root: Path, max_pending: int, tracing: bool = False):
+    """Streams + one inference worker (ENGINE settings) + one gateway: chatpipe/testing/gateway.py's
+    ``start_pipeline``; with ``tracing``, every process writes its spans under ``root/traces``, else
+    none records any."""
+    from chatpipe.testing.gateway import API_KEY, start_pipeline
 
-    from chatpipe.testing.gateway import API_KEY, Pipeline, start_gateway
-    from chatpipe.testing.streams import StreamsWorker
-    from chatpipe.testing.worker import start_worker
-
-    (root / "streams").mkdir(parents=True, exist_ok=True)
-    tracing = {"CHATPIPE_TRACING_FILE_DIR": str(traces_dir)} if traces_dir else {}
-    with mock.patch.dict(os.environ, tracing):
-        if not traces_dir:
-            os.environ.pop("CHATPIPE_TRACING_FILE_DIR", None)
-            os.environ.pop("CHATPIPE_TRACING_OTLP_ENDPOINT", None)
-        streams = StreamsWorker(kafka, root / "streams", context_tokens=CONTEXT_TOKENS, recent_turns=4)
-        worker = start_worker(kafka, root, worker_id=f"e2e-bench-{uuid.uuid4().hex[:4]}", CHATPIPE_DEVICE="cpu",
-                              CHATPIPE_MAX_BATCH=str(ENGINE["max_batch"]),
-                              CHATPIPE_KV_CACHE_TOKENS=str(ENGINE["kv_cache_tokens"]),
-                              CHATPIPE_MAX_SEQ_LEN=str(ENGINE["max_seq_len"]),
-                              CHATPIPE_NUM_THREADS=str(ENGINE["num_threads"]))
-        gateway = start_gateway(kafka, root, CHATPIPE_GATEWAY_MAX_PENDING=str(max_pending))
-    stack = Pipeline(kafka, streams, worker, gateway, root)
-    try:
-        streams.start()
-        worker.wait_serving(300)
-        gateway.wait_healthy(120)
-    except BaseException:
-        stop_stack(stack)
-        raise
+    worker_env = {"CHATPIPE_DEVICE": "cpu", "CHATPIPE_MAX_BATCH": str(ENGINE["max_batch"]),
+                  "CHATPIPE_KV_CACHE_TOKENS": str(ENGINE["kv_cache_tokens"]),
+                  "CHATPIPE_MAX_SEQ_LEN": str(ENGINE["max_seq_len"]), "CHATPIPE_NUM_THREADS": str(ENGINE["num_threads"])}
+    stack = start_pipeline(kafka, root, tracing=tracing, worker_env=worker_env,
+                           gateway_env={"CHATPIPE_GATEWAY_MAX_PENDING": str(max_pending)})
     return stack, API_KEY
-
-
-def stop_stack(stack) -> None:
-    for stop in (stack.gateway.terminate, stack.worker.terminate):
-        try:
-            stop()
-        except Exception as exc:  # noqa: BLE001 - report and go on stopping the rest
-            print(f"  (stopping: {exc})")
-    if stack.streams.proc is not None and stack.streams.proc.poll() is None:
-        stack.streams.stop()
 
 
 def worker_requests(kafka, request_ids: list[str], timeout_s: float = 60) -> list:
@@ -267,9 +203,7 @@ def hops(kafka, answers: list[Answer]) -> dict[str, list[float]]:
 # -- the run --------------------------------------------------------------------------------------
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="about a minute or two on 2 cores")
-    parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
+    parser = bench_parser(__doc__, "about a minute or two on 2 cores")
     parser.add_argument("--tracing", action="store_true",
                         help="instead: the pipeline with spans recorded vs without (two stacks, alternating rounds)")
     args = parser.parse_args()
@@ -283,19 +217,15 @@ def run_tracing(bootstrap: str, quick: bool) -> None:
     alternating between them (who goes first alternates too), so both see the same machine. Ratio:
     median of the rounds' tokens/s, on / off."""
     from clients.traces import read_span_files
-    from transport.admin import TopicAdmin
-    from transport.settings import KafkaSettings
 
     n, max_tokens, rounds = (8, 16, 4) if quick else (32, 48, 8)
     root = Path(tempfile.mkdtemp(prefix="chatpipe-bench-e2e-tracing-"))
     stacks = {}
     try:
         for side in ("off", "on"):
-            kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"t{side}{uuid.uuid4().hex[:6]}.")
-            TopicAdmin(kafka).apply()
+            kafka = fresh_kafka(bootstrap, f"t{side}")
             started = time.perf_counter()
-            stacks[side] = start_stack(kafka, root / side, max_pending=max(32, 2 * n),
-                                       traces_dir=root / "traces" if side == "on" else None)
+            stacks[side] = start_stack(kafka, root / side, max_pending=max(32, 2 * n), tracing=side == "on")
             print(f"pipeline with tracing {side} up in {time.perf_counter() - started:.0f} s (logs in {root / side})")
         for side, (stack, key) in stacks.items():
             asyncio.run(through_gateway(stack.url, key, list(range(4)), 4, f"warm-{side}"))
@@ -309,8 +239,9 @@ def run_tracing(bootstrap: str, quick: bool) -> None:
                 rates[side].append(sum(a.completion_tokens for a in answers) / secs)
     finally:
         for stack, _ in stacks.values():
-            stop_stack(stack)
-    spans = read_span_files(root / "traces") if (root / "traces").is_dir() else []
+            stack.stop_all()
+    traces = root / "on" / "traces"
+    spans = read_span_files(traces) if traces.is_dir() else []
     requests = {r.attributes.get("chatpipe.request_id") for r in spans if r.name.startswith("POST")}
     print(f"\n{n} requests at once x max {max_tokens} tokens, greedy, {rounds} alternating rounds per side")
     for side in ("off", "on"):
@@ -329,11 +260,8 @@ def run(bootstrap: str, quick: bool) -> None:
     from inference.engine.engine import Engine
     from inference.engine.model_store import load_model
     from inference.engine.settings import EngineSettings
-    from transport.admin import TopicAdmin
-    from transport.settings import KafkaSettings
 
-    kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"e{uuid.uuid4().hex[:8]}.")
-    TopicAdmin(kafka).apply()
+    kafka = fresh_kafka(bootstrap, "e")
     root = Path(tempfile.mkdtemp(prefix="chatpipe-bench-e2e-logs-"))
     started = time.perf_counter()
     stack, key = start_stack(kafka, root, max_pending=max(32, 2 * n))
@@ -351,7 +279,7 @@ def run(bootstrap: str, quick: bool) -> None:
         indices = list(range(n))
         secs, answers = asyncio.run(through_gateway(url, key, indices, max_tokens, "r0"))
         requests = worker_requests(kafka, [a.request_id for a in answers])
-        asyncio.run(engine_alone(engine, tokenizer, requests[:4]))  # warm-up
+        asyncio.run(engine_alone(engine, tokenizer, requests[:4], first_text=True))  # warm-up
         for round_no in range(rounds):
             if round_no:
                 secs, answers = asyncio.run(through_gateway(url, key, indices, max_tokens, f"r{round_no}"))
@@ -359,18 +287,18 @@ def run(bootstrap: str, quick: bool) -> None:
             pipe.tokens.append(sum(a.completion_tokens for a in answers))
             pipe.ttft_load += [a.ttft_s for a in answers]
             prompt_tokens_pipe = [a.prompt_tokens for a in answers]
-            secs, outs, ttfts, prompt_tokens_engine = asyncio.run(engine_alone(engine, tokenizer, requests))
+            secs, outs, ttfts, prompt_tokens_engine = asyncio.run(engine_alone(engine, tokenizer, requests, first_text=True))
             alone.rates.append(sum(outs) / secs)
             alone.tokens.append(sum(outs))
             alone.ttft_load += ttfts
         lone: list[Answer] = []
         for i in range(n_alone):  # each prompt alone, on both sides back to back
             req = requests[i % n]
-            alone.ttft_alone += asyncio.run(engine_alone(engine, tokenizer, [req]))[2]
+            alone.ttft_alone += asyncio.run(engine_alone(engine, tokenizer, [req], first_text=True))[2]
             lone += asyncio.run(through_gateway(url, key, [i % n], max_tokens, f"a{i}"))[1]
         pipe.ttft_alone += [a.ttft_s for a in lone]
     finally:
-        stop_stack(stack)
+        stack.stop_all()
     report(n, max_tokens, rounds, n_alone, pipe, alone, prompt_tokens_pipe, prompt_tokens_engine, hops(kafka, lone))
 
 

@@ -42,6 +42,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
+from inference.engine.engine import Engine
+from inference.engine.model_store import load_model
+from inference.engine.request import SamplingParams
+from inference.engine.settings import EngineSettings
+
 # Llama shapes of random-init models (RoPE theta 5e5); "tiny" is the CPU smoke test of the same path.
 LLAMA3 = dict(num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
 MODEL_CONFIGS = {
@@ -90,9 +95,6 @@ def load(args: argparse.Namespace):
         with torch.device(args.device):
             model = LlamaForCausalLM._from_config(cfg, dtype=dtype)
         return model.eval(), f"random-init {args.model_config}"
-    from inference.engine.model_store import load_model
-    from inference.engine.settings import EngineSettings
-
     model, _ = load_model(EngineSettings(device=args.device, dtype=args.dtype if args.dtype != "auto" else "auto"))
     return model.to(dtype), "SmolLM2-135M-Instruct"
 
@@ -103,10 +105,6 @@ def sync(device: str) -> None:
 
 
 def run_engine(model, wl: Workload, args: argparse.Namespace) -> Result:
-    from inference.engine.engine import Engine
-    from inference.engine.request import SamplingParams
-    from inference.engine.settings import EngineSettings
-
     max_len = max(len(p) for p in wl.prompts) + max(wl.outputs)
     settings = EngineSettings(
         device=args.device, max_batch=args.batch_size, max_seq_len=max_len, max_waiting=len(wl.prompts),
@@ -173,10 +171,6 @@ def decode_bandwidth(model, args: argparse.Namespace, prompt_len: int, new_token
     """Batch-1 decode: (seconds per token, bytes read per token, GB/s). Bytes per token = every
     weight once (the embedding table only as the LM head when tied; an untied one reads one row)
     + the K/V of the whole context, averaged over the decode."""
-    from inference.engine.engine import Engine
-    from inference.engine.request import SamplingParams
-    from inference.engine.settings import EngineSettings
-
     cfg = model.config
     engine = Engine(model, EngineSettings(device=args.device, max_batch=1, max_seq_len=prompt_len + new_tokens + 16,
                                           kv_cache_tokens=prompt_len + new_tokens + 16, compile=args.compile))  # fmt: skip
@@ -205,12 +199,9 @@ def run_shapes(args: argparse.Namespace) -> None:
         args.model_config = shape
         t0 = time.monotonic()
         model, name = load(args)
-        if gpu:
-            n, bs, wl_shape = 64, 32, dict(prompt_median=256, output_median=128, max_prompt=1024, max_output=512)
-            prompt_len, new = 1024, 128
-        else:
-            n, bs, wl_shape = 8, 4, dict(prompt_median=24, output_median=12, max_prompt=64, max_output=32)
-            prompt_len, new = 64, 16
+        n, bs, wl_shape, prompt_len, new = (
+            (64, 32, dict(prompt_median=256, output_median=128, max_prompt=1024, max_output=512), 1024, 128) if gpu
+            else (8, 4, dict(prompt_median=24, output_median=12, max_prompt=64, max_output=32), 64, 16))
         args.num_requests, args.batch_size = args.num_requests or n, args.batch_size or bs
         wl = make_workload(args.num_requests, model.config.vocab_size, args.seed, **wl_shape)
         eng, hf = run_engine(model, wl, args), run_hf(model, wl, args)
@@ -264,10 +255,8 @@ def main() -> None:
         print(f"model={name} device={args.device} dtype={next(model.parameters()).dtype} threads={torch.get_num_threads()} "
               f"quick={args.quick}")  # fmt: skip
         return engine_multiturn.run(model, args)
-    if args.quick:
-        n, bs, shape = 16, 8, dict(prompt_median=48, output_median=32, max_prompt=256, max_output=128)
-    else:
-        n, bs, shape = 48, 16, dict(prompt_median=96, output_median=64, max_prompt=512, max_output=256)
+    n, bs, shape = ((16, 8, dict(prompt_median=48, output_median=32, max_prompt=256, max_output=128)) if args.quick
+                    else (48, 16, dict(prompt_median=96, output_median=64, max_prompt=512, max_output=256)))
     args.num_requests = args.num_requests or n
     args.batch_size = args.batch_size or bs
     args.repeats = args.repeats or 1

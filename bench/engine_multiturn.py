@@ -21,6 +21,10 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from inference.engine.engine import Engine
+from inference.engine.request import SamplingParams
+from inference.engine.settings import EngineSettings
+
 
 class EndAfter:
     """Ends a request after ``n`` tokens through the engine's text-stream hook (in the step that
@@ -46,17 +50,11 @@ class TurnResult:
 
 
 def _engine(model, args, **overrides):
-    from inference.engine.engine import Engine
-    from inference.engine.settings import EngineSettings
-
     base = dict(device=args.device, max_batch=16, max_seq_len=4096, kv_cache_tokens=8192, max_step_tokens=512)
-    base.update(overrides)
-    return Engine(model, EngineSettings(**base))
+    return Engine(model, EngineSettings(**{**base, **overrides}))
 
 
 def _run_alone(engine, prompt: list[int], max_new: int) -> TurnResult:
-    from inference.engine.request import SamplingParams
-
     _, req = engine.add_request(prompt, SamplingParams(max_new_tokens=max_new, ignore_eos=True))
     while engine.has_work():
         engine.step()
@@ -98,8 +96,6 @@ def multi_turn_ttft(model, args) -> float:
 
 
 def preemption_throughput(model, args) -> float:
-    from inference.engine.request import SamplingParams
-
     # Chat-like: answers longer than the new message; prompts would cost both sides the same prefill.
     n, prompt_median, used_median, kv = (16, 24, 48, 1024) if args.quick else (32, 32, 64, 1536)
     rng = random.Random(args.seed + 1)
@@ -114,10 +110,8 @@ def preemption_throughput(model, args) -> float:
                          max_waiting=n)  # fmt: skip
         _run_alone(engine, work[0][0][:8], 2)  # warm-up
         t0, steps, batch = time.monotonic(), 0, []
-        reqs = []
-        for prompt, used in work:
-            params = SamplingParams(max_new_tokens=4 * used, ignore_eos=True)
-            reqs.append(engine.add_request(prompt, params, text_stream=EndAfter(used))[1])
+        reqs = [engine.add_request(prompt, SamplingParams(max_new_tokens=4 * used, ignore_eos=True),
+                                   text_stream=EndAfter(used))[1] for prompt, used in work]
         while engine.has_work():
             engine.step()
             steps += 1

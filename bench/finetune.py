@@ -30,12 +30,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import finetune_reference as reference  # bench/, beside this script
+from local_broker import cpu_s
 from spark_stages import event_log_conf
 from spark_stages import report as stage_report
 
 from chatpipe.testing.synthetic_log import generate, to_messages
 from spark_jobs.settings import FinetuneSettings, SparkSettings
 from transport.archive import write_messages
+from transport.settings import KafkaSettings
 
 
 def spark_dedup_seconds(spark, s, kafka) -> tuple[float, float]:
@@ -43,9 +45,10 @@ def spark_dedup_seconds(spark, s, kafka) -> tuple[float, float]:
     from pyspark.sql import functions as F
 
     from spark_jobs.dedup import exact_dedup, near_dedup
-    from spark_jobs.finetune_dataset import decoded_inputs, sft_candidates
+    from spark_jobs.deletions import load_erasures
+    from spark_jobs.finetune_dataset import erased_inputs, sft_candidates
 
-    turns, feedback = decoded_inputs(spark, s, kafka)
+    turns, feedback, _ = erased_inputs(spark, s, kafka, load_erasures(spark, s, kafka))
     cands = sft_candidates(spark, s, turns, feedback).persist()
     cands.count()
     t = time.perf_counter()
@@ -63,9 +66,7 @@ def spark_dedup_seconds(spark, s, kafka) -> tuple[float, float]:
 def jvm_cpu_seconds(spark) -> float:
     """CPU time (user + system) of the Spark JVM so far: in local mode driver and executors are
     this one process. Unlike wall time it hardly depends on what else the shared machine runs."""
-    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_s(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
 
 
 def spark_run(master: str, s, conf: dict[str, str] | None = None):
@@ -75,7 +76,6 @@ def spark_run(master: str, s, conf: dict[str, str] | None = None):
     from spark_jobs.finetune_dataset import run
     from spark_jobs.preflight import input_bytes
     from spark_jobs.session import build_session
-    from transport.settings import KafkaSettings
 
     t = time.perf_counter()
     spark = build_session(SparkSettings(master=master, progress=False, conf=conf or {},
@@ -119,8 +119,6 @@ def main() -> None:
         n_in = len(log.turns)
         print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; turns: {n_in}; "
               f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-
-        from transport.settings import KafkaSettings
 
         conf = {**(event_log_conf(args.stages) if args.stages else {}), **extra_conf}
         spark, start_s, spark_s, res = spark_run(args.master, s, conf)

@@ -54,9 +54,8 @@ def main() -> None:
                               kv_cache_tokens=3 * longest, max_step_tokens=256)  # fmt: skip
     engine = Engine(model, settings)
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, temperature=0.0)
-    first = engine.generate(prompts[:2], params)  # fills the prefix cache
-    rest = engine.generate(prompts[2:], params)
-    got = first + rest
+    got = engine.generate(prompts[:2], params)  # fills the prefix cache
+    got += engine.generate(prompts[2:], params)
     stats = engine.stats()
 
     gen_cfg = model.generation_config.__class__.from_dict(model.generation_config.to_dict())

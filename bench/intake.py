@@ -32,7 +32,6 @@ and this script share the machine's cores: figures measured while other work run
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -45,13 +44,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from local_broker import bench_broker  # noqa: E402 - bench/, beside this script
+from local_broker import bench_broker, bench_parser, fresh_kafka  # noqa: E402 - bench/, beside this script
 
 from chatpipe.testing.kafka import RecordProducer  # noqa: E402 - sys.path set above so the script runs from a clone
-from schemas.codec import default_codec  # noqa: E402 - sys.path set above so the script runs from a clone
+from chatpipe.testing.processes import start_process  # noqa: E402 - sys.path set above so the script runs from a clone
+from chatpipe.testing.streams import Tap  # noqa: E402 - sys.path set above so the script runs from a clone
 from schemas.records import ChatMessage, PromptRequest, SamplingParams  # noqa: E402 - sys.path set above so the script runs from a clone
-from schemas.topics import spec  # noqa: E402 - sys.path set above so the script runs from a clone
-from transport.admin import TopicAdmin  # noqa: E402 - sys.path set above so the script runs from a clone
 from transport.settings import KafkaSettings  # noqa: E402 - sys.path set above so the script runs from a clone
 
 TORCH_THREADS: int | None = None  # set from --torch-threads; the same for both sides
@@ -136,8 +134,7 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
     backlog, and the rate is taken from the moment they are produced to the last of *their* requests.
     """
     label = label or f"b{batch_size}-w{workers}"
-    kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.")
-    TopicAdmin(kafka).apply()
+    kafka = fresh_kafka(bootstrap)
     memory_env, memory_settings = run_memory(root, label, qdrant_url)
     seed_memory(memory_settings, turns, vectors)
     producer = RecordProducer(kafka)
@@ -146,22 +143,13 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
            "CHATPIPE_STREAMS_INTAKE_BATCH_SIZE": str(batch_size), **memory_env,
            "CHATPIPE_STREAMS_LOG_LEVEL": os.environ.get("CHATPIPE_STREAMS_LOG_LEVEL", "warning"), "HF_HUB_OFFLINE": "1",
            **({"CHATPIPE_STREAMS_TORCH_THREADS": str(threads)} if threads else {})}
-    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-    from transport import clients as kafka_clients
-
-    consumer = kafka_clients.consumer(kafka, "bench", {"enable.auto.commit": False})
-    topic = kafka.topic("chat.inference.requests")
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(spec("chat.inference.requests").partitions)])
-    codec = default_codec()
-    procs, logs = [], []
-    for i in range(workers):  # each its own state and archive folder; Faust's web server is off by default
-        logs.append(root / f"worker-{label}-{i}.log")
-        with open(logs[-1], "w") as out:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "chatpipe.cli", "streams"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                env={**env, "CHATPIPE_STREAMS_STATE_DIR": str(root / f"faust-{label}-{i}"),
-                     "CHATPIPE_STREAMS_ARCHIVE_DIR": str(root / f"archive-{label}-{i}")}))
+    requests = Tap(kafka, "chat.inference.requests")  # every partition, from the beginning
+    logs = [root / f"worker-{label}-{i}.log" for i in range(workers)]
+    # each its own state and archive folder; Faust's web server is off by default
+    procs = [start_process([sys.executable, "-m", "chatpipe.cli", "streams"], log=log, cwd=REPO, append=False,
+                           env={**env, "CHATPIPE_STREAMS_STATE_DIR": str(root / f"faust-{label}-{i}"),
+                                "CHATPIPE_STREAMS_ARCHIVE_DIR": str(root / f"archive-{label}-{i}")})
+             for i, log in enumerate(logs)]
     measured = {p.request_id for p in prompts}
     stamps: list[int] = []
     try:
@@ -175,10 +163,10 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
                 log = logs[stopped[0] if stopped else 0]
                 raise SystemExit(f"worker ({label}) stopped or timed out ({seen} requests seen); "
                                  f"log: {log}\n{log.read_text()[-3000:]}")
-            for msg in consumer.consume(500, 0.5):
+            for msg in requests.consumer.consume(500, 0.5):
                 if msg.error() is None:
                     seen += 1
-                    request = codec.decode(msg.value())
+                    request = requests.codec.decode(msg.value())
                     if request.request_id in measured:
                         stamps.append(request.enqueued_at)
 
@@ -195,7 +183,7 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
         while len(stamps) < len(prompts):
             read()
     finally:
-        consumer.close()
+        requests.close()
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
@@ -254,12 +242,10 @@ def measure_scaling(bootstrap: str, root: Path, prompts, warmup, batch: int, tur
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a few minutes on 2 cores (four runs, five worker starts)")
+    parser = bench_parser(__doc__, "a few minutes on 2 cores (four runs, five worker starts)")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per run (default 600, quick 160)")
     parser.add_argument("--users", type=int, default=None, help="users (default 60, quick 30)")
     parser.add_argument("--batch", type=int, default=32, help="intake batch size of the batched run")
-    parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
     parser.add_argument("--skip-memory", action="store_true", help="only the intake comparison")
     parser.add_argument("--skip-scaling", action="store_true", help="without the 2 workers vs 1 comparison")
     parser.add_argument("--torch-threads", type=int, default=0,
@@ -269,7 +255,6 @@ def main() -> None:
     global TORCH_THREADS
     TORCH_THREADS = args.torch_threads or None
     quick = args.quick
-    sys.path.insert(0, str(REPO / "bench"))
 
     if not args.skip_memory:
         try:

@@ -21,11 +21,8 @@ The last line is the headline: broker CPU of idle consumers at 5 ms over that at
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -37,16 +34,9 @@ from confluent_kafka.admin import NewTopic
 
 from transport import clients as kafka_clients  # raw: the hop's baseline, no chatpipe settings
 
-from local_broker import free_port  # bench/, beside this script
+from local_broker import bench_broker, bench_parser, broker_pid, cpu_s  # bench/, beside this script
 
 WAITS_MS = (5, 100)
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    """utime + stime of process ``pid``, seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def idle_consumer(bootstrap: str, topic: str, wait_ms: int) -> Consumer:
@@ -100,23 +90,15 @@ def idle_broker_cpu(bootstrap: str, broker_pid: int, topic: str, wait_ms: int, c
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="about a minute on 2 cores")
+    parser = bench_parser(__doc__.split("\n")[0], "about a minute on 2 cores")
     parser.add_argument("--consumers", type=int, default=4, help="idle consumers during the CPU window")
     args = parser.parse_args()
     samples, idle_s, rounds = (40, 8.0, 1) if args.quick else (150, 20.0, 2)
 
-    from infra.local_kafka import LocalKafka
-    from infra.settings import StackSettings
-
-    kafka = LocalKafka(StackSettings(state_dir=tempfile.mkdtemp(prefix="chatpipe-bench-hop-"),
-                                     kafka_port=free_port(), controller_port=free_port()))
-    kafka.up()
-    try:
-        bootstrap = kafka.settings.bootstrap_servers
-        pid = kafka.pid()
+    with bench_broker(args.bootstrap_servers, prefix="chatpipe-bench-hop-") as bootstrap:
+        pid = broker_pid(bootstrap)
         if pid is None:
-            raise SystemExit("the broker started but its pid is unknown")
+            raise SystemExit(f"no local broker process serves {bootstrap}: its CPU cannot be read")
         topics = {w: f"hop-{w}-{uuid.uuid4().hex[:6]}" for w in WAITS_MS}
         idle_topic = f"hop-idle-{uuid.uuid4().hex[:6]}"
         admin = kafka_clients.raw_admin({"bootstrap.servers": bootstrap})
@@ -128,8 +110,6 @@ def main() -> None:
         for r in range(rounds):
             for w in (WAITS_MS if r % 2 == 0 else WAITS_MS[::-1]):
                 cpu[w].append(idle_broker_cpu(bootstrap, pid, idle_topic, w, args.consumers, idle_s))
-    finally:
-        kafka.down()
 
     print(f"one record's hop, producer (linger 0.5 ms, acks all) -> idle consumer, {samples} each, alternating:")
     for w in WAITS_MS:

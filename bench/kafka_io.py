@@ -33,7 +33,6 @@ librdkafka's broker threads, the delivery-report thread, the span export thread;
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import io
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import Iterator
 
 from fastavro import schemaless_reader, schemaless_writer
-from local_broker import bench_broker  # bench/, beside this script
+from local_broker import bench_broker, bench_parser  # bench/, beside this script
 from thread_cpu import TICK_S, ThreadCpu, median_table
 
 from schemas.codec import HEADER_LEN, AvroCodec, to_avro_dict
@@ -116,16 +115,11 @@ def export_spans(traced: bool) -> None:
 SPANS_EXPORTED: list[int] = []
 
 
-def raw_config(settings: KafkaSettings) -> dict:
-    """The config AckedProducer gives librdkafka."""
-    return {**settings.client_config(), "enable.idempotence": True, "linger.ms": LINGER_MS,
-            "compression.type": "lz4", "message.timeout.ms": round(settings.delivery_timeout_s * 1000),
-            "partitioner": LIBRDKAFKA_PARTITIONER}
-
-
 def raw_produce(settings: KafkaSettings, topic: str, n: int, encoded: bytes | None = None) -> float:
     """Encode and produce each record (or produce ``encoded`` n times: the reference without encoding)."""
-    producer = kafka_clients.raw_producer(raw_config(settings))
+    producer = kafka_clients.raw_producer({  # the config AckedProducer gives librdkafka
+        **settings.client_config(), "enable.idempotence": True, "linger.ms": LINGER_MS, "compression.type": "lz4",
+        "message.timeout.ms": round(settings.delivery_timeout_s * 1000), "partitioner": LIBRDKAFKA_PARTITIONER})
     encode = AvroCodec().encode
     start, cpu0 = time.perf_counter(), time.process_time()
     if THREADS:
@@ -378,11 +372,9 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="about a minute on 2 cores")
+    parser = bench_parser(__doc__, "about a minute on 2 cores")
     parser.add_argument("--messages", type=int, default=None, help="messages per run (default 200k, quick 60k)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per side (default 7, quick 5)")
-    parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
     parser.add_argument("--per-thread", action="store_true",
                         help="also print where each produce side's client CPU went, thread by thread (Linux)")
     args = parser.parse_args()

@@ -31,6 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from inference.engine.settings import EngineSettings
+
 QUESTIONS = [
     "What is a Kafka partition?", "How do consumer groups share work?", "Explain exactly-once delivery briefly.",
     "What does a compacted topic keep?", "Why would a producer batch records?", "What is an offset commit?",
@@ -74,7 +76,6 @@ def run(model, tokenizer, args, salted: bool) -> tuple[dict[str, Tally], list[li
     from formats.chat_tokens import encode_chat
     from inference.engine.engine import Engine
     from inference.engine.request import SamplingParams
-    from inference.engine.settings import EngineSettings
 
     engine = Engine(model, EngineSettings(device="cpu", dtype="float32", max_batch=args.batch, max_seq_len=2048,
                                           kv_cache_tokens=args.kv_cache_tokens, prefix_cache_salt=salted))
@@ -129,14 +130,11 @@ def main() -> None:
     import torch
 
     from inference.engine.model_store import load_model
-    from inference.engine.settings import EngineSettings
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(EngineSettings(device="cpu", dtype="float32"))
-    sides = {}
-    for salted in (True, False):
-        sides[salted] = run(model, tokenizer, args, salted)
-    (salted_t, salted_out, salted_pre, salted_s), (plain_t, plain_out, plain_pre, plain_s) = sides[True], sides[False]
+    (salted_t, salted_out, salted_pre, salted_s), (plain_t, plain_out, plain_pre, plain_s) = (
+        run(model, tokenizer, args, salted) for salted in (True, False))
     if salted_out != plain_out:
         raise SystemExit("the salted and unsalted engines answered differently: the cache is not exact")
 

@@ -60,6 +60,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import engine as bench_engine  # bench/engine.py: MODEL_CONFIGS, load, sync; puts the repo root on sys.path
+from inference.engine.engine import Engine
+from inference.engine.request import SamplingParams
+from inference.engine.settings import EngineSettings
 
 BUCKETS = (
     "HF submodule kernels per layer",
@@ -104,14 +107,12 @@ class Labels:
     def __init__(self, engine) -> None:
         self._undo: list = []
         core = engine.model.model
-        self._wrap(engine, "step", "step")
-        self._wrap(engine.scheduler, "schedule", "schedule")
-        self._wrap(engine.scheduler, "update_from_output", "update")
-        self._wrap(engine.runner, "prepare", "prepare")
-        self._wrap(engine.runner, "forward", "forward")
-        self._wrap(engine.sampler, "sample", "sample")
-        self._wrap(engine.runner.cache, "read_blocks", "kv_gather")
-        self._wrap(engine.runner.cache, "write", "kv_write")
+        runner, scheduler = engine.runner, engine.scheduler
+        for obj, attr, label in ((engine, "step", "step"), (scheduler, "schedule", "schedule"),
+                                 (scheduler, "update_from_output", "update"), (runner, "prepare", "prepare"),
+                                 (runner, "forward", "forward"), (engine.sampler, "sample", "sample"),
+                                 (runner.cache, "read_blocks", "kv_gather"), (runner.cache, "write", "kv_write")):
+            self._wrap(obj, attr, label)
         if hasattr(engine.runner, "_rope"):
             self._wrap(engine.runner, "_rope", "layer:rope")
         for name in ("embed_tokens", "rotary_emb", "norm"):
@@ -151,18 +152,10 @@ class Labels:
 # -- the steps -------------------------------------------------------------------------------------
 
 
-def sync(device: str) -> None:
-    bench_engine.sync(device)
-
-
 class Steps:
     """An engine with ``batch`` requests decoding; ``decode()`` / ``mixed()`` run one step of each kind."""
 
     def __init__(self, model, args: argparse.Namespace, lean: str | None = None) -> None:
-        from inference.engine.engine import Engine
-        from inference.engine.request import SamplingParams
-        from inference.engine.settings import EngineSettings
-
         self.args, self.device = args, args.device
         self.rng = random.Random(args.seed)
         self.vocab = model.config.vocab_size
@@ -206,10 +199,10 @@ class Steps:
 
     def _run(self, prompt_tokens: int) -> float:
         _, prompts0 = self._stats()
-        sync(self.device)
+        bench_engine.sync(self.device)
         t0 = time.perf_counter()
         self.engine.step()
-        sync(self.device)
+        bench_engine.sync(self.device)
         dt = time.perf_counter() - t0
         running, prompts1 = self._stats()
         want_running = self.args.batch + (1 if prompt_tokens else 0)
@@ -313,9 +306,7 @@ def read_profile(prof, sp: StepProfile, top: int) -> None:
             b.calls += 1
             b.leaves += not any(ch.name.startswith("aten::") for ch in evt.cpu_children)
             sp.counts["aten calls"] += 1
-        if name in SYNC_OPS:
-            sp.counts[name] += 1
-        if name in SYNC_RUNTIME:
+        if name in SYNC_OPS or name in SYNC_RUNTIME:
             sp.counts[name] += 1
         if name in LAUNCHES:
             sp.counts["kernel launches (runtime calls)"] += 1
@@ -373,7 +364,7 @@ def median_profile(runs: list[StepProfile]) -> StepProfile:
     same in every step of a kind)."""
     runs = sorted(runs, key=lambda r: r.profiled_ms)
     best = runs[len(runs) // 2]
-    med = lambda xs: statistics.median(xs)
+    med = statistics.median
     for name, b in best.buckets.items():
         b.cpu_us = med([r.buckets[name].cpu_us for r in runs])
         b.gpu_us = med([r.buckets[name].gpu_us for r in runs])
@@ -468,8 +459,7 @@ def build(shape: str, args: argparse.Namespace):
     ns = argparse.Namespace(device=args.device, dtype=args.dtype, model_config=None if shape == "smollm2" else shape)
     if shape == "smollm2" and not SMOLLM2.exists():
         sys.exit(f"profile_step: {SMOLLM2} is missing (run `chatpipe model pull`, or use --shapes tiny)")
-    model, name = bench_engine.load(ns)
-    return model, name
+    return bench_engine.load(ns)
 
 
 def main() -> None:
@@ -510,8 +500,6 @@ def main() -> None:
             sys.exit(f"profile_step: unknown shape {s!r}; one of {', '.join(SHAPES)}")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0) if cuda else f'cpu ({torch.get_num_threads()} threads)'}; "
           f"batch {args.batch}, context {args.context}, chunk {args.chunk}, warmup {args.warmup}, reps {args.reps}", flush=True)  # fmt: skip
-    from inference.engine.settings import EngineSettings
-
     lean_modes: list[str | None] = [m for m in args.lean.split(",") if m] or [None]
     if lean_modes != [None] and "lean_layers" not in EngineSettings.model_fields:
         print(f"(--lean {args.lean}: this tree's EngineSettings has no lean_layers; profiling its only path)")

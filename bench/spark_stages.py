@@ -9,6 +9,7 @@ Not a product module: bench only.
 
 from __future__ import annotations
 
+import collections
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +41,8 @@ def summarise(folder: Path) -> tuple[list[tuple[int, float, str]], list[Stage]]:
     files = sorted((p for p in newest.iterdir() if p.name.startswith("events_")),
                    key=lambda p: int(p.name.split("_")[1])) if newest.is_dir() else [newest]
     stages: dict[int, Stage] = {}
-    task_ms: dict[int, float] = {}
-    cpu_ns: dict[int, float] = {}
-    rd: dict[int, float] = {}
-    wr: dict[int, float] = {}
+    # per stage: task ms, executor CPU ns, shuffle bytes read, shuffle bytes written
+    totals: dict[int, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     stage_job: dict[int, int] = {}
     job_start: dict[int, tuple[int, str]] = {}
     jobs = []
@@ -59,14 +58,11 @@ def summarise(folder: Path) -> tuple[list[tuple[int, float, str]], list[Stage]]:
             start, desc = job_start.get(ev["Job ID"], (ev["Completion Time"], ""))
             jobs.append((ev["Job ID"], (ev["Completion Time"] - start) / 1000, desc))
         elif kind == "SparkListenerTaskEnd":
-            sid = ev["Stage ID"]
-            m = ev.get("Task Metrics") or {}
-            info = ev.get("Task Info") or {}
-            task_ms[sid] = task_ms.get(sid, 0) + info.get("Finish Time", 0) - info.get("Launch Time", 0)
-            cpu_ns[sid] = cpu_ns.get(sid, 0) + m.get("Executor CPU Time", 0)
-            rd[sid] = rd.get(sid, 0) + sum((m.get("Shuffle Read Metrics") or {}).get(k, 0)
-                                           for k in ("Remote Bytes Read", "Local Bytes Read"))
-            wr[sid] = wr.get(sid, 0) + (m.get("Shuffle Write Metrics") or {}).get("Shuffle Bytes Written", 0)
+            m, info, total = ev.get("Task Metrics") or {}, ev.get("Task Info") or {}, totals[ev["Stage ID"]]
+            total[0] += info.get("Finish Time", 0) - info.get("Launch Time", 0)
+            total[1] += m.get("Executor CPU Time", 0)
+            total[2] += sum((m.get("Shuffle Read Metrics") or {}).get(k, 0) for k in ("Remote Bytes Read", "Local Bytes Read"))
+            total[3] += (m.get("Shuffle Write Metrics") or {}).get("Shuffle Bytes Written", 0)
         elif kind == "SparkListenerStageCompleted":
             info = ev["Stage Info"]
             sid = info["Stage ID"]
@@ -76,10 +72,8 @@ def summarise(folder: Path) -> tuple[list[tuple[int, float, str]], list[Stage]]:
             name = " ".join(o for o in ops if not o.startswith("WholeStageCodegen")) or info["Stage Name"]
             stages[sid] = Stage(sid, name, info["Number of Tasks"], wall, 0, 0, 0, 0)
     for sid, st in stages.items():
-        st.task_s = task_ms.get(sid, 0) / 1000
-        st.cpu_s = cpu_ns.get(sid, 0) / 1e9
-        st.shuffle_read_mb = rd.get(sid, 0) / 1e6
-        st.shuffle_write_mb = wr.get(sid, 0) / 1e6
+        task_ms, cpu_ns, read, written = totals[sid]
+        st.task_s, st.cpu_s, st.shuffle_read_mb, st.shuffle_write_mb = task_ms / 1000, cpu_ns / 1e9, read / 1e6, written / 1e6
         st.job_id = stage_job.get(sid)
     return sorted(jobs), sorted(stages.values(), key=lambda s: s.stage_id)
 
@@ -87,11 +81,10 @@ def summarise(folder: Path) -> tuple[list[tuple[int, float, str]], list[Stage]]:
 def report(folder: Path, top: int = 15) -> str:
     jobs, stages = summarise(folder)
     lines = [f"spark jobs: {len(jobs)}, total job wall {sum(j[1] for j in jobs):.1f} s; stages: {len(stages)}"]
-    for jid, wall, desc in sorted(jobs, key=lambda j: -j[1])[:top]:
-        lines.append(f"  job {jid:3d} {wall:7.2f} s  {desc}")
+    lines += [f"  job {jid:3d} {wall:7.2f} s  {desc}" for jid, wall, desc in sorted(jobs, key=lambda j: -j[1])[:top]]
     lines.append(f"executor cpu {sum(s.cpu_s for s in stages):.1f} s in tasks {sum(s.task_s for s in stages):.1f} s")
     lines.append("costliest stages by executor cpu (wall s, task s, cpu s, tasks, shuffle read/write MB, operators):")
-    for st in sorted(stages, key=lambda s: -s.cpu_s)[:top]:
-        lines.append(f"  stage {st.stage_id:3d} (job {st.job_id}) {st.wall_s:7.2f} {st.task_s:7.2f} "
-                     f"{st.cpu_s:7.2f} {st.tasks:4d} {st.shuffle_read_mb:7.1f} {st.shuffle_write_mb:7.1f}  {st.name}")
+    lines += [f"  stage {st.stage_id:3d} (job {st.job_id}) {st.wall_s:7.2f} {st.task_s:7.2f} {st.cpu_s:7.2f} "
+              f"{st.tasks:4d} {st.shuffle_read_mb:7.1f} {st.shuffle_write_mb:7.1f}  {st.name}"
+              for st in sorted(stages, key=lambda s: -s.cpu_s)[:top]]
     return "\n".join(lines)

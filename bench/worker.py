@@ -24,7 +24,6 @@ Starts its own broker unless ``--bootstrap-servers`` is given. The last line is 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -32,12 +31,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import bench_broker  # bench/, beside this script
+from local_broker import bench_broker, bench_parser, engine_alone, fresh_kafka, percentile  # bench/, beside this script
 
 from chatpipe.testing.worker import Reader, make_request, send_requests, start_worker
 from schemas.topics import INFERENCE_REQUESTS, REPLIES, RESPONSES
@@ -47,68 +47,28 @@ TOPICS = (INFERENCE_REQUESTS, REPLIES, RESPONSES)
 
 
 
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
-
-
 def prompts(n: int, max_tokens: int, kafka, *, conversations=None) -> list:
     return [make_request(i, conversation=(conversations[i] if conversations else None), max_tokens=max_tokens,
                          reply_to=kafka.topic(REPLIES), reply_partition=i % 6,
                          text=f"Tell me a fact about the number {i} and why it matters.") for i in range(n)]
 
 
-# -- engine alone ----------------------------------------------------------------------------------
-
-async def engine_alone(engine, tokenizer, requests, *, one_at_a_time: bool) -> tuple[float, int, list[float]]:
-    """(seconds, output tokens, ttft per request) of the engine with text deltas, no Kafka."""
-    from inference.engine.streaming import AsyncEngine
-    from inference.worker.generation import Generation
-    from inference.worker.prompts import prepare
-
-    ttft: list[float] = []
-    tokens = 0
-    async with AsyncEngine(engine, idle_wait_s=0.01) as aengine:
-        async def one(req) -> None:
-            nonlocal tokens
-            t0 = time.perf_counter()
-            first = []
-            gen = Generation(aengine, tokenizer, f"{req.request_id}-{uuid.uuid4().hex[:6]}",
-                             prepare(req, tokenizer, engine.settings.max_seq_len),
-                             on_first_token=lambda: first.append(time.perf_counter()))
-            async for delta in gen.deltas():
-                if delta.finished:
-                    tokens += delta.num_output_tokens
-            ttft.append(first[0] - t0)
-
-        start = time.perf_counter()
-        if one_at_a_time:
-            for req in requests:
-                await one(req)
-        else:
-            await asyncio.gather(*(one(r) for r in requests))
-        return time.perf_counter() - start, tokens, ttft
-
-
 # -- through Kafka ---------------------------------------------------------------------------------
 
-def through_kafka(kafka, reader: Reader, requests, producer, *, one_at_a_time: bool) -> tuple[float, int, list[float]]:
-    ttft: list[float] = []
-    start = time.perf_counter()
-    batches = [[r] for r in requests] if one_at_a_time else [requests]
-    for batch in batches:
-        sent = time.perf_counter()
-        send_requests(kafka, batch, producer)
-        ids = {r.request_id for r in batch}
-        first_seen: dict[str, float] = {}
-        while not ids <= set(reader.seen.responses):
-            reader.poll(0.05)  # returns at the first record
-            now = time.perf_counter()
-            for rid in ids:
-                if rid not in first_seen and reader.seen.chunk_count.get(rid):
-                    first_seen[rid] = now
-        ttft += [first_seen.get(rid, time.perf_counter()) - sent for rid in sorted(ids)]
-    elapsed = time.perf_counter() - start
+def through_kafka(kafka, reader: Reader, requests, producer) -> tuple[float, int, list[float]]:
+    """(seconds, output tokens, ttft per request) through Kafka and the worker; the requests all at once."""
+    sent = time.perf_counter()
+    send_requests(kafka, requests, producer)
+    ids = {r.request_id for r in requests}
+    first_seen: dict[str, float] = {}
+    while not ids <= set(reader.seen.responses):
+        reader.poll(0.05)  # returns at the first record
+        now = time.perf_counter()
+        for rid in ids:
+            if rid not in first_seen and reader.seen.chunk_count.get(rid):
+                first_seen[rid] = now
+    ttft = [first_seen.get(rid, time.perf_counter()) - sent for rid in sorted(ids)]
+    elapsed = time.perf_counter() - sent
     tokens = sum(reader.seen.first_response(r.request_id)[0].tokens_out for r in requests)
     return elapsed, tokens, ttft
 
@@ -123,9 +83,9 @@ def hot_pair(partitions: int = 6) -> tuple[str, str]:
     return a, b
 
 
-def skewed_load(kafka_for, tmp: Path, intake: str, n: int, max_tokens: int) -> float:
-    """Seconds for 2 workers of ``intake`` to answer n requests, 80% of them on 2 conversations."""
-    kafka = kafka_for()
+def skewed_load(kafka, tmp: Path, intake: str, n: int, max_tokens: int) -> float:
+    """Seconds for 2 workers of ``intake`` to answer n requests, 80% of them on 2 conversations
+    (``kafka``: topics of its own)."""
     hot_a, hot_b = hot_pair()
     conversations = [(hot_a if i % 2 else hot_b) if i % 5 else f"cold-{i}" for i in range(n)]
     workers = [start_worker(kafka, tmp, intake=intake, worker_id=f"{intake}-{k}", CHATPIPE_NUM_THREADS="1",
@@ -153,10 +113,7 @@ def skewed_load(kafka_for, tmp: Path, intake: str, n: int, max_tokens: int) -> f
             raise SystemExit(f"{intake}: {len(reader.seen.dead_letters)} request(s) dead-lettered: "
                              f"{reader.seen.dead_letters[0].error_message}")
         elapsed = time.perf_counter() - started
-        per_worker = {}
-        for r in requests:
-            wid = reader.seen.first_response(r.request_id)[0].worker_id
-            per_worker[wid] = per_worker.get(wid, 0) + 1
+        per_worker = dict(Counter(reader.seen.first_response(r.request_id)[0].worker_id for r in requests))
         print(f"  {intake:9} 2 workers: {elapsed:6.1f} s for {n} requests; answered per worker {per_worker}")
         return elapsed
     finally:
@@ -166,9 +123,7 @@ def skewed_load(kafka_for, tmp: Path, intake: str, n: int, max_tokens: int) -> f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="about a minute or two on 2 cores")
-    parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
+    parser = bench_parser(__doc__, "about a minute or two on 2 cores")
     args = parser.parse_args()
     with bench_broker(args.bootstrap_servers, prefix="chatpipe-bench-worker-") as bootstrap:
         run(bootstrap, args.quick)
@@ -180,15 +135,8 @@ def run(bootstrap: str, quick: bool) -> None:
     from inference.engine.engine import Engine
     from inference.engine.model_store import load_model
     from inference.engine.settings import EngineSettings
-    from transport.admin import TopicAdmin
-    from transport.settings import KafkaSettings
 
     tmp = Path(tempfile.mkdtemp(prefix="chatpipe-bench-worker-logs-"))
-
-    def fresh_kafka() -> KafkaSettings:
-        kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.")
-        TopicAdmin(kafka).apply()
-        return kafka
 
     # Same engine settings on both sides (the worker reads them from CHATPIPE_* variables).
     engine_env = {"CHATPIPE_MAX_BATCH": "8", "CHATPIPE_KV_CACHE_TOKENS": "8192", "CHATPIPE_MAX_SEQ_LEN": "512",
@@ -196,7 +144,7 @@ def run(bootstrap: str, quick: bool) -> None:
     settings = EngineSettings(device="cpu", max_batch=8, kv_cache_tokens=8192, max_seq_len=512, num_threads=2)
     model, tokenizer = load_model(settings)
     engine = Engine(model, settings)
-    kafka = fresh_kafka()
+    kafka = fresh_kafka(bootstrap)
     requests = prompts(n, max_tokens, kafka)
     ttft_requests = prompts(n_ttft, 4, kafka)
 
@@ -208,20 +156,19 @@ def run(bootstrap: str, quick: bool) -> None:
     e_runs, k_runs, e_ttft, k_ttft, k_engine = [], [], [], [], []
     try:
         worker.wait_serving()
-        asyncio.run(engine_alone(engine, tokenizer, requests[:4], one_at_a_time=False))  # warm-up
-        through_kafka(kafka, reader, [make_copy(r, "warm") for r in requests[:4]], producer, one_at_a_time=False)
+        asyncio.run(engine_alone(engine, tokenizer, requests[:4]))  # warm-up
+        through_kafka(kafka, reader, [make_copy(r, "warm") for r in requests[:4]], producer)
         # Alternate the two sides, so that load from other jobs on the machine hits both alike;
         # the best run of each side is compared (the least disturbed one).
         for round_no in range(rounds):
-            secs, tokens, _ = asyncio.run(engine_alone(engine, tokenizer, requests, one_at_a_time=False))
-            e_runs.append(tokens / secs)
-            secs, tokens, _ = through_kafka(kafka, reader, [make_copy(r, f"t{round_no}") for r in requests],
-                                            producer, one_at_a_time=False)
+            secs, outs, _, _ = asyncio.run(engine_alone(engine, tokenizer, requests))
+            e_runs.append(sum(outs) / secs)
+            secs, tokens, _ = through_kafka(kafka, reader, [make_copy(r, f"t{round_no}") for r in requests], producer)
             k_runs.append(tokens / secs)
         for i, req in enumerate(ttft_requests):  # each prompt on both sides, back to back
-            e_ttft += asyncio.run(engine_alone(engine, tokenizer, [req], one_at_a_time=True))[2]
+            e_ttft += asyncio.run(engine_alone(engine, tokenizer, [req]))[2]
             copy = make_copy(req, f"f{i}")
-            k_ttft += through_kafka(kafka, reader, [copy], producer, one_at_a_time=True)[2]
+            k_ttft += through_kafka(kafka, reader, [copy], producer)[2]
             k_engine.append(reader.seen.engine_us[copy.request_id] / 1e6)
     finally:
         reader.close()
@@ -241,8 +188,8 @@ def run(bootstrap: str, quick: bool) -> None:
           f"(of which the worker's engine p50 {statistics.median(k_engine) * 1000:.1f})")
     print(f"  added by the Kafka hops: p50 {percentile(added, 0.5):.1f} ms, p99 {percentile(added, 0.99):.1f} ms")
     print(f"skewed load ({n_skew} requests, 80% on 2 conversations, 2 workers, 1 thread each):")
-    t_part = skewed_load(fresh_kafka, tmp, "partition", n_skew, 16)
-    t_share = skewed_load(fresh_kafka, tmp, "share", n_skew, 16)
+    t_part = skewed_load(fresh_kafka(bootstrap), tmp, "partition", n_skew, 16)
+    t_share = skewed_load(fresh_kafka(bootstrap), tmp, "share", n_skew, 16)
     print(f"  share finishes the load {t_part / t_share:.2f}x as fast as partition")
     print(f"worker/kafka+worker vs engine tokens/s ratio = {k_rate / e_rate:.2f}")
 

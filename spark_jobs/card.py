@@ -46,16 +46,15 @@ class Card:
         out += ["", "## Drop reasons", "", "| step | reason | records |", "|---|---|---:|"]
         for step, reasons in self.drops.items():
             out += [f"| {step} | {r} | {n} |" for r, n in sorted(reasons.items())]
-        out += ["", "## Erasure", "", "Records of erased users and conversations (chat.deletions), in no output.",
-                "", "| what | records |", "|---|---:|"]
-        out += [f"| {k} | {v} |" for k, v in self.erasure.items()]
-        out += ["", "## PII redactions", "", "| kind | placeholders |", "|---|---:|"]
-        out += [f"| {k} | {v} |" for k, v in self.pii.items()]
-        out += ["", "## Outputs", "", "| file | records |", "|---|---:|"]
-        out += [f"| {k} | {v} |" for k, v in self.outputs.items()]
+        def table(title: str, head: str, counts: dict, intro: tuple[str, ...] = ()) -> list[str]:
+            return ["", f"## {title}", "", *intro, f"| {head} |", "|---|---:|", *(f"| {k} | {v} |" for k, v in counts.items())]
+
+        out += table("Erasure", "what | records", self.erasure,
+                     ("Records of erased users and conversations (chat.deletions), in no output.", ""))
+        out += table("PII redactions", "kind | placeholders", self.pii)
+        out += table("Outputs", "file | records", self.outputs)
         for name, hist in self.histograms.items():
-            out += ["", f"## Length histogram: {name} (estimated tokens)", "", "| tokens | examples |", "|---|---:|"]
-            out += [f"| {b} | {n} |" for b, n in hist.items()]
+            out += table(f"Length histogram: {name} (estimated tokens)", "tokens | examples", hist)
         out += ["", "## Settings", "", "```json"]
         import json
 

@@ -106,13 +106,10 @@ def job_options(job_cls: type[BaseModel]) -> list[JobOption]:
 
 
 def _pairs(values: list[str], flag: str) -> dict[str, str]:
-    out = {}
     for kv in values:
         if "=" not in kv:
             raise OptionError(f"{flag} {kv!r}: expected key=value")
-        key, value = kv.split("=", 1)
-        out[key] = value
-    return out
+    return dict(kv.split("=", 1) for kv in values)
 
 
 def _build(cls, values: dict):

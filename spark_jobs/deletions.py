@@ -42,24 +42,17 @@ class Erasures:
     undecodable: int   # records of the deletions topic that could not be decoded
 
 
-def _topic_exists(kafka, topic: str) -> bool:
-    from transport.admin import TopicAdmin
-
-    return topic in TopicAdmin(kafka).topic_partitions()
-
-
 def raw_deletions(spark: SparkSession, s, kafka) -> DataFrame:
     """Every archived Deletion (when the job has an archive folder) and, for a Kafka source, every
     record of the topic (when it exists: a deployment that never erased anyone may not have it)."""
+    from transport.admin import TopicAdmin
+
     topic = kafka.topic(s.deletions_topic)
-    frames = []
-    if s.archive_dir is not None and Path(s.archive_dir).is_dir():
-        frames.append(read_archive(spark, s.archive_dir, topic))
-    if s.source == "kafka" and _topic_exists(kafka, topic):
-        frames.append(read_kafka(spark, kafka.spark_kafka_options(), topic))
     raw = spark.createDataFrame([], RAW_SCHEMA)
-    for f in frames:
-        raw = raw.unionByName(f)
+    if s.archive_dir is not None and Path(s.archive_dir).is_dir():
+        raw = raw.unionByName(read_archive(spark, s.archive_dir, topic))
+    if s.source == "kafka" and topic in TopicAdmin(kafka).topic_partitions():
+        raw = raw.unionByName(read_kafka(spark, kafka.spark_kafka_options(), topic))
     return raw
 
 

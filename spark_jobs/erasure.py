@@ -62,10 +62,7 @@ def conversation_key(tenant: str, user_id: str, conversation_id: str) -> str:
 def _encode_column(*cols):
     from pyspark.sql import functions as F
 
-    pieces = []
-    for c in cols:
-        pieces += [F.octet_length(c).cast("string"), F.lit(":"), c]
-    return F.concat(*pieces)
+    return F.concat(*[piece for c in cols for piece in (F.octet_length(c).cast("string"), F.lit(":"), c)])
 
 
 def subject_column(tenant: str = "tenant", user_id: str = "user_id"):

@@ -33,8 +33,6 @@ from pyspark.sql import functions as F
 from spark_jobs.pii import redact_column
 from spark_jobs.steps import tag
 
-DOWN_KINDS = ("THUMBS_DOWN", "REGENERATE", "EDIT")
-
 
 def redact_feedback(feedback: DataFrame) -> DataFrame:
     return feedback.withColumn("edited_text", redact_column(F.col("edited_text"))).withColumn(

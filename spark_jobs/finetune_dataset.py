@@ -84,22 +84,9 @@ def _histograms(df: DataFrame, cols: dict[str, str]) -> dict[str, dict[str, int]
             for j, name in enumerate(cols)}
 
 
-def _write_threads(spark: SparkSession) -> int:
-    """Tables written at once: one per core Spark has (at least 2), so single-task writes overlap."""
-    return max(2, spark.sparkContext.defaultParallelism)
-
-
 def with_keys(df: DataFrame) -> DataFrame:
     """``df`` plus ``subject`` and ``conversation_key`` (``spark_jobs.erasure``)."""
     return df.select("*", subject_column().alias("subject"), conversation_key_column().alias("conversation_key"))
-
-
-def decoded_inputs(spark: SparkSession, s: FinetuneSettings, kafka,
-                   erasures: Erasures | None = None) -> tuple[DataFrame, DataFrame]:
-    """(turns, feedback) of :func:`erased_inputs` (the Deletions read here when not given); for
-    callers that need no erasure counts (bench/finetune.py)."""
-    turns, feedback, _ = erased_inputs(spark, s, kafka, erasures or load_erasures(spark, s, kafka))
-    return turns, feedback
 
 
 def erased_inputs(spark: SparkSession, s: FinetuneSettings, kafka,
@@ -168,14 +155,13 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
         # lambdas interpreted, and that one measured every text again.
         example_tokens = (est_tokens(F.coalesce(F.col("system_prompt"), F.lit(s.default_system_prompt)))
                           + est_tokens(F.col("prompt")) + est_tokens(F.col("answer")) + F.col("history_tokens")).cast("int")
-        sft_rows = with_history(sft, pool, "event_id", own, s.max_context_tokens).select(
+        sft_rows = materialize(with_history(sft, pool, "event_id", own, s.max_context_tokens).select(
             "event_id", "tenant", "subject", "conversation_key", "conversation_id", "turn_index", "request_id",
             "trace_id", lineage_ids("h_request_id", F.array("request_id")).alias("request_ids"),
             lineage_ids("h_trace_id", F.array("trace_id")).alias("trace_ids"), "model", "created_at", F.least("created_at", "history_oldest_at").alias("oldest_at"),
             F.size("history").alias("history_turns"), sft_messages(s.default_system_prompt).alias("messages"),
             est_tokens(F.col("prompt")).alias("prompt_tokens"), est_tokens(F.col("answer")).alias("answer_tokens"),
-            split_column(s.validation_fraction).alias("split"), example_tokens.alias("example_tokens"))
-        sft_rows = materialize(sft_rows)
+            split_column(s.validation_fraction).alias("split"), example_tokens.alias("example_tokens")))
         pairs = preference_pairs(rated).withColumn("pair_id", F.concat_ws("|", "chosen_event_id", "rejected_event_id"))
         own_pair = est_tokens(F.col("system_prompt")) + est_tokens(F.col("prompt")) + F.greatest(
             est_tokens(F.col("chosen")), est_tokens(F.col("rejected")))
@@ -183,7 +169,7 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
         def sides(name: str):
             return F.when(F.col("pair_source") == "edit", F.array(f"chosen_{name}")).otherwise(
                 F.array(f"chosen_{name}", f"rejected_{name}"))
-        pair_rows = with_history(pairs, pool, "pair_id", own_pair, s.max_context_tokens).select(
+        pair_rows = materialize(with_history(pairs, pool, "pair_id", own_pair, s.max_context_tokens).select(
             "pair_id", "tenant", "subject", "conversation_key", "conversation_id", "turn_index", "chosen_event_id",
             "rejected_event_id", "chosen_request_id", "rejected_request_id", "chosen_trace_id", "rejected_trace_id",
             lineage_ids("h_request_id", sides("request_id")).alias("request_ids"),
@@ -192,8 +178,7 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
             prompt_messages(s.default_system_prompt).alias("prompt_messages"),
             F.array(F.struct(F.lit("assistant").alias("role"), F.col("chosen").alias("content"))).alias("chosen"),
             F.array(F.struct(F.lit("assistant").alias("role"), F.col("rejected").alias("content"))).alias("rejected"),
-            split_column(s.validation_fraction).alias("split"))
-        pair_rows = materialize(pair_rows)
+            split_column(s.validation_fraction).alias("split")))
 
     with timer.step("write"):
         # conversation_key after the readable id: two tenants' (or users') "chat-1" never interleave
@@ -206,8 +191,9 @@ def build(spark: SparkSession, s: FinetuneSettings, kafka, timer: StepTimer, tmp
         dropped = as_dropped(turns.where(~is_live()), None, "ConversationTurn").unionByName(
             as_dropped(feedback.where(~is_live()), None, "Feedback"))
         # Each table is written by one task (one sorted partition, ``writers``): the tables go side
-        # by side, each Spark job from a thread of its own, so every core has a table to write.
-        with ThreadPoolExecutor(max_workers=_write_threads(spark)) as pool:
+        # by side, each Spark job from a thread of its own, so every core has a table to write (one
+        # thread per core Spark has, at least 2).
+        with ThreadPoolExecutor(max_workers=max(2, spark.sparkContext.defaultParallelism)) as pool:
             sft_n = pool.submit(write_jsonl, sft_rows, order, ["messages"],
                                 {sp: tmp / "sft" / f"{sp}.jsonl" for sp in splits})
             pref_n = pool.submit(write_jsonl, ppairs, pair_order, ["input", "preferred_output", "non_preferred_output"],

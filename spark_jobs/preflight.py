@@ -117,6 +117,6 @@ def job_output(out: Path, overwrite: bool, job: str):
     from spark_jobs.writers import atomic_output
 
     check_output(out, overwrite, job)
-    with atomic_output(out, overwrite) as tmp:
+    with atomic_output(out) as tmp:
         (tmp / JOB_MARKER).write_text(job + "\n", encoding="utf-8")
         yield tmp

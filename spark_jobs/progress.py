@@ -8,7 +8,7 @@ nothing is printed but timings are still recorded (tests, bench).
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from rich.console import Console
@@ -23,10 +23,7 @@ class StepTimer:
     @contextmanager
     def step(self, name: str, detail: str = ""):
         start = time.perf_counter()
-        if self.enabled:
-            with self.console.status(f"[bold]{name}[/] {detail}", spinner="dots"):
-                yield
-        else:
+        with self.console.status(f"[bold]{name}[/] {detail}", spinner="dots") if self.enabled else nullcontext():
             yield
         elapsed = time.perf_counter() - start
         self.seconds[name] = self.seconds.get(name, 0.0) + elapsed

@@ -22,6 +22,7 @@ settings (``session.py``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -80,8 +81,7 @@ def project_zip(cache_dir: Path) -> Path:
         for name, path in files:
             info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # fixed: same content, same bytes
             info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, path.read_bytes())
+            zf.writestr(info, path.read_bytes(), compress_type=zipfile.ZIP_DEFLATED)
     tmp.replace(target)  # atomic: a concurrent job never reads half a zip
     return target
 
@@ -123,15 +123,9 @@ def missing_connectors() -> list[str]:
     from pyspark import SparkContext
 
     SparkContext._ensure_initialized()
-    jvm = SparkContext._jvm
-    missing = []
-    for name in CONNECTOR_CLASSES:
-        obj = jvm
-        for part in name.split("."):
-            obj = getattr(obj, part)
-        if not isinstance(obj, JavaClass):
-            missing.append(name)
-    return missing
+    # py4j resolves jvm.a.b.C to a JavaClass only when the class loads (a JavaPackage otherwise)
+    return [name for name in CONNECTOR_CLASSES
+            if not isinstance(functools.reduce(getattr, name.split("."), SparkContext._jvm), JavaClass)]
 
 
 def check_submitted(jars: list[Path], script: str | None = None) -> None:

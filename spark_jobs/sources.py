@@ -32,7 +32,6 @@ RAW_SCHEMA = StructType([
     StructField("key", BinaryType()),
     StructField("value", BinaryType()),
 ])
-RAW_COLUMNS = [f.name for f in RAW_SCHEMA.fields]
 
 
 def _in_range(df: DataFrame, since: int | None, until: int | None) -> DataFrame:
@@ -44,19 +43,14 @@ def _in_range(df: DataFrame, since: int | None, until: int | None) -> DataFrame:
 
 
 def read_kafka(spark: SparkSession, connection: dict[str, str], topic: str,
-               since: int | None = None, until: int | None = None,
-               options: dict[str, str] | None = None) -> DataFrame:
+               since: int | None = None, until: int | None = None) -> DataFrame:
     """Messages of ``topic`` with since <= timestamp < until, as one bounded batch.
 
     ``connection``: ``KafkaSettings.spark_kafka_options()``, the servers and the Java client's
     security options; it may hold the SASL password (JAAS line) and a private key: never log it.
     """
-    reader = spark.read.format("kafka").options(**connection)
-    reader = (
-        reader
-        .option("subscribe", topic)
-        .option("failOnDataLoss", "false")  # retention may have deleted the oldest offsets
-    )
+    reader = (spark.read.format("kafka").options(**connection).option("subscribe", topic)
+              .option("failOnDataLoss", "false"))  # retention may have deleted the oldest offsets
     if since is not None:
         reader = reader.option("startingTimestamp", str(since)).option(
             "startingOffsetsByTimestampStrategy", "latest")
@@ -66,8 +60,6 @@ def read_kafka(spark: SparkSession, connection: dict[str, str], topic: str,
         reader = reader.option("endingTimestamp", str(until))
     else:
         reader = reader.option("endingOffsets", "latest")
-    for key, value in (options or {}).items():
-        reader = reader.option(key, value)
     df = reader.load().select(
         "topic", "partition", "offset",
         F.unix_millis(F.col("timestamp")).alias("timestamp"), "key", "value",

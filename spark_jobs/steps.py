@@ -51,27 +51,15 @@ DROPPED_FIELDS = (
 
 def as_dropped(df: DataFrame, step: str | None, record: str) -> DataFrame:
     """``df`` (with ``_reason``/``_detail``, and ``_step`` when ``step`` is None) in the dropped-records schema."""
-    cols = []
     present = set(df.columns)
-    for name, dtype in DROPPED_FIELDS:
-        if name == "step":
-            col = F.lit(step) if step is not None else F.col("_step")
-        elif name == "record":
-            col = F.lit(record)
-        elif name == "reason":
-            col = F.col("_reason")
-        elif name == "detail":
-            col = F.col("_detail") if "_detail" in present else F.lit(None)
-        elif name == "source_timestamp" and "kafka_ts" in present:
-            col = F.col("kafka_ts")
-        elif name == "oldest_at" and "created_at" in present:
-            col = F.col("created_at")
-        elif name in present:
-            col = F.col(name)
-        else:
-            col = F.lit(None)
-        cols.append(col.cast(dtype).alias(name))
-    return df.select(*cols)
+    special = {"step": F.lit(step) if step is not None else F.col("_step"), "record": F.lit(record),
+               "reason": F.col("_reason"), "detail": F.col("_detail") if "_detail" in present else F.lit(None)}
+    if "kafka_ts" in present:
+        special["source_timestamp"] = F.col("kafka_ts")
+    if "created_at" in present:
+        special["oldest_at"] = F.col("created_at")
+    return df.select(*[special.get(name, F.col(name) if name in present else F.lit(None)).cast(dtype).alias(name)
+                       for name, dtype in DROPPED_FIELDS])
 
 
 @dataclass

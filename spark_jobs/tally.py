@@ -47,19 +47,22 @@ def fill_card(card, rows: list[dict], source: str, since: int | None, until: int
                    and (step is ... or r["_step"] == step)
                    and (decoded is None or (r["_step"] != "decode") == decoded))
 
+    def add(step: str, input_: int, dropped: int) -> None:
+        card.steps.append({"step": step, "input": input_, "kept": input_ - dropped, "dropped": dropped})
+
+    def chain(record: str, steps: tuple[str, ...]) -> None:
+        """One row per step, each taking what the steps before it kept (erased records are not in ``rows``)."""
+        live = n(record, decoded=True)
+        for step in steps:
+            add(step, live, n(record, step))
+            live -= n(record, step)
+
     read = {rec: n(rec) + erased.get(rec, 0) for rec in ("ConversationTurn", "Feedback")}
     for rec, label in (("ConversationTurn", "decode turns"), ("Feedback", "decode feedback")):
-        kept = n(rec, decoded=True) + erased.get(rec, 0)
-        card.steps.append({"step": label, "input": read[rec], "kept": kept, "dropped": read[rec] - kept})
+        add(label, read[rec], read[rec] - n(rec, decoded=True) - erased.get(rec, 0))
     for rec, label in (("ConversationTurn", "erasure turns"), ("Feedback", "erasure feedback")):
-        decoded = n(rec, decoded=True) + erased.get(rec, 0)
-        card.steps.append({"step": label, "input": decoded, "kept": decoded - erased.get(rec, 0),
-                           "dropped": erased.get(rec, 0)})
-    f_in = n("Feedback", decoded=True)
-    for step in FEEDBACK_STEPS:
-        dropped = n("Feedback", step)
-        card.steps.append({"step": step, "input": f_in, "kept": f_in - dropped, "dropped": dropped})
-        f_in -= dropped
+        add(label, n(rec, decoded=True) + erased.get(rec, 0), erased.get(rec, 0))
+    chain("Feedback", FEEDBACK_STEPS)
     versions: dict[int, int] = {}
     for r in rows:
         if r["record"] == "ConversationTurn" and r["_step"] != "decode":
@@ -67,11 +70,7 @@ def fill_card(card, rows: list[dict], source: str, since: int | None, until: int
     card.input = {"source": source, "since_ms": since, "until_ms": until,
                   "turns_read": read["ConversationTurn"], "feedback_read": read["Feedback"],
                   **{f"ConversationTurn v{v}": versions[v] for v in sorted(versions)}}
-    n_in = n("ConversationTurn", decoded=True)  # erased turns are not in ``rows``
-    for step in TURN_STEPS:
-        dropped = n("ConversationTurn", step)
-        card.steps.append({"step": step, "input": n_in, "kept": n_in - dropped, "dropped": dropped})
-        n_in -= dropped
+    chain("ConversationTurn", TURN_STEPS)
     drops: dict[tuple[str, str], int] = {}
     for r in rows:
         if r["_step"] is not None:

@@ -54,10 +54,8 @@ def usage_table(turns: DataFrame) -> DataFrame:
     ttft = F.when(F.col("writer_version") >= 2, F.col("ttft_ms"))
     aggs = [F.count("*").alias("requests"), F.sum("tokens_in").alias("tokens_in"),
             F.sum("tokens_out").alias("tokens_out")]
-    for p in PCTS:
-        aggs.append(F.percentile(ttft, p).alias(f"ttft_p{int(p * 100)}_ms"))
-    for p in PCTS:
-        aggs.append(F.percentile("total_ms", p).alias(f"total_p{int(p * 100)}_ms"))
+    aggs += [F.percentile(ttft, p).alias(f"ttft_p{int(p * 100)}_ms") for p in PCTS]
+    aggs += [F.percentile("total_ms", p).alias(f"total_p{int(p * 100)}_ms") for p in PCTS]
     aggs += [F.sum(F.col("finish_reason").isin(*ERROR_FINISH).cast("int")).alias("errors"),
              F.sum((F.col("finish_reason") == "CANCELLED").cast("int")).alias("cancelled"),
              # a user is (tenant, user_id): two tenants' "ada" are two people
@@ -78,8 +76,8 @@ def _markdown(usage, dlq, charts: list[str]) -> str:
     if len(usage):
         cols = list(usage.columns)
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        for _, r in usage.iterrows():
-            lines.append("| " + " | ".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in r) + " |")
+        lines += ["| " + " | ".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in r) + " |"
+                  for _, r in usage.iterrows()]
     else:
         lines.append("No data: no turns in the time range.")
     lines += ["", "## Dead letters per day", ""]
@@ -89,10 +87,8 @@ def _markdown(usage, dlq, charts: list[str]) -> str:
     else:
         lines.append("No data: no dead letters in the time range.")
     lines += ["", "## Charts", ""]
-    if charts:
-        lines.append(" ".join(f"![{name}]({name}.png)" for name in charts))
-    else:
-        lines.append("No charts: " + ("no data to chart." if not len(usage) else "not asked for (--no-charts)."))
+    lines.append(" ".join(f"![{name}]({name}.png)" for name in charts) if charts else
+                 "No charts: " + ("no data to chart." if not len(usage) else "not asked for (--no-charts)."))
     lines.append("")
     return "\n".join(lines)
 

@@ -33,18 +33,13 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.errors import OutputExistsError
-
-
-def check_output(out: Path, overwrite: bool) -> None:
-    if Path(out).exists() and not overwrite:
-        raise OutputExistsError(f"{out} exists; pass --overwrite to replace it")
 
 
 @contextmanager
-def atomic_output(out: Path, overwrite: bool):
+def atomic_output(out: Path):
+    """The temporary folder of ``out``, renamed over it at the end; whether ``out`` may be replaced
+    is checked before (``preflight.check_output``, the one caller's)."""
     out = Path(out).resolve()
-    check_output(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()

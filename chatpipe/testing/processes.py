@@ -6,6 +6,7 @@
                                                      exited, or at the deadline, with its log's tail
     http_ok(url)                                     one GET answered 200 (no proxy)
     stop_process(proc, timeout_s)                    SIGTERM, wait, SIGKILL past the timeout
+    StartedProcess(proc, log_path)                   a started process and its log (the harnesses' base)
 
 A readiness failure raises :class:`NotReady` (an ``AssertionError``: in a test it reads as the test's
 failure, with the service's own last lines).
@@ -20,13 +21,26 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra.services import tail
 
+REPO = Path(__file__).resolve().parents[2]  # the clone the harness runs the services from
 TAIL_CHARS = 3000  # of a log given as a function's text
 TAIL_LINES = 40  # of a log file (infra.services.tail, what `chatpipe up` shows of a failed service)
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass
+class StartedProcess:
+    """A service process started here (:func:`start_process`), its output in ``log_path``."""
+
+    proc: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
 
 class NotReady(AssertionError):

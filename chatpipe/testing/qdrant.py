@@ -9,6 +9,7 @@ started here are ever signalled, by their own pid.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,9 +19,9 @@ from pathlib import Path
 import httpx
 
 from chatpipe.testing.ports import free_port
-from chatpipe.testing.processes import http_ok, start_process, wait_until
+from chatpipe.testing.processes import REPO, http_ok, start_process, stop_process, wait_until
+from infra.services import tail
 
-REPO = Path(__file__).resolve().parents[2]
 QDRANT_TOOL = REPO.parent / "shared" / "tools" / "qdrant"
 SKIP_REASON = f"no Qdrant server at {QDRANT_TOOL}: the server and cluster memory tests need ../shared/tools/qdrant"
 
@@ -38,13 +39,9 @@ class QdrantPeer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, *, bootstrap: "QdrantPeer | None" = None) -> None:
-        env = dict(os.environ,
-                   QDRANT__SERVICE__HOST="127.0.0.1",
-                   QDRANT__SERVICE__HTTP_PORT=str(self.http_port),
-                   QDRANT__SERVICE__GRPC_PORT=str(self.grpc_port),
-                   QDRANT__STORAGE__STORAGE_PATH=str(self.dir / "storage"),
-                   QDRANT__STORAGE__SNAPSHOTS_PATH=str(self.dir / "snapshots"),
-                   QDRANT__TELEMETRY_DISABLED="true",
+        env = dict(os.environ, QDRANT__SERVICE__HOST="127.0.0.1", QDRANT__SERVICE__HTTP_PORT=str(self.http_port),
+                   QDRANT__SERVICE__GRPC_PORT=str(self.grpc_port), QDRANT__STORAGE__STORAGE_PATH=str(self.dir / "storage"),
+                   QDRANT__STORAGE__SNAPSHOTS_PATH=str(self.dir / "snapshots"), QDRANT__TELEMETRY_DISABLED="true",
                    QDRANT__LOG_LEVEL="INFO")
         args = [str(QDRANT_TOOL)]
         if self.cluster:
@@ -61,22 +58,17 @@ class QdrantPeer:
 
     def kill(self) -> None:
         """SIGKILL: the peer vanishes mid-request, as in a machine failure."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc, 10, sig=signal.SIGKILL)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        """SIGTERM; SIGKILL past 15 s."""
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                stop_process(self.proc, 15)
 
     def log_tail(self, lines: int = 30) -> str:
-        path = self.dir / "qdrant.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return tail(self.dir / "qdrant.log", lines)
 
 
 class QdrantCluster:

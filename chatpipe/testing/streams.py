@@ -10,7 +10,6 @@ no other test's prompts reach it. No inference worker is used: the tests answer 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from typing import Any, Callable
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from chatpipe.testing.processes import start_process, wait_until
+from chatpipe.testing.processes import REPO, start_process, stop_process, wait_until
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, FinishReason, InferenceRequest, PromptRequest, Response, SamplingParams
 from schemas.topics import PROMPTS, REPLIES, RESPONSES, spec
@@ -27,7 +26,6 @@ from streams.faults import EXIT_INFRASTRUCTURE
 from transport import clients
 from transport.settings import KafkaSettings
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 class StreamsWorker:
@@ -39,18 +37,11 @@ class StreamsWorker:
         self.log = root / "worker.log"
         self.archive_dir = root / "archive"
         self.memory_dir = root / "qdrant"
-        self.env = {
-            **os.environ,
-            "CHATPIPE_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-            "CHATPIPE_TOPIC_PREFIX": kafka.topic_prefix,
-            "CHATPIPE_STREAMS_STATE_DIR": str(root / "faust"),
-            "CHATPIPE_STREAMS_ARCHIVE_DIR": str(self.archive_dir),
-            "CHATPIPE_STREAMS_ARCHIVE_FLUSH_S": "0.5",
-            "CHATPIPE_STREAMS_COMMIT_INTERVAL_S": "0.5",
-            "CHATPIPE_MEMORY_PATH": str(self.memory_dir),
-            "HF_HUB_OFFLINE": "1",
-            **{f"CHATPIPE_STREAMS_{k.upper()}": str(v) for k, v in streams_env.items()},
-        }
+        self.env = {**os.environ, "CHATPIPE_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+                    "CHATPIPE_TOPIC_PREFIX": kafka.topic_prefix, "CHATPIPE_STREAMS_STATE_DIR": str(root / "faust"),
+                    "CHATPIPE_STREAMS_ARCHIVE_DIR": str(self.archive_dir), "CHATPIPE_STREAMS_ARCHIVE_FLUSH_S": "0.5",
+                    "CHATPIPE_STREAMS_COMMIT_INTERVAL_S": "0.5", "CHATPIPE_MEMORY_PATH": str(self.memory_dir),
+                    "HF_HUB_OFFLINE": "1", **{f"CHATPIPE_STREAMS_{k.upper()}": str(v) for k, v in streams_env.items()}}
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.stall_restarts = 0
@@ -68,12 +59,9 @@ class StreamsWorker:
     def stop(self, timeout_s: float = 90.0) -> int:
         """SIGTERM and wait; returns the exit code (the worker must stop on its own)."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout_s)
+            return stop_process(self.proc, timeout_s)  # SIGKILL past the timeout
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
             raise AssertionError(f"chatpipe streams did not stop within {timeout_s:.0f}s of SIGTERM:\n{self.tail()}")
 
     def tail(self, lines: int = 60) -> str:
@@ -92,9 +80,8 @@ class StreamsWorker:
         a stall exit whose commit did not go through (it says so) is counted in ``uncommitted_stalls``:
         what it served since its last commit is served again (at-least-once). True when it restarted;
         a worker that stalls more than ``limit`` times fails the test."""
-        if self.proc is None or self.proc.poll() != EXIT_INFRASTRUCTURE:
-            return False
-        if "StalledConsumerError" not in self.current_log():
+        if (self.proc is None or self.proc.poll() != EXIT_INFRASTRUCTURE
+                or "StalledConsumerError" not in self.current_log()):
             return False
         if self.stall_restarts >= limit:
             raise AssertionError(f"chatpipe streams stalled {self.stall_restarts + 1} times:\n{self.tail()}")

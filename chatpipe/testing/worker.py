@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -14,8 +12,8 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from chatpipe.testing.kafka import FirstSeen, RecordProducer, StreamAssembler
-from chatpipe.testing.processes import start_process, wait_until
+from chatpipe.testing.kafka import RecordProducer, StreamAssembler
+from chatpipe.testing.processes import REPO, StartedProcess, start_process, stop_process, wait_until
 from inference.worker.replies import ENGINE_TIME_HEADER
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, InferenceRequest, Priority, SamplingParams, now_ms
@@ -24,7 +22,6 @@ from transport import clients
 from transport.dedupe import attempt_of
 from transport.settings import KafkaSettings
 
-REPO = Path(__file__).resolve().parents[2]
 CHATPIPE = REPO / ".venv" / "bin" / "chatpipe"
 
 # Small engine so that 2 workers + the broker fit on 2 shared cores.
@@ -34,9 +31,9 @@ ENGINE_ENV = {"CHATPIPE_MAX_BATCH": "4", "CHATPIPE_KV_CACHE_TOKENS": "4096", "CH
 
 def make_request(i: int, *, conversation: str | None = None, max_tokens: int = 12, priority: Priority = Priority.INTERACTIVE,
                  reply_to: str | None = None, reply_partition: int | None = 0, text: str | None = None,
-                 **sampling) -> InferenceRequest:
+                 tenant: str = "t1", **sampling) -> InferenceRequest:
     return InferenceRequest(
-        request_id=f"r{i}-{uuid.uuid4().hex[:8]}", conversation_id=conversation or f"c{i}", user_id="u1", tenant="t1",
+        request_id=f"r{i}-{uuid.uuid4().hex[:8]}", conversation_id=conversation or f"c{i}", user_id="u1", tenant=tenant,
         created_at=now_ms(), model="smollm2-135m-instruct",
         messages=[ChatMessage("user", text or f"Say something short about the number {i}.")],
         sampling=SamplingParams(max_tokens=max_tokens, **{"temperature": 0.0, **sampling}), priority=priority,
@@ -46,37 +43,26 @@ def make_request(i: int, *, conversation: str | None = None, max_tokens: int = 1
 
 def send_requests(kafka: KafkaSettings, requests: list[InferenceRequest], producer: RecordProducer | None = None) -> None:
     """Produce ``requests`` to their priority's topic and wait until the broker has them."""
-    own = producer is None
     producer = producer or RecordProducer(kafka)
     for req in requests:
         producer.send(kafka.topic(inference_requests_topic(req.priority.value)), req, key=req.conversation_id)
-    producer.flush()
-    if own:
-        producer.close()
+    producer.flush()  # all a RecordProducer's close() does too
 
 
 @dataclass
-class WorkerProcess:
-    proc: subprocess.Popen
-    log_path: Path
+class WorkerProcess(StartedProcess):
     worker_id: str
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def wait_serving(self, timeout_s: float = 120) -> None:
         wait_until(lambda: "serving (intake=" in self.log(), timeout_s=timeout_s, what=f"worker {self.worker_id}",
                    proc=self.proc, log=self.log_path)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
+        stop_process(self.proc, 30, sig=signal.SIGKILL)
 
     def terminate(self, timeout_s: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
+        """SIGTERM and wait; past ``timeout_s`` ``subprocess.TimeoutExpired`` (the process left running)."""
+        return stop_process(self.proc, timeout_s, kill_after=False)
 
 
 def start_worker(kafka: KafkaSettings, tmp_path: Path, *, intake: str = "partition", worker_id: str | None = None,
@@ -116,7 +102,6 @@ class Reader:
         self.kafka = kafka
         self.codec = default_codec()
         self.seen = Seen()
-        self._dedupe = FirstSeen()
         self._consumer = clients.consumer(kafka, f"reader-{uuid.uuid4().hex[:8]}",
                                           {"enable.auto.commit": False, "fetch.wait.max.ms": 10})
         names = [kafka.topic(n) for n in (RESPONSES, REPLIES, DLQ, WORKERS_STATUS)]
@@ -126,16 +111,12 @@ class Reader:
             if all(n in meta.topics and meta.topics[n].partitions for n in names) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        tps = []
-        for topic in names:
-            tps += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.topics[topic].partitions]
-        self._consumer.assign(tps)
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
+                               for topic in names for p in meta.topics[topic].partitions])
 
     def poll(self, timeout_s: float = 0.2) -> None:
         """Read what is there; waits at most ``timeout_s`` for the first record."""
-        raw = self._consumer.consume(500, 0)
-        if not raw:
-            raw = self._consumer.consume(1, timeout_s)
+        raw = self._consumer.consume(500, 0) or self._consumer.consume(1, timeout_s)
         for msg in raw:
             if msg.error():
                 continue
@@ -190,7 +171,3 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
-
-
-def python() -> str:
-    return sys.executable

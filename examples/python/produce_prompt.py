@@ -99,14 +99,10 @@ def ensure_reply_topic(bootstrap: str, topic: str) -> None:
 
 def prompt_producer(bootstrap: str) -> Producer:
     """The producer of prompts: idempotent, and partitioning keys the way chatpipe does."""
-    return Producer({
-        "bootstrap.servers": bootstrap,
-        "enable.idempotence": True,
-        # Part of the contract (docs/producing.md "Keys and partitions"): Kafka's murmur2 of the key, as
-        # chatpipe's gateway and streams tier and every Java client compute it. librdkafka's default
-        # (CRC32) would put your conversation on another partition than the gateway puts it.
-        "partitioner": "murmur2_random",
-    })
+    # The partitioner is part of the contract (docs/producing.md "Keys and partitions"): Kafka's murmur2 of
+    # the key, as chatpipe's gateway and streams tier and every Java client compute it. librdkafka's default
+    # (CRC32) would put your conversation on another partition than the gateway puts it.
+    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "partitioner": "murmur2_random"})
 
 
 def reply_reader(bootstrap: str, topic: str, partition: int, timeout_s: float) -> Consumer:
@@ -193,8 +189,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = _Parser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--bootstrap-servers", default="127.0.0.1:9092", help="Kafka host:port")
     p.add_argument("--topic-prefix", default="", help="the pipeline's CHATPIPE_TOPIC_PREFIX, e.g. 'prod.'")
     p.add_argument("--reply-topic", default=None,

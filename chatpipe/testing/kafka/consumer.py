@@ -13,13 +13,13 @@ the services write: ``transport.dead_letters.dead_letter_for``) and the consumer
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError
 
 from chatpipe.testing.kafka.batches import DecodedMessage, pause_gc, resume_gc, wrap_batch
 from chatpipe.testing.kafka.producer import RecordProducer
-from schemas.codec import AvroCodec, default_codec
+from schemas.codec import default_codec
 from schemas.errors import DecodeError
 from schemas.records import DeadLetter
 from schemas.topics import DLQ
@@ -52,40 +52,23 @@ class DeadLetterWriter:
 
 
 class BatchConsumer:
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        *,
-        group_id: str,
-        topics: Iterable[str],
-        codec: AvroCodec | None = None,
-        dead_letters: DeadLetterWriter | None = None,
-        on_decode_error: DecodeErrorPolicy | None = None,
-        batch_size: int = 500,
-        poll_timeout_s: float = 1.0,
-        extra_config: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, settings: KafkaSettings, *, group_id: str, topics: Iterable[str],
+                 dead_letters: DeadLetterWriter | None = None, on_decode_error: DecodeErrorPolicy | None = None) -> None:
         self.settings = settings
-        self.codec = codec or default_codec()
-        self.batch_size, self.poll_timeout_s = batch_size, poll_timeout_s
+        self.codec = default_codec()
         self._dead_letters = dead_letters
         if on_decode_error is None:
             if dead_letters is None:
                 raise ValueError("give dead_letters or on_decode_error: undecodable messages need a place to go")
             on_decode_error = lambda exc, msg: dead_letters.send(msg, exc)
         self.on_decode_error = on_decode_error
-        self._consumer = clients.consumer(settings, group_id, {
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            **(extra_config or {}),
-        })
-        self.topics = list(topics)
-        self._consumer.subscribe(self.topics)
+        self._consumer = clients.consumer(settings, group_id, {"enable.auto.commit": False,
+                                                               "auto.offset.reset": "earliest"})
+        self._consumer.subscribe(list(topics))
 
-    def poll_messages(self, max_messages: int | None = None, timeout_s: float | None = None) -> list[ConsumedMessage]:
+    def poll_messages(self, max_messages: int = 500, timeout_s: float = 1.0) -> list[ConsumedMessage]:
         """Up to ``max_messages`` raw messages, waiting at most ``timeout_s`` for the first."""
-        raw = self._consumer.consume(max_messages or self.batch_size,
-                                     self.poll_timeout_s if timeout_s is None else timeout_s)
+        raw = self._consumer.consume(max_messages, timeout_s)
         clean = wrap_batch(raw)  # fast path: no error events in the batch
         if clean is not None:
             return clean
@@ -102,9 +85,8 @@ class BatchConsumer:
             log.warning("retriable consumer error: %s", err.str())
         return out
 
-    def poll_records(
-        self, expected: type | None = None, max_messages: int | None = None, timeout_s: float | None = None,
-    ) -> list[DecodedMessage]:
+    def poll_records(self, expected: type | None = None, max_messages: int = 500,
+                     timeout_s: float = 1.0) -> list[DecodedMessage]:
         """Decoded records of the next batch; messages that don't decode go to the error policy."""
         messages = self.poll_messages(max_messages, timeout_s)
         # The records of a batch are built without collections in between; paused before any
@@ -142,9 +124,6 @@ class BatchConsumer:
             if "NO_OFFSET" in str(exc):
                 return
             raise TransportError(f"commit failed: {exc}") from exc
-
-    def committed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        return self._consumer.committed(partitions)
 
     def close(self) -> None:
         self._consumer.close()

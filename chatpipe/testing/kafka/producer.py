@@ -18,7 +18,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from schemas.codec import AvroCodec, default_codec
+from schemas.codec import default_codec
 from transport import clients
 from transport import tracing
 from transport.errors import DeliveryError
@@ -35,29 +35,20 @@ class _DeliveryTracker:
     """Delivery-report sink. Kept apart from RecordProducer so the librdkafka handle holds no
     reference back to it (no cycle): a producer dropped without close() is freed at once."""
 
-    __slots__ = ("delivered", "failures")
+    __slots__ = ("failures",)
 
     def __init__(self) -> None:
-        self.delivered = 0
         self.failures: list[str] = []
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            self.delivered += 1
-        else:
+        if err is not None:
             self.failures.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
 
 
 class RecordProducer:
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        *,
-        codec: AvroCodec | None = None,
-        extra_config: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, settings: KafkaSettings, *, extra_config: dict[str, Any] | None = None) -> None:
         self.settings = settings
-        self.codec = codec or default_codec()
+        self.codec = default_codec()
         self._tracker = _DeliveryTracker()
         config = {
             "enable.idempotence": True,  # implies acks=all and bounded in-flight requests
@@ -70,64 +61,34 @@ class RecordProducer:
         }
         self._producer = clients.producer(settings, config)
 
-    @property
-    def delivered(self) -> int:
-        """Messages the broker acknowledged so far."""
-        return self._tracker.delivered
-
-    def send(
-        self,
-        topic: str,
-        record: Any,
-        *,
-        key: Key = None,
-        headers: tracing.Headers | None = None,
-        parent_trace: str | None = None,
-        partition: int | None = None,
-    ) -> None:
+    def send(self, topic: str, record: Any, *, key: Key = None, headers: tracing.Headers | None = None,
+             parent_trace: str | None = None, partition: int | None = None) -> None:
         """Encode ``record`` (Avro single-object) and queue it for ``topic``."""
         self.send_bytes(topic, self.codec.encode(record), key=key, headers=headers,
                         parent_trace=parent_trace, partition=partition)
 
-    def send_bytes(
-        self,
-        topic: str,
-        value: bytes | None,
-        *,
-        key: Key = None,
-        headers: tracing.Headers | None = None,
-        parent_trace: str | None = None,
-        partition: int | None = None,
-    ) -> None:
+    def send_bytes(self, topic: str, value: bytes | None, *, key: Key = None, headers: tracing.Headers | None = None,
+                   parent_trace: str | None = None, partition: int | None = None) -> None:
         """Queue raw bytes for ``topic``; blocks (serving delivery reports) while the queue is full."""
         headers = tracing.with_traceparent(headers, parent_trace)
-        produce = self._producer.produce
         while True:
-            try:
-                if partition is None:
-                    produce(topic, value, key, headers=headers)
-                else:
-                    produce(topic, value, key, partition=partition, headers=headers)
+            try:  # partition -1: librdkafka's "unassigned", the partitioner picks
+                self._producer.produce(topic, value, key, partition=-1 if partition is None else partition,
+                                       headers=headers)
                 break
             except BufferError:
                 # librdkafka's local queue is full: let it drain instead of dropping the message.
                 self._producer.poll(0.05)
         self._producer.poll(0)
 
-    def flush(self, timeout_s: float | None = None) -> int:
-        """Wait for every queued message; returns how many were delivered in total so far.
-
-        Raises :class:`DeliveryError` naming the failures if any message was not delivered.
-        """
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait for every queued message; raises :class:`DeliveryError` naming the failures if any
+        message was not delivered."""
         timeout = self.settings.delivery_timeout_s if timeout_s is None else timeout_s
         remaining = self._producer.flush(timeout)
         if remaining:
             raise DeliveryError(f"{remaining} message(s) still undelivered after {timeout:.0f}s; "
                                 f"is the broker at {self.settings.bootstrap_servers} up?")
-        self.raise_failures()
-        return self.delivered
-
-    def raise_failures(self) -> None:
         if self._tracker.failures:
             failures, self._tracker.failures = self._tracker.failures, []
             shown = "; ".join(failures[:5])
