@@ -8,7 +8,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 CHATPIPE := $(VENV)/bin/chatpipe
 PYTEST_ARGS ?=
-# Two pytest workers (pytest-xdist); `--dist loadgroup` with tests/conftest.py's groups: a file's tests
+# Two pytest workers (pytest-xdist); `--dist loadfile` with tests/conftest.py's groups: a file's tests
 # stay on one worker (module-scoped stacks stay in one process) and so do the folders whose files share
 # a slow session fixture (the gateway's pipeline, Spark, the default model); each worker starts its own
 # test broker. `--no-loadscope-reorder`: groups are handed out in collection order, which
@@ -49,7 +49,7 @@ test-prerequisites: setup
 	$(PY) -m chatpipe.testing.prerequisites
 
 test: setup test-prerequisites
-	$(PY) -m pytest -q --timeout=900 -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -q --timeout=900 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The tests that need no service, no JVM, no Go and no pulled model: only the venv, so no `setup`
 # (which needs Java and Maven and pulls the model).

@@ -24,7 +24,7 @@ touched) so every op lands in one bucket, the issue's hypotheses:
   SDPA                             aten::scaled_dot_product_attention and what it calls
   GEMMs                            aten::linear / mm / addmm / bmm / matmul and what they call
   KV write (index_copy_)           ``PagedKVCache.write``
-  sampling                         ``Sampler.sample`` other than its sync
+  sampling                         ``Sampler.sample_step`` other than its sync
   other ops                        runner glue: views, transposes, residual adds, slicing
   Python outside ops               time in no op at all: the scheduler, prepare's lists, bookkeeping
 
@@ -110,7 +110,7 @@ class Labels:
         runner, scheduler = engine.runner, engine.scheduler
         for obj, attr, label in ((engine, "step", "step"), (scheduler, "schedule", "schedule"),
                                  (scheduler, "update_from_output", "update"), (runner, "prepare", "prepare"),
-                                 (runner, "forward", "forward"), (engine.sampler, "sample", "sample"),
+                                 (runner, "forward", "forward"), (engine.sampler, "sample_step", "sample"),
                                  (runner.cache, "read_blocks", "kv_gather"), (runner.cache, "write", "kv_write")):
             self._wrap(obj, attr, label)
         if hasattr(engine.runner, "_rope"):

@@ -42,8 +42,8 @@ FILE_S = 10
 # Folders whose files share a session fixture that is slow to start, and the group each runs in: the
 # whole pipeline (`pipeline` below), a Spark session with its planted run (tests/spark/conftest.py), the
 # default model (tests/engine/conftest.py). Each xdist worker has a session of its own, so a group goes
-# to one worker whole (an `xdist_group`, with `--dist loadgroup` in the Makefile) and starts its fixture
-# once; every other file is a group of its own.
+# to one worker whole (pytest_xdist_make_scheduler below) and starts its fixture once; every other file
+# is a group of its own.
 SHARED_SESSION_GROUPS = {"tests/gateway/": "pipeline", "tests/privacy/": "pipeline", "tests/spark/": "spark",
                          "tests/engine/": "engine"}
 
@@ -53,14 +53,30 @@ def xdist_group_of(path: str) -> str:
     return next((group for folder, group in SHARED_SESSION_GROUPS.items() if path.startswith(folder)), path)
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects anything, and before xdist reads the groups
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (the Makefile) with the files of a SHARED_SESSION_GROUPS folder as one unit.
+
+    pytest-xdist's own `--dist loadgroup` does not group here: the `@group` it appends to a test's id
+    is lost under pytest 9 (seen with xdist 3.8.0 and pytest 9.2.0: every test was a unit of its own,
+    so module stacks started on both workers)."""
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own scheduler for the mode asked for
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group_of(nodeid.split("::")[0])
+
+    return GroupScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects anything
 def pytest_collection_modifyitems(config, items):
     """Marks what a test's fixtures need, so that a missing marker cannot put a broker or a JVM into
     `make test-unit`: a test on the session broker (``kafka_stack``, directly or through another
-    fixture) is ``integration``; one that runs a JVM (``JAVA_FIXTURES``) is ``java``. Then puts each
-    test in its xdist group and the groups longest first: with `--no-loadscope-reorder` (the Makefile)
-    xdist hands groups out in collection order, so a long one never starts last while the other
-    worker sits idle."""
+    fixture) is ``integration``; one that runs a JVM (``JAVA_FIXTURES``) is ``java``. Then sorts the
+    groups longest first: with `--no-loadscope-reorder` (the Makefile) xdist hands them out in
+    collection order, so a long one never starts last while the other worker sits idle."""
     seconds: dict[str, int] = {}
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
@@ -69,8 +85,6 @@ def pytest_collection_modifyitems(config, items):
         if names & JAVA_FIXTURES and item.get_closest_marker("java") is None:
             item.add_marker(pytest.mark.java)
         path = item.nodeid.split("::")[0]
-        group = xdist_group_of(path)
-        item.add_marker(pytest.mark.xdist_group(group))
         if path not in seconds:
             seconds[path] = LONG_FILES.get(path, FILE_S)
     group_s: dict[str, int] = {}
