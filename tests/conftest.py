@@ -39,13 +39,12 @@ LONG_FILES = {
 }
 FILE_S = 10
 
-# Folders whose files share a session fixture that is slow to start, and the group each runs in: the
-# whole pipeline (`pipeline` below), a Spark session with its planted run (tests/spark/conftest.py), the
-# default model (tests/engine/conftest.py). Each xdist worker has a session of its own, so a group goes
+# Folders whose files share a fixture that is slow to start, and the group each runs in: the whole
+# pipeline (tests/gateway/conftest.py), a Spark session with its planted run (tests/spark/conftest.py),
+# the default model (tests/engine/conftest.py). Each xdist worker has a session of its own, so a group goes
 # to one worker whole (pytest_xdist_make_scheduler below) and starts its fixture once; every other file
 # is a group of its own.
-SHARED_SESSION_GROUPS = {"tests/gateway/": "pipeline", "tests/privacy/": "pipeline", "tests/spark/": "spark",
-                         "tests/engine/": "engine"}
+SHARED_SESSION_GROUPS = {"tests/gateway/": "pipeline", "tests/spark/": "spark", "tests/engine/": "engine"}
 
 
 def xdist_group_of(path: str) -> str:
@@ -149,19 +148,3 @@ def topic_factory(topic_admin, kafka_settings, request):
 @pytest.fixture
 def group_id(request) -> str:
     return f"test-{request.node.name[:40]}-{uuid.uuid4().hex[:6]}"
-
-
-@pytest.fixture(scope="session")
-def pipeline(kafka_stack, tmp_path_factory):
-    """Streams + inference worker + gateway on the session broker, under a topic prefix of their own: the
-    gateway tests' stack and the erasure canary's (one xdist group, so it starts once)."""
-    from chatpipe.testing.gateway import start_pipeline
-    from transport.admin import TopicAdmin
-    from transport.settings import KafkaSettings
-
-    kafka = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers, topic_prefix=f"g{uuid.uuid4().hex[:8]}.")
-    TopicAdmin(kafka).apply()
-    stack = start_pipeline(kafka, tmp_path_factory.mktemp("pipeline"))
-    yield stack
-    codes = stack.stop()
-    assert codes == {"gateway": 0, "inference": 0, "streams": 0}, f"unclean shutdown: {codes}"

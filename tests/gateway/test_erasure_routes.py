@@ -1,7 +1,7 @@
 """The gateway's DELETE routes (gateway/erasure.py) on a bare FastAPI app: who may erase
 whom (the same rules as a chat request's ``user``), the Deletion each produces and its key, and the
 OpenAI-shaped errors. The producer is a stand-in that keeps what it was given; the whole path through
-the real stack is tests/privacy/test_erasure_canary.py."""
+the real stack is tests/gateway/test_erasure_canary.py."""
 
 from __future__ import annotations
 

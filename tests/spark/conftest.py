@@ -1,4 +1,6 @@
-"""Spark fixtures: one local[2] session per test session, and the planted log run through the job once."""
+"""Spark fixtures: one local[2] session for the folder, the planted log run through the job once, the
+standalone cluster. Package-scoped: the folder runs on one xdist worker (tests/conftest.py), and the JVMs
+stop when its last test is done instead of idling through the rest of the run."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from spark_jobs.settings import FinetuneSettings, SparkSettings
 from transport.archive import write_messages
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark():
     from spark_jobs.session import build_session
 
@@ -19,12 +21,12 @@ def spark():
     session.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def planted_log():
     return generate(n_turns=600, seed=11)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def planted_run(spark, planted_log, tmp_path_factory):
     """The finetune job over the planted log, read from the archive: (settings, result)."""
     from spark_jobs.finetune_dataset import run
@@ -39,7 +41,7 @@ def planted_run(spark, planted_log, tmp_path_factory):
     return settings, run(spark, settings, KafkaSettings())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark_cluster(tmp_path_factory):
     """A Spark standalone cluster (master + 2 workers, 1 core / 1g each) on free loopback ports, started
     and stopped with `chatpipe spark up|down` in a temporary state folder: yields the ``SparkCluster``."""

@@ -1,6 +1,6 @@
 """The erasure canary (issue 19): one user's data in every store, one DELETE, then nothing of it left.
 
-Through the real stack (the session's ``pipeline``, ``chatpipe/testing/gateway.py``: ``chatpipe streams``,
+Through the real stack (the gateway tests' ``pipeline``, ``chatpipe/testing/gateway.py``: ``chatpipe streams``,
 an inference worker with the default model, a gateway, on the session's broker under a topic prefix of
 its own, shared with the gateway tests): a user
 tells facts in three conversations and gives feedback; the archive is flushed and a dataset is
@@ -35,7 +35,7 @@ ERASED_WITHIN_S = 60
 
 @pytest.fixture(scope="module")
 def stack(pipeline):
-    """The session's whole pipeline (tests/conftest.py), shared with the gateway tests: the canary's users
+    """The folder's whole pipeline (tests/gateway/conftest.py), shared with the gateway tests: the canary's users
     are its own (a run id in their names), and every check below is about them alone."""
     return pipeline
 
