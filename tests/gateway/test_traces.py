@@ -35,18 +35,22 @@ pytestmark = [pytest.mark.integration, pytest.mark.model]
 MODEL = "smollm2-135m-instruct"
 
 
-def wait_for_trace(pipeline, request_id: str, complete, timeout_s: float = 90.0) -> list[SpanRow]:
-    """The request's spans once ``complete(spans)`` holds (services export every 0.5 s; the archive
-    writes its batch after its flush interval)."""
+def wait_for_trace(pipeline, request_id: str, check, timeout_s: float = 90.0):
+    """``check(spans)``'s result once it passes on the request's spans. Each service exports its
+    spans every 0.5 s on its own, so the last hop's span can be on disk before an earlier hop's
+    (the gateway's HTTP span ends after the reply stream): poll until every hop the check asserts
+    is there, and on timeout raise the check's own failure with the spans that were found."""
     deadline = time.monotonic() + timeout_s
-    rows: list[SpanRow] = []
-    while time.monotonic() < deadline:
+    while True:
         rows = trace_of_request(read_span_files(pipeline.traces_dir), request_id)
-        if complete(rows):
-            return rows
+        try:
+            return rows, check(rows)
+        except AssertionError as missing:
+            if time.monotonic() >= deadline:
+                names = sorted(f"{r.service}:{r.name}" for r in rows)
+                raise AssertionError(f"trace of {request_id} incomplete after {timeout_s:g} s: {missing}; "
+                                     f"spans: {names}") from missing
         time.sleep(0.5)
-    names = sorted(f"{r.service}:{r.name}" for r in rows)
-    raise AssertionError(f"trace of {request_id} incomplete after {timeout_s:g} s; spans: {names}")
 
 
 def find(rows: list[SpanRow], service: str, *, starts: str, contains: str = "", kind: int | None = None,
@@ -59,10 +63,6 @@ def one(rows: list[SpanRow], service: str, **match) -> SpanRow:
     found = find(rows, service, **match)
     assert len(found) == 1, f"{service} {match}: {len(found)} span(s): {[r.name for r in found]}"
     return found[0]
-
-
-def has_archive(rows: list[SpanRow]) -> bool:
-    return bool(find(rows, "streams", starts="process", contains="chat.turns"))
 
 
 def check_pipeline_hops(rows: list[SpanRow], trace_id: str, prompt_send_id: str) -> dict[str, SpanRow]:
@@ -145,14 +145,8 @@ def dataset_row(pipeline, request_id: str, out) -> dict:
     raise AssertionError(f"request {request_id} is in no dataset table under {out}")
 
 
-def test_a_gateway_request_is_one_trace_from_the_http_call_to_the_archive(pipeline, tmp_path):
-    r = httpx.post(f"{pipeline.url}/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
-                   json={"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
-                         "temperature": 0, "stream": True, "user": f"trace-{uuid.uuid4().hex[:8]}"}, timeout=300)
-    assert r.status_code == 200, r.text
-    request_id = r.headers["X-Chatpipe-Request-Id"]
-    rows = wait_for_trace(pipeline, request_id, has_archive)
-
+def check_gateway_trace(rows: list[SpanRow]) -> tuple[SpanRow, dict[str, SpanRow]]:
+    """Every hop of a gateway request: the HTTP span, its prompt send and reply read, the pipeline's hops."""
     http = one(rows, "gateway", starts="POST /v1/chat/completions", kind=SERVER)
     assert http.parent_id is None, "a request without a traceparent header starts its own trace"
     assert http.attributes["chatpipe.outcome"] == "ok" and http.error is None
@@ -171,6 +165,17 @@ def test_a_gateway_request_is_one_trace_from_the_http_call_to_the_archive(pipeli
     # The hops happen in order, within the HTTP request's span.
     assert http.start_ns <= prompt_send.start_ns <= hops["intake"].start_ns <= hops["worker"].start_ns
     assert read.end_ns <= http.end_ns + 5_000_000  # (clocks of one machine; 5 ms for the SSE tail)
+    return http, hops
+
+
+def test_a_gateway_request_is_one_trace_from_the_http_call_to_the_archive(pipeline, tmp_path):
+    r = httpx.post(f"{pipeline.url}/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
+                         "temperature": 0, "stream": True, "user": f"trace-{uuid.uuid4().hex[:8]}"}, timeout=300)
+    assert r.status_code == 200, r.text
+    request_id = r.headers["X-Chatpipe-Request-Id"]
+    _, (http, hops) = wait_for_trace(pipeline, request_id, check_gateway_trace)
+    trace_id = http.trace_id
 
     turn, headers = archived_turn(pipeline, request_id)
     assert turn.trace_id == trace_id, "the archived turn does not carry its trace id"
@@ -189,7 +194,8 @@ def test_a_gateway_request_is_one_trace_from_the_http_call_to_the_archive(pipeli
     as_json = subprocess.run([str(CHATPIPE), "trace", request_id, "--traces-dir", str(pipeline.traces_dir), "--json"],
                              capture_output=True, text=True, timeout=60)
     listed = [json.loads(line) for line in as_json.stdout.splitlines()]
-    assert {s["span_id"] for s in listed} == {s.span_id for s in rows}
+    on_disk = trace_of_request(read_span_files(pipeline.traces_dir), request_id)  # (spans exported since the wait)
+    assert {s["span_id"] for s in listed} == {s.span_id for s in on_disk}
 
 
 def test_a_prompt_produced_with_its_own_traceparent_continues_the_producers_trace(pipeline):
@@ -203,9 +209,8 @@ def test_a_prompt_produced_with_its_own_traceparent_continues_the_producers_trac
     producer.produce(kafka.topic(PROMPTS), default_codec().encode(prompt), key=prompt.conversation_id,
                      headers=[("traceparent", f"00-{trace_id}-{parent_span}-01".encode())])
     assert producer.flush(30) == 0
-    rows = wait_for_trace(pipeline, request_id, has_archive)
+    rows, _ = wait_for_trace(pipeline, request_id, lambda rows: check_pipeline_hops(rows, trace_id, parent_span))
     assert {r.trace_id for r in rows if r.attributes.get("chatpipe.request_id") == request_id} == {trace_id}
-    check_pipeline_hops(rows, trace_id, parent_span)
     assert not [r for r in rows if r.service == "gateway"], "the gateway had no part in this request"
     turn, _ = archived_turn(pipeline, request_id)
     assert turn.trace_id == trace_id
