@@ -34,19 +34,21 @@ def pytest_configure(config):
 
 JAVA_FIXTURES = {"java_partitions", "java"}
 
-# The longest files with their seconds in a whole `make test` (2 workers, 2026-12-05, docs/testing.md);
-# a file not listed counts FILE_S.
+# The longest files with their seconds in a whole `make test` (2 workers, one torch thread each, 2026-12-05,
+# docs/testing.md); a file not listed counts FILE_S.
 LONG_FILES = {
-    "tests/spark/test_cluster.py": 230, "tests/faults/test_faults.py": 227, "tests/streams/test_pipeline.py": 197,
-    "tests/engine/test_engine_matches_hf.py": 135, "tests/infra/test_stack_supervisor.py": 123,
-    "tests/privacy/test_erasure_canary.py": 122, "tests/cluster/test_streams_scale_out.py": 108,
-    "tests/engine/test_grammar.py": 99, "tests/security/test_secured_pipeline.py": 91,
-    "tests/cluster/test_cluster.py": 88, "tests/streams/test_no_ack_on_failure.py": 86,
-    "tests/worker/test_sigterm.py": 75, "tests/spark/test_finetune_planted.py": 75,
-    "tests/engine/test_sampling_features.py": 75, "tests/gateway/test_load.py": 74,
-    "tests/spark/test_tenancy_and_erasure.py": 71, "tests/worker/test_crash_recovery.py": 66,
-    "tests/infra/test_stack_full.py": 63, "tests/gateway/test_tools.py": 59, "tests/worker/test_service.py": 52,
-    "tests/worker/test_share_lock.py": 50, "tests/engine/test_lean_llama.py": 46,
+    "tests/faults/test_faults.py": 193, "tests/spark/test_cluster.py": 153, "tests/streams/test_pipeline.py": 124,
+    "tests/gateway/test_erasure_canary.py": 116, "tests/infra/test_stack_supervisor.py": 104,
+    "tests/cluster/test_cluster.py": 90, "tests/cluster/test_streams_scale_out.py": 86,
+    "tests/streams/test_no_ack_on_failure.py": 77, "tests/security/test_secured_pipeline.py": 70,
+    "tests/engine/test_grammar.py": 68, "tests/gateway/test_load.py": 68, "tests/worker/test_service.py": 63,
+    "tests/worker/test_crash_recovery.py": 60, "tests/worker/test_sigterm.py": 52,
+    "tests/spark/test_tenancy_and_erasure.py": 47, "tests/gateway/test_chat.py": 44,
+    "tests/infra/test_stack_full.py": 43, "tests/spark/test_kafka_vs_archive.py": 40,
+    "tests/gateway/test_deadlines_and_outages.py": 39, "tests/gateway/test_traces.py": 38,
+    "tests/gateway/test_openai_breadth.py": 36, "tests/worker/test_share_lock.py": 36,
+    "tests/security/test_client_security.py": 32, "tests/gateway/test_embeddings.py": 30,
+    "tests/clients/test_tail.py": 30,
 }
 FILE_S = 10
 
