@@ -62,10 +62,10 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from capacity.simulate import Curve, WorkerParams, percentile, simulate
 from capacity.traffic import Request
-from chatpipe.testing.worker import Reader, make_request, start_worker
+from chatpipe.testing.worker import Reader, WorkerProcess, make_request, send_requests, start_worker
 from schemas.codec import default_codec
 from schemas.records import InferenceRequest, TokenChunk, now_ms
-from schemas.topics import INFERENCE_REQUESTS, REPLIES
+from schemas.topics import REPLIES
 from transport import clients as kafka_clients
 from transport.partitioning import LIBRDKAFKA_PARTITIONER, partition_of
 
@@ -124,7 +124,6 @@ class Load:
         self.kafka = kafka
         self.max_tokens = max_tokens
         self.producer = RecordProducer(kafka, extra_config={"linger.ms": 0})
-        self.topic = kafka.topic(INFERENCE_REQUESTS)
 
     def request(self, i: int, key: str, tenant: str, max_tokens: int | None = None) -> InferenceRequest:
         """A greedy, interactive request of ``prompt_text(i)`` (a tenant of its own: no prefix-cache reuse
@@ -133,9 +132,7 @@ class Load:
                             reply_to=self.kafka.topic(REPLIES), reply_partition=i % PARTITIONS, text=prompt_text(i))
 
     def send(self, *requests: InferenceRequest) -> None:
-        for req in requests:
-            self.producer.send(self.topic, req, key=req.conversation_id)
-        self.producer._producer.flush(5)  # on the broker now: the schedule is the arrival time
+        send_requests(self.kafka, list(requests), self.producer)  # on the broker now: the schedule is the arrival time
 
 
 def closed_loop(load: Load, reader: Reader, k: int, window_s: float, tag: str,
@@ -143,23 +140,21 @@ def closed_loop(load: Load, reader: Reader, k: int, window_s: float, tag: str,
     """(output tokens/s, mean output tokens) with k requests always in flight, over ``window_s``, on
     ``partitions`` (those of one worker when two are in the group: the other one stays idle)."""
     keys = balanced_keys(400, f"{tag}-k{k}", partitions)
-    sent: dict[str, float] = {}
-    i = 0
+    sent: list[str] = []  # request ids; the next request is number len(sent)
+    answered = lambda: sum(1 for r in sent if r in reader.seen.responses)
 
     def top_up() -> None:
-        nonlocal i
-        while len(sent) - sum(1 for r in sent if r in reader.seen.responses) < k:
-            req = load.request(i, keys[i % len(keys)], tenant=f"{tag}k{k}")
+        while len(sent) - answered() < k:
+            req = load.request(len(sent), keys[len(sent) % len(keys)], tenant=f"{tag}k{k}")
             load.send(req)
-            sent[req.request_id] = time.time()
-            i += 1
+            sent.append(req.request_id)
 
     top_up()
     warm_until = None
     while warm_until is None:  # warm: the first k answers (the batch is staggered after them)
         reader.poll(0.05)
         top_up()
-        if sum(1 for r in sent if r in reader.seen.responses) >= k:
+        if answered() >= k:
             warm_until = now_ms()
     end_ms = warm_until + window_s * 1000
     while now_ms() < end_ms + 500:
@@ -204,7 +199,7 @@ def open_loop(load: Load, reader: Reader, backlog: int, rate: float, steady_s: f
     keys = balanced_keys(n, tag)
     schedule = [0.0] * backlog + [(j + 1) / rate for j in range(n - backlog)]
     cpu0 = {name: cpu_s(pid) for name, pid in pids.items()}
-    requests, produced = [], []
+    requests = []
     start = time.monotonic()
     for i, at in enumerate(schedule):
         while (wait := start + at - time.monotonic()) > 0:
@@ -212,11 +207,10 @@ def open_loop(load: Load, reader: Reader, backlog: int, rate: float, steady_s: f
         req = load.request(i, keys[i], tenant=tag)
         load.send(req)
         requests.append(req)
-        produced.append(req.enqueued_at)
     reader.wait_responses([r.request_id for r in requests], 900)
     cpu = {name: cpu_s(pid) - cpu0[name] for name, pid in pids.items()}
-    return RunResult(requests, [reader.seen.first_response(r.request_id)[0] for r in requests], produced, cpu,
-                     os.getloadavg()[:2])
+    return RunResult(requests, [reader.seen.first_response(r.request_id)[0] for r in requests],
+                     [r.enqueued_at for r in requests], cpu, os.getloadavg()[:2])
 
 
 def predict(run: RunResult, curve: Curve, workers: int):
@@ -250,13 +244,18 @@ def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -
           f"workers: 1 torch thread, max batch {MAX_BATCH}, max_tokens {max_tokens}")
     figures: dict[str, object] = {"quick": quick, "max_batch": MAX_BATCH, "max_tokens": max_tokens}
 
-    t = time.monotonic()
-    a = start_worker(kafka, tmp, worker_id="cap-a", **WORKER_ENV)
-    a.wait_serving(300)
-    start_a = time.monotonic() - t
+    workers: list[WorkerProcess] = []  # terminated at the end
+
+    def start(worker_id: str) -> tuple[WorkerProcess, float]:
+        """A worker of WORKER_ENV, SERVING, and the seconds it took to get there (the pod start of the simulation)."""
+        t = time.monotonic()
+        workers.append(start_worker(kafka, tmp, worker_id=worker_id, **WORKER_ENV))
+        workers[-1].wait_serving(300)
+        return workers[-1], time.monotonic() - t
+
+    a, start_a = start("cap-a")
     reader = Reader(kafka)
     load = Load(kafka, max_tokens)
-    workers = [a]
     try:
         warm = [load.request(10_000 + j, k, "warm") for j, k in enumerate(balanced_keys(6, "warm"))]
         load.send(*warm)
@@ -295,11 +294,7 @@ def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -
         print(f"   run 1 (1 worker): drain {run1.drain_s():.1f} s, CPU s {fmt_cpu(run1.cpu)}, load average "
               f"{run1.load_avg[0]:.1f}")
 
-        t = time.monotonic()
-        b = start_worker(kafka, tmp, worker_id="cap-b", **WORKER_ENV)
-        workers.append(b)
-        b.wait_serving(300)
-        start_b = time.monotonic() - t
+        b, start_b = start("cap-b")
         serving_b = time.monotonic()
         join_b = None
         owner: dict[int, str] = {}
@@ -401,7 +396,7 @@ def run(bootstrap: str, quick: bool, skip_broker: bool, json_out: Path | None) -
           "LMSYS-shaped turns built from this run's answers:")
     for name, value in sizes.items():
         print(f"   {name}: {value:,.1f}")
-    figures.update(curve=points, core_curve=core_points, shares={k: v for k, v in shares.items()},
+    figures.update(curve=points, core_curve=core_points, shares=shares,
                    run_shares=[run1.share, run2.share], answer_tokens=out_mean, worker_start_s=[start_a, start_b],
                    join_s=join_b, tables=tables, error=error, raw_error=raw_error, sizes=sizes, cpu_got=got,
                    speedup=[m_speed, s_speed], cpu=[run1.cpu, run2.cpu], requests=detail)

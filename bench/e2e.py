@@ -62,6 +62,7 @@ class Side:
     tokens: list[int] = field(default_factory=list)
     ttft_load: list[float] = field(default_factory=list)
     ttft_alone: list[float] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)  # of the last round's requests
 
 
 def prompt_text(i: int) -> str:
@@ -129,9 +130,7 @@ def start_stack(kafka, root: Path, max_pending: int, tracing: bool = False):
     none records any."""
     from chatpipe.testing.gateway import API_KEY, start_pipeline
 
-    worker_env = {"CHATPIPE_DEVICE": "cpu", "CHATPIPE_MAX_BATCH": str(ENGINE["max_batch"]),
-                  "CHATPIPE_KV_CACHE_TOKENS": str(ENGINE["kv_cache_tokens"]),
-                  "CHATPIPE_MAX_SEQ_LEN": str(ENGINE["max_seq_len"]), "CHATPIPE_NUM_THREADS": str(ENGINE["num_threads"])}
+    worker_env = {f"CHATPIPE_{name.upper()}": str(value) for name, value in {"device": "cpu", **ENGINE}.items()}
     stack = start_pipeline(kafka, root, tracing=tracing, worker_env=worker_env,
                            gateway_env={"CHATPIPE_GATEWAY_MAX_PENDING": str(max_pending)})
     return stack, API_KEY
@@ -271,8 +270,6 @@ def run(bootstrap: str, quick: bool) -> None:
     engine = Engine(model, settings)
     url = stack.url
     pipe, alone = Side(), Side()
-    prompt_tokens_pipe: list[int] = []
-    prompt_tokens_engine: list[int] = []
     try:
         asyncio.run(through_gateway(url, key, list(range(4)), 4, "warm"))  # connections, caches, first batches
         # Round 0 of the pipeline also yields the requests the worker saw: the engine's requests.
@@ -286,8 +283,9 @@ def run(bootstrap: str, quick: bool) -> None:
             pipe.rates.append(sum(a.completion_tokens for a in answers) / secs)
             pipe.tokens.append(sum(a.completion_tokens for a in answers))
             pipe.ttft_load += [a.ttft_s for a in answers]
-            prompt_tokens_pipe = [a.prompt_tokens for a in answers]
-            secs, outs, ttfts, prompt_tokens_engine = asyncio.run(engine_alone(engine, tokenizer, requests, first_text=True))
+            pipe.prompt_tokens = [a.prompt_tokens for a in answers]
+            secs, outs, ttfts, alone.prompt_tokens = asyncio.run(
+                engine_alone(engine, tokenizer, requests, first_text=True))
             alone.rates.append(sum(outs) / secs)
             alone.tokens.append(sum(outs))
             alone.ttft_load += ttfts
@@ -299,18 +297,18 @@ def run(bootstrap: str, quick: bool) -> None:
         pipe.ttft_alone += [a.ttft_s for a in lone]
     finally:
         stack.stop_all()
-    report(n, max_tokens, rounds, n_alone, pipe, alone, prompt_tokens_pipe, prompt_tokens_engine, hops(kafka, lone))
+    report(n, max_tokens, rounds, n_alone, pipe, alone, hops(kafka, lone))
 
 
 def report(n: int, max_tokens: int, rounds: int, n_alone: int, pipe: Side, alone: Side,
-           prompt_tokens_pipe: list[int], prompt_tokens_engine: list[int], lone_hops: dict[str, list[float]]) -> None:
+           lone_hops: dict[str, list[float]]) -> None:
     ms = lambda s: s * 1000
     added = [ms(p - e) for p, e in zip(pipe.ttft_alone, alone.ttft_alone)]
-    same = "same" if prompt_tokens_pipe == prompt_tokens_engine else "DIFFERENT"
+    same = "same" if pipe.prompt_tokens == alone.prompt_tokens else "DIFFERENT"
     print(f"\n{n} requests at once x max {max_tokens} tokens, greedy; engine max_batch {ENGINE['max_batch']}, "
           f"KV {ENGINE['kv_cache_tokens']} tokens, context {ENGINE['max_seq_len']}, {ENGINE['num_threads']} threads; "
           f"{rounds} alternating rounds per side (best compared)")
-    print(f"prompt tokens of the {n} requests: pipeline {sum(prompt_tokens_pipe)} / engine {sum(prompt_tokens_engine)} "
+    print(f"prompt tokens of the {n} requests: pipeline {sum(pipe.prompt_tokens)} / engine {sum(alone.prompt_tokens)} "
           f"({same} per request); completion tokens per round: pipeline {pipe.tokens} / engine {alone.tokens}")
     rows = [
         ("tokens/s (best round)", f"{max(alone.rates):.1f}", f"{max(pipe.rates):.1f}",

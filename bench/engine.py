@@ -95,7 +95,7 @@ def load(args: argparse.Namespace):
         with torch.device(args.device):
             model = LlamaForCausalLM._from_config(cfg, dtype=dtype)
         return model.eval(), f"random-init {args.model_config}"
-    model, _ = load_model(EngineSettings(device=args.device, dtype=args.dtype if args.dtype != "auto" else "auto"))
+    model, _ = load_model(EngineSettings(device=args.device, dtype=args.dtype))
     return model.to(dtype), "SmolLM2-135M-Instruct"
 
 
@@ -213,8 +213,7 @@ def run_shapes(args: argparse.Namespace) -> None:
         print(f"{name} {next(model.parameters()).dtype} on {args.device} ({time.monotonic() - t0:.0f} s): {lines[-1]}", flush=True)
         args.num_requests = args.batch_size = None
         del model
-        if gpu:
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # a no-op where CUDA was never initialised
     for line in lines:
         print(line)
     print(f"engine/hf_generate tokens/s ratio ({shape}) = {eng.tokens_per_s / hf.tokens_per_s:.2f}")

@@ -112,22 +112,20 @@ def main() -> None:
         size = sum(p.stat().st_size for p in files)
         print(f"archive: {turns:,} turns in {len(files)} files, {size / 2**20:.1f} MiB, built in "
               f"{time.perf_counter() - started:.1f} s (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
-        worst, typical, copy = [], [], []
+        times: dict[str, list[float]] = {"copy": [], "worst": [], "typical": []}
         for r in range(args.repeats):
-            sides = [("copy", lambda w: plain_copy(w)),
+            sides = [("copy", plain_copy),
                      ("worst", lambda w: erase_from_archive(w, [TOPIC], Subject(*WORST, None), 2**62, codec)),
                      ("typical", lambda w: erase_from_archive(w, [TOPIC], Subject(*TYPICAL, None), 2**62, codec))]
             if r % 2:
                 sides.reverse()  # alternate who goes first: page cache and load affect both alike
             for name, action in sides:
                 seconds, result = timed(pristine, work, action)
-                {"copy": copy, "worst": worst, "typical": typical}[name].append(seconds)
-                if name != "copy":
-                    print(f"run {r + 1} {name:7}: {seconds:.3f} s, {result.records_removed} records removed, "
-                          f"{result.files_rewritten} of {result.files_scanned} files rewritten")
-                else:
-                    print(f"run {r + 1} copy   : {seconds:.3f} s")
-        w, t, c = (statistics.median(x) for x in (worst, typical, copy))
+                times[name].append(seconds)
+                done = "" if result is None else (f", {result.records_removed} records removed, "
+                                                  f"{result.files_rewritten} of {result.files_scanned} files rewritten")
+                print(f"run {r + 1} {name:7}: {seconds:.3f} s{done}")
+        w, t, c = (statistics.median(times[name]) for name in ("worst", "typical", "copy"))
         print(f"median of {args.repeats}: rewrite worst case {w:.3f} s ({turns / w:,.0f} turns/s scanned), typical "
               f"user {t:.3f} s ({t / c:.2f}x the copy), plain copy {c:.3f} s ({size / 2**20 / c:.0f} MiB/s)")
         print(f"erasure rewrite (every file affected) / plain copy of the same files: {w / c:.2f}x")

@@ -287,11 +287,6 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
     runs: dict[str, list[float]] = {}
     per_thread: dict[str, list[dict[str, float]]] = {}
 
-    def topic() -> str:
-        name = f"bench.kafka_io.{uuid.uuid4().hex[:8]}"
-        admin.create_topic(name, 6)
-        return name
-
     adapter_topics = []
     encoded = AvroCodec().encode(prompt_record())
     pre_encoded = lambda settings, t, n: raw_produce(settings, t, n, encoded=encoded)
@@ -303,7 +298,8 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
              ("raw-bytes", pre_encoded))
     for r in range(repeats):
         for side, fn in sides if r % 2 == 0 else sides[::-1]:  # alternate who goes first
-            t = topic()
+            t = f"bench.kafka_io.{uuid.uuid4().hex[:8]}"  # a topic of each run's own
+            admin.create_topic(t, 6)
             rate = fn(settings, t, n)
             if side == "adapter":
                 adapter_topics.append(t)

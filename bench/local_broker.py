@@ -63,19 +63,17 @@ def broker_pid(bootstrap: str) -> int | None:
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
-        try:
+        try:  # an OSError: the process ended, or is not ours to read
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "kafka.Kafka" not in cmd:
+                continue
+            props = Path(cmd.split()[-1])
+            if not props.is_absolute():
+                props = Path(os.readlink(proc / "cwd")) / props
+            if f":{port}" in props.read_text():
+                return int(proc.name)
         except OSError:
             continue
-        if "kafka.Kafka" in cmd:
-            props = Path(cmd.split()[-1])
-            try:
-                if not props.is_absolute():
-                    props = Path(os.readlink(proc / "cwd")) / props
-                if f":{port}" in props.read_text():
-                    return int(proc.name)
-            except OSError:
-                continue
     return None
 
 

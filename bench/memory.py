@@ -86,8 +86,7 @@ class EmbedUpsertResult:
         return f"memory/embed+upsert vs raw encode ratio = {self.ratio:.2f}"
 
 
-def measure_embed_upsert(turns: int = 512, batch: int = 64, repeats: int = 3,
-                         verbose: bool = True) -> EmbedUpsertResult:
+def measure_embed_upsert(turns: int = 512, batch: int = 64, repeats: int = 3) -> EmbedUpsertResult:
     """(a): turns/s of Embedder.encode + ConversationMemory.upsert vs SentenceTransformer.encode."""
     data = synthetic_turns(turns)
     texts = [turn_text(t) for t in data]
@@ -129,22 +128,19 @@ def measure_embed_upsert(turns: int = 512, batch: int = 64, repeats: int = 3,
             raw_cpu.append(turns / cpu["raw"])
             our_cpu.append(turns / cpu["ours"])
             assert memory.count() == turns * (r + 2), "the bench lost turns"
-            if verbose:
-                print(f"run {r + 1}: raw encode {raw_rates[-1]:7.1f} turns/s, "
-                      f"embed+upsert {our_rates[-1]:7.1f} turns/s "
-                      f"(per CPU-s {raw_cpu[-1]:.1f} / {our_cpu[-1]:.1f})")
+            print(f"run {r + 1}: raw encode {raw_rates[-1]:7.1f} turns/s, embed+upsert {our_rates[-1]:7.1f} turns/s "
+                  f"(per CPU-s {raw_cpu[-1]:.1f} / {our_cpu[-1]:.1f})")
         memory.close()
     med = statistics.median
     result = EmbedUpsertResult(turns, batch, repeats, med(raw_rates), med(our_rates), med(raw_cpu), med(our_cpu),
                                tuple(o / r for o, r in zip(our_rates, raw_rates)))
-    if verbose:
-        print(f"embed+upsert: {turns} turns in batches of {batch}, median of {repeats}: raw encode "
-              f"{result.raw_turns_s:.1f} turns/s, embed+upsert (local mode on disk) {result.ours_turns_s:.1f} turns/s; "
-              f"per-run ratios {', '.join(f'{x:.2f}' for x in result.run_ratios)}")
-        print(f"per CPU-second of this process: raw encode {result.raw_turns_cpu_s:.1f}, embed+upsert "
-              f"{result.ours_turns_cpu_s:.1f} turns (ratio {result.ours_turns_cpu_s / result.raw_turns_cpu_s:.2f}; "
-              f"less blurred by other load on the machine)")
-        print(f"upsert alone (local mode on disk, WAL): {turns * repeats / upsert_s:,.0f} turns/s")
+    print(f"embed+upsert: {turns} turns in batches of {batch}, median of {repeats}: raw encode "
+          f"{result.raw_turns_s:.1f} turns/s, embed+upsert (local mode on disk) {result.ours_turns_s:.1f} turns/s; "
+          f"per-run ratios {', '.join(f'{x:.2f}' for x in result.run_ratios)}")
+    print(f"per CPU-second of this process: raw encode {result.raw_turns_cpu_s:.1f}, embed+upsert "
+          f"{result.ours_turns_cpu_s:.1f} turns (ratio {result.ours_turns_cpu_s / result.raw_turns_cpu_s:.2f}; "
+          f"less blurred by other load on the machine)")
+    print(f"upsert alone (local mode on disk, WAL): {turns * repeats / upsert_s:,.0f} turns/s")
     return result
 
 
@@ -188,7 +184,7 @@ def _time_recalls(memory: ConversationMemory, turns: list[StoredTurn], queries: 
 
 
 def measure_recall_latency(points: int = 100_000, queries: int = 1000, baseline_queries: int = 0,
-                           dim: int = 384, verbose: bool = True) -> RecallLatencyResult:
+                           dim: int = 384) -> RecallLatencyResult:
     """(b): p50/p99 of one tenant+user recall with ``points`` turns stored in local mode."""
     rng = np.random.default_rng(1)
     turns = synthetic_turns(points, seed=1)
@@ -200,10 +196,9 @@ def measure_recall_latency(points: int = 100_000, queries: int = 1000, baseline_
         memory = ConversationMemory(settings, dim)
         start = time.perf_counter()
         _fill(memory, turns, dim, rng)
-        if verbose:
-            print(f"recall: stored {points:,} turns (random unit vectors, {dim} dims) of {pairs:,} tenant/user pairs "
-                  f"(the heaviest user has {heaviest:,}) in {time.perf_counter() - start:.0f} s, "
-                  f"folder under {root or tempfile.gettempdir()}")
+        print(f"recall: stored {points:,} turns (random unit vectors, {dim} dims) of {pairs:,} tenant/user pairs "
+              f"(the heaviest user has {heaviest:,}) in {time.perf_counter() - start:.0f} s, "
+              f"folder under {root or tempfile.gettempdir()}")
         _time_recalls(memory, turns, 20, dim, rng)  # warm-up
         lat, cpu = _time_recalls(memory, turns, queries, dim, rng)
         memory.close()
@@ -215,13 +210,12 @@ def measure_recall_latency(points: int = 100_000, queries: int = 1000, baseline_
             one.close()
     result = RecallLatencyResult(points, queries, settings.local_partitions, float(np.percentile(lat, 50)),
                                  float(np.percentile(lat, 99)), baseline, float(np.percentile(cpu, 99)))
-    if verbose:
-        print(f"recall over {queries} tenant+user queries: p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms "
-              f"wall clock; p99 of CPU time {result.p99_cpu_ms:.1f} ms")
-        if baseline is not None:
-            print(f"baseline, one unpartitioned local collection: p50 {baseline:.0f} ms "
-                  f"({baseline_queries} queries; local mode filters point by point in Python)")
-        print(result.line())
+    print(f"recall over {queries} tenant+user queries: p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms "
+          f"wall clock; p99 of CPU time {result.p99_cpu_ms:.1f} ms")
+    if baseline is not None:
+        print(f"baseline, one unpartitioned local collection: p50 {baseline:.0f} ms "
+              f"({baseline_queries} queries; local mode filters point by point in Python)")
+    print(result.line())
     return result
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import random
 import statistics
@@ -53,6 +54,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for `engine` (bench/engine.py)
 
@@ -105,7 +107,7 @@ class Labels:
     calls and ``Tensor.tolist`` in record_function labels; ``remove()`` restores everything."""
 
     def __init__(self, engine) -> None:
-        self._undo: list = []
+        self._patches = contextlib.ExitStack()
         core = engine.model.model
         runner, scheduler = engine.runner, engine.scheduler
         for obj, attr, label in ((engine, "step", "step"), (scheduler, "schedule", "schedule"),
@@ -132,21 +134,14 @@ class Labels:
         if lean is not None and getattr(lean, "layers", None):
             for name in ("qkv_rope", "mlp"):
                 self._wrap(type(lean.layers[0]), name, f"layer:lean_{name}")
-        had = "tolist" in torch.Tensor.__dict__
-        orig = torch.Tensor.tolist
-        torch.Tensor.tolist = _labelled(orig, LABEL + "sync:tolist")
-        self._undo.append(lambda: setattr(torch.Tensor, "tolist", orig) if had else delattr(torch.Tensor, "tolist"))
+        self._wrap(torch.Tensor, "tolist", "sync:tolist")
 
     def _wrap(self, obj, attr: str, label: str) -> None:
-        had = attr in vars(obj)
-        old = vars(obj).get(attr)
-        setattr(obj, attr, _labelled(getattr(obj, attr), LABEL + label))
-        self._undo.append(lambda: setattr(obj, attr, old) if had else delattr(obj, attr))
+        # patch.object restores what was there: the object's own attribute, or none (back to the class's)
+        self._patches.enter_context(mock.patch.object(obj, attr, _labelled(getattr(obj, attr), LABEL + label)))
 
     def remove(self) -> None:
-        for undo in reversed(self._undo):
-            undo()
-        self._undo.clear()
+        self._patches.close()
 
 
 # -- the steps -------------------------------------------------------------------------------------
@@ -182,14 +177,8 @@ class Steps:
     def _prompt(self, n: int) -> list[int]:
         return [self.rng.randrange(10, self.vocab) for _ in range(n)]
 
-    def _stats(self):
-        s = self.engine.stats()
-        return s.running, s.prompt_tokens
-
     def decode(self) -> float:
-        if self.extra is not None:
-            raise RuntimeError("decode() after mixed(): the extra request would still be running")
-        return self._run(0)
+        return self._run(0)  # before any mixed(): the caller profiles decode first
 
     def mixed(self) -> float:
         if self.extra is not None:  # the previous mixed step's request leaves at this step's schedule()
@@ -198,22 +187,19 @@ class Steps:
         return self._run(self.args.chunk)
 
     def _run(self, prompt_tokens: int) -> float:
-        _, prompts0 = self._stats()
+        prompts0 = self.engine.stats().prompt_tokens
         bench_engine.sync(self.device)
         t0 = time.perf_counter()
         self.engine.step()
         bench_engine.sync(self.device)
         dt = time.perf_counter() - t0
-        running, prompts1 = self._stats()
+        after = self.engine.stats()
+        computed, running = after.prompt_tokens - prompts0, after.running
         want_running = self.args.batch + (1 if prompt_tokens else 0)
-        if prompts1 - prompts0 != prompt_tokens or running != want_running:
-            raise RuntimeError(f"step computed {prompts1 - prompts0} prompt tokens with {running} running; "
+        if computed != prompt_tokens or running != want_running:
+            raise RuntimeError(f"step computed {computed} prompt tokens with {running} running; "
                                f"wanted {prompt_tokens} and {want_running} (max_step_tokens too small?)")  # fmt: skip
         return dt
-
-    def contexts(self) -> tuple[int, int]:
-        lens = [r.num_tokens for r in self.reqs]
-        return min(lens), max(lens)
 
 
 # -- reading the profile ---------------------------------------------------------------------------
@@ -396,10 +382,8 @@ def print_step(sp: StepProfile, desc: str) -> None:
     python = ", ".join(f"{k} {v:.2f}" for k, v in sorted(sp.python_ms.items(), key=lambda kv: -kv[1]))
     print(f"Python outside ops by label (ms; profiler overhead per op included): {python}")
     c = sp.counts
-    syncs = {k: c[k] for k in sorted(SYNC_OPS | SYNC_RUNTIME) if c[k]}
-    line = f"counts: {c['aten calls']} aten calls; Tensor.tolist {c['Tensor.tolist']}" + "".join(
-        f", {k} {v}" for k, v in syncs.items()
-    )
+    syncs = "".join(f", {k} {c[k]}" for k in sorted(SYNC_OPS | SYNC_RUNTIME) if c[k])
+    line = f"counts: {c['aten calls']} aten calls; Tensor.tolist {c['Tensor.tolist']}{syncs}"
     if sp.cuda:
         line += (f"; {c['kernel launches (runtime calls)']} kernel launches, {c['GPU kernels']} GPU kernels, "
                  f"memcpy HtoD {c['memcpy HtoD']} / DtoH {c['memcpy DtoH']} / DtoD {c['memcpy DtoD']}, memset {c['memset']}")  # fmt: skip
@@ -512,20 +496,19 @@ def main() -> None:
             t1 = time.monotonic()
             steps = Steps(model, args, lean)
             built = time.monotonic() - t1
-            for kind in ("decode", "mixed"):
-                lo, hi = steps.contexts()
+            for kind in ("decode", "mixed"):  # decode first: mixed() leaves a request running
+                contexts = [r.num_tokens for r in steps.reqs]
                 sp = profile_step(steps, kind, shape, args)
-                desc = f"{args.batch} decodes (contexts {lo}-{hi} tokens)" + (f" + one {args.chunk}-token prompt chunk" if kind == "mixed" else "")
+                desc = (f"{args.batch} decodes (contexts {min(contexts)}-{max(contexts)} tokens)"
+                        + (f" + one {args.chunk}-token prompt chunk" if kind == "mixed" else ""))
                 print_step(sp, f"{name}, {next(model.parameters()).dtype}, lean_layers={lean or 'default'}, {desc}")
                 profiles.append(sp)
             print(f"({shape}, {steps.path} layers: engine built and prefilled in {built:.0f} s, {time.monotonic() - t1:.0f} s in all)", flush=True)
             del steps
-            if cuda:
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # a no-op where CUDA was never initialised
         print(f"({shape}: {time.monotonic() - t0:.0f} s with the model build)", flush=True)
         del model
-        if cuda:
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
     print_markdown(profiles)
     print()
     for sp in reversed(profiles[1:]):

@@ -40,11 +40,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from local_broker import bench_broker, bench_parser, engine_alone, fresh_kafka, percentile  # bench/, beside this script
 
 from chatpipe.testing.worker import Reader, make_request, send_requests, start_worker
-from schemas.topics import INFERENCE_REQUESTS, REPLIES, RESPONSES
+from schemas.topics import REPLIES
 from transport.partitioning import partition_of
-
-TOPICS = (INFERENCE_REQUESTS, REPLIES, RESPONSES)
-
 
 
 def prompts(n: int, max_tokens: int, kafka, *, conversations=None) -> list:
@@ -139,9 +136,9 @@ def run(bootstrap: str, quick: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="chatpipe-bench-worker-logs-"))
 
     # Same engine settings on both sides (the worker reads them from CHATPIPE_* variables).
-    engine_env = {"CHATPIPE_MAX_BATCH": "8", "CHATPIPE_KV_CACHE_TOKENS": "8192", "CHATPIPE_MAX_SEQ_LEN": "512",
-                  "CHATPIPE_DEVICE": "cpu"}
-    settings = EngineSettings(device="cpu", max_batch=8, kv_cache_tokens=8192, max_seq_len=512, num_threads=2)
+    engine_settings = {"device": "cpu", "max_batch": 8, "kv_cache_tokens": 8192, "max_seq_len": 512, "num_threads": 2}
+    engine_env = {f"CHATPIPE_{name.upper()}": str(value) for name, value in engine_settings.items()}
+    settings = EngineSettings(**engine_settings)
     model, tokenizer = load_model(settings)
     engine = Engine(model, settings)
     kafka = fresh_kafka(bootstrap)
@@ -151,7 +148,7 @@ def run(bootstrap: str, quick: bool) -> None:
     from chatpipe.testing.kafka import RecordProducer
 
     producer = RecordProducer(kafka, extra_config={"linger.ms": 0})
-    worker = start_worker(kafka, tmp, worker_id="bench", CHATPIPE_NUM_THREADS="2", **engine_env)
+    worker = start_worker(kafka, tmp, worker_id="bench", **engine_env)
     reader = Reader(kafka)
     e_runs, k_runs, e_ttft, k_ttft, k_engine = [], [], [], [], []
     try:
