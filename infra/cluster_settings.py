@@ -12,10 +12,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-def _default_cache() -> Path:
-    """~/.cache/chatpipe"""
-    return Path.home() / ".cache" / "chatpipe"
+from infra.settings import default_cache_dir
 
 
 class ClusterSettings(BaseSettings):
@@ -30,7 +27,7 @@ class ClusterSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHATPIPE_", frozen=True, extra="ignore", populate_by_name=True)
 
     state_dir: Path = Field(Path(".chatpipe"), description="Each node's data and logs go under <state>/cluster/node-<id>")
-    cache_dir: Path = Field(default_factory=_default_cache,
+    cache_dir: Path = Field(default_factory=default_cache_dir,
                             description="Kafka jars assembled by mvn, shared by every state folder")
     host: str = Field("127.0.0.1", description="Address every node listens on (loopback only by default)")
     # CHATPIPE_CLUSTER_BROKERS, not CHATPIPE_BROKERS: that one is the stack's (`up`, default 1 = one broker);
@@ -65,9 +62,7 @@ class ClusterSettings(BaseSettings):
         return self.client_ports[node_id - 1] if self.client_ports else self.cluster_base_port + 2 * (node_id - 1)
 
     def controller_port(self, node_id: int) -> int:
-        if self.controller_ports:
-            return self.controller_ports[node_id - 1]
-        return self.cluster_base_port + 2 * (node_id - 1) + 1
+        return self.controller_ports[node_id - 1] if self.controller_ports else self.cluster_base_port + 2 * node_id - 1
 
     @property
     def node_ids(self) -> range:

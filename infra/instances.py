@@ -70,11 +70,10 @@ def instance_dir(settings: StackSettings, name: str) -> Path:
 def instance_env(name: str, environ: Mapping[str, str]) -> dict[str, str]:
     """Variables instance ``name`` gets instead of those of ``environ`` (the environment of ``up``), where a
     value given once would otherwise be the same for every instance: a port, a worker id."""
-    parsed = parse_instance(name)
-    if parsed is None or parsed[1] == 1:
-        return {}
-    kind, index = parsed
+    kind, index = parse_instance(name) or (name, 1)
     env: dict[str, str] = {}
+    if index == 1:
+        return env
     web_port = environ.get("CHATPIPE_STREAMS_WEB_PORT", "").strip()
     if kind == STREAMS and web_port.isdigit():  # anything else: the worker's own settings say what is wrong
         env["CHATPIPE_STREAMS_WEB_PORT"] = str(int(web_port) + index - 1)
@@ -86,7 +85,4 @@ def instance_env(name: str, environ: Mapping[str, str]) -> dict[str, str]:
 def found_instances(run_dir: Path) -> set[str]:
     """Instance names that have a pid file in ``run_dir`` (running or not): ones beyond the stack's count
     that an earlier ``up`` started are found this way."""
-    if not run_dir.is_dir():
-        return set()
-    names = {path.stem for path in run_dir.glob("*.pid")}
-    return {name for name in names if parse_instance(name) is not None}
+    return {path.stem for path in run_dir.glob("*.pid") if parse_instance(path.stem) is not None}

@@ -15,39 +15,27 @@ Not here: topics and their replication (``transport.admin``), the single broker 
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
 import subprocess
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra.cluster_settings import ClusterSettings
-from infra.services import alive, command_line, pid_in, tail
-from infra.local_kafka import (
-    LOG4J_CONFIG,
-    BrokerStartError,
-    PortInUseError,
-    StackError,
-    ensure_jars,
-    kafka_version,
-    plaintext_listeners,
-    port_open,
-)
+from infra.local_kafka import (BrokerStartError, PortInUseError, StackError, ensure_jars, kafka_java, kafka_version,
+                               new_cluster_id, plaintext_listeners, port_open, server_properties)
+from infra.services import alive, command_line, pid_in, spawn, tail
 
 
 def _process_alive(pid: int) -> bool:
     """True while any thread of process ``pid`` runs. A JVM's main thread can exit first: the
     process then shows as a zombie while its other threads still shut down (and hold its ports)."""
-    if not alive(pid):
-        try:
-            return len(os.listdir(f"/proc/{pid}/task")) > 1
-        except OSError:
-            return False
-    return True
+    try:
+        return alive(pid) or len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
 
 
 class ClusterError(StackError):
@@ -110,32 +98,18 @@ class ClusterNode:
         if pid is None or (self.proc is not None and pid == self.proc.pid):
             return None
         cmdline = command_line(pid)
-        if "kafka.Kafka" in cmdline and str(self.props) in cmdline and _process_alive(pid):
-            return pid
-        return None
+        return pid if "kafka.Kafka" in cmdline and str(self.props) in cmdline and _process_alive(pid) else None
 
     def write_config(self) -> None:
         s = self.settings
-        n = s.brokers
         voters = ",".join(f"{i}@{s.host}:{s.controller_port(i)}" for i in s.node_ids)
-        rf, min_isr = min(3, n), min(2, n)
-        self.props.write_text("\n".join([
-            "# Written on every start by infra/kafka_cluster.py; edit ClusterSettings, not this file.",
-            "process.roles=broker,controller",
-            f"node.id={self.node_id}",
-            f"controller.quorum.voters={voters}",
-            *plaintext_listeners(s.host, self.client_port, self.controller_port),
-            f"log.dirs={self.data_dir}",
-            # Internal topics replicated like the catalog's (3 copies, 2 must have a write).
+        rf, min_isr = min(3, s.brokers), min(2, s.brokers)
+        # Internal topics replicated like the catalog's (3 copies, 2 must have a write).
+        self.props.write_text(server_properties(
+            "# Written on every start by infra/kafka_cluster.py; edit ClusterSettings, not this file.", self.node_id,
+            voters, plaintext_listeners(s.host, self.client_port, self.controller_port), self.data_dir, rf, min_isr,
             f"default.replication.factor={rf}",
             f"min.insync.replicas={min_isr}",
-            f"offsets.topic.replication.factor={rf}",
-            "offsets.topic.num.partitions=4",
-            f"transaction.state.log.replication.factor={rf}",
-            f"transaction.state.log.min.isr={min_isr}",
-            "transaction.state.log.num.partitions=4",
-            f"share.coordinator.state.topic.replication.factor={rf}",
-            f"share.coordinator.state.topic.min.isr={min_isr}",
             # A leader that was not in sync would lose acknowledged writes: never elect one.
             "unclean.leader.election.enable=false",
             f"broker.session.timeout.ms={s.broker_session_timeout_ms}",
@@ -147,18 +121,12 @@ class ClusterNode:
             "num.network.threads=2",
             "num.io.threads=2",
             "background.threads=2",
-            "num.replica.fetchers=1",
-            "group.initial.rebalance.delay.ms=0",
-            "num.partitions=1",
-            "auto.create.topics.enable=false",
-            "",
-        ]))
+            "num.replica.fetchers=1"))
 
     def format(self, lib: Path, cluster_id: str) -> subprocess.Popen:
         """Start formatting this node's data folder (the caller waits: nodes format in parallel)."""
         return subprocess.Popen(
-            [self.settings.java, "-Xmx128m", "-cp", f"{lib}/*", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
-             f"-Dkafka.logs.dir={self.logs_dir}", "kafka.tools.StorageTool", "format",
+            [*kafka_java(self.settings.java, lib, self.logs_dir, "-Xmx128m"), "kafka.tools.StorageTool", "format",
              f"--cluster-id={cluster_id}", f"--config={self.props}"],  # "--x=v": the id may start with "-"
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -171,18 +139,12 @@ class ClusterNode:
 
     def start(self, lib: Path) -> None:
         """Start the JVM in the background (no waiting: a node alone cannot form the quorum)."""
-        with open(self.stdout_file, "ab") as out:
-            proc = subprocess.Popen(
-                [self.settings.java, f"-Xmx{self.settings.node_heap}", "-Xms64m", "-XX:+UseG1GC",
-                 "-XX:TieredStopAtLevel=1",  # C1 only: less JIT work on a few shared cores
-                 "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.logs_dir}",
-                 f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
-                 "-cp", f"{lib}/*", "kafka.Kafka", str(self.props)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.dir, start_new_session=True,  # outlives the CLI; `down` stops it
-            )
-        self.pid_file.write_text(str(proc.pid))
-        self.proc = proc
+        java = kafka_java(self.settings.java, lib, self.logs_dir, f"-Xmx{self.settings.node_heap}", "-Xms64m",
+                          "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",  # C1 only: less JIT work on a few shared cores
+                          "-Djava.awt.headless=true")
+        # In a session of its own: it outlives the CLI; `down` stops it.
+        self.proc = spawn([*java, "kafka.Kafka", str(self.props)], self.stdout_file, cwd=self.dir)
+        self.pid_file.write_text(str(self.proc.pid))
 
     def signal(self, sig: signal.Signals, wait_s: float) -> bool:
         """Send ``sig`` and wait up to ``wait_s`` for the JVM to exit. False if it was not running."""
@@ -253,7 +215,7 @@ class KafkaCluster:
         lib = ensure_jars(self.settings)  # reads only cache_dir and mvn
         self.settings.cluster_dir.mkdir(parents=True, exist_ok=True)
         if not self.cluster_id_file.exists():
-            self.cluster_id_file.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+            self.cluster_id_file.write_text(new_cluster_id())
         cluster_id = self.cluster_id_file.read_text().strip()
         nodes = [self.nodes[n] for n in node_ids]
         for node in nodes:  # all before any starts: no half-started cluster on a taken port
@@ -271,9 +233,9 @@ class KafkaCluster:
         for node in nodes:
             node.start(lib)
 
-    def wait_registered(self, node_ids: list[int], timeout_s: float | None = None) -> None:
+    def wait_registered(self, node_ids: list[int]) -> None:
         """Wait until every node in ``node_ids`` is a live (unfenced) broker of the cluster."""
-        deadline = time.monotonic() + (timeout_s or self.settings.start_timeout_s)
+        deadline = time.monotonic() + self.settings.start_timeout_s
         want = set(node_ids)
         while True:
             dead = [n for n in node_ids if self.nodes[n].pid() is None]
@@ -285,22 +247,7 @@ class KafkaCluster:
             if time.monotonic() > deadline:
                 tails = "\n".join(f"--- node {n}:\n{self.nodes[n].log_tail()}" for n in node_ids)
                 raise BrokerStartError(f"nodes {sorted(want - self.live_brokers())} did not join the cluster "
-                                       f"within {timeout_s or self.settings.start_timeout_s:.0f}s.\n{tails}")
-            time.sleep(0.3)
-
-    def wait_in_sync(self, topics: list[str] | None = None, timeout_s: float = 60.0) -> None:
-        """Wait until every partition of ``topics`` (all when None) has a leader and a full ISR."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            states = self.partitions(topics)
-            lagging = [p for p in states if p.leader < 0 or set(p.isr) != set(p.replicas)]
-            listed = {p.topic for p in states}
-            if not lagging and (set(topics) <= listed if topics is not None else bool(states)):
-                return
-            if time.monotonic() > deadline:
-                shown = "; ".join(f"{p.topic}[{p.partition}] leader {p.leader} isr {list(p.isr)} of "
-                                  f"{list(p.replicas)}" for p in lagging[:5])
-                raise ClusterError(f"replicas not back in sync after {timeout_s:.0f}s: {shown}")
+                                       f"within {self.settings.start_timeout_s:.0f}s.\n{tails}")
             time.sleep(0.3)
 
     # --- stop / break ----------------------------------------------------------------------
@@ -343,9 +290,7 @@ class KafkaCluster:
         """The active controller: the leader of the newest epoch any running node recorded."""
         states = [s for node in self.nodes.values() if node.pid() is not None
                   if (s := node.quorum_state()) is not None]
-        if not states:
-            return None
-        epoch, leader = max(states)
+        epoch, leader = max(states, default=(-1, -1))
         return leader if leader >= 0 else None
 
     def _metadata(self, timeout_s: float = 3.0):
@@ -363,19 +308,18 @@ class KafkaCluster:
         metadata = self._metadata()
         return set(metadata.brokers) if metadata is not None else set()
 
-    def partitions(self, topics: list[str] | None = None, *, internal: bool = False) -> list[PartitionState]:
+    def partitions(self, topics: list[str] | None = None) -> list[PartitionState]:
         """Leader, replicas and ISR of every partition of ``topics`` (all non-internal when None)."""
         metadata = self._metadata()
         if metadata is None:
             return []
-        names = sorted(t for t in metadata.topics if internal or not t.startswith("__")) if topics is None else topics
+        names = sorted(t for t in metadata.topics if not t.startswith("__")) if topics is None else topics
         states = []
         for name in names:
             topic = metadata.topics.get(name)
-            if topic is None or topic.error is not None:
-                continue
-            for pid, p in sorted(topic.partitions.items()):
-                states.append(PartitionState(name, pid, p.leader, tuple(p.replicas), tuple(p.isrs)))
+            if topic is not None and topic.error is None:
+                states += [PartitionState(name, pid, p.leader, tuple(p.replicas), tuple(p.isrs))
+                           for pid, p in sorted(topic.partitions.items())]
         return states
 
     def status(self) -> ClusterStatus:

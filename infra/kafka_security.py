@@ -166,8 +166,7 @@ class BrokerSecurity:
         """``KafkaSettings`` keyword arguments of ``user`` (``security_protocol=...``), for a client in
         this process: the password itself (a ``SecretStr`` there), so that no ``CHATPIPE_KAFKA_SASL_*``
         variable of the environment can take its place."""
-        prefix = "CHATPIPE_KAFKA_"
-        fields = {k[len(prefix):].lower(): v for k, v in self.client_env(user).items()}
+        fields = {k.removeprefix("CHATPIPE_KAFKA_").lower(): v for k, v in self.client_env(user).items()}
         del fields["sasl_password_file"]
         return {**fields, "sasl_password": self.password(user)}
 
@@ -233,14 +232,12 @@ def service_acls(topic_prefix: str = "") -> list:
     return list(dict.fromkeys(bindings))  # a topic both read and written: one DESCRIBE (the admin API refuses twice)
 
 
-def apply_acls(client_config: dict, topic_prefix: str = "", timeout_s: float = 15.0) -> int:
-    """Create ``service_acls`` on the broker (as the admin user); an ACL that exists stays as it is.
-    Returns how many bindings were asked for."""
+def apply_acls(client_config: dict, topic_prefix: str = "", timeout_s: float = 15.0) -> None:
+    """Create ``service_acls`` on the broker (as the admin user); an ACL that exists stays as it is."""
     from transport import clients as kafka_clients  # raw: the broker's own admin principal
 
-    bindings = service_acls(topic_prefix)
     admin = kafka_clients.raw_admin({**client_config, "log_level": 0})
-    for binding, future in admin.create_acls(bindings, request_timeout=timeout_s).items():
+    for binding, future in admin.create_acls(service_acls(topic_prefix), request_timeout=timeout_s).items():
         try:
             future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
@@ -248,7 +245,6 @@ def apply_acls(client_config: dict, topic_prefix: str = "", timeout_s: float = 1
                                 f"request within {timeout_s:.0f} s") from None
         except Exception as exc:  # noqa: BLE001 - KafkaException: names the binding, never a password
             raise SecurityError(f"cannot create the ACL {binding}: {exc}") from None
-    return len(bindings)
 
 
 def make_ca(folder: Path, name: str, days: int = CERT_DAYS) -> Path:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from infra.kafka_security import ADMIN_USER, BROKER_CERT_PRINCIPAL, MECHANISM, BrokerSecurity, apply_acls
-from infra.services import command_line, pid_in, tail, terminate
+from infra.services import command_line, pid_in, spawn, tail, terminate, write_atomically
 from infra.settings import StackSettings
 from schemas.errors import ChatpipeError
 
@@ -44,11 +44,11 @@ class StackError(ChatpipeError):
 
 
 class PortInUseError(StackError):
-    pass
+    """A port the broker or a service needs is taken by another program."""
 
 
 class BrokerStartError(StackError):
-    pass
+    """The broker (or a node of a cluster) could not be formatted or did not start."""
 
 
 def kafka_version() -> str:
@@ -82,14 +82,14 @@ def ensure_jars(settings: StackSettings) -> Path:
     return lib
 
 
-_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
 
 
 def http_status(url: str) -> int | None:
     """The HTTP status a GET of ``url`` answers (an error status too), None when nothing answers: the
     health probe of the stack's services and backends."""
     try:
-        with _no_proxy.open(url, timeout=2) as reply:
+        with NO_PROXY.open(url, timeout=2) as reply:
             return reply.status
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -106,6 +106,48 @@ def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
+def kafka_java(java: str, lib: Path, logs_dir: Path, *options: str) -> list[str]:
+    """The start of a command line of the Kafka jars in ``lib``: ``java`` with ``options``, logging with our
+    log4j2 config under ``logs_dir``; the main class and its arguments follow."""
+    return [java, *options, f"-Dkafka.logs.dir={logs_dir}", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            "-cp", f"{lib}/*"]
+
+
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (22 URL-safe base64 characters; it may start with "-")."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def server_properties(header: str, node_id: int, voters: str, listeners: list[str], data_dir: Path, replicas: int,
+                      min_isr: int, *extra: str) -> str:
+    """``server.properties`` of a combined broker + controller KRaft node (one broker, or a node of a
+    cluster): its ``listeners`` lines, internal topics with ``replicas`` copies of which ``min_isr`` must
+    have a write, then the ``extra`` lines."""
+    return "\n".join([
+        header,
+        "process.roles=broker,controller",
+        f"node.id={node_id}",
+        f"controller.quorum.voters={voters}",
+        *listeners,
+        f"log.dirs={data_dir}",
+        # Few internal partitions keep the first consumer group and the first transaction quick on a
+        # 2-core machine.
+        f"offsets.topic.replication.factor={replicas}",
+        "offsets.topic.num.partitions=4",
+        f"transaction.state.log.replication.factor={replicas}",
+        f"transaction.state.log.min.isr={min_isr}",
+        "transaction.state.log.num.partitions=4",
+        f"share.coordinator.state.topic.replication.factor={replicas}",
+        f"share.coordinator.state.topic.min.isr={min_isr}",
+        "group.initial.rebalance.delay.ms=0",
+        "num.partitions=1",
+        # Topics come from the catalog (`chatpipe topics apply`); a typo should fail, not create.
+        "auto.create.topics.enable=false",
+        *extra,
+        "",
+    ])
+
+
 def plaintext_listeners(host: str, client_port: int, controller_port: int) -> list[str]:
     """``server.properties`` lines of a node with a plaintext client listener and a plaintext controller."""
     return [f"listeners=PLAINTEXT://{host}:{client_port},CONTROLLER://{host}:{controller_port}",
@@ -120,7 +162,7 @@ class LocalKafka:
 
     def __init__(self, settings: StackSettings) -> None:
         self.settings = settings
-        self.dir = settings.kafka_dir
+        self.dir = settings.state_dir.resolve() / "kafka"
         self.pid_file = self.dir / "broker.pid"
         self.logs_dir = self.dir / "logs"
         self.data_dir = self.dir / "data"
@@ -149,12 +191,7 @@ class LocalKafka:
             self.wait_ready(self.pid())
             return False
         self.check_ports()
-        command = self.prepare()
-        with open(self.stdout_file, "ab") as out:
-            proc = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.dir, start_new_session=True,  # survives the CLI; `down` stops it
-            )
+        proc = spawn(self.prepare(), self.stdout_file, cwd=self.dir)  # survives the CLI; `down` stops it
         self.pid_file.write_text(str(proc.pid))
         try:
             self.wait_ready(proc.pid, lambda: None if proc.poll() is None else f"exited with code {proc.returncode}")
@@ -188,17 +225,14 @@ class LocalKafka:
         props = self._write_config()
         if not formatted:
             self._format_storage(lib, props)
-        return [self.settings.java, f"-Xmx{self.settings.kafka_heap}", "-Xms128m", "-XX:+UseG1GC",
-                "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.logs_dir}",
-                f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
-                "-cp", f"{lib}/*", "kafka.Kafka", str(props)]
+        return [*kafka_java(self.settings.java, lib, self.logs_dir, f"-Xmx{self.settings.kafka_heap}", "-Xms128m",
+                            "-XX:+UseG1GC", "-Djava.awt.headless=true"), "kafka.Kafka", str(props)]
 
     def _listener_lines(self) -> list[str]:
         s = self.settings
         if self.security is None:
             return plaintext_listeners(s.host, s.kafka_port, s.controller_port)
         sec = self.security
-        admin_password = sec.password(ADMIN_USER)
         return [
             f"listeners=SASL_SSL://{s.host}:{s.kafka_port},CONTROLLER://{s.host}:{s.controller_port}",
             f"advertised.listeners=SASL_SSL://{s.host}:{s.kafka_port}",
@@ -211,7 +245,7 @@ class LocalKafka:
             f"sasl.mechanism.inter.broker.protocol={MECHANISM}",
             f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config="
             f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN_USER}" '
-            f'password="{admin_password}";',
+            f'password="{sec.password(ADMIN_USER)}";',
             "ssl.keystore.type=PEM",
             f"ssl.keystore.location={sec.keystore}",
             "ssl.truststore.type=PEM",
@@ -228,45 +262,23 @@ class LocalKafka:
     def _write_config(self) -> Path:
         s = self.settings
         props = self.dir / "server.properties"
-        if self.security is not None:  # it holds the admin user's password
-            props.touch(mode=0o600)
-            os.chmod(props, 0o600)
-        props.write_text("\n".join([
-            "# Written by `chatpipe up` on every start; edit StackSettings, not this file.",
-            "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.voters=1@{s.host}:{s.controller_port}",
-            *self._listener_lines(),
-            f"log.dirs={self.data_dir}",
-            # One node: every internal topic has one replica. Few internal partitions keep the
-            # first consumer group and the first transaction quick on a 2-core machine.
-            "offsets.topic.replication.factor=1",
-            "offsets.topic.num.partitions=4",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "transaction.state.log.num.partitions=4",
-            "share.coordinator.state.topic.replication.factor=1",
-            "share.coordinator.state.topic.min.isr=1",
-            "group.initial.rebalance.delay.ms=0",
+        # One node: every internal topic has one replica. Secured, the file holds the admin user's password.
+        write_atomically(props, server_properties(
+            "# Written by `chatpipe up` on every start; edit StackSettings, not this file.", 1,
+            f"1@{s.host}:{s.controller_port}", self._listener_lines(), self.data_dir, 1, 1,
             # Share groups (the inference worker's `--intake share`): a member that dies hands its
             # records back when its session times out; Kafka's 45 s default (and minimum) leaves a
             # crashed worker's prompts unanswered that long. 10 s, heartbeats every 2 s.
             "group.share.min.session.timeout.ms=6000",
             "group.share.session.timeout.ms=10000",
             "group.share.min.heartbeat.interval.ms=1000",
-            "group.share.heartbeat.interval.ms=2000",
-            "num.partitions=1",
-            # Topics come from the catalog (`chatpipe topics apply`); a typo should fail, not create.
-            "auto.create.topics.enable=false",
-            "",
-        ]))
+            "group.share.heartbeat.interval.ms=2000"), 0o600 if self.security is not None else 0o666)
         return props
 
     def _format_storage(self, lib: Path, props: Path, cluster_id: str | None = None) -> None:
-        cluster_id = cluster_id or base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = cluster_id or new_cluster_id()
         proc = subprocess.run(
-            [self.settings.java, "-cp", f"{lib}/*", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
-             f"-Dkafka.logs.dir={self.logs_dir}", "kafka.tools.StorageTool", "format",
+            [*kafka_java(self.settings.java, lib, self.logs_dir), "kafka.tools.StorageTool", "format",
              # "--opt=value": a base64 id may start with "-", which argparse would take for a flag.
              f"--cluster-id={cluster_id}", f"--config={props}",
              # SCRAM users exist from the first start: the listener has no other way in.
@@ -313,10 +325,7 @@ class LocalKafka:
     def down(self) -> bool:
         """Stop the broker (SIGTERM, then SIGKILL after the timeout). False if it was not running."""
         pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return False
-        # SIGTERM: the broker's shutdown hook flushes and closes its logs.
-        self.killed = terminate(pid, self.settings.stop_timeout_s)
+        if pid is not None:  # SIGTERM: the broker's shutdown hook flushes and closes its logs.
+            self.killed = terminate(pid, self.settings.stop_timeout_s)
         self.pid_file.unlink(missing_ok=True)
-        return True
+        return pid is not None

@@ -33,11 +33,9 @@ def ensure_keys_file(path: Path) -> tuple[str, bool]:
         return first_key(path), False
     path.parent.mkdir(parents=True, exist_ok=True)
     key = f"sk-local-{secrets.token_urlsafe(24)}"
-    # O_EXCL + mode 0600 at creation: the key is never readable by others, not even for a moment.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump({key: {"tenant": LOCAL_TENANT, "users": "any"}}, out, indent=2)  # multi-user: see above
-        out.write("\n")
+    # "x" (O_EXCL) + mode 0600 at creation: the key is never readable by others, not even for a moment.
+    with open(path, "x", opener=lambda name, flags: os.open(name, flags, 0o600)) as out:
+        out.write(json.dumps({key: {"tenant": LOCAL_TENANT, "users": "any"}}, indent=2) + "\n")  # multi-user: see above
     return key, True
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,10 +48,8 @@ def alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     if state == "Z":
-        try:
+        with suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
         return False
     return True
 
@@ -75,6 +75,19 @@ def terminate(pid: int, timeout_s: float, sig: signal.Signals = signal.SIGTERM) 
     while alive(pid) and time.monotonic() < deadline + 5:
         time.sleep(0.05)
     return True
+
+
+def spawn(argv: list[str], log_file: Path | str, *, cwd: Path | str | None = None, env: dict[str, str] | None = None,
+          header: str = "") -> subprocess.Popen:
+    """Start ``argv`` in a session of its own (it outlives the caller, and a signal to the caller's group
+    spares it), stdout and stderr appended to ``log_file`` (its folder made if need be) after ``header``;
+    stdin is /dev/null."""
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        out.write(header.encode())
+        out.flush()
+        return subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
 
 
 def write_atomically(path: Path, text: str, mode: int = 0o666) -> None:
@@ -107,9 +120,7 @@ def read_pid_file(path: Path) -> int | None:
         pid = int(pid_text)
     except (FileNotFoundError, ValueError):
         return None
-    if start_time(pid) != started or not alive(pid):
-        return None
-    return pid
+    return pid if start_time(pid) == started and alive(pid) else None
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -133,8 +144,7 @@ class ServiceProcess:
         return read_pid_file(self.pid_file)
 
     def stop(self, timeout_s: float) -> StopResult:
-        pid = self.pid()
-        began = time.monotonic()
+        pid, began = self.pid(), time.monotonic()
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return StopResult(self.name, "not running", None, 0.0)
@@ -142,6 +152,3 @@ class ServiceProcess:
         outcome = "killed" if terminate(pid, timeout_s) else "stopped"
         self.pid_file.unlink(missing_ok=True)
         return StopResult(self.name, outcome, pid, time.monotonic() - began)
-
-    def log_tail(self, lines: int = 20) -> str:
-        return tail(self.log_file, lines)

@@ -32,7 +32,7 @@ PERSISTED_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _default_cache() -> Path:
+def default_cache_dir() -> Path:
     """~/.cache/chatpipe"""
     return Path.home() / ".cache" / "chatpipe"
 
@@ -47,7 +47,7 @@ class StackSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHATPIPE_", frozen=True, extra="ignore", populate_by_name=True)
 
     state_dir: Path = Field(Path(".chatpipe"), description="Broker data, logs and pid file")
-    cache_dir: Path = Field(default_factory=_default_cache,
+    cache_dir: Path = Field(default_factory=default_cache_dir,
                             description="Kafka jars assembled by mvn, shared by every state folder")
     host: str = Field("127.0.0.1", description="Address the broker listens on (loopback only by default)")
     kafka_port: int = Field(9092, ge=1, le=65535, description="Client (PLAINTEXT) port")
@@ -123,9 +123,7 @@ class StackSettings(BaseSettings):
     @classmethod
     def _empty_url_is_local_mode(cls, value: str | None) -> str | None:
         # `--qdrant-url ''` takes a stack back to local mode (a saved URL would be used otherwise).
-        if value is None or not value.strip():
-            return None
-        return value.strip()
+        return (value or "").strip() or None
 
     @field_validator("kafka_security", mode="before")
     @classmethod
@@ -148,10 +146,6 @@ class StackSettings(BaseSettings):
         return f"{self.host}:{self.kafka_port}"
 
     @property
-    def kafka_dir(self) -> Path:
-        return self.state_dir.resolve() / "kafka"
-
-    @property
     def logs_dir(self) -> Path:
         """``<service>.log`` of every service but Kafka (which keeps its own under kafka/logs)."""
         return self.state_dir.resolve() / "logs"
@@ -168,7 +162,4 @@ class StackSettings(BaseSettings):
     @property
     def gateway_url(self) -> str:
         return f"http://{self.host}:{self.gateway_port}"
-
-    def persisted(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name in PERSISTED_FIELDS}
 

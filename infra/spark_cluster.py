@@ -23,15 +23,13 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import time
-import urllib.error
-import urllib.request
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.local_kafka import PortInUseError, StackError, port_open
-from infra.services import alive, command_line, tail, write_atomically
+from infra.local_kafka import NO_PROXY, PortInUseError, StackError, port_open
+from infra.services import alive, command_line, spawn, tail, write_atomically
 from infra.spark_cluster_settings import SparkClusterSettings
 
 STATE_FILE = "cluster.json"
@@ -104,9 +102,8 @@ class _Daemon:
         return self.main_class in arguments and self.tag in arguments
 
     def start(self, settings: SparkClusterSettings, args: list[str]) -> int:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-        env.update({
+        env = {
+            **{k: os.environ[k] for k in PASSED_ENV if k in os.environ},
             "SPARK_HOME": str(spark_home()),
             "SPARK_DAEMON_MEMORY": settings.spark_daemon_heap,
             "SPARK_DAEMON_JAVA_OPTS": self.tag,
@@ -114,15 +111,11 @@ class _Daemon:
             "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
             "SPARK_LOCAL_IP": settings.host,
             "PYSPARK_PYTHON": str(settings.spark_python),
-        })
+        }
         self.log_offset = self.log.stat().st_size if self.log.exists() else 0
-        with open(self.log, "ab") as out:
-            proc = subprocess.Popen(
-                [str(spark_home() / "bin" / "spark-class"), self.main_class, *args],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                cwd=self.dir, start_new_session=True,  # outlives the CLI; `down` stops its process group
-            )
-        return proc.pid  # spark-class execs java: the same pid
+        # Outlives the CLI; `down` stops its process group. spark-class execs java: the same pid.
+        return spawn([str(spark_home() / "bin" / "spark-class"), self.main_class, *args], self.log, env=env,
+                     cwd=self.dir).pid
 
     def bound_port(self, service: str) -> int | None:
         """The port ``service`` (sparkMaster, MasterUI, sparkWorker) bound in this daemon's latest start."""
@@ -178,13 +171,11 @@ class SparkCluster:
         return f"spark://{state['host']}:{state['master_port']}"
 
     # --- the master's JSON ------------------------------------------------------------------
-    def _json(self, state: dict, timeout_s: float = 2.0) -> dict | None:
-        url = f"http://{state['host']}:{state['webui_port']}/json/"
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
+    def _json(self, state: dict) -> dict | None:
         try:
-            with opener.open(url, timeout=timeout_s) as resp:
+            with NO_PROXY.open(f"http://{state['host']}:{state['webui_port']}/json/", timeout=2.0) as resp:
                 return json.loads(resp.read())
-        except (OSError, ValueError, urllib.error.URLError):
+        except (OSError, ValueError):  # URLError is an OSError
             return None
 
     # --- start ----------------------------------------------------------------------------
@@ -199,8 +190,7 @@ class SparkCluster:
             state = self._start_master()
             started.append("master")
         for n, worker in self.workers.items():
-            saved = state["workers"].get(n, {})
-            if not worker.is_ours(saved.get("pid")):
+            if not worker.is_ours(state["workers"].get(n, {}).get("pid")):
                 pid = worker.start(self.settings, [
                     "--host", self.settings.host, "--port", "0", "--webui-port", "0",
                     "--cores", str(self.settings.spark_worker_cores), "--memory", self.settings.spark_worker_memory,
@@ -223,8 +213,7 @@ class SparkCluster:
                 raise PortInUseError(f"port {port} on {s.host} is already in use by another program; choose "
                                      "other ports (--port / --webui-port, CHATPIPE_SPARK_MASTER_PORT / _WEBUI_PORT) "
                                      "or leave them at 0 (free ports)")
-        if self._load() is not None:  # a master that died, or one still starting: stop what is left first
-            self.down()
+        self.down()  # a master that died, or one still starting: stop what is left first
         pid = self.master.start(s, ["--host", s.host, "--port", str(s.spark_master_port),
                                     "--webui-port", str(s.spark_webui_port)])
         state = {"host": s.host, "master_port": None, "webui_port": None, "master_pid": pid,
@@ -318,21 +307,16 @@ class SparkCluster:
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     """Signal the daemon's process group (it leads its own session: the group holds it, its
     executors and their Python workers, nothing else)."""
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _clean_work_dir(work: Path) -> None:
     """Keep each executor's stdout/stderr; remove the jars and code copies Spark fetched into it."""
-    if not work.is_dir():
-        return
-    for app in work.iterdir():
-        for item in app.glob("*/*") if app.is_dir() else []:
-            if item.name in EXECUTOR_LOGS:
-                continue
-            if item.is_dir():
-                shutil.rmtree(item, ignore_errors=True)
-            else:
-                item.unlink(missing_ok=True)
+    for item in work.glob("*/*/*"):  # <app>/<executor>/<item>
+        if item.name in EXECUTOR_LOGS:
+            continue
+        if item.is_dir():
+            shutil.rmtree(item, ignore_errors=True)
+        else:
+            item.unlink(missing_ok=True)

@@ -93,9 +93,9 @@ def service_names(settings: StackSettings) -> tuple[str, ...]:
 def broker_for(settings: StackSettings):
     """The Kafka of this stack: one broker (``LocalKafka``), or a KRaft cluster for ``brokers`` > 1.
 
-    ``LocalStack`` uses of it: ``up() -> bool`` (False: was running), ``down() -> bool`` (False: was
-    not running), ``killed`` (the last down needed SIGKILL), ``pid()`` (of the first node that runs),
-    ``running()``, ``answers()``, ``logs_dir``; and ``LocalStack.bootstrap_servers`` for the clients.
+    ``LocalStack`` uses of it: ``up()`` (false: was running), ``down()`` (false: was not running),
+    ``killed`` (the last down needed SIGKILL), ``pid()`` (of the first node that runs), ``running()``,
+    ``answers()``, ``logs_dir``; and ``LocalStack.bootstrap_servers`` for the clients.
     """
     if settings.brokers > 1:
         from infra.cluster_broker import ClusterBroker
@@ -117,7 +117,6 @@ class LocalStack:
         self.settings = settings
         self.kafka = broker_for(settings)
         self.names = service_names(settings)
-        self.processes = {name: ServiceProcess(name, settings) for name in self.names if name != KAFKA}
         self.supervisor = SupervisorClient(settings)
         # Services this stack was started with (`up --only kafka`: Kafka alone); None = all.
         self.services = list(self.names) if services is None else [s for s in self.names if s in services]
@@ -143,7 +142,7 @@ class LocalStack:
         return [*self.names, *sorted(extra, key=_rank)]
 
     def _process(self, name: str) -> ServiceProcess:
-        return self.processes.get(name) or ServiceProcess(name, self.settings)
+        return ServiceProcess(name, self.settings)  # its pid file and log, by name
 
     def _pid(self, name: str) -> int | None:
         return self.kafka.pid() if name == KAFKA else self._process(name).pid()
@@ -175,7 +174,7 @@ class LocalStack:
             return ["gateway", *kafka, "--host", s.host, "--port", str(s.gateway_port), "--keys-file", str(s.keys_file)]
         raise ValueError(f"no service {name!r}")
 
-    def service_env(self, name: str | None = None) -> dict[str, str]:
+    def service_env(self, name: str) -> dict[str, str]:
         """Variables every service gets besides those of the `chatpipe up` that starts it: on a
         cluster, the topics they create themselves (Faust's changelog, the gateway's reply topic)
         are replicated like the catalog's; on a secured broker (``--kafka-security sasl_ssl``),
@@ -188,7 +187,7 @@ class LocalStack:
             tracing["CHATPIPE_TRACING_OTLP_ENDPOINT"] = backends.otlp_endpoint(self.settings)
         # A child's environment: _service_spec starts every service with os.environ, whose own value is kept.
         env.update({k: v for k, v in tracing.items() if k not in os.environ})
-        if name is not None and name != KAFKA and self.broker_security is not None:
+        if name != KAFKA and self.broker_security is not None:
             env.update(self.broker_security.client_env(SERVICE_USERS[kind_of(name)]))
         return env
 
@@ -216,7 +215,6 @@ class LocalStack:
         s = self.settings
         kafka = (f"{self.bootstrap_servers} ({s.brokers} nodes)" if s.brokers > 1
                  else f"{self.bootstrap_servers} (controller :{s.controller_port})")
-        memory = f", qdrant {s.qdrant_url}" if s.qdrant_url else ""
         if self.broker_security is not None:  # who logs in how; the passwords stay in <state>/kafka/security
             kafka += f", {PROTOCOL} {MECHANISM} (admin user {ADMIN_USER}, CA {self.broker_security.ca_file})"
         kind, index = parse_instance(name) or (name, 1)
@@ -224,7 +222,7 @@ class LocalStack:
             return backends.address(s, kind, self._installed())
         return {KAFKA: kafka,
                 STREAMS: f"http://{s.host}:{streams_metrics_port(s, index)}/metrics, group {s.topic_prefix}{STREAMS_GROUP}"
-                         f"{memory}",
+                         + (f", qdrant {s.qdrant_url}" if s.qdrant_url else ""),
                 INFERENCE: f"http://{s.host}:{metrics_port(s, index)}/metrics",
                 "gateway": s.gateway_url}[kind]
 
@@ -234,7 +232,7 @@ class LocalStack:
     def log_tail(self, name: str, lines: int = 20) -> str:
         if name == KAFKA:
             return f"{tail(self.kafka.logs_dir / 'broker.out', lines)}\n{tail(self.log_file(KAFKA), lines)}"
-        return self._process(name).log_tail(lines)
+        return tail(self.log_file(name), lines)
 
     # --- the supervisor ----------------------------------------------------------------------
     def supervised(self) -> dict[str, ServiceSpec]:
@@ -283,14 +281,6 @@ class LocalStack:
                                                    topic_prefix=self.settings.topic_prefix, **login), timeout_s=5.0)
         return self._admin
 
-    def _members(self, group: str) -> int:
-        from transport.errors import TransportError
-
-        try:
-            return self.admin().group_members(f"{self.settings.topic_prefix}{group}")
-        except TransportError:
-            return 0
-
     def probe(self, name: str) -> Health:
         address, log = self.address(name), self.log_file(name)
         held = self.supervised().get(name)
@@ -316,8 +306,13 @@ class LocalStack:
     def _group_short(self, kind: str, group: str, joining: str) -> str:
         """"" when ``group`` has at least as many members as instances of ``kind`` run (each has joined;
         a worker that died stays a member until its session times out, so this is a floor), else why not."""
+        from transport.errors import TransportError
+
         running = sum(1 for n in self._known() if kind_of(n) == kind and self._pid(n) is not None)
-        members = self._members(group)
+        try:
+            members = self.admin().group_members(f"{self.settings.topic_prefix}{group}")
+        except TransportError:
+            members = 0
         if members >= max(1, running):
             return ""
         return joining if members == 0 else f"{members} of {running} {kind} workers in its consumer group"
@@ -456,8 +451,6 @@ class LocalStack:
     def _retire(self, names: list[str], on_stopped: Callable[[StopResult], None]) -> None:
         """Stop ``names`` (surplus instances): through the supervisor those it has in hand, the others
         directly; the caller then drops them from the spec (``_ask(drop=...)``)."""
-        if not names:
-            return
         supervised = self.supervised()
         held = [n for n in names if n in supervised]
         if held:
@@ -469,7 +462,7 @@ class LocalStack:
     def _up_kafka(self, asked_at: float) -> bool:
         """Kafka up and answering; True if this call started it."""
         if self.settings.brokers > 1:
-            return self.kafka.up()  # a cluster's nodes are not supervised (`chatpipe cluster node ...`)
+            return bool(self.kafka.up())  # a cluster's nodes are not supervised (`chatpipe cluster node ...`)
         supervised = self.supervised()
         entry = {}
         if self.kafka.pid() is None and not (KAFKA in supervised and supervised[KAFKA].wanted):
@@ -480,26 +473,22 @@ class LocalStack:
         return bool(entry)
 
     def _check_ports(self, fresh: list[str]) -> None:
+        s = self.settings
         for name in fresh:
             kind, index = parse_instance(name) or (name, 1)
-            if kind == "gateway":
-                flag, port = "--gateway-port", self.settings.gateway_port
-            elif kind in (INFERENCE, STREAMS):
+            if kind in BACKENDS:
+                ports = backends.ports(s, kind)  # port -> the setting that chooses it
+            elif kind == "gateway":
+                ports = {s.gateway_port: "--gateway-port"}
+            else:  # an inference or a streams worker
                 flag, port_of = (("--worker-metrics-port", metrics_port) if kind == INFERENCE
                                  else ("--streams-metrics-port", streams_metrics_port))
-                port = port_of(self.settings, index)
-                if index > 1:
-                    flag += f" ({kind} worker n listens on it + n - 1)"
-            elif kind in BACKENDS:
-                flag, port = next(((f, p) for p, f in backends.ports(self.settings, kind).items()
-                                   if port_open(self.settings.host, p)), ("", 0))
-                if not port:
-                    continue
-            else:
-                continue
-            if port_open(self.settings.host, port):
-                raise PortInUseError(f"port {port} on {self.settings.host} ({name}) is already in use by another "
-                                     f"program; stop it or choose another port with {flag}")
+                hint = f" ({kind} worker n listens on it + n - 1)" if index > 1 else ""
+                ports = {port_of(s, index): flag + hint}
+            for port, flag in ports.items():
+                if port_open(s.host, port):
+                    raise PortInUseError(f"port {port} on {s.host} ({name}) is already in use by another "
+                                         f"program; stop it or choose another port with {flag}")
 
     def _wait_healthy(self, wanted, fresh, since: float, on_ready, on_wait,
                       started: Callable[[str], bool] = lambda name: True) -> None:

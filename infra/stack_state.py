@@ -28,13 +28,9 @@ class StackStateError(ChatpipeError):
     """The saved stack settings cannot be read, or the flags contradict the running stack."""
 
 
-def _path(state_dir: Path) -> Path:
-    return state_dir / STATE_FILE
-
-
 def load(state_dir: Path) -> dict | None:
     """The saved ``{"settings": {...}, "services": [...]}`` of ``state_dir``, or None."""
-    path = _path(state_dir)
+    path = state_dir / STATE_FILE
     if not path.exists():
         return None
     try:
@@ -47,8 +43,9 @@ def load(state_dir: Path) -> dict | None:
 
 def save(settings: StackSettings, services: list[str]) -> None:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(_path(settings.state_dir),
-                     json.dumps({"settings": settings.persisted(), "services": services}, indent=2) + "\n")
+    write_atomically(settings.state_dir / STATE_FILE,
+                     json.dumps({"settings": {name: getattr(settings, name) for name in PERSISTED_FIELDS},
+                                 "services": services}, indent=2) + "\n")
 
 
 def resolve(settings: StackSettings, running: set[str]) -> tuple[StackSettings, list[str] | None]:
@@ -66,7 +63,7 @@ def resolve(settings: StackSettings, running: set[str]) -> tuple[StackSettings, 
     try:
         StackSettings(state_dir=settings.state_dir, **values)  # validates what the file says
     except ValidationError as exc:
-        raise StackStateError(f"{_path(settings.state_dir)} holds invalid settings ({exc.errors()[0]['msg']}); "
+        raise StackStateError(f"{settings.state_dir / STATE_FILE} holds invalid settings ({exc.errors()[0]['msg']}); "
                               "delete it") from None
     explicit = {k for k in settings.model_fields_set if k in PERSISTED_FIELDS}
     running = {kind_of(name) for name in running}

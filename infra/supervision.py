@@ -22,7 +22,6 @@ from __future__ import annotations
 import fcntl
 import json
 import signal
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from infra.local_kafka import StackError
-from infra.services import read_pid_file, tail, terminate, write_atomically
+from infra.services import read_pid_file, spawn, tail, terminate, write_atomically
 from infra.settings import StackSettings
 
 SPEC_FILE = "supervisor-spec.json"
@@ -87,9 +86,6 @@ class Spec:
         """``names`` to stop (if they run) and start again: wanted, with the next generation."""
         return replace(self, services=tuple(replace(s, wanted=True, generation=s.generation + 1)
                                             if s.name in names else s for s in self.services))
-
-    def to_json(self) -> dict:
-        return {"revision": self.revision, "services": [{**asdict(s), "argv": list(s.argv)} for s in self.services]}
 
     @classmethod
     def from_json(cls, data: dict) -> "Spec":
@@ -164,9 +160,6 @@ class Backoff:
         self.failures += 1
         return delay
 
-    def reset(self) -> None:
-        self.failures = 0
-
 
 def exit_reason(returncode: int) -> tuple[str, int | None, str | None]:
     """``Popen.returncode`` as (reason, exit code, signal name): -9 -> ("killed by SIGKILL", None, "SIGKILL")."""
@@ -208,11 +201,6 @@ def read_spec(run_dir: Path) -> Spec:
     return Spec() if data is None else Spec.from_json(data)
 
 
-def read_state(run_dir: Path) -> SupervisorState | None:
-    data = _read_json(run_dir / STATE_FILE)
-    return None if data is None else SupervisorState.from_json(data)
-
-
 def write_state(run_dir: Path, state: SupervisorState) -> None:
     _write_json(run_dir / STATE_FILE, asdict(state))
 
@@ -221,12 +209,9 @@ def write_state(run_dir: Path, state: SupervisorState) -> None:
 def spec_lock(run_dir: Path) -> Iterator[None]:
     """Held while the spec is read, changed and written, and while the supervisor decides to exit."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / LOCK_FILE, "a") as lock:
+    with open(run_dir / LOCK_FILE, "a") as lock:  # closing it releases the lock
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield
 
 
 # --- the commands' side ---------------------------------------------------------------------------
@@ -243,7 +228,8 @@ class SupervisorClient:
         return read_pid_file(self.pid_file)
 
     def state(self) -> SupervisorState | None:
-        return read_state(self.run_dir)
+        data = _read_json(self.run_dir / STATE_FILE)
+        return None if data is None else SupervisorState.from_json(data)
 
     def spec(self) -> Spec:
         return read_spec(self.run_dir)
@@ -257,22 +243,16 @@ class SupervisorClient:
             running = self.pid() is not None
             old = self.spec()
             new = replace(change(old, running), revision=old.revision + 1)
-            _write_json(self.run_dir / SPEC_FILE, new.to_json(), mode=0o600)
+            _write_json(self.run_dir / SPEC_FILE, asdict(new), mode=0o600)  # argv: a tuple, a JSON list
             started = not running and any(s.wanted for s in new.services)
             if started:
                 self._spawn()
         return new, started
 
     def _spawn(self) -> None:
-        self.settings.logs_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "ab") as log:
-            log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} chatpipe supervise\n".encode())
-            log.flush()
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "chatpipe.cli", "supervise", "--state-dir", str(self.settings.state_dir.resolve())],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,  # outlives `chatpipe up`; `down` or SIGTERM stops it
-            )
+        self._proc = spawn(  # outlives `chatpipe up`; `down` or SIGTERM stops it
+            [sys.executable, "-m", "chatpipe.cli", "supervise", "--state-dir", str(self.settings.state_dir.resolve())],
+            self.log_file, header=f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} chatpipe supervise\n")
 
     def wait_applied(self, revision: int, timeout_s: float = 60.0) -> SupervisorState:
         """Wait until the supervisor has acted on spec ``revision`` (started or stopped what it says)."""
@@ -307,10 +287,9 @@ class SupervisorClient:
         """Make the supervisor exit and leave the services running (SIGUSR1), so nothing is restarted
         while they are stopped one by one. Returns its pid (None if none ran)."""
         pid = self.pid()
-        if pid is None:
-            return None
-        terminate(pid, timeout_s, signal.SIGUSR1)  # SIGKILL after the timeout: it owns no data
-        self.pid_file.unlink(missing_ok=True)
+        if pid is not None:
+            terminate(pid, timeout_s, signal.SIGUSR1)  # SIGKILL after the timeout: it owns no data
+            self.pid_file.unlink(missing_ok=True)
         return pid
 
     def forget(self) -> None:

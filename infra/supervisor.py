@@ -32,11 +32,12 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra import supervision as sv
-from infra.services import alive, pid_in, read_pid_file, start_time, tail, write_pid_file
+from infra.services import alive, pid_in, read_pid_file, spawn, start_time, tail, write_pid_file
 from infra.settings import StackSettings
 
 TICK_S = 0.2
@@ -136,9 +137,9 @@ class Supervisor:
     def _reload_spec(self) -> bool:
         try:  # the spec is replaced, never rewritten in place: a new file is a new inode
             seen = (self.run_dir / sv.SPEC_FILE).stat()
+            key: tuple[int, int] | None = (seen.st_ino, seen.st_mtime_ns)
         except FileNotFoundError:
-            seen = None
-        key = (seen.st_ino, seen.st_mtime_ns) if seen is not None else None
+            key = None
         if key == self._spec_key and key is not None:
             return False
         self._spec_key = key
@@ -223,8 +224,7 @@ class Supervisor:
         delay = child.backoff.next_delay(ran_s)
         exit_.delay_s = delay
         r.state, r.next_start_at = "backoff", time.time() + delay
-        child.next_start_mono = time.monotonic() + delay
-        child.crashed = exit_
+        child.next_start_mono, child.crashed = time.monotonic() + delay, exit_
         log.warning("%s: %s after %.1f s; restart %d in %.1f s", r.name, reason, ran_s, r.restarts + 1, delay)
 
     # --- bringing a service to what the spec asks ----------------------------------------------
@@ -243,7 +243,7 @@ class Supervisor:
             if r.state == "stopping":
                 return False
             r.generation = service.generation
-            child.backoff.reset()
+            child.backoff.failures = 0
             child.crashed = None
             return self._start(service, child)
         if r.state == "stopped":
@@ -260,13 +260,11 @@ class Supervisor:
         return True
 
     def _signal(self, child: _Child, sig: signal.Signals) -> None:
-        try:
+        with suppress(ProcessLookupError):  # gone already: the next reap records it
             if child.proc is not None:
                 child.proc.send_signal(sig)
             elif child.record.pid is not None:
                 os.kill(child.record.pid, sig)
-        except ProcessLookupError:
-            pass  # gone already: the next reap records it
 
     def _start(self, service: sv.ServiceSpec, child: _Child) -> bool:
         r = child.record
@@ -276,14 +274,9 @@ class Supervisor:
             r.restarts += 1
             after.restart_at = time.time()
         try:
-            Path(service.log_file).parent.mkdir(parents=True, exist_ok=True)
-            with open(service.log_file, "ab") as out:
-                out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {what} (supervisor pid {os.getpid()}): "
-                          f"{_shown(service.argv)}\n".encode())
-                out.flush()
-                proc = subprocess.Popen(list(service.argv), cwd=service.cwd, env=service.env, stdout=out,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)  # a signal to the supervisor's group spares it
+            proc = spawn(list(service.argv), service.log_file, cwd=service.cwd, env=service.env,
+                         header=f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {what} (supervisor pid {os.getpid()}): "
+                                f"{_shown(service.argv)}\n")
         except OSError as exc:
             log.error("%s: could not start: %s", r.name, exc)
             child.started_mono = time.monotonic()
@@ -291,8 +284,7 @@ class Supervisor:
             self._record_exit(child, f"could not start: {exc}", None, None)
             return True
         write_pid_file(Path(service.pid_file), proc.pid)
-        child.proc, child.started_mono = proc, time.monotonic()
-        child.crashed = None
+        child.proc, child.started_mono, child.crashed = proc, time.monotonic(), None
         r.state, r.pid, r.started_at, r.next_start_at = "running", proc.pid, time.time(), None
         r.generation = service.generation
         log.info("%s: %s: pid %d", r.name, what, proc.pid)

@@ -124,21 +124,18 @@ def write_config(settings: StackSettings, name: str, installed: Installed | None
 
 
 def to_yaml(value, indent: int = 0) -> str:
-    """Block-style YAML of plain dicts, lists and scalars (scalars as JSON, which YAML reads as is)."""
+    """Block-style YAML of plain dicts, lists and scalars (scalars, and empty dicts and lists, as JSON,
+    which YAML reads as is)."""
     pad = "  " * indent
-    if isinstance(value, dict):
-        if not value:
-            return f"{pad}{{}}\n"
+    if isinstance(value, dict) and value:
         out = []
         for key, item in value.items():
             if isinstance(item, (dict, list)) and item:
                 out.append(f"{pad}{key}:\n{to_yaml(item, indent + 1)}")
             else:
-                out.append(f"{pad}{key}: {to_yaml(item).strip()}\n")
+                out.append(f"{pad}{key}: {json.dumps(item)}\n")
         return "".join(out)
-    if isinstance(value, list):
-        if not value:
-            return f"{pad}[]\n"
+    if isinstance(value, list) and value:
         # "- " takes the place of the item's first indent: "- job_name: x\n  metrics_path: y"
         return "".join(f"{pad}- {to_yaml(item, indent + 1)[len(pad) + 2:]}" for item in value)
     return f"{pad}{json.dumps(value)}\n"

@@ -33,6 +33,7 @@ import tarfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -111,22 +112,18 @@ def ensure(settings: StackSettings, progress: Progress = lambda message: None, *
     """Build what is missing (the programs, then the UIs where the tools and sources are here); a failed
     UI build is said through ``progress`` and leaves that backend without pages, not without its API.
     ``verbose``: also one line per piece found cached, and one when a build is done (``build_all``)."""
+    said = progress if verbose else lambda message: None
     for program in (JAEGER, PROMETHEUS):
-        path = program_path(settings, program)
+        path, began = program_path(settings, program), time.monotonic()
         if path.is_file():
-            if verbose:
-                progress(f"{program.release}: cached ({path})")
+            said(f"{program.release}: cached ({path})")
             continue
-        began = time.monotonic()
         ensure_program(settings, program, progress)
-        if verbose:
-            progress(f"{program.release}: done in {time.monotonic() - began:.0f} s ({path})")
-    uis = (("Jaeger UI", _jaeger_ui_found, ensure_jaeger_ui), ("Prometheus UI", _prometheus_ui_found,
-                                                                ensure_prometheus_ui))
-    for name, found, build in uis:
+        said(f"{program.release}: done in {time.monotonic() - began:.0f} s ({path})")
+    for name, found, build in (("Jaeger UI", _jaeger_ui_found, ensure_jaeger_ui),
+                               ("Prometheus UI", _prometheus_ui_found, ensure_prometheus_ui)):
         if (cached := found(settings)) is not None:
-            if verbose:
-                progress(f"{name}: cached ({cached})")
+            said(f"{name}: cached ({cached})")
             continue
         began = time.monotonic()
         try:
@@ -134,8 +131,8 @@ def ensure(settings: StackSettings, progress: Progress = lambda message: None, *
         except BuildError as exc:
             progress(f"{name} not built, the backend runs without it: {exc}")
             continue
-        if verbose and built is not None:
-            progress(f"{name}: done in {time.monotonic() - began:.0f} s ({built})")
+        if built is not None:
+            said(f"{name}: done in {time.monotonic() - began:.0f} s ({built})")
     return installed(settings)
 
 
@@ -222,9 +219,8 @@ def ensure_jaeger_ui(settings: StackSettings, progress: Progress = lambda messag
 def _unpack_jaeger_ui(settings: StackSettings, tarball: Path) -> Path:
     """Built assets shipped as a tarball (index.html at its top), unpacked once into the cache."""
     dest = jaeger_ui_dir(settings)
-    with _building(dest) as tmp:
-        with tarfile.open(tarball) as tar:
-            tar.extractall(tmp, filter="data")  # no absolute paths, links out or devices
+    with _building(dest) as tmp, tarfile.open(tarball) as tar:
+        tar.extractall(tmp, filter="data")  # no absolute paths, links out or devices
         if not (tmp / "index.html").is_file():
             raise BuildError(f"{tarball} (CHATPIPE_JAEGER_UI_SOURCE) has no index.html at its top: not the "
                              "Jaeger UI's built assets")
@@ -306,7 +302,7 @@ def _building(dest: Path) -> Iterator[Path]:
     """A fresh temporary folder beside ``dest``, renamed to ``dest`` when the block ends without an
     error (removed otherwise); under a lock per ``dest``, so concurrent builders take turns."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / f".{dest.name}.lock", "a") as lock:
+    with open(dest.parent / f".{dest.name}.lock", "a") as lock:  # closing it releases the lock
         fcntl.flock(lock, fcntl.LOCK_EX)
         tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -317,7 +313,6 @@ def _building(dest: Path) -> Iterator[Path]:
                 tmp.rename(dest)
         finally:
             _remove(tmp)
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _remove(path: Path) -> None:
@@ -354,9 +349,7 @@ def build_all(settings: StackSettings, say: Progress = print) -> Installed:
 
 
 def main() -> int:
-    def say(message: str) -> None:
-        print(f"observability: {message}", flush=True)
-
+    say = partial(print, "observability:", flush=True)
     try:
         build_all(StackSettings(), say)
     except BuildError as exc:

@@ -29,6 +29,21 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 6
 
 
+def _wait_in_sync(cluster, topics: list[str], timeout_s: float) -> None:
+    """Until every partition of ``topics`` is listed, has a leader and a full ISR."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = cluster.partitions(topics)
+        lagging = [p for p in states if p.leader < 0 or set(p.isr) != set(p.replicas)]
+        if not lagging and set(topics) <= {p.topic for p in states}:
+            return
+        if time.monotonic() > deadline:
+            shown = "; ".join(f"{p.topic}[{p.partition}] leader {p.leader} isr {list(p.isr)} of "
+                              f"{list(p.replicas)}" for p in lagging[:5])
+            raise AssertionError(f"replicas not back in sync after {timeout_s:.0f}s: {shown}")
+        time.sleep(0.3)
+
+
 def _admin(cluster, prefix: str = "c.") -> TopicAdmin:
     return TopicAdmin(KafkaSettings(bootstrap_servers=cluster.bootstrap_servers, topic_prefix=prefix))
 
@@ -38,7 +53,7 @@ def _topic(cluster, name: str) -> str:
     admin = _admin(cluster)
     admin.apply((TopicSpec(name, PARTITIONS, "key", "test record"),))
     topic = admin.settings.topic(name)
-    cluster.wait_in_sync([topic], 60)
+    _wait_in_sync(cluster, [topic], 60)
     return topic
 
 
@@ -115,7 +130,7 @@ def test_node_restart_from_the_cli_rejoins_every_isr(cluster):
     assert result.returncode == 0 and "node 3 restarted" in result.stdout, result.stdout + result.stderr
     after = cluster.node(3).pid()
     assert after is not None and after != before
-    cluster.wait_in_sync([topic], 60)
+    _wait_in_sync(cluster, [topic], 60)
     assert {p.node_id for p in cluster.status().nodes if p.registered} == {1, 2, 3}
 
 
@@ -127,7 +142,7 @@ def test_catalog_on_three_brokers_has_three_replicas_and_min_isr_two(cluster):
     assert {c.action for c in changes} == {"create"}
     names = [admin.settings.topic(spec.name) for spec in CATALOG]
     assert all("replication factor 3" in c.detail for c in changes)
-    cluster.wait_in_sync(names, 60)  # every node lists them (metadata reaches each a moment later)
+    _wait_in_sync(cluster, names, 60)  # every node lists them (metadata reaches each a moment later)
     partitions = cluster.partitions(names)
     assert len(partitions) == sum(spec.partitions for spec in CATALOG)
     assert all(len(p.replicas) == 3 for p in partitions)
@@ -143,7 +158,7 @@ def test_replication_mismatch_is_reported_with_reassignment_advice(cluster):
     admin = _admin(cluster, prefix="mm.")
     name = admin.settings.topic("single.copy")
     admin.create_topic(name, 2)  # KafkaSettings' default replication factor: 1
-    cluster.wait_in_sync([name], 30)  # listed by the broker we ask
+    _wait_in_sync(cluster, [name], 30)  # listed by the broker we ask
     spec = TopicSpec("single.copy", 2, "key", "test record")
     for _ in range(2):
         mismatches = [c for c in admin.apply((spec,)) if c.action == "replication-mismatch"]
@@ -171,7 +186,7 @@ def test_sigkill_of_the_leader_of_most_partitions_loses_nothing(cluster, capsys)
         assert all(p.leader != victim for p in cluster.partitions([topic]))
         run.stream.wait_acked(200, 30)
         assert cluster.start_node(victim)
-        cluster.wait_in_sync([topic], 90)
+        _wait_in_sync(cluster, [topic], 90)
         run.stream.wait_acked(200, 30)
 
     report = _scenario(cluster, topic, capsys, "leader of most partitions SIGKILLed", body)
@@ -195,7 +210,7 @@ def test_sigkill_of_the_controller_leader_loses_nothing(cluster, capsys):
         assert cluster.controller_leader() not in (None, victim), "no new controller leader"
         assert run.stream.wait_all_partitions_acked_after(killed_at, 60)
         assert cluster.start_node(victim)
-        cluster.wait_in_sync([topic], 90)
+        _wait_in_sync(cluster, [topic], 90)
         run.stream.wait_acked(200, 30)
 
     report = _scenario(cluster, topic, capsys, "controller leader SIGKILLed", body)
@@ -236,7 +251,7 @@ def test_two_of_three_down_fails_writes_loudly_and_loses_nothing_acknowledged(cl
         for node_id in victims:
             cluster.start_node(node_id, wait=False)
         cluster.wait_registered(victims)
-        cluster.wait_in_sync([topic], 120)
+        _wait_in_sync(cluster, [topic], 120)
         run.stream.wait_acked(200, 60)
         errors.update(e.split(":")[0] for _, _, e in run.stream.failed)
         with capsys.disabled():
