@@ -1,7 +1,8 @@
 """The fine-tuning steps in one Python process, no Spark: the baseline of bench/finetune.py.
 
 Same inputs (Kafka-shaped messages), same rules and parameters as the Spark job: decode with
-``schemas.codec``, redact with ``pii.redact_text``, ``filters.quality_reason_py``, 13-gram
+``schemas.codec``, redact with ``redact_text`` and filter with ``quality_reason_py`` (plain-Python
+twins of the job's Spark Columns, below; the tests check them against each other), 13-gram
 decontamination, latest-feedback ratings, exact dedup on normalised text, MinHash LSH near-dup
 (``near_dup_hash_tables`` one-hash tables, exact Jaccard check of candidates, like pyspark.ml),
 history within the token budget and up to a missing turn, split by conversation hash, chat
@@ -13,6 +14,7 @@ path: it exists to be measured against.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -22,15 +24,93 @@ from pathlib import Path
 
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
-from spark_jobs.decontam import eval_texts, ngrams_py
+from spark_jobs.decontam import eval_texts
 from spark_jobs.dedup import minhash_coefficients
-from spark_jobs.filters import quality_reason_py
-from spark_jobs.pii import redact_text
+from spark_jobs.filters import ERROR_FINISH, ERROR_TEXT, LONG_RUN, PROSE_PUNCT, WHITESPACE
+from spark_jobs.pii import AFTER_CARDS, CARD_CANDIDATE, PASSES
 from spark_jobs.settings import FinetuneSettings
-from spark_jobs.split import split_of
+from spark_jobs.split import BUCKETS
 
 _NON_WORD = re.compile(r"[\W_]+")
 _P = (1 << 31) - 1
+
+
+# -- plain-Python twins of the job's rules (the tests check each against its Spark Column) ---------
+
+def luhn_ok(candidate: str) -> bool:
+    digits = [int(c) for c in candidate if "0" <= c <= "9"][::-1]
+    # every second digit from the right doubled, minus 9 when that makes two digits
+    return sum(d if i % 2 == 0 else 2 * d - 9 * (d > 4) for i, d in enumerate(digits)) % 10 == 0
+
+
+_PY_PASSES = [(re.compile(p), repl, guard) for _, p, _, repl, guard in PASSES]
+_PY_AFTER = [(re.compile(p), repl, guard) for _, p, _, repl, guard in AFTER_CARDS]
+_CARD_RE = re.compile(CARD_CANDIDATE)
+_DIGIT_RE = re.compile(r"[0-9]")
+
+
+def redact_text(text: str | None) -> str | None:
+    """``text`` with every PII match replaced by its ``[KIND]`` placeholder (``pii.redact_column``'s twin)."""
+    if text is None:
+        return None
+    for rx, repl, guard in _PY_PASSES:
+        if guard is None or guard in text:
+            text = rx.sub(repl, text)
+    if not _DIGIT_RE.search(text):   # cards, IPs and phones all hold a digit
+        return text
+    for cand in [c for c in _CARD_RE.findall(text) if luhn_ok(c)]:
+        text = text.replace(cand, "[CARD]")
+    for rx, repl, guard in _PY_AFTER:
+        text = rx.sub(repl, text)
+    return text
+
+
+_ERROR_TEXT_RE = re.compile(ERROR_TEXT)
+_LONG_RUN_RE = re.compile(LONG_RUN)
+_TEXT_CHARS = frozenset("0123456789" + WHITESPACE + PROSE_PUNCT)
+
+
+def text_ratio(answer: str) -> float:
+    """Share of ``answer``'s characters that are text (``spark_jobs/filters.py``); 1.0 when empty."""
+    if not answer:
+        return 1.0
+    rest = _LONG_RUN_RE.sub("", answer)
+    return sum(1 for c in rest if c.isalpha() or c in _TEXT_CHARS) / len(answer)
+
+
+def quality_reason_py(turn: dict, s: FinetuneSettings) -> str | None:
+    """The first quality rule that holds for ``turn`` (``filters.tag_quality``'s twin), else None."""
+    prompt, answer = turn["prompt"] or "", turn["answer"] or ""
+    if turn["finish_reason"] in ERROR_FINISH or _ERROR_TEXT_RE.search(answer):
+        return "error_response"
+    if turn["finish_reason"] == "CANCELLED":
+        return "incomplete"
+    p, a = prompt.strip(WHITESPACE), answer.strip(WHITESPACE)
+    if not p or not a:
+        return "empty"
+    if len(a) < s.min_answer_chars or len(p) < s.min_prompt_chars:
+        return "too_short"
+    if len(turn.get("system_prompt") or "") + len(prompt) + len(answer) > s.max_chars:
+        return "too_long"
+    if text_ratio(answer) < s.min_text_ratio:
+        return "mostly_non_text"
+    lines = [line.strip(" \t\r") for line in answer.split("\n")]
+    lines = [line for line in lines if line]
+    if len(lines) >= 2 and 1 - len(set(lines)) / len(lines) > s.max_dup_line_ratio:
+        return "repeated_lines"
+    return None
+
+
+def ngrams_py(text: str, n: int) -> set[str]:
+    """The normalised word n-grams of ``text`` (``decontam``'s rule)."""
+    words = _NON_WORD.sub(" ", text.lower()).strip().split(" ")
+    return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def split_of(key: str, validation_fraction: float) -> str:
+    """The split of the conversation with this key (``split.split_column``'s twin)."""
+    bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % BUCKETS
+    return "validation" if bucket < validation_fraction * BUCKETS else "train"
 
 
 def _norm(t: dict) -> str:

@@ -135,12 +135,11 @@ class ScaledObject:
     """KEDA's part: activation 0 <-> 1 every polling interval; the HPA does 1 <-> N."""
 
     s: ScalingSettings
-    hpa: HorizontalPodAutoscaler = None  # type: ignore[assignment]
+    hpa: HorizontalPodAutoscaler = field(init=False)
     last_active: float = -math.inf
 
     def __post_init__(self) -> None:
-        if self.hpa is None:
-            self.hpa = HorizontalPodAutoscaler(self.s)
+        self.hpa = HorizontalPodAutoscaler(self.s)
 
     def metric(self, partition_lags: Sequence[int]) -> float:
         return kafka_lag_metric(partition_lags, self.s.lag_threshold, allow_idle_consumers=self.s.allow_idle_consumers,

@@ -14,10 +14,10 @@ import math
 from dataclasses import dataclass, field
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings
 
 from capacity import figures as F
-from capacity.settings import TrafficSettings, WorkloadSettings
+from capacity.settings import CAPACITY_CONFIG, TrafficSettings, WorkloadSettings
 from capacity.traffic import peak_to_mean
 from schemas.topics import BY_NAME, DAY_MS
 
@@ -28,7 +28,7 @@ TIB = 1024**4
 class CapacitySettings(BaseSettings):
     """Inputs of ``chatpipe capacity`` besides the workload and the day's shape."""
 
-    model_config = SettingsConfigDict(env_prefix="CHATPIPE_CAPACITY_", frozen=True, extra="forbid")
+    model_config = CAPACITY_CONFIG
 
     users: int = Field(1_000_000, ge=1, description="Weekly active users")
     messages_per_user_day: float = Field(3.7, gt=0, description="Prompts per weekly active user per day (ChatGPT, "
@@ -60,11 +60,9 @@ class Line:
     arithmetic: str
     source: str  # figure(s) used, labelled
 
-    def shown(self) -> str:
-        return size(self.value) if self.unit == "bytes" else f"{fmt(self.value)} {self.unit}"
-
     def render(self) -> str:
-        return f"{self.name}: {self.shown()}\n    = {self.arithmetic}\n    [{self.source}]"
+        shown = size(self.value) if self.unit == "bytes" else f"{fmt(self.value)} {self.unit}"
+        return f"{self.name}: {shown}\n    = {self.arithmetic}\n    [{self.source}]"
 
 
 @dataclass
@@ -175,10 +173,8 @@ def plan(s: CapacitySettings, workload: WorkloadSettings | None = None,
     ingress = p.add("Kafka ingress at the sizing peak (per second)", burst * bytes_per_prompt, "bytes",
                     f"{fmt(burst)} x {fmt(bytes_per_prompt)} bytes per prompt (records + traceparent headers, "
                     "before lz4)", f"CPU: {F.SIZES_SOURCE}")
-    retained = 0.0
-    for name, (n, b) in topics.items():
-        days = BY_NAME[name].retention_ms / DAY_MS
-        retained += per_day * n * (b + hdr) * days * s.replication_factor
+    retained = sum(per_day * n * (b + hdr) * (BY_NAME[name].retention_ms / DAY_MS) * s.replication_factor
+                   for name, (n, b) in topics.items())
     p.add("Kafka disk (retention x replication)", retained, "bytes",
           f"sum over topics of prompts/day x records x bytes x retention days (catalog: chat.turns 30, "
           f"chat.responses 7, chat.prompts and chat.inference.requests 1, chat.replies 1/24) x RF "

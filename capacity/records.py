@@ -10,6 +10,7 @@ The figures land in ``capacity/figures.py`` with the run they come from.
 
 from __future__ import annotations
 
+import collections
 import json
 import tempfile
 import uuid
@@ -61,7 +62,7 @@ def measure_record_sizes(prompts: Sequence[str], answers: Sequence[str], count: 
     turns = lmsys_turns(prompts, answers, count)
     header = tracing.with_traceparent(None)  # every record carries a traceparent (transport/tracing.py)
     header_bytes = sum(len(k) + len(v or b"") for k, v in header)
-    sums: dict[str, float] = {}
+    sums: dict[str, float] = collections.defaultdict(float)
     archived: list[ArchivedMessage] = []
     chunks = 0
     for n, (prompt, answer) in enumerate(turns):
@@ -71,18 +72,15 @@ def measure_record_sizes(prompts: Sequence[str], answers: Sequence[str], count: 
         for m in range(recalled_turns):  # recalled turns: other exchanges of the user
             p, a = turns[(n + m + 1) % len(turns)]
             history += [ChatMessage("user", p), ChatMessage("assistant", a)]
+        system, asked = ChatMessage("system", "You are a helpful assistant."), ChatMessage("user", prompt)
+        request = dict(request_id=rid, conversation_id=conv, user_id=user, tenant=tenant, created_at=now,
+                       model="chat-model", sampling=SamplingParams(), reply_to="chat.replies.gw-1", reply_partition=0)
         records = {
             "PromptRequest": PromptRequest(conversation_id=conv, user_id=user, tenant=tenant, model="chat-model",
-                                           messages=[ChatMessage("user", prompt)], reply_to="chat.replies.gw-1",
-                                           reply_partition=0),
-            "InferenceRequest (prompt only)": InferenceRequest(
-                request_id=rid, conversation_id=conv, user_id=user, tenant=tenant, created_at=now, model="chat-model",
-                messages=[ChatMessage("system", "You are a helpful assistant."), ChatMessage("user", prompt)],
-                sampling=SamplingParams(), reply_to="chat.replies.gw-1", reply_partition=0, context_tokens=90),
+                                           messages=[asked], reply_to="chat.replies.gw-1", reply_partition=0),
+            "InferenceRequest (prompt only)": InferenceRequest(**request, messages=[system, asked], context_tokens=90),
             f"InferenceRequest ({recalled_turns} recalled turns)": InferenceRequest(
-                request_id=rid, conversation_id=conv, user_id=user, tenant=tenant, created_at=now, model="chat-model",
-                messages=[ChatMessage("system", "You are a helpful assistant."), *history, ChatMessage("user", prompt)],
-                sampling=SamplingParams(), reply_to="chat.replies.gw-1", reply_partition=0,
+                **request, messages=[system, *history, asked],
                 recalled_turn_ids=[str(uuid.uuid4()) for _ in range(recalled_turns)]),
             "Response": Response(request_id=rid, conversation_id=conv, user_id=user, tenant=tenant, text=answer,
                                  model="chat-model", worker_id="worker-7f9c2", tokens_in=90, tokens_out=215,
@@ -95,7 +93,7 @@ def measure_record_sizes(prompts: Sequence[str], answers: Sequence[str], count: 
                                                  finish_reason=FinishReason.STOP, created_at=now, completed_at=now),
         }
         for name, record in records.items():
-            sums[name] = sums.get(name, 0.0) + len(codec.encode(record))
+            sums[name] += len(codec.encode(record))
         # One TokenChunk per text increment (~ per token), the last one final.
         n_tokens = max(1, count(answer))
         step = len(answer) / n_tokens
@@ -103,14 +101,14 @@ def measure_record_sizes(prompts: Sequence[str], answers: Sequence[str], count: 
             text = answer[round(i * step):round((i + 1) * step)]
             chunk = TokenChunk(request_id=rid, conversation_id=conv, index=i, text=text, token_ids=[1234],
                                worker_id="worker-7f9c2")
-            sums["TokenChunk"] = sums.get("TokenChunk", 0.0) + len(codec.encode(chunk))
+            sums["TokenChunk"] += len(codec.encode(chunk))
             chunks += 1
         turn_bytes = codec.encode(records["ConversationTurn"])
         archived.append(ArchivedMessage(topic="chat.turns", partition=0, offset=n, timestamp=now, key=conv.encode(),
                                         value=turn_bytes, headers=tuple(header)))
         payload = {"turn_id": str(uuid.uuid4()), "tenant": tenant, "user_id": user, "conversation_id": conv,
                    "turn_index": 1, "prompt": prompt, "answer": answer, "created_at": now}
-        sums["Qdrant payload (JSON)"] = sums.get("Qdrant payload (JSON)", 0.0) + len(json.dumps(payload).encode())
+        sums["Qdrant payload (JSON)"] += len(json.dumps(payload).encode())
     out = {name: total / (chunks if name == "TokenChunk" else len(turns)) for name, total in sums.items()}
     out["TokenChunks per answer"] = chunks / len(turns)
     out["Kafka headers per record (traceparent)"] = float(header_bytes)

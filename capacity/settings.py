@@ -13,13 +13,13 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-_CONFIG = SettingsConfigDict(env_prefix="CHATPIPE_CAPACITY_", frozen=True, extra="forbid")
+CAPACITY_CONFIG = SettingsConfigDict(env_prefix="CHATPIPE_CAPACITY_", frozen=True, extra="forbid")  # capacity.model too
 
 
 class WorkloadSettings(BaseSettings):
     """What one request looks like (LMSYS-Chat-1M, Zheng et al. 2023, arXiv:2309.11998, Table 1)."""
 
-    model_config = _CONFIG
+    model_config = CAPACITY_CONFIG
 
     prompt_tokens: float = Field(69.5, gt=0, description="Mean tokens per user prompt (LMSYS-Chat-1M: 69.5)")
     answer_tokens: float = Field(214.5, gt=0, description="Mean tokens per answer (LMSYS-Chat-1M: 214.5)")
@@ -34,7 +34,7 @@ class WorkloadSettings(BaseSettings):
 class TrafficSettings(BaseSettings):
     """The day's shape: a diurnal curve, bursty (Gamma) arrivals, a few flash crowds."""
 
-    model_config = _CONFIG
+    model_config = CAPACITY_CONFIG
 
     messages_per_day: int = Field(400_000, ge=1, description="Prompts in the simulated day (users x messages per "
                                   "user-day; 400k = ~108k weekly users at 3.7 messages each)")
@@ -53,7 +53,7 @@ class TrafficSettings(BaseSettings):
 class ScalingSettings(BaseSettings):
     """KEDA's ScaledObject with the Kafka trigger, and the HPA KEDA creates for it."""
 
-    model_config = _CONFIG
+    model_config = CAPACITY_CONFIG
 
     # KEDA ScaledObject (keda.sh/docs/latest/reference/scaledobject-spec)
     min_replicas: int = Field(1, ge=0, description="ScaledObject minReplicaCount (`chatpipe k8s render`: 1, a warm "
@@ -101,7 +101,7 @@ class ScalingSettings(BaseSettings):
 class WorkerModelSettings(BaseSettings):
     """One inference worker as the simulation sees it."""
 
-    model_config = _CONFIG
+    model_config = CAPACITY_CONFIG
 
     curve: Literal["gpu-8b", "gpu-1b", "cpu"] = Field(
         "gpu-8b", description="Per-worker throughput curve (capacity/figures.py): gpu-8b / gpu-1b = README 'GPU' "

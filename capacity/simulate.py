@@ -101,7 +101,6 @@ class _Worker:
     v: float = 0.0  # tokens each running request has received (the batch shares the rate equally)
     t: float = 0.0
     version: int = 0
-    drain_deadline: float = math.inf
 
 
 @dataclass
@@ -160,9 +159,7 @@ def sticky_assignment(partitions: int, members: Sequence[int], current: dict[int
     result: dict[int, int | None] = {}
     free: list[int] = []
     for m in members:
-        keep = owned[m][: quota[m]]
-        for p in keep:
-            result[p] = m
+        result.update(dict.fromkeys(owned[m][: quota[m]], m))  # the partitions it keeps
         free += owned[m][quota[m]:]
     free += [p for p in range(partitions) if current.get(p) not in quota]
     free.sort()
@@ -196,7 +193,6 @@ class Simulation:
         self.done = [math.nan] * n
         self.pending = [False] * n  # unfinished in its partition's view (counts in the lag)
         self.state = ["future"] * n  # future | waiting | running | done
-        self.owner_of = [-1] * n  # worker running it
         self.offset = [0] * n
         self.by_partition: list[list[int]] = [[] for _ in range(self.partitions)]
         self.queue: list[list[tuple[int, int]]] = [[] for _ in range(self.partitions)]  # (offset, request)
@@ -271,7 +267,6 @@ class Simulation:
                 self._advance(w, now)
                 changed = True
             self.state[rid] = "running"
-            self.owner_of[rid] = w.id
             if math.isnan(self.done[rid]):
                 self.start[rid] = now
             finish = w.v + self.requests[rid].output_tokens
@@ -288,7 +283,6 @@ class Simulation:
             if self.pending[rid]:
                 self.unacked -= 1
             self.state[rid] = "done"
-            self.owner_of[rid] = -1
             self.pending[rid] = False
             if math.isnan(self.done[rid]):
                 self.done[rid] = now
@@ -305,7 +299,6 @@ class Simulation:
                 continue
             del w.running[rid]
             self.state[rid] = "waiting"
-            self.owner_of[rid] = -1
             heapq.heappush(self.queue[p], (self.offset[rid], rid))
             self.restarts += 1
         self._reschedule(w)
@@ -338,44 +331,40 @@ class Simulation:
                 self.duplicates += 1
 
     def _rebalance(self, now: float) -> None:
-        members = [w.id for w in self.workers if w.state in ("serving", "draining")]
         if self.wp.intake == "share":
             for w in self.workers:
                 w.partitions = {0} if w.state == "serving" else set()
+        else:
+            members = [w.id for w in self.workers if w.state in ("serving", "draining")]
+            new = sticky_assignment(self.partitions, members, self.owner)
+            moved = {p for p in range(self.partitions) if new[p] != self.owner[p]}
+            by_worker: dict[int, set[int]] = {}
+            for p in moved:
+                old = self.owner[p]
+                if old is not None:
+                    by_worker.setdefault(old, set()).add(p)
+            for wid, ps in by_worker.items():
+                self._cancel_running(self.workers[wid], now, only=ps)
+            for p in moved:
+                if self.owner[p] is not None:
+                    self._reread_from_committed(p)
+                self.paused_until[p] = now + self.wp.join_s
+                if self.wp.join_s > 0:
+                    self._push(now + self.wp.join_s, "unpause", p, 0)
+            self.owner = new
             for w in self.workers:
-                self._fill(w, now)
-            return
-        new = sticky_assignment(self.partitions, members, self.owner)
-        moved = {p for p in range(self.partitions) if new[p] != self.owner[p]}
-        by_worker: dict[int, set[int]] = {}
-        for p in moved:
-            old = self.owner[p]
-            if old is not None:
-                by_worker.setdefault(old, set()).add(p)
-        for wid, ps in by_worker.items():
-            self._cancel_running(self.workers[wid], now, only=ps)
-        for p in moved:
-            if self.owner[p] is not None:
-                self._reread_from_committed(p)
-            self.paused_until[p] = now + self.wp.join_s
-            if self.wp.join_s > 0:
-                self._push(now + self.wp.join_s, "unpause", p, 0)
-        self.owner = new
-        for w in self.workers:
-            w.partitions = {p for p, o in new.items() if o == w.id}
+                w.partitions = {p for p, o in new.items() if o == w.id}
         for w in self.workers:
             self._fill(w, now)
 
-    def _add_pod(self, now: float, ready_now: bool = False) -> _Worker:
-        w = _Worker(id=len(self.workers), created=now, ready_at=now if ready_now else now + self.wp.pod_start_s, t=now)
+    def _add_pod(self, now: float, ready_now: bool = False) -> None:
+        w = _Worker(id=len(self.workers), created=now, ready_at=now if ready_now else now + self.wp.pod_start_s, t=now,
+                    state="serving" if ready_now else "starting")
         self.workers.append(w)
         self._account(now)
         self.alive += 1
-        if ready_now:
-            w.state = "serving"
-        else:
+        if not ready_now:
             self._push(w.ready_at, "ready", w.id, 0)
-        return w
 
     def _remove_pods(self, now: float, n: int) -> None:
         starting = sorted((w for w in self.workers if w.state == "starting"), key=lambda w: -w.created)
@@ -387,8 +376,7 @@ class Simulation:
                 self.alive -= 1
             else:
                 w.state = "draining"  # SIGTERM: no new work; partitions kept until it leaves
-                w.drain_deadline = now + self.wp.grace_s
-                self._push(w.drain_deadline, "drain_deadline", w.id, 0)
+                self._push(now + self.wp.grace_s, "drain_deadline", w.id, 0)
                 if not w.running:
                     self._push(now, "leave", w.id, 0)
 
@@ -496,10 +484,9 @@ class Simulation:
             self._fill(self.workers[owner], now)
 
     def _scale(self, now: float, current: int, target: int) -> None:
-        if target > current:
-            for _ in range(target - current):
-                self._add_pod(now)
-        elif target < current:
+        for _ in range(target - current):  # none when scaling down
+            self._add_pod(now)
+        if target < current:
             self._remove_pods(now, current - target)
 
 

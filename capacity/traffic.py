@@ -18,6 +18,7 @@ The total over the traffic's hours is scaled so the day holds ``messages_per_day
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -48,10 +49,9 @@ def peak_to_mean(traffic: TrafficSettings) -> float:
 
 
 def _lognormal(rng: random.Random, mean: float, sigma: float, lo: int, hi: int) -> int:
-    if sigma == 0:
-        return max(lo, min(hi, round(mean)))
     mu = math.log(mean) - sigma * sigma / 2  # so that E[X] = mean
-    return max(lo, min(hi, round(rng.lognormvariate(mu, sigma))))
+    value = rng.lognormvariate(mu, sigma) if sigma > 0 else mean  # sigma 0: no draw, the mean itself
+    return max(lo, min(hi, round(value)))
 
 
 class RateCurve:
@@ -77,9 +77,7 @@ class RateCurve:
         total_shape = sum(shape) * step_s
         scale = conversations * (horizon / DAY_S) / total_shape
         self.rates = [v * scale for v in shape]
-        self.cum = [0.0]
-        for r in self.rates:
-            self.cum.append(self.cum[-1] + r * step_s)
+        self.cum = [0.0, *itertools.accumulate(r * step_s for r in self.rates)]
 
     def invert(self, cumulative: float) -> float | None:
         """The time t at which the integral of the rate reaches ``cumulative`` (None past the horizon)."""

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import typer
 
-from chatpipe.commands import chat, cluster, demo, engine, gateway, inference, jobs, spark, stack, streams, tail, topics
-from chatpipe.commands import forget
-from chatpipe.commands import top
-from chatpipe.commands import trace
-from chatpipe.commands import capacity
-from chatpipe.commands import k8s
+from chatpipe.commands import (capacity, chat, cluster, demo, engine, forget, gateway, inference, jobs, k8s, spark,
+                               stack, streams, tail, top, topics, trace)
 from chatpipe.commands import settings as settings_command
 from chatpipe.commands.common import print_error
 
@@ -31,14 +27,10 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for group in (stack, topics, engine, jobs, streams, inference, gateway, tail, chat, demo, cluster, spark):
+# Each module registers its commands (or command group); this order is the order of `chatpipe --help`.
+for group in (stack, topics, engine, jobs, streams, inference, gateway, tail, chat, demo, cluster, spark, forget, top,
+              trace, capacity, k8s, settings_command):
     group.register(app)
-forget.register(app)  # chatpipe forget USER --tenant T [--conversation C] [--verify]
-top.register(app)  # chatpipe top [--once]: the live pipeline from every service's /metrics
-trace.register(app)  # chatpipe trace REQUEST_ID: the request's spans as a waterfall
-capacity.register(app)  # chatpipe capacity [--users N] / capacity simulate: sizing and a day of KEDA autoscaling
-k8s.register(app)  # chatpipe k8s render [--values FILE] [--out DIR]: Kubernetes manifests
-settings_command.register(app)  # chatpipe settings docs [--write|--check] / settings check: every CHATPIPE_* variable
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import Counter
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -165,24 +166,19 @@ def check_audits(kafka: Any, deletions: list[Deletion], newest: Deletion | None,
 
 def check_memory(memory: Any, subject: Subject, until_ms: int) -> StoreReport:
     """``memory``: the ``MemorySettings`` of the streams worker."""
-    report = StoreReport("memory")
     if memory.url:
-        remaining, newer = _server_counts(memory, subject, until_ms)
-        report.details.append(f"Qdrant server {memory.url}, collection {memory.collection}")
-    else:
-        remaining, newer, where = _local_counts(memory, subject, until_ms)
-        report.details.append(f"local mode, read-only from {where}")
-    report.remaining, report.newer = remaining, newer
-    return report
+        return StoreReport("memory", *_server_counts(memory, subject, until_ms),
+                           details=[f"Qdrant server {memory.url}, collection {memory.collection}"])
+    remaining, newer, where = _local_counts(memory, subject, until_ms)
+    return StoreReport("memory", remaining, newer, details=[f"local mode, read-only from {where}"])
 
 
 def _server_counts(memory: Any, subject: Subject, until_ms: int) -> tuple[int, int]:
     from qdrant_client import QdrantClient, models
 
     api_key = memory.api_key.get_secret_value() if memory.api_key else None
-    client = QdrantClient(url=memory.url.split(",")[0].strip(), api_key=api_key, timeout=memory.timeout_s,
-                          check_compatibility=False)
-    try:
+    with closing(QdrantClient(url=memory.url.split(",")[0].strip(), api_key=api_key, timeout=memory.timeout_s,
+                              check_compatibility=False)) as client:
         must = [models.FieldCondition(key="tenant", match=models.MatchValue(value=subject.tenant)),
                 models.FieldCondition(key="user_id", match=models.MatchValue(value=subject.user_id))]
         if subject.conversation_id is not None:
@@ -193,8 +189,6 @@ def _server_counts(memory: Any, subject: Subject, until_ms: int) -> tuple[int, i
         count = lambda rng: client.count(memory.collection, exact=True, count_filter=models.Filter(
             must=[*must, models.FieldCondition(key="created_at", range=rng)])).count
         return count(models.Range(lte=until_ms)), count(models.Range(gt=until_ms))
-    finally:
-        client.close()
 
 
 def _local_counts(memory: Any, subject: Subject, until_ms: int) -> tuple[int, int, str]:
@@ -207,8 +201,8 @@ def _local_counts(memory: Any, subject: Subject, until_ms: int) -> tuple[int, in
     if not db.exists():
         return 0, 0, str(db)
     remaining = newer = 0
-    connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)  # beside the streams process's writes
-    try:
+    # read-only, beside the streams process's writes
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
         for (blob,) in connection.execute("SELECT point FROM points"):
             payload = getattr(pickle.loads(blob), "payload", None) or {}
             if not subject.covers(payload.get("tenant"), payload.get("user_id"), payload.get("conversation_id")):
@@ -217,8 +211,6 @@ def _local_counts(memory: Any, subject: Subject, until_ms: int) -> tuple[int, in
                 remaining += 1
             else:
                 newer += 1
-    finally:
-        connection.close()
     return remaining, newer, str(db)
 
 
@@ -295,11 +287,8 @@ def check_datasets(datasets_dir: Path | None, subject: Subject, until_ms: int) -
     if datasets_dir is None:
         return StoreReport("datasets", checked=False, details=["not checked: give --datasets-dir (the folder the "
                                                                "dataset builds are written under)"])
-    try:
-        from spark_jobs.erasure import affected_datasets
-    except ImportError as exc:  # the dataset job's side of the contract (spark_jobs/erasure.py)
-        return StoreReport("datasets", checked=False,
-                           details=[f"not checked: spark_jobs.erasure is not available ({exc})"])
+    from spark_jobs.erasure import affected_datasets  # the dataset job's side of the contract (no pyspark)
+
     report = StoreReport("datasets")
     for found in affected_datasets(Path(datasets_dir), subject.tenant, subject.user_id, subject.conversation_id):
         if found.built_at_ms <= until_ms:
@@ -325,9 +314,7 @@ def check_topics(kafka: Any, subject: Subject, codec: AvroCodec, superseded_stat
 
         def take(message: Any) -> None:
             value = message.value()
-            if value is None or needle not in value:
-                return
-            if _subject_message(value, subject, codec):
+            if value is not None and needle in value and _subject_message(value, subject, codec):
                 hits.append(message.timestamp()[1])
 
         read_to_end(kafka, kafka.topic(name), take, progress=_counting(progress, name))

@@ -20,23 +20,15 @@ from pydantic_settings import BaseSettings
 from chatpipe.settings_doc import default_text, env_names
 
 
-def field_help(cls: type[BaseSettings], field: str, help: str | None = None, *, env: bool = True) -> str:
-    """``help`` (default: the field's description) + ``[env NAME; default VALUE]``."""
-    info = cls.model_fields[field]  # KeyError: a flag for a field the class lacks fails at import
-    text = " ".join((help or info.description or "").split())
+def option(cls: type[BaseSettings], field: str, *flags: str, help: str | None = None, **kwargs: Any) -> Any:
+    """The ``typer.Option`` of ``cls.field``: ``flags`` (default ``--field-name``), and as help ``help``
+    (default: the field's description) followed by ``[env NAME; default VALUE]``. ``help`` replaces the
+    description where the command says more; extra ``kwargs`` go to ``typer.Option`` (``min``, ``hidden``, ...)."""
+    # KeyError: a flag for a field the class lacks fails at import
+    text = " ".join((help or cls.model_fields[field].description or "").split())
+    tail = [f"env {env_names(cls, field)[0]}"]
     default = default_text(cls, field)
-    tail = []
-    if env:
-        tail.append(f"env {env_names(cls, field)[0]}")
-    if default and default not in ("(none)", "(empty)"):
+    if default not in ("", "(none)", "(empty)"):
         tail.append(f"default {default}")
-    return f"{text} [{'; '.join(tail)}]" if tail else text
-
-
-def option(cls: type[BaseSettings], field: str, *flags: str, help: str | None = None, env: bool = True,
-           **kwargs: Any) -> Any:
-    """The ``typer.Option`` of ``cls.field``: ``flags`` (default ``--field-name``), help and shown
-    default from the field. ``help`` replaces the description where the command says more; extra
-    ``kwargs`` go to ``typer.Option`` (``min``, ``hidden``, ...)."""
     names = flags or (f"--{field.replace('_', '-')}",)
-    return typer.Option(*names, help=field_help(cls, field, help, env=env), **kwargs)
+    return typer.Option(*names, help=f"{text} [{'; '.join(tail)}]", **kwargs)

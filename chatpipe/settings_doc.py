@@ -1,7 +1,7 @@
 """Every ``CHATPIPE_*`` variable from one source: the project's settings classes.
 
 :func:`settings_classes` finds every pydantic-settings class of the project (walking its packages),
-:func:`entries` lists the variables each reads (name, type, default, help from the field's
+:func:`all_entries` lists the variables each reads (name, type, default, help from the field's
 ``description``), :func:`conflicts` names a variable two classes define differently (the settings
 test fails on it), and :func:`render` writes ``docs/settings.md``::
 
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from pydantic import AliasChoices, AliasPath
-from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,8 +46,7 @@ def settings_classes(packages: Iterable[str] = PACKAGES) -> list[type[BaseSettin
     for module_name in _modules(packages):
         module = importlib.import_module(module_name)
         for value in vars(module).values():
-            if (isinstance(value, type) and issubclass(value, BaseSettings) and value is not BaseSettings
-                    and value.__module__ == module_name):
+            if isinstance(value, type) and issubclass(value, BaseSettings) and value.__module__ == module_name:
                 found[f"{value.__module__}.{value.__qualname__}"] = value
     return [found[k] for k in sorted(found)]
 
@@ -88,8 +86,7 @@ def env_names(cls: type[BaseSettings], field_name: str) -> list[str]:
 
 
 def type_text(annotation: Any) -> str:
-    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
-    text = text or repr(annotation)
+    text = annotation.__name__ if isinstance(annotation, type) else repr(annotation)
     for noise in ("typing.", "pathlib.", "pydantic.types.", "NoneType"):
         text = text.replace(noise, "None" if noise == "NoneType" else "")
     return text
@@ -98,15 +95,12 @@ def type_text(annotation: Any) -> str:
 def default_text(cls: type[BaseSettings], field_name: str) -> str:
     field = cls.model_fields[field_name]
     factory = field.default_factory
-    if factory is not None:
-        if not isinstance(factory, type) and getattr(factory, "__name__", "<lambda>") != "<lambda>":
-            # A named function computes a value of this machine (home folder, host name): its docstring says which.
-            return (factory.__doc__ or "").strip().splitlines()[0] if factory.__doc__ else "(computed)"
-        value = factory()
-    elif field.default is PydanticUndefined:
+    if factory is not None and not isinstance(factory, type) and getattr(factory, "__name__", "<lambda>") != "<lambda>":
+        # A named function computes a value of this machine (home folder, host name): its docstring says which.
+        return factory.__doc__.strip().splitlines()[0] if factory.__doc__ else "(computed)"
+    if field.is_required():
         return ""
-    else:
-        value = field.default
+    value = field.get_default(call_default_factory=True)
     if isinstance(value, Path) and value.is_absolute():  # the same text in every clone, on every machine
         if value.is_relative_to(ROOT):
             return f"<clone>/{value.relative_to(ROOT)}"
@@ -125,17 +119,15 @@ def default_text(cls: type[BaseSettings], field_name: str) -> str:
     return str(value)
 
 
-def entries(cls: type[BaseSettings]) -> list[Entry]:
-    out = []
-    for field_name, field in cls.model_fields.items():
-        for name in env_names(cls, field_name):
-            out.append(Entry(name, field_name, type_text(field.annotation), default_text(cls, field_name),
-                             " ".join((field.description or "").split()), cls))
-    return out
-
-
 def all_entries(classes: Iterable[type[BaseSettings]] | None = None) -> list[Entry]:
-    return [e for cls in (settings_classes() if classes is None else classes) for e in entries(cls)]
+    """The variables each of ``classes`` reads (default: every settings class of the project)."""
+    out = []
+    for cls in settings_classes() if classes is None else classes:
+        for field_name, field in cls.model_fields.items():
+            for name in env_names(cls, field_name):
+                out.append(Entry(name, field_name, type_text(field.annotation), default_text(cls, field_name),
+                                 " ".join((field.description or "").split()), cls))
+    return out
 
 
 def conflicts(classes: Iterable[type[BaseSettings]] | None = None) -> list[str]:

@@ -14,10 +14,11 @@ conversation), ``/quit``.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, TextIO
 
-from clients.gateway_client import GatewayClient, GatewayError, Turn
+from clients.gateway_client import FeedbackKindName, GatewayClient, GatewayError, Turn
 from schemas.errors import ChatpipeError
 
 HELP = "commands: /up /down /regen /edit <text> /new /quit"
@@ -77,7 +78,7 @@ class ChatSession:
         self.last_prompt, self.last_turn = prompt, turn
         return turn
 
-    def feedback(self, kind: str, edited_text: str | None = None) -> str:
+    def feedback(self, kind: FeedbackKindName, edited_text: str | None = None) -> str:
         """Feedback of ``kind`` on the last answer; returns the event id."""
         turn = self.last_turn
         if turn is None or not turn.request_id or not self.conversation_id:
@@ -119,20 +120,14 @@ def run_chat(session: ChatSession, lines: Iterable[str], *, out: TextIO, err: Te
     def answer(action: Callable[[], Turn]) -> None:
         out.write("assistant> ")
         out.flush()
+        turn = None
         try:
-            turn = action()
-        except KeyboardInterrupt:
-            out.write("\n")
-            err.write("(answer cancelled)\n")
-            return
-        except BaseException:
-            out.write("\n")  # end the "assistant> " line before the error line
-            raise
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops this answer; the chat goes on
+                turn = action()
         finally:
+            out.write("\n")  # end the "assistant> " line before the stats or error line
             out.flush()
-        out.write("\n")
-        out.flush()
-        err.write(format_stats(turn) + "\n")
+        err.write("(answer cancelled)\n" if turn is None else format_stats(turn) + "\n")
 
     for line in lines:
         if not line.strip():

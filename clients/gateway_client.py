@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import httpx
 
@@ -21,7 +21,7 @@ from schemas.errors import ChatpipeError
 
 CONVERSATION_HEADER = "X-Chatpipe-Conversation-Id"
 REQUEST_HEADER = "X-Chatpipe-Request-Id"
-FEEDBACK_KINDS = ("thumbs_up", "thumbs_down", "regenerate", "edit")
+FeedbackKindName = Literal["thumbs_up", "thumbs_down", "regenerate", "edit"]  # the gateway answers any other 400
 
 
 class GatewayError(ChatpipeError):
@@ -153,11 +153,9 @@ class GatewayClient:
             request_id = answer.completion_id.removeprefix("chatcmpl-")
         return Turn(answer, conversation_id, request_id, ttft, time.perf_counter() - start)
 
-    def send_feedback(self, *, request_id: str, conversation_id: str, kind: str,
+    def send_feedback(self, *, request_id: str, conversation_id: str, kind: FeedbackKindName,
                       edited_text: str | None = None, comment: str | None = None) -> str:
         """Post feedback on one answer (it lands on ``chat.feedback``); returns its event id."""
-        if kind not in FEEDBACK_KINDS:
-            raise ValueError(f"feedback kind {kind!r} is not one of {FEEDBACK_KINDS}")
         body = {"request_id": request_id, "conversation_id": conversation_id, "kind": kind,
                 "edited_text": edited_text, "comment": comment}
         return self._call("POST", "/v1/feedback", json=body).json().get("event_id", "")

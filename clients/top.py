@@ -20,13 +20,14 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.histograms import delta, quantile
 
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+Labels = tuple[tuple[str, str], ...]  # (label, value) pairs a sample must have
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,7 @@ class Spec:
     """The metric names a kind of service reports what ``top`` shows with (None: it has none)."""
 
     requests: str | None = None  # a counter: requests taken (any outcome)
-    requests_labels: tuple[tuple[str, str], ...] = ()  # only these samples of it
+    requests_labels: Labels = ()  # only these samples of it
     tokens: str | None = None  # a counter of tokens (or a histogram's _sum)
     ttft: str | None = None  # histograms (base names)
     tpot: str | None = None
@@ -74,11 +75,10 @@ class Scrape:
             for sample in family.samples:
                 self.samples[sample.name].append((sample.labels, sample.value))
 
-    def total(self, name: str | None, match: Iterable[tuple[str, str]] = ()) -> float | None:
+    def total(self, name: str | None, match: Labels = ()) -> float | None:
         """The sum of ``name``'s samples whose labels include ``match``; None when it has none."""
         if name is None or name not in self.samples:
             return None
-        match = tuple(match)
         return sum(v for labels, v in self.samples[name] if all(labels.get(k) == w for k, w in match))
 
     def buckets(self, histogram: str) -> dict[float, float]:
@@ -193,8 +193,7 @@ class Sampler:
         return frame
 
 
-def _rate(name: str | None, old: Scrape | None, new: Scrape, match: Iterable[tuple[str, str]] = ()) -> float | None:
-    match = tuple(match)
+def _rate(name: str | None, old: Scrape | None, new: Scrape, match: Labels = ()) -> float | None:
     after = new.total(name, match)
     if after is None or old is None or new.at <= old.at:
         return None
@@ -242,10 +241,10 @@ def _notes(kind: str, old: Scrape | None, new: Scrape) -> str:
                       if v == 1), None)
         if state:
             parts.append(state)
-        hits, queries = (_rate(n, old, new) for n in ("chatpipe:prefix_cache_hits_total",
-                                                      "chatpipe:prefix_cache_queries_total"))
+        prefix_cache = ("chatpipe:prefix_cache_hits_total", "chatpipe:prefix_cache_queries_total")
+        hits, queries = (_rate(n, old, new) for n in prefix_cache)
         if not queries:  # nothing admitted in the window: since the start
-            hits, queries = new.total("chatpipe:prefix_cache_hits_total"), new.total("chatpipe:prefix_cache_queries_total")
+            hits, queries = (new.total(n) for n in prefix_cache)
         if queries:
             parts.append(f"prefix hit {100 * (hits or 0) / queries:.0f}%")
     elif kind == "streams":

@@ -41,11 +41,10 @@ _STATE_STYLE = {"up": "green", "running": "green", "no /metrics": "yellow"}
 def services_table(frame: Frame) -> Table:
     window = f"last {frame.window_s:.0f} s" if frame.window_s else "one scrape: rates from the next"
     table = Table(title=f"services ({window})", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for header, justify in (("SERVICE", "left"), ("STATE", "left"), ("PID", "right"), ("REQS", "right"),
-                            ("REQ/S", "right"), ("TOK/S", "right"), ("TTFT p50", "right"), ("TTFT p95", "right"),
-                            ("TPOT p50", "right"), ("TPOT p95", "right"), ("RUN", "right"), ("WAIT", "right"),
-                            ("BACKLOG", "right"), ("KV", "right")):
-        table.add_column(header, justify=justify, no_wrap=True, min_width=len(header))
+    for header in ("SERVICE", "STATE", "PID", "REQS", "REQ/S", "TOK/S", "TTFT p50", "TTFT p95", "TPOT p50",
+                   "TPOT p95", "RUN", "WAIT", "BACKLOG", "KV"):  # names left, figures right
+        table.add_column(header, justify="left" if header in ("SERVICE", "STATE") else "right", no_wrap=True,
+                         min_width=len(header))
     for row in frame.rows:
         table.add_row(*_cells(row))
     return table

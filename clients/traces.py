@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 KINDS = {1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+_KIND_NUMBERS = {name: number for number, name in KINDS.items()}
 REQUEST_ID = "chatpipe.request_id"
 # Attributes worth a column in the waterfall, in this order, with their short label (the rest: ``--all``).
 SHOWN = {"messaging.destination.partition.id": "partition", "messaging.batch.message_count": "messages",
@@ -46,15 +47,14 @@ class SpanRow:
         return (self.end_ns - self.start_ns) / 1e6
 
 
+# OTLP/JSON AnyValue fields, and how each is read (int64 comes as a string in OTLP/JSON)
+_SCALARS = (("stringValue", str), ("intValue", int), ("doubleValue", float), ("boolValue", bool))
+
+
 def _value(v: dict[str, Any]) -> Any:
-    if "stringValue" in v:
-        return v["stringValue"]
-    if "intValue" in v:
-        return int(v["intValue"])
-    if "doubleValue" in v:
-        return float(v["doubleValue"])
-    if "boolValue" in v:
-        return bool(v["boolValue"])
+    for name, read in _SCALARS:
+        if name in v:
+            return read(v[name])
     if "arrayValue" in v:
         return [_value(x) for x in v["arrayValue"].get("values", [])]
     return None
@@ -122,7 +122,7 @@ def jaeger_trace(query_url: str, request_id: str, timeout_s: float = 5.0) -> lis
             tags = {t["key"]: t.get("value") for t in s.get("tags", [])}
             parent = next((r["spanID"] for r in s.get("references", []) if r.get("refType") == "CHILD_OF"), None)
             links = [(r["traceID"], r["spanID"]) for r in s.get("references", []) if r.get("refType") == "FOLLOWS_FROM"]
-            kind = {"server": 2, "client": 3, "producer": 4, "consumer": 5}.get(str(tags.get("span.kind")), 1)
+            kind = _KIND_NUMBERS.get(str(tags.get("span.kind")), 1)
             start_ns = int(s["startTime"]) * 1000
             rows.append(SpanRow(trace_id=s["traceID"], span_id=s["spanID"], parent_id=parent, name=s["operationName"],
                                 service=processes.get(s.get("processID"), "?"), kind=kind, start_ns=start_ns,

@@ -40,16 +40,13 @@ def name(component: str) -> str:
     return f"{PART_OF}-{component}"
 
 
-def labels(component: str, kind: str = "") -> dict[str, str]:
-    out = {"app.kubernetes.io/name": name(component), "app.kubernetes.io/part-of": PART_OF,
-           "app.kubernetes.io/managed-by": MANAGED_BY}
-    if kind:
-        out["app.kubernetes.io/component"] = kind
-    return out
-
-
 def selector(component: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": name(component), "app.kubernetes.io/part-of": PART_OF}
+
+
+def labels(component: str, kind: str = "") -> dict[str, str]:
+    return {**selector(component), "app.kubernetes.io/managed-by": MANAGED_BY,
+            **({"app.kubernetes.io/component": kind} if kind else {})}
 
 
 def meta(values: Values, object_name: str, component: str, **extra: Any) -> dict[str, Any]:
@@ -57,46 +54,35 @@ def meta(values: Values, object_name: str, component: str, **extra: Any) -> dict
 
 
 # --- CHATPIPE_* variables ---------------------------------------------------------------------------
-def env_names(cls: type[BaseSettings]) -> dict[str, str]:
-    """Every variable ``cls`` reads (upper case) -> the field it sets."""
-    prefix = cls.model_config.get("env_prefix", "")
-    out = {}
-    for field_name, field in cls.model_fields.items():
-        alias = field.validation_alias
-        if isinstance(alias, AliasChoices):
-            names = [c for c in alias.choices if isinstance(c, str)]
-        elif isinstance(alias, str):
-            names = [alias]
-        else:
-            names = [f"{prefix}{field_name}"]
-        for n in names:
-            out[n.upper()] = field_name
-    return out
+def env_names(cls: type[BaseSettings], field_name: str) -> list[str]:
+    """The variables (upper case) that set ``cls.field_name``, the documented one first; a field the class
+    lacks is a KeyError."""
+    alias = cls.model_fields[field_name].validation_alias
+    if isinstance(alias, AliasChoices):
+        names = [c for c in alias.choices if isinstance(c, str)]
+    elif isinstance(alias, str):
+        names = [alias]
+    else:
+        names = [f"{cls.model_config.get('env_prefix', '')}{field_name}"]
+    return [n.upper() for n in names]
 
 
 def env_var(cls: type[BaseSettings], field_name: str) -> str:
-    """The (documented) variable of ``cls.field_name``; a field the class lacks is an error."""
-    if field_name not in cls.model_fields:
-        raise RenderError(f"{cls.__name__} has no field {field_name!r}")
-    return next(n for n, f in env_names(cls).items() if f == field_name)
+    """The (documented) variable of ``cls.field_name``."""
+    return env_names(cls, field_name)[0]
 
 
 def env_of(cls: type[BaseSettings], **fields: Any) -> dict[str, str]:
-    """``{variable: value}`` of ``cls``'s ``fields`` (None left out)."""
-    return {env_var(cls, k): _text(v) for k, v in fields.items() if v is not None}
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    """``{variable: value}`` of ``cls``'s ``fields`` (None left out, a bool as true or false)."""
+    return {env_var(cls, k): str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in fields.items() if v is not None}
 
 
 def check_env(env: Iterable[str], classes: Iterable[type[BaseSettings]], service: str) -> None:
     """Each ``CHATPIPE_*`` variable of ``env`` is read by one of ``classes`` (or is the shared context size)."""
     known = {CONTEXT_TOKENS_ENV, "CHATPIPE_LOG_FORMAT"}
     for cls in classes:
-        known |= set(env_names(cls))
+        known |= {n for field_name in cls.model_fields for n in env_names(cls, field_name)}
     unknown = sorted(v for v in env if v.upper().startswith("CHATPIPE_") and v.upper() not in known)
     if unknown:
         raise RenderError(f"{service}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} read by none of "
@@ -151,21 +137,17 @@ def cluster_ca_secret(values: Values) -> str:
     return f"{values.kafka.cluster}-cluster-ca-cert"  # made by Strimzi's cluster operator
 
 
-def replication(values: Values) -> int:
-    """Copies of the topics the services create themselves (reply topics, Faust's changelog), as the
-    catalog's rule gives for this cluster (``CHATPIPE_REPLICATION_FACTOR``)."""
-    from schemas.topics import CATALOG, replication_for
-
-    return replication_for(CATALOG[0], values.kafka.nodes, values.kafka.replication_factor)[0]
-
-
 def kafka_env(values: Values, service: str) -> dict[str, str]:
     """The ``KafkaSettings`` variables of ``service``: where the brokers are, the prefix, and with
     security its own user (password and CA as mounted files, never as a value)."""
+    from schemas.topics import CATALOG, replication_for
     from transport.settings import KafkaSettings
 
+    # Copies of the topics the services create themselves (reply topics, Faust's changelog), as the
+    # catalog's rule gives for this cluster (CHATPIPE_REPLICATION_FACTOR).
+    replication = replication_for(CATALOG[0], values.kafka.nodes, values.kafka.replication_factor)[0]
     env = env_of(KafkaSettings, bootstrap_servers=bootstrap_servers(values),
-                 topic_prefix=values.topic_prefix or None, replication_factor=replication(values))
+                 topic_prefix=values.topic_prefix or None, replication_factor=replication)
     if values.security:
         from infra.kafka_security import MECHANISM, PROTOCOL
 
@@ -217,21 +199,18 @@ def claim(values: Values, volume: Volume, what: str) -> list[dict[str, Any]]:
     """The PersistentVolumeClaim of ``volume`` when it is one to make here."""
     if volume.kind != "pvc" or not volume.create:
         return []
-    spec: dict[str, Any] = {"accessModes": [volume.access_mode], "resources": {"requests": {"storage": volume.size}}}
-    if volume.storage_class:
-        spec["storageClassName"] = volume.storage_class
+    spec = {"accessModes": [volume.access_mode], "resources": {"requests": {"storage": volume.size}},
+            **({"storageClassName": volume.storage_class} if volume.storage_class else {})}
     return [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
              "metadata": meta(values, claim_name(volume, what), what), "spec": spec}]
 
 
 # --- pods ---------------------------------------------------------------------------------------------
 def resources(r: Resources, extra: dict[str, str] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if r.requests or extra:
-        out["requests"] = {**r.requests, **(extra or {})}
-    if r.limits or extra:
-        out["limits"] = {**r.limits, **(extra or {})}
-    return out
+    """Requests and limits, each with ``extra`` added (a GPU is asked for in both)."""
+    extra = extra or {}
+    return {kind: {**amounts, **extra} for kind, amounts in (("requests", r.requests), ("limits", r.limits))
+            if amounts or extra}
 
 
 def container_security() -> dict[str, Any]:
@@ -250,10 +229,9 @@ def http_probe(path: str, port: str | int, period_s: int, failures: int, timeout
 
 
 def pod_spec_common(values: Values) -> dict[str, Any]:
-    out: dict[str, Any] = {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}}
-    if values.image_pull_secrets:
-        out["imagePullSecrets"] = [{"name": s} for s in values.image_pull_secrets]
-    return out
+    pull_secrets = [{"name": s} for s in values.image_pull_secrets]
+    return {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            **({"imagePullSecrets": pull_secrets} if pull_secrets else {})}
 
 
 def pdb(values: Values, component: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from k8s.common import KAFKA_PLAIN_PORT, KAFKA_TLS_PORT, labels, resources
 from k8s.values import Values
-from schemas.topics import CATALOG, TopicSpec, replication_for
+from schemas.topics import CATALOG, replication_for
 
 API = "kafka.strimzi.io/v1"
 #: Broker settings of the local stack's brokers (infra/local_kafka.py, infra/kafka_cluster.py) that are
@@ -43,8 +43,7 @@ def _strimzi_labels(values: Values) -> dict[str, str]:
 
 def topic_object_name(topic: str) -> str:
     """A Kubernetes name for ``topic`` (the real name is ``spec.topicName``): lower case, dots and dashes."""
-    out = re.sub(r"[^a-z0-9.-]", "-", topic.lower()).strip(".-")
-    return out[:253]
+    return re.sub(r"[^a-z0-9.-]", "-", topic.lower()).strip(".-")[:253]
 
 
 def broker_config(values: Values) -> dict[str, str]:
@@ -77,9 +76,7 @@ def kafka_cluster(values: Values) -> dict[str, Any]:
 def node_pools(values: Values) -> list[dict[str, Any]]:
     k = values.kafka
     volume = {"id": 0, "type": "persistent-claim", "size": k.storage_size, "deleteClaim": k.delete_claim,
-              "kraftMetadata": "shared"}
-    if k.storage_class:
-        volume["class"] = k.storage_class
+              "kraftMetadata": "shared", **({"class": k.storage_class} if k.storage_class else {})}
     pool_resources = resources(k.resources)
     pools = [("brokers", k.nodes, ["broker"] if k.controllers else ["controller", "broker"])]
     if k.controllers:
@@ -91,22 +88,17 @@ def node_pools(values: Values) -> list[dict[str, Any]]:
             for pool, replicas, roles in pools]
 
 
-def topic_config(spec: TopicSpec, values: Values) -> tuple[int, dict[str, str]]:
-    """(replicas, config) of catalog topic ``spec``: what ``TopicAdmin.apply`` sets (transport/admin.py)."""
-    rf, min_isr = replication_for(spec, values.kafka.nodes, values.kafka.replication_factor)
-    return rf, {**spec.config(), "min.insync.replicas": str(min_isr)}
-
-
 def kafka_topics(values: Values) -> list[dict[str, Any]]:
     out = []
     for spec in CATALOG:
         topic = f"{values.topic_prefix}{spec.name}"
-        replicas, config = topic_config(spec, values)
+        # replicas and config as TopicAdmin.apply sets them (transport/admin.py)
+        replicas, min_isr = replication_for(spec, values.kafka.nodes, values.kafka.replication_factor)
         out.append({"apiVersion": API, "kind": "KafkaTopic",
                     "metadata": {"name": topic_object_name(topic), "namespace": values.namespace,
                                  "labels": _strimzi_labels(values), "annotations": {"chatpipe.dev/doc": spec.doc}},
                     "spec": {"topicName": topic, "partitions": spec.partitions, "replicas": replicas,
-                             "config": config}})
+                             "config": {**spec.config(), "min.insync.replicas": str(min_isr)}}})
     return out
 
 
@@ -114,11 +106,10 @@ def acls(service: str, topic_prefix: str) -> list[dict[str, Any]]:
     """Strimzi ACLs of ``service``: ``infra.kafka_security.service_acls``'s, rule for rule."""
     from infra.kafka_security import _topic_rules  # the one table of who reads and writes what
 
-    out = []
-    for pattern, topic, operations in _topic_rules(service):
-        out.append({"resource": {"type": "topic", "name": f"{topic_prefix}{topic}",
-                                 "patternType": "literal" if pattern == "LITERAL" else "prefix"},
-                    "operations": [OPERATIONS[o] for o in operations], "host": "*"})
+    out = [{"resource": {"type": "topic", "name": f"{topic_prefix}{topic}",
+                         "patternType": "literal" if pattern == "LITERAL" else "prefix"},
+            "operations": [OPERATIONS[o] for o in operations], "host": "*"}
+           for pattern, topic, operations in _topic_rules(service)]
     # Groups: any name (as service_acls); the worker also sets its share groups' configs.
     group_ops = ("READ", "DESCRIBE", "DESCRIBE_CONFIGS", "ALTER_CONFIGS") if service == "inference" else ("READ", "DESCRIBE")
     out.append({"resource": {"type": "group", "name": "*", "patternType": "literal"},

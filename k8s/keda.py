@@ -35,23 +35,28 @@ OFFSET_RESET = "earliest"
 
 def worker_groups(values: Values):
     """(group, topic, kind) of each group an inference container joins, as ``lag_groups`` lists them."""
-    from k8s.services import worker_settings
     from inference.worker.metrics import lag_groups
+    from inference.worker.settings import WorkerSettings
+    from k8s.services import inference_env
     from transport.settings import KafkaSettings
 
     # names only: the shell's own CHATPIPE_KAFKA_* (a CA file here) must not count
     kafka = settings_from_env(KafkaSettings, {}, topic_prefix=values.topic_prefix,
                               bootstrap_servers=bootstrap_servers(values))
-    return [(g.group, topic, g.kind) for g in lag_groups(kafka, worker_settings(values)) for topic in g.topics]
+    worker = settings_from_env(WorkerSettings, inference_env(values))  # as an inference container builds it
+    return [(g.group, topic, g.kind) for g in lag_groups(kafka, worker) for topic in g.topics]
 
 
 def lag_per_worker(values: Values) -> int:
     """The scaler's target per worker: the value, else ``capacity.keda.default_lag_threshold`` of the
     engine's max batch the containers get (3/4 of it)."""
     from capacity.keda import default_lag_threshold
-    from k8s.services import engine_settings
+    from inference.engine.settings import EngineSettings
+    from k8s.services import inference_env
 
-    return values.inference.keda.lag_per_worker or default_lag_threshold(engine_settings(values).max_batch)
+    # the EngineSettings an inference container builds from its variables
+    return values.inference.keda.lag_per_worker or default_lag_threshold(
+        settings_from_env(EngineSettings, inference_env(values)).max_batch)
 
 
 def triggers(values: Values) -> list[dict[str, Any]]:
@@ -59,25 +64,22 @@ def triggers(values: Values) -> list[dict[str, Any]]:
     lag = str(lag_per_worker(values))
     out = []
     for group, topic, kind in worker_groups(values):
+        trigger_name = "batch" if topic.endswith(".batch") else "interactive"
         if kind == "consumer":
             metadata = {"bootstrapServers": bootstrap_servers(values), "consumerGroup": group, "topic": topic,
                         "lagThreshold": lag, "activationLagThreshold": str(k.activation_lag),
                         "offsetResetPolicy": OFFSET_RESET, "allowIdleConsumers": "false"}
-            trigger: dict[str, Any] = {"type": "kafka", "name": _trigger_name(topic), "metadata": metadata}
+            trigger: dict[str, Any] = {"type": "kafka", "name": trigger_name, "metadata": metadata}
             if values.security:
                 metadata |= {"sasl": "scram_sha512", "tls": "enable"}
                 trigger["authenticationRef"] = {"name": AUTH}
         else:
-            trigger = {"type": "prometheus", "name": _trigger_name(topic),
-                       "metadata": {"serverAddress": k.prometheus_url, "query": f'max(chatpipe_consumer_lag_records{{group="{group}",topic="{topic}"}})',
-                                    "threshold": lag,
+            query = f'max(chatpipe_consumer_lag_records{{group="{group}",topic="{topic}"}})'
+            trigger = {"type": "prometheus", "name": trigger_name,
+                       "metadata": {"serverAddress": k.prometheus_url, "query": query, "threshold": lag,
                                     "activationThreshold": str(k.activation_lag), "ignoreNullValues": "true"}}
         out.append(trigger)
     return out
-
-
-def _trigger_name(topic: str) -> str:
-    return "batch" if topic.endswith(".batch") else "interactive"
 
 
 def trigger_authentication(values: Values) -> list[dict[str, Any]]:

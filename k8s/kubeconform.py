@@ -33,7 +33,6 @@ LOCATIONS = (f"kubernetes-v{KUBERNETES_VERSION}", "strimzi-1.2.0", "keda-2.20.2"
 class Result:
     ok: bool
     output: str
-    command: list[str]
 
 
 def binary(settings: StackSettings | None = None, progress: Callable[[str], None] = lambda m: None) -> Path:
@@ -41,17 +40,12 @@ def binary(settings: StackSettings | None = None, progress: Callable[[str], None
     return ensure_program(settings or StackSettings(), KUBECONFORM, progress)
 
 
-def locations(schemas: Path = SCHEMAS) -> list[str]:
-    return [str(schemas / folder / "{{ .ResourceKind }}{{ .KindSuffix }}.json") for folder in LOCATIONS]
-
-
-def validate(files: Iterable[Path], *, settings: StackSettings | None = None, schemas: Path = SCHEMAS,
-             progress: Callable[[str], None] = lambda m: None) -> Result:
+def validate(files: Iterable[Path], *, progress: Callable[[str], None] = lambda m: None) -> Result:
     """kubeconform -strict over ``files`` with the vendored schemas only."""
-    cmd = [str(binary(settings, progress)), "-strict", "-summary", "-output", "text",
+    cmd = [str(binary(progress=progress)), "-strict", "-summary", "-output", "text",
            "-kubernetes-version", KUBERNETES_VERSION]
-    for location in locations(schemas):
-        cmd += ["-schema-location", location]
+    for folder in LOCATIONS:
+        cmd += ["-schema-location", str(SCHEMAS / folder / "{{ .ResourceKind }}{{ .KindSuffix }}.json")]
     cmd += [str(f) for f in files]
     proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    return Result(proc.returncode == 0, (proc.stdout + proc.stderr).strip(), cmd)
+    return Result(proc.returncode == 0, (proc.stdout + proc.stderr).strip())

@@ -30,20 +30,15 @@ class Rendered:
     files: dict[str, list[dict[str, Any]]]
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def objects(self) -> list[dict[str, Any]]:
-        return [obj for objs in self.files.values() for obj in objs]
-
 
 def render(values: Values) -> Rendered:
     secrets, todo = services.secrets(values)
-    tiers = services.render(values)
     files = {
         "namespace": [{"apiVersion": "v1", "kind": "Namespace",
                        "metadata": {"name": values.namespace, "labels": labels("namespace")}}],
         "kafka": kafka.render(values),
         "secrets": secrets,
-        **tiers,
+        **services.render(values),
         "keda": keda.render(values),
         "spark": spark.render(values),
     }

@@ -32,6 +32,7 @@ GATEWAY_KEYS_SECRET = "chatpipe-gateway-keys"
 GATEWAY_KEYS_MOUNT = "/etc/chatpipe/gateway"
 QDRANT_SECRET = "chatpipe-qdrant"
 QDRANT_SECRET_KEY = "api-key"
+QDRANT_KEY_REF = {"secretKeyRef": {"name": QDRANT_SECRET, "key": QDRANT_SECRET_KEY}}  # Qdrant's and streams' key
 QDRANT_HTTP, QDRANT_GRPC, QDRANT_P2P = 6333, 6334, 6335  # Qdrant's own ports
 STREAMS_STATE = "/var/lib/chatpipe/streams"
 ARCHIVE_MOUNT = "/data/archive"
@@ -93,20 +94,16 @@ def gateway_env(values: Values) -> dict[str, str]:
     return env
 
 
-def gateway_graceful_s() -> float:
-    """How long uvicorn lets open requests finish after SIGTERM (``serve``'s ``graceful_s``)."""
-    from gateway.server import serve
-
-    return float(inspect.signature(serve).parameters["graceful_s"].default)
-
-
 def gateway(values: Values) -> list[dict[str, Any]]:
+    from gateway.server import serve
     from gateway.settings import GatewaySettings
 
     env = gateway_env(values)
     s = settings_from_env(GatewaySettings, env)
     kafka_vols, kafka_mounts = kafka_volumes(values, "gateway")
-    grace = values.gateway.stop_delay_s + math.ceil(gateway_graceful_s()) + GATEWAY_CLOSE_S
+    # How long uvicorn lets open requests finish after SIGTERM: serve's graceful_s.
+    graceful_s = inspect.signature(serve).parameters["graceful_s"].default
+    grace = values.gateway.stop_delay_s + math.ceil(graceful_s) + GATEWAY_CLOSE_S
     container = _container(
         values, "gateway", ["gateway"], env,
         ports=[{"name": "http", "containerPort": s.port, "protocol": "TCP"}],
@@ -160,26 +157,21 @@ def model_env(values: Values) -> dict[str, str]:
     return env_of(EngineSettings, model_cache=values.model.mount_path, model_path=path)
 
 
-def model_marker(values: Values) -> str:
-    """The file ``chatpipe model pull`` writes last into the model volume (the default model complete)."""
-    from inference.engine.model_store import COMPLETE_MARKER
-    from inference.engine.settings import EngineSettings
-
-    s = settings_from_env(EngineSettings, model_env(values))
-    return str(s.default_model_dir() / COMPLETE_MARKER)
-
-
 def model_init(values: Values) -> list[dict[str, Any]]:
     """Init containers that make the model there before a worker starts: on a pod's own emptyDir (or its
     node's hostPath) a pull; on a claim shared by all pods a wait for the pull Job (one writer, so two pods
     never convert into one folder at once)."""
+    from inference.engine.model_store import COMPLETE_MARKER
+    from inference.engine.settings import EngineSettings
+
     m = values.model
     if not m.pull or m.path:
         return []
     mount = [{"name": "model", "mountPath": m.mount_path}]
     if m.volume.kind != "pvc":  # the pod's own folder (emptyDir) or its node's (hostPath)
         return [_container(values, "model-pull", ["model", "pull"], model_env(values), volumeMounts=mount)]
-    marker = model_marker(values)
+    # The file `chatpipe model pull` writes last into the model volume (the default model complete).
+    marker = settings_from_env(EngineSettings, model_env(values)).default_model_dir() / COMPLETE_MARKER
     return [{"name": "model-wait", "image": values.image, "imagePullPolicy": values.image_pull_policy,
              "command": ["sh", "-c", f"until [ -f '{marker}' ]; do echo 'waiting for the model ({marker})'; "
                                      "sleep 5; done"],
@@ -214,27 +206,13 @@ def streams_env(values: Values) -> dict[str, str]:
             **tracing_env(values), **values.streams.env}
 
 
-def _streams_classes():
+def streams(values: Values) -> list[dict[str, Any]]:
     from inference.engine.settings import EngineSettings
     from streams.memory_settings import MemorySettings
     from streams.settings import StreamsSettings
 
-    return [StreamsSettings, MemorySettings, EngineSettings, *_kafka_classes()]
-
-
-def _qdrant_key_env(values: Values, cls_field: tuple[Any, str]) -> list[dict[str, Any]]:
-    if not (values.qdrant.api_key and values.qdrant.enabled):
-        return []
-    return [{"name": env_var(*cls_field), "valueFrom": {"secretKeyRef": {"name": QDRANT_SECRET,
-                                                                         "key": QDRANT_SECRET_KEY}}}]
-
-
-def streams(values: Values) -> list[dict[str, Any]]:
-    from streams.memory_settings import MemorySettings
-    from streams.settings import StreamsSettings
-
     env = streams_env(values)
-    check_env(env, _streams_classes(), "streams")
+    check_env(env, [StreamsSettings, MemorySettings, EngineSettings, *_kafka_classes()], "streams")
     s = settings_from_env(StreamsSettings, env)
     if not s.metrics_port:
         raise RenderError("streams: CHATPIPE_STREAMS_METRICS_PORT 0 turns /metrics off, which the probes need")
@@ -246,7 +224,8 @@ def streams(values: Values) -> list[dict[str, Any]]:
         volumeMounts=[{"name": "state", "mountPath": str(s.state_dir)},
                       {"name": "archive", "mountPath": str(s.archive_dir)},
                       {"name": "model", "mountPath": values.model.mount_path, "readOnly": True}, *kafka_mounts])
-    container["env"] += _qdrant_key_env(values, (MemorySettings, "api_key"))
+    if values.qdrant.api_key and values.qdrant.enabled:
+        container["env"].append({"name": env_var(MemorySettings, "api_key"), "valueFrom": QDRANT_KEY_REF})
     pod = _worker_pod(values, values.streams.termination_grace_s, container,
                       [{"name": "state", "emptyDir": {}}, volume_source(values.archive, "archive"),
                        volume_source(values.model.volume, "model"), *kafka_vols])
@@ -276,32 +255,12 @@ def inference_env(values: Values) -> dict[str, str]:
 GPU_MAX_BATCH = 32  # what the docs/benchmarks.md "GPU" runs measured on one H200 (and capacity/figures.py's GPU curves)
 
 
-def engine_settings(values: Values):
-    """The ``EngineSettings`` an inference container builds from its variables."""
-    from inference.engine.settings import EngineSettings
-
-    return settings_from_env(EngineSettings, inference_env(values))
-
-
-def _inference_classes():
-    from inference.engine.settings import EngineSettings
-    from inference.worker.settings import WorkerSettings
-
-    return [WorkerSettings, EngineSettings, *_kafka_classes()]
-
-
-def worker_settings(values: Values):
-    """The ``WorkerSettings`` an inference container builds from its variables."""
-    from inference.worker.settings import WorkerSettings
-
-    return settings_from_env(WorkerSettings, inference_env(values))
-
-
 def inference(values: Values) -> list[dict[str, Any]]:
+    from inference.engine.settings import EngineSettings
     from inference.worker.settings import WorkerSettings
 
     env = inference_env(values)
-    check_env(env, _inference_classes(), "inference")
+    check_env(env, [WorkerSettings, EngineSettings, *_kafka_classes()], "inference")
     s = settings_from_env(WorkerSettings, env)
     if not s.metrics_port:
         raise RenderError("inference: CHATPIPE_WORKER_METRICS_PORT 0 turns /metrics off, which the probes and the "
@@ -348,8 +307,7 @@ def qdrant(values: Values) -> list[dict[str, Any]]:
     env = [{"name": "QDRANT__SERVICE__HTTP_PORT", "value": str(QDRANT_HTTP)},
            {"name": "QDRANT__SERVICE__GRPC_PORT", "value": str(QDRANT_GRPC)}]
     if q.api_key:
-        env.append({"name": "QDRANT__SERVICE__API_KEY",
-                    "valueFrom": {"secretKeyRef": {"name": QDRANT_SECRET, "key": QDRANT_SECRET_KEY}}})
+        env.append({"name": "QDRANT__SERVICE__API_KEY", "valueFrom": QDRANT_KEY_REF})
     container: dict[str, Any] = {
         "name": "qdrant", "image": q.image, "imagePullPolicy": values.image_pull_policy, "env": env,
         "ports": [{"name": "http", "containerPort": QDRANT_HTTP}, {"name": "grpc", "containerPort": QDRANT_GRPC},
@@ -368,9 +326,8 @@ def qdrant(values: Values) -> list[dict[str, Any]]:
             'i="${HOSTNAME##*-}"; '
             f'if [ "$i" = 0 ]; then exec ./entrypoint.sh --uri "http://{first}"; '
             f'else exec ./entrypoint.sh --bootstrap "http://{first}" --uri "http://{peer}"; fi')]
-    pvc_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": q.storage_size}}}
-    if q.storage_class:
-        pvc_spec["storageClassName"] = q.storage_class
+    pvc_spec = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": q.storage_size}},
+                **({"storageClassName": q.storage_class} if q.storage_class else {})}
     pod = {**pod_spec_common(values), "containers": [container],
            # The official image runs as root unless told otherwise; uid 1000 owns the volume through fsGroup.
            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
@@ -411,8 +368,7 @@ def secrets(values: Values) -> tuple[list[dict[str, Any]], list[str]]:
     if values.qdrant.enabled and values.qdrant.api_key:
         key_file = values.qdrant.api_key_file
         if key_file is not None:
-            lines = key_file.read_text(encoding="utf-8").splitlines()
-            key = lines[0].strip() if lines else ""
+            key = (key_file.read_text(encoding="utf-8").splitlines() or [""])[0].strip()
             if not key:
                 raise RenderError(f"qdrant.api_key_file {key_file} is empty")
             out.append(_secret(values, QDRANT_SECRET, "qdrant", {QDRANT_SECRET_KEY: key}))
@@ -428,10 +384,8 @@ def _secret(values: Values, secret_name: str, component: str, data: dict[str, st
 
 
 def storage(values: Values) -> list[dict[str, Any]]:
-    out = claim(values, values.model.volume, "model")
-    for volume, what in ((values.archive, "archive"), (values.datasets, "datasets")):
-        out += claim(values, volume, what)
-    return out
+    volumes = ((values.model.volume, "model"), (values.archive, "archive"), (values.datasets, "datasets"))
+    return [pvc for volume, what in volumes for pvc in claim(values, volume, what)]
 
 
 def render(values: Values) -> dict[str, list[dict[str, Any]]]:

@@ -83,7 +83,7 @@ def application_spec(values: Values, job: str, job_cls, module: str) -> dict[str
     vols, mounts = _volumes(values)
     env = env_list(job_env(values))
     pod_labels = labels(f"spark-{job}", "spark")
-    spec: dict[str, Any] = {
+    return {
         "type": "Python", "pythonVersion": "3", "mode": "cluster", "image": sv.image,
         "imagePullPolicy": values.image_pull_policy,
         "mainApplicationFile": f"local://{sv.app_dir.rstrip('/')}/{module.replace('.', '/')}.py",
@@ -97,10 +97,8 @@ def application_spec(values: Values, job: str, job_cls, module: str) -> dict[str
                      "labels": pod_labels, "env": env, "volumeMounts": mounts},
         "volumes": vols,
         "deps": {"jars": list(sv.jars)} if sv.jars else {"packages": packages(values)},
+        **({"imagePullSecrets": list(values.image_pull_secrets)} if values.image_pull_secrets else {}),
     }
-    if values.image_pull_secrets:
-        spec["imagePullSecrets"] = list(values.image_pull_secrets)
-    return spec
 
 
 def scheduled(values: Values) -> list[dict[str, Any]]:

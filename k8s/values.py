@@ -239,10 +239,9 @@ class Values(_Model):
         if self.streams.replicas > 1 and self.archive.kind == "emptyDir":
             raise ValueError("archive.kind emptyDir with several streams workers: each would keep part of the "
                              "archive in its own pod; use a ReadWriteMany pvc")
-        if self.inference.keda.min_replicas > self.inference.keda.max_replicas:
-            raise ValueError("inference.keda.min_replicas is above max_replicas")
-        if self.gateway.hpa.min_replicas > self.gateway.hpa.max_replicas:
-            raise ValueError("gateway.hpa.min_replicas is above max_replicas")
+        for key, scaler in (("inference.keda", self.inference.keda), ("gateway.hpa", self.gateway.hpa)):
+            if scaler.min_replicas > scaler.max_replicas:
+                raise ValueError(f"{key}.min_replicas is above max_replicas")
         return self
 
 
@@ -261,18 +260,15 @@ def load(path: Path | None) -> Values:
     except Exception as exc:  # noqa: BLE001 - yaml and json errors alike: one line naming the file
         raise ValuesError(f"values file {path} is not valid {'JSON' if str(path).endswith('.json') else 'YAML'}: "
                           f"{str(exc).splitlines()[0]}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
+    if data is not None and not isinstance(data, dict):  # None: an empty file, the defaults
         raise ValuesError(f"values file {path} must hold a mapping of fields, not a {type(data).__name__}")
-    base = Path(path).parent
     try:
-        values = Values.model_validate(data)
+        values = Values.model_validate(data or {})
     except ValidationError as exc:
         problems = "; ".join(e["msg"].removeprefix("Value error, ") if not e["loc"]
                              else f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ValuesError(f"values file {path}: {problems}") from None
-    return _relative_to(values, base)
+    return _relative_to(values, Path(path).parent)
 
 
 def _relative_to(values: Values, base: Path) -> Values:
@@ -290,6 +286,7 @@ def described(value: BaseModel | None = None, prefix: str = "") -> list[tuple[st
     """(dotted name, default, description) of every value, nested models flattened (for docs and
     ``chatpipe k8s values``); a nested model has its own row with default None."""
     value = Values() if value is None else value
+    plain = value.model_dump(mode="json")  # each default as JSON has it (a path as text, a model as a dict)
     rows = []
     for name, field in type(value).model_fields.items():
         current = getattr(value, name)
@@ -297,13 +294,5 @@ def described(value: BaseModel | None = None, prefix: str = "") -> list[tuple[st
             rows.append((f"{prefix}{name}", None, field.description or ""))
             rows += described(current, f"{prefix}{name}.")
         else:
-            rows.append((f"{prefix}{name}", _plain(current), field.description or ""))
+            rows.append((f"{prefix}{name}", plain[name], field.description or ""))
     return rows
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, Path):
-        return str(value)
-    return value

@@ -174,10 +174,5 @@ def parse_job_args(job_cls, argv: list[str] | None):
     return settings_from_options(job_cls, args, quiet=args.pop("quiet", False))
 
 
-def value_type(opt: JobOption) -> type:
-    """The Python type a CLI framework should hand over for ``opt`` (values stay strings: pydantic parses)."""
-    return {"switch": bool, "repeat": list[str], "pairs": list[str]}.get(opt.kind, str)
-
-
 __all__ = ["JobOption", "job_options", "settings_from_options", "argument_parser", "parse_job_args",
-           "value_type", "KAFKA_FIELDS", "FLAG_NAMES", "QUIET_FLAG"]
+           "KAFKA_FIELDS", "FLAG_NAMES", "QUIET_FLAG"]

@@ -19,7 +19,6 @@ Turns with fewer than ``n`` words cannot share an n-gram and pass.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -29,8 +28,6 @@ from spark_jobs import jvm_functions
 from spark_jobs.dedup import norm_column, normalize, word_ngrams
 from spark_jobs.errors import InputError
 from spark_jobs.steps import is_live, tag
-
-_NON_WORD = re.compile(r"[\W_]+")
 
 
 def _strings(value) -> list[str]:
@@ -103,9 +100,3 @@ def decontaminate(df: DataFrame, spark: SparkSession, files: tuple[Path, ...], n
                  F.when(F.col("_eval").isNotNull(), F.lit("eval_contamination")),
                  F.concat(F.lit("eval="), F.col("_eval")))
     return tagged.drop("_eval")
-
-
-def ngrams_py(text: str, n: int) -> set[str]:
-    """The normalised word n-grams of ``text`` (plain-Python twin, for the baseline)."""
-    words = _NON_WORD.sub(" ", text.lower()).strip().split(" ")
-    return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}

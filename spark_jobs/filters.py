@@ -20,9 +20,9 @@ Reasons, checked in this order (step ``quality``):
 - ``repeated_lines``: over ``max_dup_line_ratio`` of the answer's non-empty lines repeat an
   earlier line (degenerate loops).
 
-Both a Spark Column (:func:`quality_reason`) and a plain-Python function
-(:func:`quality_reason_py`) implement the same rules; the latter serves the single-process
-baseline and unit tests. Not here: duplicates across turns (``dedup``), eval leaks
+The rules are Spark Columns (:func:`tag_quality`); the single-process baseline's plain-Python
+twin (``bench/finetune_reference.py``, ``quality_reason_py``) is checked against them by
+``tests/spark/test_quality_text.py``. Not here: duplicates across turns (``dedup``), eval leaks
 (``decontam``).
 """
 
@@ -37,8 +37,7 @@ ERROR_TEXT = (
     r"(?i)^[ \t\n\r]*(error:|error [0-9]{3}|exception:|traceback \(most recent call last\)"
     r"|internal server error|an error occurred|sorry, something went wrong)"
 )
-_WS = " \t\n\r"
-_ERROR_TEXT_RE = re.compile(ERROR_TEXT)
+WHITESPACE = " \t\n\r"
 
 #: Punctuation that ordinary prose uses, counted as text by ``mostly_non_text``.
 PROSE_PUNCT = ".,;:!?'\"()[]-/%$&*#@+=~\u20ac\u00a3\u00a5\u00b0\u2013\u2014\u2018\u2019\u201c\u201d\u2026"
@@ -47,45 +46,13 @@ LONG_RUN_CHARS = 40
 #: Same regex for Python and Java: whitespace-free runs of LONG_RUN_CHARS+ characters, unless
 #: they hold ``://`` (a URL is text).
 LONG_RUN = rf"(?<![^ \t\n\r])(?![^ \t\n\r]*://)[^ \t\n\r]{{{LONG_RUN_CHARS},}}"
-_LONG_RUN_RE = re.compile(LONG_RUN)
-_TEXT_CHARS = frozenset("0123456789" + _WS + PROSE_PUNCT)
 #: Java class of the characters that are *not* text (``[`` ``]`` escaped: Java nests classes;
 #: ``-`` escaped: no range).
-_NON_TEXT_CLASS = "[^\\p{L}0-9" + _WS + re.sub(r"([\[\]\-])", r"\\\1", PROSE_PUNCT) + "]"
-
-
-def text_ratio(answer: str) -> float:
-    """Share of ``answer``'s characters that are text (see the module docstring); 1.0 when empty."""
-    if not answer:
-        return 1.0
-    rest = _LONG_RUN_RE.sub("", answer)
-    return sum(1 for c in rest if c.isalpha() or c in _TEXT_CHARS) / len(answer)
-
-
-def quality_reason_py(turn: dict, s: FinetuneSettings) -> str | None:
-    prompt, answer = turn["prompt"] or "", turn["answer"] or ""
-    if turn["finish_reason"] in ERROR_FINISH or _ERROR_TEXT_RE.search(answer):
-        return "error_response"
-    if turn["finish_reason"] == "CANCELLED":
-        return "incomplete"
-    p, a = prompt.strip(_WS), answer.strip(_WS)
-    if not p or not a:
-        return "empty"
-    if len(a) < s.min_answer_chars or len(p) < s.min_prompt_chars:
-        return "too_short"
-    if len(turn.get("system_prompt") or "") + len(prompt) + len(answer) > s.max_chars:
-        return "too_long"
-    if text_ratio(answer) < s.min_text_ratio:
-        return "mostly_non_text"
-    lines = [line.strip(" \t\r") for line in answer.split("\n")]
-    lines = [line for line in lines if line]
-    if len(lines) >= 2 and 1 - len(set(lines)) / len(lines) > s.max_dup_line_ratio:
-        return "repeated_lines"
-    return None
+_NON_TEXT_CLASS = "[^\\p{L}0-9" + WHITESPACE + re.sub(r"([\[\]\-])", r"\\\1", PROSE_PUNCT) + "]"
 
 
 def text_char_count(answer, spark=None):
-    """A Column: how many characters of ``answer`` are text (:func:`text_ratio`'s numerator);
+    """A Column: how many characters of ``answer`` are text (the module docstring says which);
     ``spark``: the session the column is for (default: the active one)."""
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -106,8 +73,8 @@ def _measures(spark=None) -> dict:
     answer_len = F.length(answer)
     lines = F.filter(F.transform(F.split(answer, "\n"), lambda x: F.trim(x, F.lit(" \t\r"))), lambda x: x != "")
     return {
-        "_q_prompt_chars": F.length(F.trim(prompt, F.lit(_WS))),
-        "_q_answer_chars": F.length(F.trim(answer, F.lit(_WS))),
+        "_q_prompt_chars": F.length(F.trim(prompt, F.lit(WHITESPACE))),
+        "_q_answer_chars": F.length(F.trim(answer, F.lit(WHITESPACE))),
         "_q_answer_len": answer_len,
         "_q_total_len": F.length(F.coalesce(F.col("system_prompt"), F.lit(""))) + F.length(prompt) + answer_len,
         "_q_text_chars": text_char_count(answer, spark),
@@ -134,11 +101,6 @@ def _reason(s: FinetuneSettings, m: dict):
         (m["_q_text_chars"] / m["_q_answer_len"] < s.min_text_ratio, "mostly_non_text"),
         ((m["_q_lines"] >= 2) & (dup_ratio > s.max_dup_line_ratio), "repeated_lines"),
     )
-
-
-def quality_reason(s: FinetuneSettings, spark=None):
-    """A Column: the quality drop reason of a turn row, or null (``spark``: as :func:`text_char_count`)."""
-    return _reason(s, _measures(spark))
 
 
 def tag_quality(df, s: FinetuneSettings, spark=None):

@@ -74,10 +74,8 @@ def _histograms(df: DataFrame, cols: dict[str, str]) -> dict[str, dict[str, int]
     edges = card_mod.HIST_EDGES
     aggs = []
     for j, col in enumerate(cols.values()):
-        bucket = None
-        for i in range(len(edges) - 1, -1, -1):  # highest edge first: the first that holds wins
-            c = F.col(col)
-            bucket = F.when(c >= edges[i], F.lit(i)) if bucket is None else bucket.when(c >= edges[i], F.lit(i))
+        # the highest edge the value reaches (greatest skips the nulls of the edges it does not reach)
+        bucket = F.greatest(*[F.when(F.col(col) >= edge, F.lit(i)) for i, edge in enumerate(edges)])
         aggs += [F.count(F.when(bucket == i, 1)).alias(f"h{j}_{i}") for i in range(len(edges))]
     row = df.agg(*aggs).first()
     return {name: {card_mod.bucket_label(i): int(row[f"h{j}_{i}"]) for i in range(len(edges))}

@@ -4,12 +4,13 @@ each whole match replaced by ``[SECRET]``, ``[EMAIL]``, ``[CARD]``, ``[IP]`` or 
 One list of patterns, written in the subset of regex syntax that Java (Spark's
 ``regexp_replace``) and Python's ``re`` read the same way, drives both the Spark column
 expression (:func:`redact_column`, no Python UDF: the Luhn check is SQL higher-order functions
-over the candidate matches) and the plain-Python function (:func:`redact_text`) used by the
-single-process baseline and the tests. The subset: ASCII classes (``[0-9]`` not ``\\d``, no
-``\\s``/``\\w``/``\\b``, whose Unicode meaning differs), ``[`` escaped inside classes (Java reads
-it as a nested class), no ``&&`` in a class (Java: intersection), no possessive quantifiers,
-each lookbehind of fixed width (Python's rule), ``(?i:...)`` scoped flags only, and replacement
-group references that are the same in both (an unmatched group inserts nothing in both).
+over the candidate matches) and the plain-Python twin (``redact_text`` in
+``bench/finetune_reference.py``) used by the single-process baseline and the tests. The subset:
+ASCII classes (``[0-9]`` not ``\\d``, no ``\\s``/``\\w``/``\\b``, whose Unicode meaning differs),
+``[`` escaped inside classes (Java reads it as a nested class), no ``&&`` in a class (Java:
+intersection), no possessive quantifiers, each lookbehind of fixed width (Python's rule),
+``(?i:...)`` scoped flags only, and replacement group references that are the same in both (an
+unmatched group inserts nothing in both).
 
 Why the patterns look the way they do (rules in docs/spark_jobs.md, "Redaction rules"):
 
@@ -31,8 +32,6 @@ Not detected: names, postal addresses, national ids (need NER, out of scope here
 """
 
 from __future__ import annotations
-
-import re
 
 KINDS = ("SECRET", "EMAIL", "CARD", "IP", "PHONE")
 
@@ -156,6 +155,7 @@ PHONE = (
 
 #: (kind, pattern, Java replacement, Python replacement, a substring every match contains or None).
 #: The guard lets both paths skip a pattern on text that cannot match it (same output, less time).
+#: Python replacements: the plain-Python twin's (``bench/finetune_reference.py``).
 PASSES = (
     ("SECRET", SECRET_TOKEN, "[SECRET]", "[SECRET]", None),
     ("SECRET", SECRET_ASSIGNMENT, _ASSIGNMENT_JAVA, _ASSIGNMENT_PY, None),
@@ -165,36 +165,6 @@ AFTER_CARDS = (
     ("IP", IP, "[IP]", "[IP]", None),
     ("PHONE", PHONE, "[PHONE]", "[PHONE]", None),
 )
-
-
-# --- plain Python ------------------------------------------------------------------------
-
-def luhn_ok(candidate: str) -> bool:
-    digits = [int(c) for c in candidate if "0" <= c <= "9"][::-1]
-    # every second digit from the right doubled, minus 9 when that makes two digits
-    return sum(d if i % 2 == 0 else 2 * d - 9 * (d > 4) for i, d in enumerate(digits)) % 10 == 0
-
-
-_PY_PASSES = [(re.compile(p), repl, guard) for _, p, _, repl, guard in PASSES]
-_PY_AFTER = [(re.compile(p), repl, guard) for _, p, _, repl, guard in AFTER_CARDS]
-_CARD_RE = re.compile(CARD_CANDIDATE)
-_DIGIT_RE = re.compile(r"[0-9]")
-
-
-def redact_text(text: str | None) -> str | None:
-    """``text`` with every PII match replaced by its ``[KIND]`` placeholder."""
-    if text is None:
-        return None
-    for rx, repl, guard in _PY_PASSES:
-        if guard is None or guard in text:
-            text = rx.sub(repl, text)
-    if not _DIGIT_RE.search(text):   # cards, IPs and phones all hold a digit
-        return text
-    for cand in [c for c in _CARD_RE.findall(text) if luhn_ok(c)]:
-        text = text.replace(cand, "[CARD]")
-    for rx, repl, guard in _PY_AFTER:
-        text = rx.sub(repl, text)
-    return text
 
 
 # --- Spark --------------------------------------------------------------------------------
@@ -242,7 +212,7 @@ def _number_passes(v):
 
 
 def redact_column(col):
-    """A Column: ``col`` redacted like :func:`redact_text` (JVM only, no Python UDF)."""
+    """A Column: ``col`` with every PII match replaced by its ``[KIND]`` placeholder (JVM only, no Python UDF)."""
     from pyspark.sql import functions as F
 
     for _, pattern, repl, _, guard in PASSES:

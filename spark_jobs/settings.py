@@ -12,16 +12,12 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.topics import DELETIONS, DLQ, FEEDBACK, TURNS
-
-Source = Literal["kafka", "archive"]
-Jit = Literal["auto", "client", "server"]
-
 
 def parse_time_ms(value: str | int | datetime | None) -> int | None:
     """Epoch ms from an int, an ISO-8601 string (naive = UTC) or a datetime."""
@@ -34,6 +30,10 @@ def parse_time_ms(value: str | int | datetime | None) -> int | None:
     if value.tzinfo is None:
         value = value.replace(tzinfo=timezone.utc)
     return int(value.timestamp() * 1000)
+
+
+#: Epoch ms, given as an int, an ISO-8601 string (naive = UTC) or a datetime.
+TimeMs = Annotated[int | None, BeforeValidator(parse_time_ms)]
 
 
 class SparkSettings(BaseSettings):
@@ -50,21 +50,16 @@ class SparkSettings(BaseSettings):
     progress: bool = Field(True, description="Show a progress display per step")
     class_data_sharing: bool = Field(True, description="Map the driver JVM's classes from a cached CDS archive (faster start)")
     jvm_functions: bool = Field(True, description="Compute n-gram hashes (decontam, MinHash) and quality's text count with the project's Java functions (built with javac on first use); off: the same results in Spark SQL, slower")
-    jit: Jit = Field("auto", description="JIT of the driver JVM (in local mode it runs the tasks too): client = C1 only (compiles less; small inputs), server = C1+C2 (faster code; long jobs), auto = server from 32 MiB of archive input")
+    jit: Literal["auto", "client", "server"] = Field("auto", description="JIT of the driver JVM (in local mode it runs the tasks too): client = C1 only (compiles less; small inputs), server = C1+C2 (faster code; long jobs), auto = server from 32 MiB of archive input")
 
 
 class _InputSettings(BaseSettings):
-    source: Source = Field("kafka", description="Read from Kafka (bounded batch) or from the Avro archive")
+    source: Literal["kafka", "archive"] = Field("kafka", description="Read from Kafka (bounded batch) or from the Avro archive")
     archive_dir: Path | None = Field(None, description="Root folder of the Avro archive (source=archive)")
-    since: int | None = Field(None, description="Start of the time range (Kafka timestamp), ISO-8601 (UTC) or epoch ms, inclusive")
-    until: int | None = Field(None, description="End of the time range, ISO-8601 (UTC) or epoch ms, exclusive")
+    since: TimeMs = Field(None, description="Start of the time range (Kafka timestamp), ISO-8601 (UTC) or epoch ms, inclusive")
+    until: TimeMs = Field(None, description="End of the time range, ISO-8601 (UTC) or epoch ms, exclusive")
     out: Path = Field(..., description="Output folder, written atomically")
     overwrite: bool = Field(False, description="Replace an existing output folder, if it holds a previous output of the same job")
-
-    @field_validator("since", "until", mode="before")
-    @classmethod
-    def _time(cls, value):
-        return parse_time_ms(value)
 
     @model_validator(mode="after")
     def _check(self):

@@ -9,19 +9,11 @@ machine, and a conversation's examples never straddle train and validation. Not 
 
 from __future__ import annotations
 
-import hashlib
-
 BUCKETS = 10_000
 
 
-def split_of(key: str, validation_fraction: float) -> str:
-    """The split of the conversation with this key (``erasure.conversation_key``)."""
-    bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % BUCKETS
-    return "validation" if bucket < validation_fraction * BUCKETS else "train"
-
-
 def split_column(validation_fraction: float, key: str = "conversation_key"):
-    """A Column: ``split_of(key)`` in the JVM."""
+    """A Column: the split of the conversation whose key (``erasure.conversation_key``) is column ``key``."""
     from pyspark.sql import functions as F
 
     bucket = F.conv(F.substring(F.sha2(F.col(key), 256), 1, 8), 16, 10).cast("long") % BUCKETS

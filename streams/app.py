@@ -63,7 +63,7 @@ from streams.faust_runtime.watchdog import (
 )
 from streams.forget import Forget, ForgetPartition
 from streams.intake import Intake
-from streams.metrics import StreamsMetrics
+from streams.metrics import AgentCounters, StreamsMetrics
 from streams.record import Record
 from streams.recorded import BrokerEndOffsets, RecordedOffsets
 from streams.refusals import Refusals
@@ -155,8 +155,8 @@ class StreamsApp:
         # A reply topic that does not exist fails within 10 s instead of librdkafka's 5 minutes.
         self.reply_producer = AckedProducer(kafka, codec=services.codec, linger_ms=0, tracer=services.tracer,
                                             extra_config={"message.timeout.ms": 10_000})
-        replies = ReplyAddresses.of(kafka, TopicAdmin(kafka, timeout_s=10.0).topic_partitions,
-                                    fresh_s=settings.reply_topics_cache_s)
+        admin = TopicAdmin(kafka, timeout_s=10.0)  # reply topics (intake, embeddings), backlogs (the watchdog)
+        replies = ReplyAddresses.of(kafka, admin.topic_partitions, fresh_s=settings.reply_topics_cache_s)
         codec = services.codec
         intake_letters = DeadLetters(dlq, codec, "streams.intake")
         self.refusals = Refusals(intake_letters, retrier, self.reply_producer, replies)
@@ -205,9 +205,8 @@ class StreamsApp:
         # Records that wait on an assigned partition and reach no agent end the process (faust_runtime/watchdog.py).
         sources = {kafka.topic(t) for t in (PROMPTS, RESPONSES, DELETIONS, TURNS, FEEDBACK, DELETIONS_FANOUT,
                                             EMBEDDING_REQUESTS)}
-        self.metrics.watch(self)
+        self.metrics.registry.register(AgentCounters(self))  # the agents' counters, read at every scrape
         self.lag_groups = [GroupTopics(app_id(kafka, settings), tuple(sorted(sources)))]  # Faust's one group
-        admin = TopicAdmin(kafka, timeout_s=10.0)
         self.watchdog = ProgressWatchdog(lambda tps: admin.backlogs(app_id(kafka, settings), tps), settings.stall_s)
 
         @app.task

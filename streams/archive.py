@@ -127,10 +127,6 @@ class Archiver:
         self.skipped = 0  # offsets already archived (a redelivery)
         self.duplicates = 0  # records whose event id was already archived (a repeat at a new offset)
 
-    def high_water(self, topic: str, partition: int) -> int:
-        """Last offset of ``topic``/``partition`` archived without a gap from its first archived one."""
-        return self._archived(topic, partition).high_water
-
     def write(self, messages: Iterable[ArchivedMessage]) -> list[Path]:
         """Archive what of ``messages`` is not archived yet; returns the files written."""
         with self.lock:
@@ -212,11 +208,8 @@ class Archiver:
             return None  # not a chatpipe record: archived as it is
 
     def _files(self, topic: str, partition: int) -> list[tuple[int, int, Path]]:
-        found = []
-        for path in (self.root / topic).glob(f"date=*/hour=*/part-{partition:05d}-*.avro"):
-            if (parsed := parse_file_name(path.name)) is not None:
-                found.append((parsed[1], parsed[2], path))
-        return sorted(found)
+        paths = (self.root / topic).glob(f"date=*/hour=*/part-{partition:05d}-*.avro")
+        return sorted((name[1], name[2], path) for path in paths if (name := parse_file_name(path.name)) is not None)
 
     def _archived(self, topic: str, partition: int) -> ArchivedOffsets:
         key = (topic, partition)

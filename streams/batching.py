@@ -17,12 +17,10 @@ T = TypeVar("T")
 
 def split_by_tokens(items: Sequence[T], tokens: Sequence[int], max_tokens: int) -> list[list[T]]:
     """``items`` (with their token counts) cut into consecutive runs of at most ``max_tokens``."""
-    if len(items) != len(tokens):
-        raise ValueError(f"{len(items)} items but {len(tokens)} token counts")
     runs: list[list[T]] = []
     run: list[T] = []
     used = 0
-    for item, n in zip(items, tokens):
+    for item, n in zip(items, tokens, strict=True):  # a count for every item
         if run and used + n > max_tokens:
             runs.append(run)
             run, used = [], 0

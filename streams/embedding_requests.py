@@ -55,15 +55,14 @@ from schemas.errors import DecodeError
 from schemas.records import EmbeddingRequest, EmbeddingResult, now_ms
 from schemas.requests import RequestRuleError
 from streams.batching import split_by_tokens
-from streams.dead_letters import DeadLetters, child_headers, event_headers, receive_batch
+from streams.dead_letters import DeadLetters, event_headers, receive_batch
 from streams.errors import ExpiredRequestError, InvalidReplyAddressError, StreamsError
 from streams.faults import Retrier
 from streams.ports import BatchRule, Message, Outbox
-from streams.refusals import reply_problem
+from streams.refusals import reply_problem, send_reply
 from transport.reply_address import ReplyAddresses
 from transport import tracing
 from transport.acked_producer import AckedProducer
-from transport.errors import DeliveryError
 
 log = logging.getLogger(__name__)
 COMPONENT = "streams.embeddings"
@@ -115,6 +114,8 @@ class EmbeddingRequests:
                  reply_producer: AckedProducer, replies: ReplyAddresses | None,
                  limits: EmbeddingLimits = EMBEDDING_LIMITS) -> None:
         self.settings = settings
+        self.batching = BatchRule(settings.intake_batch_size, settings.intake_batch_window_s,
+                                  settings.intake_batch_idle_s)
         self.services = services
         self.dead_letters = dead_letters
         self.retrier = retrier
@@ -141,11 +142,6 @@ class EmbeddingRequests:
         """The longest input the model reads, in tokens; None when it does not say."""
         longest = getattr(getattr(self.services.embedder, "model", None), "max_seq_length", None)
         return int(longest) if longest else None
-
-    @property
-    def batching(self) -> BatchRule:
-        s = self.settings
-        return BatchRule(s.intake_batch_size, s.intake_batch_window_s, s.intake_batch_idle_s)
 
     async def handle(self, messages: Sequence[Message], outbox: Outbox) -> None:
         """Answer or refuse every request of ``messages``; returns once all it produced is on the broker."""
@@ -280,8 +276,8 @@ class EmbeddingRequests:
                       dead_lettered: bool = False) -> bool:
         """Send ``result``, awaited and retried while the broker is away; False when the reply address
         vanished meanwhile (then the request is dead-lettered, unless it was already)."""
-        gone = await self.retrier.call(f"embedding result for request {request.request_id}", self._send, message,
-                                       request, result)
+        gone = await self.retrier.call(f"embedding result for request {request.request_id}", send_reply,
+                                       self.reply_producer, self.replies, message, request, result)
         if gone is None:
             return True
         log.warning("request %s: result not delivered, the reply address is unusable (%s)", request.request_id, gone)
@@ -290,16 +286,3 @@ class EmbeddingRequests:
             await self.dead_letters.send(message, InvalidReplyAddressError(
                 f"EmbeddingRequest {request.request_id}: its result could not be delivered: {gone}"), outbox)
         return False
-
-    async def _send(self, message: Message, request: EmbeddingRequest, result: EmbeddingResult) -> str | None:
-        """None once the broker has the result; the address's problem when it vanished (not retried)."""
-        try:
-            await self.reply_producer.send(request.reply_to, result, key=request.request_id,
-                                           partition=request.reply_partition, headers=child_headers(message))
-        except DeliveryError:
-            gone = None if self.replies is None else await self.replies.problem(
-                request.reply_to, request.reply_partition, fresh=True)
-            if gone is None:
-                raise  # the address exists: the broker failed; retried
-            return gone
-        return None

@@ -65,21 +65,17 @@ class ErasureRegistry:
         return len(self._users) + len(self._conversations)
 
     def add(self, deletion: Deletion) -> None:
-        if deletion.scope == DeletionScope.CONVERSATION:
-            if not deletion.conversation_id:
-                return  # invalid: dead-lettered by the forget agent, erases nothing
-            key3 = (deletion.tenant, deletion.user_id, deletion.conversation_id)
-            self._conversations[key3] = max(deletion.created_at, self._conversations.get(key3, deletion.created_at))
-        else:
-            key2 = (deletion.tenant, deletion.user_id)
-            self._users[key2] = max(deletion.created_at, self._users.get(key2, deletion.created_at))
+        if deletion.scope != DeletionScope.CONVERSATION:
+            _keep_newest(self._users, (deletion.tenant, deletion.user_id), deletion.created_at)
+        elif deletion.conversation_id:  # without one: invalid, dead-lettered by the forget agent, erases nothing
+            _keep_newest(self._conversations, (deletion.tenant, deletion.user_id, deletion.conversation_id),
+                         deletion.created_at)
 
     def merge(self, other: "ErasureRegistry") -> None:
         """Take every entry of ``other`` (the newer time of each subject wins)."""
-        for key2, at in list(other._users.items()):
-            self._users[key2] = max(at, self._users.get(key2, at))
-        for key3, at in list(other._conversations.items()):
-            self._conversations[key3] = max(at, self._conversations.get(key3, at))
+        for mine, theirs in ((self._users, other._users), (self._conversations, other._conversations)):
+            for key, at in list(theirs.items()):
+                _keep_newest(mine, key, at)
 
     def erased(self, tenant: str, user_id: str, conversation_id: str | None, created_at: int) -> bool:
         """Whether a record of this user (and conversation) created at ``created_at`` is erased."""
@@ -122,6 +118,11 @@ class ErasureRegistry:
         log.info("erasure registry: %d deletion(s) read from %s, %d subjects, in %.2f s",
                  read, kafka.topic(DELETIONS), len(registry), time.monotonic() - started)
         return registry
+
+
+def _keep_newest(times: dict[Any, int], subject: tuple, at: int) -> None:
+    """``times[subject]``: the newest deletion time of the subject (one dict write: atomic)."""
+    times[subject] = max(at, times.get(subject, at))
 
 
 def read_to_end(kafka: Any, topic: str, on_message: Callable[[Any], None], *, timeout_s: float = 30.0,

@@ -79,11 +79,6 @@ def matches(value: dict, deletion: Deletion) -> bool:
     return deletion.scope == DeletionScope.USER or value.get("conversation_id") == deletion.conversation_id
 
 
-def partition_keys(table: Any, partition: int, partitions: int) -> list[str]:
-    """The table keys of one conversation partition that this worker holds (``streams/table.py``)."""
-    return [key for key in list(table.keys()) if key_partition(key, partitions) == partition]
-
-
 def decode_deletion(codec: Any, message: Any) -> Deletion:
     """The ``Deletion`` of a message, checked; ``DecodeError`` / ``InvalidDeletionError`` otherwise."""
     deletion = codec.decode(message.value, Deletion, topic=message.topic, partition=message.partition,
@@ -177,16 +172,12 @@ class ForgetPartition(_DeletionAgent):
             points = await self.retrier.call(
                 "memory forget", self.services.in_memory_thread, self.services.memory.forget,
                 tenant=deletion.tenant, user_id=deletion.user_id, conversation_id=conversation)
-            keys = [key for key in partition_keys(self.table, partition, self.partitions)
-                    if (value := self.table.get(key)) is not None and matches(value, deletion)]
+            # the keys of the partition this worker holds (streams/table.py) that the deletion covers
+            keys = [key for key in list(self.table.keys()) if key_partition(key, self.partitions) == partition
+                    and (value := self.table.get(key)) is not None and matches(value, deletion)]
             for key in keys:
                 del self.table[key]
-        audit = DeletionAudit(deletion_event_id=deletion.event_id, scope=deletion.scope, user_id=deletion.user_id,
-                              tenant=deletion.tenant, conversation_id=conversation, memory_points_deleted=points,
-                              conversations_cleared=len(keys), component=COMPONENT,
-                              requested_at=deletion.created_at)
-        await outbox.send(self.audit_topic, key=deletion.user_id.encode(), value=self.services.codec.encode(audit),
-                          headers=child_headers(m))
+        await self._audit(deletion, m, outbox, COMPONENT, conversation, points, len(keys))
         log.info("forgot %s %s/%s%s on partition %d: %d memory points, %d conversations (deletion %s)",
                  deletion.scope, deletion.tenant, deletion.user_id, f"/{conversation}" if conversation else "",
                  partition, points, len(keys), deletion.event_id)
@@ -200,14 +191,20 @@ class ForgetPartition(_DeletionAgent):
         erased = await self.archive_retrier.call("archive erase", asyncio.to_thread, self.archiver.erase,
                                                  self.archive_topics, subject, deletion.created_at,
                                                  {message.partition})
-        audit = DeletionAudit(deletion_event_id=deletion.event_id, scope=deletion.scope, user_id=deletion.user_id,
-                              tenant=deletion.tenant, conversation_id=subject.conversation_id,
-                              memory_points_deleted=0, conversations_cleared=len(erased.conversations),
-                              component=ARCHIVE_COMPONENT, requested_at=deletion.created_at)
-        await outbox.send(self.audit_topic, key=deletion.user_id.encode(), value=self.services.codec.encode(audit),
-                          headers=child_headers(message))
+        await self._audit(deletion, message, outbox, ARCHIVE_COMPONENT, subject.conversation_id, 0,
+                          len(erased.conversations))
         log.info("erased %s/%s%s from the archive's partition %d: %d record(s) of %d conversation(s) removed, "
                  "%d of %d file(s) rewritten in %.3f s (deletion %s)", deletion.tenant, deletion.user_id,
                  f"/{subject.conversation_id}" if subject.conversation_id else "", message.partition,
                  erased.records_removed, len(erased.conversations), erased.files_rewritten, erased.files_scanned,
                  erased.seconds, deletion.event_id)
+
+    async def _audit(self, deletion: Deletion, message: Any, outbox: Outbox, component: str,
+                     conversation_id: str | None, points: int, conversations: int) -> None:
+        """The ``DeletionAudit`` of what ``component`` erased for ``deletion`` on this partition."""
+        audit = DeletionAudit(deletion_event_id=deletion.event_id, scope=deletion.scope, user_id=deletion.user_id,
+                              tenant=deletion.tenant, conversation_id=conversation_id, memory_points_deleted=points,
+                              conversations_cleared=conversations, component=component,
+                              requested_at=deletion.created_at)
+        await outbox.send(self.audit_topic, key=deletion.user_id.encode(), value=self.services.codec.encode(audit),
+                          headers=child_headers(message))

@@ -82,6 +82,8 @@ class Intake:
                  retrier: Retrier, recorded: RecordedOffsets | None = None, partitions: int = 1,
                  metrics: StreamsMetrics | None = None) -> None:
         self.settings = settings
+        self.batching = BatchRule(settings.intake_batch_size, settings.intake_batch_window_s,
+                                  settings.intake_batch_idle_s)
         self.recorded = recorded  # how far record has got on chat.responses (recorded.py); None: never wait
         self.partitions = partitions  # of chat.responses: where a conversation's responses are
         self.services = services
@@ -95,11 +97,6 @@ class Intake:
         self.batches = 0
         self.repeats = 0  # prompts read again whose request was answered already (not served twice)
         self.unrecorded = 0  # batches assembled after recorded_wait_s with answers still unrecorded
-
-    @property
-    def batching(self) -> BatchRule:
-        s = self.settings
-        return BatchRule(s.intake_batch_size, s.intake_batch_window_s, s.intake_batch_idle_s)
 
     async def handle(self, messages: Sequence[Message], outbox: Outbox) -> None:
         """Serve or refuse every prompt of ``messages``; returns once all they produced is durable."""

@@ -2,7 +2,7 @@
 
 For: storing each answered turn (``upsert``), finding the past turns of the same tenant AND user
 (AND conversation, for a request whose user is not identified: ``RecallQuery.conversation_id``)
-that best match a new prompt (``recall`` / ``recall_many``), forgetting a user or a conversation
+that best match a new prompt (``recall_many``), forgetting a user or a conversation
 (``forget``). Not for: embedding text (``streams.embeddings``), recent-window state (the Faust
 table), or deciding what fits the context (``streams.context``).
 
@@ -224,16 +224,10 @@ class ConversationMemory:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def recall(self, *, tenant: str, user_id: str, vector: np.ndarray, limit: int | None = None,
-               exclude_turn_ids: Collection[str] = (), now_ms: int | None = None,
-               conversation_id: str | None = None) -> list[RecalledTurn]:
-        """The user's past turns (of one conversation when ``conversation_id`` is given) closest to
-        ``vector``, weighted by recency, best ``score`` first."""
-        query = RecallQuery(tenant, user_id, vector, exclude_turn_ids, limit, now_ms, conversation_id)
-        return self.recall_many([query])[0]
-
     def recall_many(self, queries: Sequence[RecallQuery]) -> list[list[RecalledTurn]]:
-        """``recall`` for each query, in one batched Qdrant call per collection touched."""
+        """For each query, the user's past turns (of one conversation when ``conversation_id`` is given)
+        closest to its vector, weighted by recency, best ``score`` first; in one batched Qdrant call per
+        collection touched."""
         results: list[list[RecalledTurn]] = [[] for _ in queries]
         groups: dict[str, list[int]] = defaultdict(list)
         requests: dict[int, models.QueryRequest] = {}
@@ -285,11 +279,6 @@ class ConversationMemory:
                 self._closed = True
                 for client in self._peers if not self.local else [self._client]:
                     client.close()
-
-    @property
-    def retried(self) -> int:
-        """Server calls retried after a transient failure (logs and tests)."""
-        return self.retrier.retries
 
     # -- internals -------------------------------------------------------------------------------
 

@@ -51,10 +51,6 @@ class StreamsMetrics:
                                  "group (0: none waiting)", ["group", "topic"], registry=r)
         self._lag: LagMonitor | None = None
 
-    def watch(self, streams: Any) -> None:
-        """Expose the counters of ``streams`` (a ``StreamsApp``) at every scrape."""
-        self.registry.register(AgentCounters(streams))
-
     def serve(self, port: int, kafka: KafkaSettings, groups: Iterable[GroupTopics], lag_interval_s: float = 5.0,
               host: str = "127.0.0.1") -> None:
         if not port:

@@ -69,6 +69,8 @@ class Record:
                  dead_letters: DeadLetters, retrier: Retrier, erasures: ErasureRegistry | None = None,
                  recorded: RecordedOffsets | None = None) -> None:
         self.settings = settings
+        self.batching = BatchRule(settings.record_batch_size, settings.record_batch_window_s,
+                                  settings.record_batch_idle_s)
         self.recorded_offsets = recorded  # what intake waits on for a follow-up (recorded.py)
         self.erasures = erasures if erasures is not None else ErasureRegistry()
         self.erased = 0  # responses dropped because a deletion erased their user or conversation
@@ -80,11 +82,6 @@ class Record:
         self.recorded = 0
         self.duplicates = 0
         self.other_choices = 0  # Responses of choices other than 0 (n > 1): not turns
-
-    @property
-    def batching(self) -> BatchRule:
-        s = self.settings
-        return BatchRule(s.record_batch_size, s.record_batch_window_s, s.record_batch_idle_s)
 
     async def handle(self, messages: Sequence[Message], outbox: Outbox) -> None:
         """Record every response of ``messages``; returns once all they produced is durable."""

@@ -84,15 +84,13 @@ class RecordedOffsets:
 
     def applied(self, partition: int, offset: int) -> None:
         """The record agent has written the effects of ``offset`` (and every offset before) to the table."""
-        if offset + 1 > self._applied.get(partition, -1):
-            self._applied[partition] = offset + 1
+        self._applied[partition] = max(offset + 1, self._applied.get(partition, 0))
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
     def through(self, partition: int) -> int:
         """Every response below this offset of ``partition`` is recorded."""
-        committed = self._committed(partition)
-        return max(self._applied.get(partition, 0), committed if committed is not None else 0)
+        return max(self._applied.get(partition, 0), self._committed(partition) or 0)  # committed None: not known
 
     async def wait_for_end(self, partitions: Iterable[int], timeout_s: float) -> dict[int, int]:
         """Wait until the responses up to the current end of each partition are recorded, at most
@@ -108,8 +106,7 @@ class RecordedOffsets:
             remaining = deadline - loop.time()
             if not short or remaining <= 0:
                 return short
-            changed = self._changed
             try:
-                await asyncio.wait_for(changed.wait(), remaining)
+                await asyncio.wait_for(self._changed.wait(), remaining)
             except asyncio.TimeoutError:
                 pass

@@ -47,6 +47,23 @@ async def reply_problem(replies: ReplyAddresses | None, retrier: Retrier, messag
                               sent_at_s=message.timestamp)
 
 
+async def send_reply(producer: AckedProducer, replies: ReplyAddresses | None, message: Any, request: Any,
+                     record: Any, unchecked: str | None = None) -> str | None:
+    """Send ``record`` to ``request``'s reply address, awaited (durable before the request is acked): None once
+    the broker has it; why the address is unusable when it vanished since it was checked (``unchecked``
+    where reply addresses are not checked). A broker that failed raises, for the caller's retrier."""
+    try:
+        await producer.send(request.reply_to, record, key=request.request_id, partition=request.reply_partition,
+                            headers=child_headers(message))
+    except DeliveryError:
+        gone = unchecked if replies is None else await replies.problem(request.reply_to, request.reply_partition,
+                                                                       fresh=True)
+        if gone is None:
+            raise  # the address exists: the broker failed; retried
+        return gone
+    return None
+
+
 class Refusals:
     def __init__(self, dead_letters: DeadLetters, retrier: Retrier, reply_producer: AckedProducer | None,
                  replies: ReplyAddresses | None) -> None:
@@ -87,13 +104,8 @@ class Refusals:
                                 chunk)
 
     async def _send_chunk(self, message: Any, request: PromptRequest, chunk: TokenChunk) -> None:
-        try:  # awaited: the chunk is durable before the prompt can be acked
-            await self.reply_producer.send(request.reply_to, chunk, key=request.request_id,
-                                           partition=request.reply_partition, headers=child_headers(message))
-        except DeliveryError as err:
-            gone = "unknown: reply addresses are not checked" if self.replies is None else \
-                await self.replies.problem(request.reply_to, request.reply_partition, fresh=True)
-            if gone is None:
-                raise  # the address exists: the broker failed; retried
-            log.warning("request %s: error chunk not delivered (%s), the reply address is unusable (%s); the dead "
-                        "letter stands", request.request_id, err, gone)
+        gone = await send_reply(self.reply_producer, self.replies, message, request, chunk,
+                                unchecked="unknown: reply addresses are not checked")
+        if gone is not None:
+            log.warning("request %s: error chunk not delivered, the reply address is unusable (%s); the dead "
+                        "letter stands", request.request_id, gone)

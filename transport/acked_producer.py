@@ -179,11 +179,6 @@ class AckedProducer:
         except Exception:  # a callback's error must neither reach an unrelated send nor end the thread
             log.exception("a delivery report's callback failed")
 
-    @property
-    def waiting(self) -> int:
-        """Records waiting on the event loop for room in librdkafka's queue."""
-        return len(self._waiting)
-
     def send(
         self,
         topic: str,

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -147,7 +147,7 @@ class TopicAdmin:
         partitions = [tp for tp, offset in committed.items() if offset >= 0]
         if not partitions:
             return 0
-        end_of = self._offsets(partitions, OffsetSpec.latest())
+        end_of = self.offsets(partitions, OffsetSpec.latest())
         return sum(max(0, end_of[tp] - committed[tp]) for tp in partitions)
 
     def committed(self, group_id: str, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -159,8 +159,6 @@ class TopicAdmin:
         broker died) and the process segfaults (confluentinc/librdkafka#5040, seen here in
         tests/streams/test_watchdog.py); a consumer retries the coordinator lookup instead.
         """
-        from confluent_kafka import Consumer
-
         consumer = Consumer({**self.settings.client_config(), "group.id": group_id, "enable.auto.commit": False,
                              "logger": _client_log})
         deadline = time.monotonic() + self.timeout_s
@@ -186,14 +184,16 @@ class TopicAdmin:
         if not partitions:
             return {}
         position = self.committed(group_id, partitions)
-        ends = self._offsets(partitions, OffsetSpec.latest())
+        ends = self.offsets(partitions, OffsetSpec.latest())
         never = [tp for tp in partitions if position.get(tp, -1) < 0]
         if never:
-            position.update(self._offsets(never, OffsetSpec.earliest()))
+            position.update(self.offsets(never, OffsetSpec.earliest()))
         return {tp: (position[tp], ends[tp]) for tp in partitions}
 
-    def _offsets(self, partitions: list[tuple[str, int]], spec: OffsetSpec) -> dict[tuple[str, int], int]:
+    def offsets(self, partitions: list[tuple[str, int]], spec: OffsetSpec) -> dict[tuple[str, int], int]:
         """The ``spec`` offset (latest, earliest) of each of ``partitions``."""
+        if not partitions:
+            return {}
         found = self._wait(self._admin.list_offsets({TopicPartition(t, p): spec for t, p in partitions}),
                            "list offsets of")
         return {(tp.topic, tp.partition): info.offset for tp, info in found.items()}
@@ -363,8 +363,5 @@ class TopicAdmin:
         if not names:
             return []
         request = [(n, p) for n in names for p in range(partitions[n])]
-        offsets = self._while_settling(lambda: self._offsets(request, OffsetSpec.latest()))
-        ends: dict[str, list[int]] = {n: [0] * partitions[n] for n in names}
-        for (topic, partition), offset in offsets.items():
-            ends[topic][partition] = offset
-        return [TopicInfo(n, partitions[n], ends[n]) for n in names]
+        offsets = self._while_settling(lambda: self.offsets(request, OffsetSpec.latest()))
+        return [TopicInfo(n, partitions[n], [offsets.get((n, p), 0) for p in range(partitions[n])]) for n in names]

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from fastavro import parse_schema, writer
+from fastavro import parse_schema, reader, writer
 
 ARCHIVED_MESSAGE_SCHEMA = {
     "type": "record",
@@ -189,8 +189,6 @@ def _fsync_dir(folder: Path) -> None:
 
 def read_messages(path: Path) -> list[ArchivedMessage]:
     """The messages of one archive file (for tests and tools; Spark reads the folders itself)."""
-    from fastavro import reader
-
     with open(path, "rb") as fh:
         return [
             ArchivedMessage(r["topic"], r["partition"], r["offset"], r["timestamp"], r["key"],

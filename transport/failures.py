@@ -134,10 +134,6 @@ _TRANSIENT_TYPES = frozenset({
 _QDRANT_RESPONSE = "qdrant_client.http.exceptions.UnexpectedResponse"
 
 
-def _type_names(exc: BaseException) -> set[str]:
-    return {f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__}
-
-
 def kafka_error(exc: BaseException | KafkaError) -> KafkaError | None:
     """The ``KafkaError`` behind ``exc``: itself, a ``KafkaException``'s, or a cause's."""
     seen = 0
@@ -183,7 +179,7 @@ def classify(exc: BaseException | KafkaError, *, address_from_record: bool = Fal
         return Fault.TRANSIENT if isinstance(exc, TransportError) else Fault.FATAL
     if isinstance(exc, (OSError, sqlite3.OperationalError)):
         return Fault.TRANSIENT
-    names = _type_names(exc)
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__}
     if names & _TRANSIENT_TYPES:
         return Fault.TRANSIENT
     if _QDRANT_RESPONSE in names:

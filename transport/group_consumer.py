@@ -99,7 +99,7 @@ class GroupConsumer:
         self.topics = list(topics)
         self._destination = ",".join(self.topics)  # the receive span's messaging.destination.name
         self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
-                                 on_lost=self._lost)
+                                 on_lost=lambda consumer, partitions: self._revoked(consumer, partitions, lost=True))
 
     # librdkafka calls these from inside poll(); with cooperative-sticky they carry only the change.
     def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -114,9 +114,6 @@ class GroupConsumer:
         if hook:
             hook(pairs)
         self.assignment.difference_update(pairs)
-
-    def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._revoked(consumer, partitions, lost=True)
 
     def _committed(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is not None and err.code() == KafkaError._NO_OFFSET:
@@ -180,10 +177,6 @@ class GroupConsumer:
         if failed:
             raise TransportError("commit failed for " + ", ".join(
                 f"{tp.topic}[{tp.partition}]@{tp.offset}: {tp.error.str()}" for tp in failed))
-
-    def committed(self, partitions: Iterable[tuple[str, int]], timeout_s: float = 10.0) -> dict[tuple[str, int], int]:
-        tps = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout_s)
-        return {(tp.topic, tp.partition): tp.offset for tp in tps}
 
     def close(self) -> None:
         """Leave the group (partitions move at once instead of after the session timeout)."""

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Literal
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import OffsetSpec
 
+from transport.admin import TopicAdmin
 from transport.errors import TransportError
 from transport.settings import KafkaSettings
 from transport.share_offsets import ShareOffsetsUnsupported, share_group_offsets
@@ -66,7 +67,7 @@ class LagReader:
         self.kafka = kafka
         self.timeout_s = timeout_s
         config = {**kafka.client_config(), "logger": _client_log}
-        self._admin = AdminClient(config)
+        self._admin = TopicAdmin(kafka, timeout_s)  # the topics' partitions and offsets
         # Committed offsets are asked through a consumer of the group that never joins it (not the
         # admin client's ListConsumerGroupOffsets: a NULL dereference in librdkafka 2.x on
         # NOT_COORDINATOR, see TopicAdmin.committed). One per group, kept.
@@ -81,10 +82,11 @@ class LagReader:
 
     def read(self, groups: Iterable[GroupTopics], now_ms: int | None = None) -> list[TopicLag]:
         groups = list(groups)
-        partitions = self._partitions({t for g in groups for t in g.topics})
+        topics = {t for g in groups for t in g.topics}
+        partitions = {t: n for t, n in self._admin.topic_partitions().items() if t in topics}
         every = [(t, p) for t in sorted(partitions) for p in range(partitions[t])]
-        ends = self._offsets_of(every, OffsetSpec.latest())
-        firsts = self._offsets_of(every, OffsetSpec.earliest())
+        ends = self._admin.offsets(every, OffsetSpec.latest())
+        firsts = self._admin.offsets(every, OffsetSpec.earliest())
         oldest: dict[tuple[str, str], dict[TP, int]] = {}  # (group, topic) -> partition -> offset of its oldest
         waiting: dict[tuple[str, str], int | None] = {}
         for g in groups:
@@ -128,8 +130,7 @@ class LagReader:
         committed = self._committed(group, tps)
         out = {}
         for tp in tps:
-            position = committed.get(tp, -1)
-            position = firsts[tp] if position < 0 else max(position, firsts[tp])  # retention moved past it
+            position = max(committed.get(tp, -1), firsts[tp])  # none committed, or retention moved past it
             out[tp] = (max(0, ends[tp] - position), position)
         return out
 
@@ -162,24 +163,6 @@ class LagReader:
         except KafkaException as exc:
             raise TransportError(f"committed offsets of group {group}: {exc}") from exc
         return {(tp.topic, tp.partition): tp.offset for tp in found}
-
-    def _partitions(self, topics: set[str]) -> dict[str, int]:
-        try:
-            metadata = self._admin.list_topics(timeout=self.timeout_s)
-        except KafkaException as exc:
-            raise TransportError(f"topic metadata: {exc}") from exc
-        return {t: len(metadata.topics[t].partitions) for t in topics
-                if t in metadata.topics and metadata.topics[t].error is None}
-
-    def _offsets_of(self, tps: list[TP], spec: OffsetSpec) -> dict[TP, int]:
-        if not tps:
-            return {}
-        futures = self._admin.list_offsets({TopicPartition(t, p): spec for t, p in tps},
-                                           request_timeout=self.timeout_s)
-        try:
-            return {(tp.topic, tp.partition): f.result(timeout=self.timeout_s).offset for tp, f in futures.items()}
-        except Exception as exc:  # KafkaException, concurrent.futures' TimeoutError
-            raise TransportError(f"list offsets: {type(exc).__name__}: {exc}") from exc
 
     # -- timestamps -----------------------------------------------------------------------------
 

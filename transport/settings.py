@@ -117,8 +117,7 @@ class KafkaSettings(BaseSettings):
     @classmethod
     def _mechanism_any_case(cls, value: Any) -> Any:
         if isinstance(value, str):
-            value = value.strip().upper().replace("_", "-")
-            return value or None
+            return value.strip().upper().replace("_", "-") or None
         return value
 
     @model_validator(mode="after")
@@ -136,18 +135,14 @@ class KafkaSettings(BaseSettings):
                                     "(CHATPIPE_KAFKA_SASL_PASSWORD or CHATPIPE_KAFKA_SASL_PASSWORD_FILE)")
             if mechanism == "OAUTHBEARER" and not self.sasl_oauth_token_url:
                 raise _config_error("SASL OAUTHBEARER needs sasl_oauth_token_url (the OIDC token endpoint)")
-        else:
-            given = [name for name in ("sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file",
-                                       "sasl_oauth_token_url") if getattr(self, name) is not None]
-            if given:
-                raise _config_error(f"{given[0]} is set but security_protocol is {protocol}: SASL settings are "
-                                    "used only with SASL_PLAINTEXT or SASL_SSL")
-        if protocol not in TLS_PROTOCOLS:
-            given = [name for name in ("ssl_ca_file", "ssl_cert_file", "ssl_key_file", "ssl_key_password")
-                     if getattr(self, name) is not None]
-            if given:
-                raise _config_error(f"{given[0]} is set but security_protocol is {protocol}: TLS settings are "
-                                    "used only with SSL or SASL_SSL")
+        for names, protocols, kind in (
+                (("sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file", "sasl_oauth_token_url"),
+                 SASL_PROTOCOLS, "SASL settings are used only with SASL_PLAINTEXT or SASL_SSL"),
+                (("ssl_ca_file", "ssl_cert_file", "ssl_key_file", "ssl_key_password"), TLS_PROTOCOLS,
+                 "TLS settings are used only with SSL or SASL_SSL")):
+            given = [name for name in names if getattr(self, name) is not None]
+            if given and protocol not in protocols:
+                raise _config_error(f"{given[0]} is set but security_protocol is {protocol}: {kind}")
         if (self.ssl_cert_file is None) != (self.ssl_key_file is None):
             raise _config_error("ssl_cert_file and ssl_key_file go together: a client certificate needs its "
                                 "private key and a key its certificate")

@@ -20,7 +20,10 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
+from io import BytesIO
 from typing import Iterable
+
+from aiokafka.protocol.types import Array, CompactArray, CompactString, Int8, Int16, Int32, Int64, Schema, TaggedFields
 
 from transport.errors import TransportError
 from transport.settings import KafkaSettings
@@ -47,60 +50,27 @@ class SharePartitionOffset:
     lag: int | None  # the broker's count (v1); None: not given (v0, or -1 from the broker)
 
 
-# --- the wire format ---------------------------------------------------------------------------
+# --- the wire format: Kafka's message definitions (its common/message/*.json), in aiokafka's protocol types ---
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _compact_str(s: str) -> bytes:
-    raw = s.encode()
-    return _uvarint(len(raw) + 1) + raw
+_STR = CompactString("utf-8")
+_TAGS = ("tags", TaggedFields)  # a flexible version's tagged fields (none sent, those received skipped)
+_UUID = Schema(("most", Int64), ("least", Int64))
+_API_VERSIONS_ANSWER = Schema(("error", Int16), ("apis", Array(("key", Int16), ("min", Int16), ("max", Int16))))
+_FIND_COORDINATOR_ASK = Schema(("key_type", Int8), ("keys", CompactArray(_STR)), _TAGS)
+_FIND_COORDINATOR_ANSWER = Schema(("throttle", Int32), ("coordinators", CompactArray(
+    ("key", _STR), ("node_id", Int32), ("host", _STR), ("port", Int32), ("error", Int16), ("message", _STR), _TAGS)))
+_DESCRIBE_ASK = Schema(("groups", CompactArray(("group", _STR), ("topics", CompactArray(
+    ("topic", _STR), ("partitions", CompactArray(Int32)), _TAGS)), _TAGS)), _TAGS)
 
 
-def _compact_array(items: list[bytes]) -> bytes:
-    return _uvarint(len(items) + 1) + b"".join(items)
-
-
-_TAGS = b"\x00"  # no tagged fields
-
-
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
-
-    def take(self, fmt: str):
-        value = struct.unpack_from(fmt, self.data, self.pos)[0]
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def uvarint(self) -> int:
-        shift = result = 0
-        while True:
-            byte = self.data[self.pos]
-            self.pos += 1
-            result |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return result
-            shift += 7
-
-    def compact_str(self) -> str | None:
-        n = self.uvarint() - 1
-        if n < 0:
-            return None
-        value = self.data[self.pos:self.pos + n].decode()
-        self.pos += n
-        return value
-
-    def skip_tags(self) -> None:
-        for _ in range(self.uvarint()):
-            self.uvarint()  # tag
-            self.pos += self.uvarint()  # size, then the value
+def _describe_answer(version: int) -> Schema:
+    """DescribeShareGroupOffsets' answer; v1 adds each partition's ``lag`` (KIP-1226)."""
+    lag = [("lag", Int64)] if version >= 1 else []
+    partitions = CompactArray(("partition", Int32), ("start", Int64), ("leader_epoch", Int32), *lag,
+                              ("error", Int16), ("message", _STR), _TAGS)
+    topics = CompactArray(("topic", _STR), ("topic_id", _UUID), ("partitions", partitions), _TAGS)
+    return Schema(("throttle", Int32), ("groups", CompactArray(
+        ("group", _STR), ("topics", topics), ("error", Int16), ("message", _STR), _TAGS)))
 
 
 class _Connection:
@@ -113,19 +83,19 @@ class _Connection:
         self._answers = sock.makefile("rb")
         self.correlation = 0
 
-    def ask(self, api: int, version: int, body: bytes, flexible: bool) -> _Reader:
-        """One request and its answer; the reader is past the response header."""
+    def ask(self, api: int, version: int, body: bytes, flexible: bool) -> BytesIO:
+        """One request and its answer, read past the response header."""
         self.correlation += 1
         header = struct.pack(">hhih", api, version, self.correlation, len(_CLIENT_ID)) + _CLIENT_ID
-        frame = header + (_TAGS if flexible else b"") + body
+        frame = header + (TaggedFields.encode({}) if flexible else b"") + body
         self.sock.sendall(struct.pack(">i", len(frame)) + frame)
         size = struct.unpack(">i", self._read(4))[0]
-        reader = _Reader(self._read(size))
-        if reader.take(">i") != self.correlation:
+        answer = BytesIO(self._read(size))
+        if Int32.decode(answer) != self.correlation:
             raise TransportError("DescribeShareGroupOffsets: an answer to another request")
         if flexible and api != API_VERSIONS:  # ApiVersions answers with header v0 whatever its version
-            reader.skip_tags()
-        return reader
+            TaggedFields.decode(answer)
+        return answer
 
     def _read(self, n: int) -> bytes:
         data = self._answers.read(n)  # buffered: reads until n bytes came, or the connection closed
@@ -134,15 +104,10 @@ class _Connection:
         return data
 
     def versions(self) -> dict[int, tuple[int, int]]:
-        r = self.ask(API_VERSIONS, 0, b"", flexible=False)
-        error = r.take(">h")
+        error, apis = _API_VERSIONS_ANSWER.decode(self.ask(API_VERSIONS, 0, b"", flexible=False))
         if error:
             raise TransportError(f"ApiVersions: error code {error}")
-        out = {}
-        for _ in range(r.take(">i")):
-            key, low, high = r.take(">h"), r.take(">h"), r.take(">h")
-            out[key] = (low, high)
-        return out
+        return {key: (low, high) for key, low, high in apis}
 
     def close(self) -> None:
         self._answers.close()
@@ -150,14 +115,9 @@ class _Connection:
 
 
 def _coordinator(conn: _Connection, group: str) -> tuple[str, int]:
-    r = conn.ask(FIND_COORDINATOR, 4, b"\x00" + _compact_array([_compact_str(group)]) + _TAGS, flexible=True)
-    r.take(">i")  # throttle
-    for _ in range(r.uvarint() - 1):
-        r.compact_str()  # the key: the group
-        r.take(">i")  # node id
-        host, port = r.compact_str(), r.take(">i")
-        error, message = r.take(">h"), r.compact_str()
-        r.skip_tags()
+    ask = _FIND_COORDINATOR_ASK.encode((0, [group], {}))
+    _, coordinators = _FIND_COORDINATOR_ANSWER.decode(conn.ask(FIND_COORDINATOR, 4, ask, flexible=True))
+    for _, _, host, port, error, message, _ in coordinators:
         if error in _RETRIABLE:
             raise _Retry()
         if error:
@@ -168,31 +128,15 @@ def _coordinator(conn: _Connection, group: str) -> tuple[str, int]:
 
 def _describe(conn: _Connection, version: int, group: str,
               partitions: dict[str, list[int]]) -> tuple[int, list[SharePartitionOffset]]:
-    topics = [_compact_str(t) + _compact_array([struct.pack(">i", p) for p in ps]) + _TAGS
-              for t, ps in partitions.items()]
-    body = _compact_array([_compact_str(group) + _compact_array(topics) + _TAGS]) + _TAGS
-    r = conn.ask(DESCRIBE_SHARE_GROUP_OFFSETS, version, body, flexible=True)
-    r.take(">i")  # throttle
+    ask = _DESCRIBE_ASK.encode(([(group, [(t, ps, {}) for t, ps in partitions.items()], {})], {}))
+    _, groups = _describe_answer(version).decode(conn.ask(DESCRIBE_SHARE_GROUP_OFFSETS, version, ask, flexible=True))
     found: list[SharePartitionOffset] = []
     error = 0
-    for _ in range(r.uvarint() - 1):
-        r.compact_str()  # group id
-        for _ in range(r.uvarint() - 1):
-            topic = r.compact_str()
-            r.pos += 16  # topic id
-            for _ in range(r.uvarint() - 1):
-                partition, start = r.take(">i"), r.take(">q")
-                r.take(">i")  # leader epoch
-                lag = r.take(">q") if version >= 1 else -1
-                p_error = r.take(">h")
-                r.compact_str()  # its message
-                r.skip_tags()
+    for _, topics, error, _, _ in groups:
+        for topic, _, answers, _ in topics:
+            for partition, start, _, *lag, p_error, _, _ in answers:  # lag: [] in v0
                 if not p_error:
-                    found.append(SharePartitionOffset(topic, partition, start, lag if lag >= 0 else None))
-            r.skip_tags()
-        error = r.take(">h")
-        r.compact_str()  # its message
-        r.skip_tags()
+                    found.append(SharePartitionOffset(topic, partition, start, lag[0] if lag and lag[0] >= 0 else None))
     return error, found
 
 
@@ -235,6 +179,6 @@ def share_group_offsets(kafka: KafkaSettings, group: str, partitions: dict[str, 
                 raise TransportError(f"DescribeShareGroupOffsets {group}: error code {error}")
             return found
         raise TransportError(f"DescribeShareGroupOffsets {group}: the coordinator kept moving")
-    except (OSError, struct.error, IndexError, UnicodeDecodeError) as exc:
+    except (OSError, struct.error, ValueError) as exc:  # ValueError: an answer that does not parse
         raise TransportError(f"DescribeShareGroupOffsets {group} at {kafka.bootstrap_servers}: "
                              f"{type(exc).__name__}: {exc}") from exc

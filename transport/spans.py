@@ -402,7 +402,8 @@ class SpanRecorder:
         folder = self.settings.file_dir
         if folder is None:
             return
-        path = folder / f"{_service_of_process()}-{os.getpid()}.jsonl"
+        service = _service_names[0] if _service_names else "chatpipe"  # the process's first service
+        path = folder / f"{service}-{os.getpid()}.jsonl"
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if path.exists() and path.stat().st_size > self.settings.file_max_bytes:
@@ -451,10 +452,6 @@ _UNPOSTED_LIMIT = 64  # export bodies kept for a trace store that is away (each 
 _direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 _service_names: list[str] = []
-
-
-def _service_of_process() -> str:
-    return _service_names[0] if _service_names else "chatpipe"
 
 
 def configure(service: str, settings: TracingSettings | None = None) -> SpanRecorder | None:
@@ -580,14 +577,10 @@ def _send_span(record: _Record) -> _Record:
                   "messaging.destination.name": topic}
     if partition is not None:
         attributes["messaging.destination.partition.id"] = str(partition)
-    return (service, traceparent, _send_parent_id(traceparent, parent), f"send {topic}", PRODUCER, start, end,
-            attributes, None, None)
-
-
-def _send_parent_id(traceparent: str, parent: str | None) -> str | None:
     # The parent is the record's parent only if the record continued its trace (an invalid parent
     # made it a new root: tracing.child_traceparent).
-    return parent[36:52] if parent and traceparent.startswith(parent[:35]) else None
+    parent_id = parent[36:52] if parent and traceparent.startswith(parent[:35]) else None
+    return service, traceparent, parent_id, f"send {topic}", PRODUCER, start, end, attributes, None, None
 
 
 # (topic, partition) -> what a send span's JSON has between its span id (or parent span id) and its
@@ -706,11 +699,3 @@ def _otlp_json(records: list[_Record], flat: list, fast: bool = True) -> str:
         parts.pop()
     parts.append("]}")
     return "".join(parts)
-
-
-def otlp_json(records: list[_Record], *, fast: bool = True) -> str:
-    """An OTLP/JSON ``ExportTraceServiceRequest`` of ``records`` (spans, and sends as 7-tuples), one
-    resource per service; ``fast`` False: sends through the generic span encoder (the tests compare)."""
-    spans = [r for r in records if len(r) != _SEND_LEN]
-    flat = [x for r in records if len(r) == _SEND_LEN for x in r]
-    return _otlp_json(spans, flat, fast)

@@ -16,12 +16,13 @@ docs/deploy.md "Autoscaling" and "Capacity" explain the rules and the figures.
 from __future__ import annotations
 
 import inspect
+import math
 import typing
 from typing import Annotated, Callable, Optional
 
 import typer
 
-from chatpipe.commands.common import build_settings, console
+from chatpipe.commands.common import build_settings, console, with_parameters
 from chatpipe.options import option
 
 def _flag_params(cls) -> list[inspect.Parameter]:
@@ -51,10 +52,8 @@ def _command(classes: tuple[type, ...], body: Callable[..., None], extra: list[i
             settings.append(build_settings(cls, **{k: v for k, v in values.items() if k in names}))
         body(*settings, **{p.name: values[p.name] for p in extra})
 
-    command.__signature__ = inspect.Signature(params)
-    command.__annotations__ = {p.name: p.annotation for p in params}
     command.__doc__ = body.__doc__
-    return command
+    return with_parameters(command, params)
 
 
 def _plan(capacity, workload, traffic) -> None:
@@ -113,15 +112,12 @@ def _simulate(workload, traffic, scaling, worker, *, step_minutes: float = 60.0)
     step = step_minutes * 60
     console.print(f"\n{'time':>5}  {'prompts/s':>9}  {'replicas':>8}  {'lag':>6}  {'queue wait p50 / p99 s':>22}  "
                   f"{'latency p50 s':>13}", highlight=False)
-    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
-    j = 0
-    horizon = traffic.hours * 3600
-    t = 0.0
-    while t < horizon:
-        ids = []
-        while j < len(order) and requests[order[j]].arrival_s < t + step:
-            ids.append(order[j])
-            j += 1
+    arrived: dict[int, list[int]] = {}  # row -> the requests that arrived in its step
+    for i, request in enumerate(requests):
+        arrived.setdefault(int(request.arrival_s // step), []).append(i)
+    for row in range(math.ceil(traffic.hours * 3600 / step)):
+        t = row * step
+        ids = arrived.get(row, [])
         samples = [s for s in result.samples if t <= s.t < t + step]
         pods = f"{min(s.pods for s in samples)}-{max(s.pods for s in samples)}" if samples else "-"
         lag = max((s.lag for s in samples), default=0.0)
@@ -130,7 +126,6 @@ def _simulate(workload, traffic, scaling, worker, *, step_minutes: float = 60.0)
         console.print(f"{_clock(t):>5}  {len(ids) / step:9.2f}  {pods:>8}  {lag:6.0f}  "
                       f"{percentile(w, .5):9.2f} / {percentile(w, .99):8.2f}  {percentile(latency, .5):13.1f}",
                       highlight=False)
-        t += step
     hours = result.gpu_hours(worker.gpus_per_worker)
     console.print(
         f"\nqueue wait (produced to engine admission): p50 {percentile(waits, .5):.2f} s, p99 {percentile(waits, .99):.2f} s, "

@@ -8,6 +8,7 @@ can be scripted: ``printf 'Hi\\n/up\\n' | chatpipe chat``.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -50,6 +51,12 @@ def connect(settings):
     return client, model
 
 
+def show(text: str) -> None:
+    """An answer's text as it streams in: written at once, no newline added."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def _terminal_lines():
     while True:
         try:
@@ -68,18 +75,11 @@ def chat(
     temperature: Annotated[Optional[float], option(ClientSettings, "chat_temperature", "--temperature")] = None,
 ) -> None:
     """Chat with the pipeline through the gateway; /up /down /regen /edit <text> /new /quit."""
-    import sys
-
     from clients.chat_session import HELP, ChatSession, run_chat
 
     settings = build_settings(ClientSettings, gateway_url=url, api_key=api_key, state_dir=state_dir,
                               chat_model=model, chat_max_tokens=max_tokens, chat_temperature=temperature)
     client, model_id = connect(settings)
-
-    def show(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
     session = ChatSession(client, model=model_id, max_tokens=settings.chat_max_tokens,
                           temperature=settings.chat_temperature, on_text=show)
     interactive = sys.stdin.isatty()

@@ -82,6 +82,13 @@ _SECURITY_FLAGS = {f"kafka_{field}": Annotated[Optional[kind], option(KafkaSetti
 )}
 
 
+def with_parameters(command: Callable, params: list[inspect.Parameter]) -> Callable:
+    """``command`` as typer reads it: these parameters (typer looks at its signature and annotations)."""
+    command.__signature__ = inspect.Signature(params)
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command
+
+
 def with_kafka_flags(command: Callable) -> Callable:
     """``command`` with the Kafka flags of its ``kafka`` parameter, which receives the ``KafkaSettings``
     they make (a flag not given: the CHATPIPE_* variable, then the default). The flags stand where
@@ -101,9 +108,7 @@ def with_kafka_flags(command: Callable) -> Callable:
         given = {name.removeprefix("kafka_"): values.pop(name) for name in (*_KAFKA_FLAGS, *_SECURITY_FLAGS)}
         command(**values, kafka=build_settings(KafkaSettings, **given))
 
-    wrapper.__signature__ = inspect.Signature(params)
-    wrapper.__annotations__ = {p.name: p.annotation for p in params}
-    return wrapper
+    return with_parameters(wrapper, params)
 
 
 def check_kafka(kafka, command: str) -> None:

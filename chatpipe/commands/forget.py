@@ -89,9 +89,8 @@ def _verify(kafka, user: str, tenant: str, conversation: str | None, archive_dir
 
     streams = build_settings(StreamsSettings, archive_dir=archive_dir)
     memory = build_settings(MemorySettings, path=memory_path, url=qdrant_url)
-    subject = Subject(tenant, user, conversation)
-    report = verify(kafka, subject, memory=memory, archive_dir=streams.archive_dir, datasets_dir=datasets_dir,
-                    changelog=changelog_topic(kafka, streams),
+    report = verify(kafka, Subject(tenant, user, conversation), memory=memory, archive_dir=streams.archive_dir,
+                    datasets_dir=datasets_dir, changelog=changelog_topic(kafka, streams),
                     progress=lambda line: err_console.print(f"[dim]… {line}[/]"))
     name = f"{tenant}/{user}{f'/{conversation}' if conversation else ''}"
     if report.until_ms is None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import typer
 
-from chatpipe.commands.common import console, err_console
+from chatpipe.commands.common import console, err_console, with_parameters
 
 FINETUNE, USAGE = "finetune-dataset", "usage-report"
 
@@ -25,15 +25,14 @@ def _parameters(job_cls) -> list[inspect.Parameter]:
 
     params = []
     for opt in job_options(job_cls):
-        help_ = opt.help
         if opt.kind == "switch":
-            no = "--no-" + opt.flag[2:]
-            default, annotation = typer.Option(None, f"{opt.flag}/{no}", help=help_, show_default=False), Optional[bool]
+            flags = f"{opt.flag}/--no-{opt.flag[2:]}"
+            default, annotation = typer.Option(None, flags, help=opt.help, show_default=False), Optional[bool]
         elif opt.kind in ("repeat", "pairs"):
-            default = typer.Option([], opt.flag, help=help_, show_default=False, metavar=opt.metavar)
+            default = typer.Option([], opt.flag, help=opt.help, show_default=False, metavar=opt.metavar)
             annotation = list[str]
         else:
-            default = typer.Option(None, opt.flag, help=help_, show_default=False, metavar=opt.metavar)
+            default = typer.Option(None, opt.flag, help=opt.help, show_default=False, metavar=opt.metavar)
             annotation = Optional[str]
         params.append(inspect.Parameter(opt.field, inspect.Parameter.KEYWORD_ONLY, default=default,
                                         annotation=annotation))
@@ -42,21 +41,12 @@ def _parameters(job_cls) -> list[inspect.Parameter]:
     return params
 
 
-def _command(job_cls, body: Callable) -> Callable:
-    """``body(**values)`` as typer reads it: keyword parameters from the job's options."""
-    params = _parameters(job_cls)
-    body.__signature__ = inspect.Signature(params)
-    body.__annotations__ = {p.name: p.annotation for p in params}
-    return body
-
-
 def _prepare(job: str, job_cls, values: dict):
     """Settings from the options, then the checks that need no Spark (errors raise, warnings print)."""
     from spark_jobs.cli_args import settings_from_options
     from spark_jobs.preflight import check_inputs, check_output
 
-    quiet = values.pop("quiet", False)
-    spark_s, s, kafka = settings_from_options(job_cls, values, quiet=quiet)
+    spark_s, s, kafka = settings_from_options(job_cls, values, quiet=values.pop("quiet", False))
     check_output(s.out, s.overwrite, job)
     warnings = check_inputs(s, kafka)
     for line in warnings:
@@ -113,5 +103,6 @@ def register(app: typer.Typer) -> None:
         if not warned and _parquet_rows(result / "usage.parquet") == 0:
             err_console.print(f"[yellow]{no_data_warning(s, kafka)}[/]", highlight=False, soft_wrap=True)
 
-    job.command(FINETUNE)(_command(FinetuneSettings, finetune_dataset))
-    job.command(USAGE)(_command(UsageReportSettings, usage_report))
+    # body(**values) with keyword parameters from the job's options
+    job.command(FINETUNE)(with_parameters(finetune_dataset, _parameters(FinetuneSettings)))
+    job.command(USAGE)(with_parameters(usage_report, _parameters(UsageReportSettings)))

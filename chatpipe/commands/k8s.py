@@ -65,11 +65,11 @@ def values_command(as_json: Annotated[bool, typer.Option("--json", help="The def
     rows = described()
     sections = {key for key, _, _ in rows if any(other.startswith(f"{key}.") for other, _, _ in rows)}
     for key, default, description in rows:
+        comment = f"    # {description}" if description else ""
         if key in sections:
-            typer.echo(f"{key}:" + (f"    # {description}" if description else ""))
-            continue
-        shown = json.dumps(default) if default is not None else "(empty)"
-        typer.echo(f"{key} = {shown}" + (f"    # {description}" if description else ""))
+            typer.echo(f"{key}:{comment}")
+        else:
+            typer.echo(f"{key} = {json.dumps(default) if default is not None else '(empty)'}{comment}")
 
 
 @app.command("validate")

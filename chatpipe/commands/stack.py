@@ -305,9 +305,6 @@ def _last_exit(exit_) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(up)
-    app.command()(down)
-    app.command()(status)
-    app.command()(restart)
-    app.command()(stop)
+    for command in (up, down, status, restart, stop):
+        app.command()(command)
     app.command(hidden=True)(supervise)

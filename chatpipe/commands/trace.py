@@ -85,9 +85,8 @@ def _print_waterfall(rows, request_id: str, all_attributes: bool) -> None:
                             ("", "left"), ("attributes", "left")):
         table.add_column(column, justify=justify, no_wrap=column != "attributes", overflow="fold")
     for r in ordered + linked:
-        start = (r.start_ns - t0) / total
         length = max(1, round((r.end_ns - r.start_ns) / total * width))
-        bar = " " * min(width - 1, round(start * width)) + "█" * length
+        bar = " " * min(width - 1, round((r.start_ns - t0) / total * width)) + "█" * length
         shown = r.attributes if all_attributes else {label: r.attributes[k] for k, label in SHOWN.items()
                                                      if k in r.attributes}
         attrs = " ".join(f"{k}={_short(v)}" for k, v in shown.items())

@@ -71,9 +71,6 @@ class Pipeline:
     def url(self) -> str:
         return self.gateway.url
 
-    def processes(self) -> dict[str, int]:
-        return {"streams": self.streams.proc.pid, "inference": self.worker.proc.pid, "gateway": self.gateway.proc.pid}
-
     def stop(self) -> dict[str, int]:
         """SIGTERM to each, gateway first; their exit codes."""
         codes = {"gateway": self.gateway.terminate()}

@@ -1,4 +1,5 @@
-"""Real Qdrant server processes for the memory tests: one node, or a cluster of peers.
+"""Real Qdrant server processes for the memory tests: one node, or a peer of a cluster
+(tests/streams/test_memory_cluster.py).
 
 The server is ``../shared/tools/qdrant`` (v1.18.0 built from source; no registry here carries
 one), found beside the repository. Where it is absent (a user's fresh clone) ``QDRANT_TOOL`` does
@@ -13,10 +14,7 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
-
-import httpx
 
 from chatpipe.testing.ports import free_port
 from chatpipe.testing.processes import REPO, http_ok, start_process, stop_process, wait_until
@@ -69,42 +67,3 @@ class QdrantPeer:
 
     def log_tail(self, lines: int = 30) -> str:
         return tail(self.dir / "qdrant.log", lines)
-
-
-class QdrantCluster:
-    """``size`` peers; the first bootstraps the others. ``wait_formed`` waits until all are voters."""
-
-    def __init__(self, root: Path, size: int = 3) -> None:
-        self.peers = [QdrantPeer(root, f"peer{i}", cluster=True) for i in range(size)]
-
-    def start(self, timeout_s: float = 90.0) -> None:
-        first, rest = self.peers[0], self.peers[1:]
-        first.start()
-        first.wait_ready(timeout_s)
-        for peer in rest:
-            peer.start(bootstrap=first)
-        for peer in rest:
-            peer.wait_ready(timeout_s)
-        self.wait_formed(timeout_s)
-
-    def wait_formed(self, timeout_s: float) -> None:
-        deadline, last = time.monotonic() + timeout_s, None
-        while time.monotonic() < deadline:
-            try:
-                last = httpx.get(f"{self.peers[0].url}/cluster", timeout=2.0).json()["result"]
-                if len(last.get("peers", {})) == len(self.peers) and last["raft_info"].get("leader") is not None:
-                    return
-            except (httpx.TransportError, KeyError, ValueError):
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"cluster not formed after {timeout_s} s: {last}\n{self.peers[-1].log_tail()}")
-
-    def active_replicas(self, collection: str) -> int:
-        """Shard replicas in state Active, as the first peer sees them (local + remote)."""
-        info = httpx.get(f"{self.peers[0].url}/collections/{collection}/cluster", timeout=2.0).json()["result"]
-        shards = info.get("local_shards", []) + info.get("remote_shards", [])
-        return sum(1 for s in shards if s.get("state") == "Active")
-
-    def stop(self) -> None:
-        for peer in self.peers:
-            peer.stop()

@@ -99,7 +99,6 @@ class Reader:
     """Reads chat.responses, chat.replies, chat.dlq and chat.workers.status from the beginning."""
 
     def __init__(self, kafka: KafkaSettings) -> None:
-        self.kafka = kafka
         self.codec = default_codec()
         self.seen = Seen()
         self._consumer = clients.consumer(kafka, f"reader-{uuid.uuid4().hex[:8]}",
@@ -163,11 +162,3 @@ class Reader:
 
     def close(self) -> None:
         self._consumer.close()
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0

@@ -58,8 +58,7 @@ def tenant_root(tenant: str) -> bytes:
 
 class BlockAllocator:
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True, salt: bool = True) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        # num_blocks >= 1 and block_size >= 1: the engine's settings and sizing guarantee both
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
@@ -266,9 +265,6 @@ class BlockAllocator:
 
     def block_table(self, request_id: str) -> list[int]:
         return self._tables[request_id]
-
-    def holds(self, request_id: str) -> bool:
-        return request_id in self._tables
 
     def _take_block(self) -> int:
         if self._free:

@@ -82,9 +82,7 @@ def eos_token_ids(model: Any) -> frozenset[int]:
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None:
         eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return frozenset()
-    return frozenset([eos] if isinstance(eos, int) else eos)
+    return frozenset([eos] if isinstance(eos, int) else eos or ())  # None: the model names no EOS
 
 
 class Engine:
@@ -212,14 +210,13 @@ class Engine:
         return self.scheduler.forget(tenant, user_id)
 
     def refusal_error(self, admission: Admission, request: Request) -> RequestRefused:
-        """The named error for a refused request, with its size and the limit it hit."""
-        limit = self.scheduler.config.max_waiting if admission is Admission.OVERLOADED else self.max_request_tokens
+        """The named error for a refused request, with its size and the limit it hit: the waiting-queue
+        bound, or the most tokens (prompt + new) one request may hold (max_seq_len, the model's
+        context, the KV cache)."""
+        config = self.scheduler.config
+        too_large_limit = min(config.max_seq_len, self.allocator.capacity_tokens)
+        limit = config.max_waiting if admission is Admission.OVERLOADED else too_large_limit
         return RequestRefused(admission, len(request.prompt_token_ids), request.params.max_new_tokens, limit)
-
-    @property
-    def max_request_tokens(self) -> int:
-        """Most tokens (prompt + new) one request may hold: max_seq_len, the model's context, the KV cache."""
-        return min(self.scheduler.config.max_seq_len, self.allocator.capacity_tokens)
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request; its KV cache is freed at the next step."""

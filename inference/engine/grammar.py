@@ -186,12 +186,6 @@ class GrammarCompiler:
             shortest = min_json_chars(spec if kind == "json_schema" else {"type": "object"})
         return BudgetedMatcher(inner, max_tokens, shortest + CLOSE_SLACK, self._closers, self.stop_token_ids)
 
-    def allocate_bitmask(self, rows: int) -> Any:
-        """int32 [rows, ceil(vocab_size / 32)], all tokens allowed; what fill_next_token_bitmask fills."""
-        import xgrammar
-
-        return xgrammar.allocate_token_bitmask(rows, self.vocab_size)
-
 
 # -- closing the JSON before max_tokens ---------------------------------------------------------
 

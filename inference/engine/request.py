@@ -170,9 +170,6 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
     @property
     def max_tokens(self) -> int:
         """Worst-case KV footprint in tokens (reserved at admission only in ``reserve`` mode)."""

@@ -69,13 +69,6 @@ class Sampler:
         self._generators.pop(request_id, None)
         self._counts.pop(request_id, None)
 
-    def sample(
-        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams],
-        outputs: Sequence[Sequence[int]] | None = None, constraints: Sequence[Any] | None = None,
-    ) -> list[int]:  # fmt: skip
-        """logits [S, V] -> one token id per row (``sample_step`` without the logprobs)."""
-        return self.sample_step(logits, request_ids, params, outputs, constraints).token_ids
-
     @torch.inference_mode()  # the forward's logits are inference tensors: updated in place here
     def sample_step(
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams],

@@ -32,7 +32,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Literal
 
 from inference.engine.block_allocator import BlockAllocator
 from inference.engine.errors import InvalidRequestError
@@ -44,18 +44,16 @@ class SchedulerConfig:
     max_batch: int = 16  # most requests running at once
     max_seq_len: int = 2048  # most tokens (prompt + output) one request may hold
     max_step_tokens: int = 512  # most tokens computed in one step (prompt chunks + decodes)
-    max_waiting: int = 256  # waiting-queue bound; beyond it add_request answers OVERLOADED
-    queue_policy: str = "priority"  # "priority" or "fcfs"
-    kv_allocation: str = "lazy"  # "lazy" (allocate as computed, preempt when out) or "reserve" (worst case)
+    max_waiting: int = 256  # waiting-queue bound; beyond it add_group answers OVERLOADED
+    queue_policy: Literal["priority", "fcfs"] = "priority"
+    kv_allocation: Literal["lazy", "reserve"] = "lazy"  # allocate as computed, preempt when out; or worst case
 
 
 class WaitingQueue:
     """The waiting queue: a FIFO per priority class, classes in priority order (interactive before
     batch); ``queue_policy="fcfs"`` keeps one FIFO for all (arrival order, priority ignored)."""
 
-    def __init__(self, policy: str) -> None:
-        if policy not in ("priority", "fcfs"):
-            raise ValueError(f"unknown queue policy {policy!r}; choose one of ['fcfs', 'priority']")
+    def __init__(self, policy: Literal["priority", "fcfs"]) -> None:
         self._by_priority = policy == "priority"
         classes = sorted(Priority) if self._by_priority else [Priority.INTERACTIVE]
         self._qs: dict[Priority, collections.deque[Request]] = {p: collections.deque() for p in classes}
@@ -113,14 +111,10 @@ class SchedulerOutput:
     # Running requests sent back to the waiting queue for lack of KV blocks (recomputed later).
     preempted: list[Request] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.num_new_tokens for c in self.chunks)
-
 
 class Scheduler:
     """Owns the waiting queue, the running set and their KV blocks. Thread-safe: the engine's
-    step thread calls ``schedule``/``update_from_output``, callers may ``add_request``/``abort``
+    step thread calls ``schedule``/``update_from_output``, callers may ``add_group``/``abort``
     from elsewhere."""
 
     def __init__(
@@ -138,9 +132,6 @@ class Scheduler:
         self._lock = threading.RLock()
 
     # -- callers ---------------------------------------------------------------------------------
-
-    def add_request(self, request: Request) -> Admission:
-        return self.add_group([request])
 
     def add_group(self, requests: list[Request]) -> Admission:
         """Queue requests together (n > 1 siblings): all accepted or none."""

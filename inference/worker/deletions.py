@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 from transport.broadcast import BroadcastListener
 from schemas.records import Deletion, DeletionAudit
-from schemas.topics import DELETIONS, DELETIONS_AUDIT  # noqa: F401 - DELETIONS_AUDIT: for worker.py
+from schemas.topics import DELETIONS
 
 
 def audit_component(worker_id: str) -> str:

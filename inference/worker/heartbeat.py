@@ -5,11 +5,6 @@ from __future__ import annotations
 
 from inference.engine.engine import EngineStats
 from schemas.records import WorkerState, WorkerStatus
-from schemas.topics import WORKERS_STATUS  # noqa: F401 - the worker sends to it
-
-# The state a worker reports once a part it cannot serve without has died (it exits right after).
-# WorkerStatus v2: a failed worker says FAILED (readers of later versions read an unknown state as STOPPED, the enum default), never SERVING.
-FAILED_STATE = WorkerState.FAILED
 
 
 def worker_status(worker_id: str, model: str, state: WorkerState, stats: EngineStats, in_flight: int) -> WorkerStatus:

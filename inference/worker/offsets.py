@@ -88,11 +88,6 @@ class OffsetTracker:
         if state is not None and state.in_flight == offset:
             state.in_flight = None
 
-    def uncommitted(self) -> dict[Partition, int]:
-        """Positions not confirmed committed (in flight or not), for logs and tests."""
-        return {p: pos for p in self._parts if (pos := self.position(p)) is not None
-                and pos != self._parts[p].committed}
-
     def forget(self, partitions: list[Partition]) -> None:
         """Partitions revoked: what was unfinished there is someone else's now."""
         for partition in partitions:

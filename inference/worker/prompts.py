@@ -60,26 +60,24 @@ def raw_prompt_ids(text: str, tokenizer: Any) -> list[int]:
     template markup is how such prompts are used)."""
     if not text:
         raise InvalidRequestError("raw_prompt is empty: a completion needs the text to continue")
-    ids = list(tokenizer.encode(text))
-    if not ids:
-        raise InvalidRequestError("the prompt has no tokens")
-    return ids
+    return list(tokenizer.encode(text))
 
 
 def prompt_ids(req: InferenceRequest, tokenizer: Any) -> list[int]:
     if req.raw_prompt is not None:
         if req.messages:
             raise InvalidRequestError("a request with raw_prompt must have no messages")
-        return raw_prompt_ids(req.raw_prompt, tokenizer)
-    if not req.messages:
+        ids = raw_prompt_ids(req.raw_prompt, tokenizer)
+    elif not req.messages:
         raise InvalidRequestError("the request has no messages")
-    try:
-        check_roles(m.role for m in req.messages)
-    except RequestRuleError as exc:
-        raise InvalidRequestError(str(exc)) from None
-    messages = [{"role": m.role, "content": m.content} for m in req.messages]
-    # The template's markup keeps its control tokens; every content is plain text (issue 19).
-    ids = encode_chat(tokenizer, messages)
+    else:
+        try:
+            check_roles(m.role for m in req.messages)
+        except RequestRuleError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        messages = [{"role": m.role, "content": m.content} for m in req.messages]
+        # The template's markup keeps its control tokens; every content is plain text (issue 19).
+        ids = encode_chat(tokenizer, messages)
     if not ids:
         raise InvalidRequestError("the prompt has no tokens")
     return ids

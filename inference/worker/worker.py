@@ -42,12 +42,12 @@ from inference.engine.request import FinishReason as EngineFinish
 from inference.engine.streaming import AsyncEngine
 from inference.worker.cancels import CancelListener, RecentCancels
 from inference.worker.capacity import Capacity
-from inference.worker.deletions import DELETIONS_AUDIT, DeletionListener, RecentDeletions, prefix_cache_audit
+from inference.worker.deletions import DeletionListener, RecentDeletions, prefix_cache_audit
 from inference.worker.errors import (BadRequestError, ReplyAddressError, RequestExpiredError, TooManyDeliveriesError,
                                      WorkerFailed)
 from inference.worker.constraints import Constraints
 from inference.worker.generation import Choices, Delta, Generation
-from inference.worker.heartbeat import FAILED_STATE, WORKERS_STATUS, worker_status
+from inference.worker.heartbeat import worker_status
 from inference.worker.intake import Intake, Outcome, WorkItem
 from inference.worker.intake_partition import PartitionIntake
 from inference.worker.intake_share import ShareIntake
@@ -59,6 +59,7 @@ from inference.worker.token_bytes import TokenBytes
 from inference.worker.trace_spans import generation_spans
 from schemas.codec import default_codec
 from schemas.records import Cancel, Deletion, FinishReason, InferenceRequest, WorkerState, now_ms
+from schemas.topics import DELETIONS_AUDIT, WORKERS_STATUS
 from transport.acked_producer import AckedProducer
 from transport.admin import TopicAdmin
 from transport.reply_address import ReplyAddresses
@@ -181,7 +182,9 @@ class Worker:
             return
         log.error("worker %s failed: %s: %s; stopping", self.settings.worker_id, what, exc, exc_info=exc)
         self.failure = exc
-        self._set_state(FAILED_STATE)
+        # WorkerStatus v2: a failed worker says FAILED (readers of later versions read an unknown state as
+        # STOPPED, the enum default), never SERVING; it exits right after.
+        self._set_state(WorkerState.FAILED)
         try:
             self._send_status()
         except Exception:  # the status is best effort; the exit code is what counts

@@ -38,7 +38,9 @@ def conversation_table(app: Any, name: str, partitions: int, **kwargs: Any) -> A
 
         async def on_recovery_completed(self, active_tps: Any, standby_tps: Any) -> None:
             await super().on_recovery_completed(active_tps, standby_tps)
-            owned = owned_partitions(active_tps, self.changelog_topic.get_topic_name())
+            # Faust hands the table its changelog's partitions among active_tps
+            changelog = self.changelog_topic.get_topic_name()
+            owned = {tp.partition for tp in active_tps if tp.topic == changelog}
             for key in [k for k in list(self.data.keys()) if key_partition(k, partitions) not in owned]:
                 self.data.pop(key, None)  # local only: the changelog (and its new owner) keep it
 
@@ -55,11 +57,6 @@ def conversation_table(app: Any, name: str, partitions: int, **kwargs: Any) -> A
                               **kwargs)
     table.misplaced_dropped = 0
     return app.tables.add(table)
-
-
-def owned_partitions(active_tps: Any, changelog: str) -> set[int]:
-    """The changelog partitions among ``active_tps`` (Faust hands the table its changelog's partitions)."""
-    return {tp.partition for tp in active_tps if tp.topic == changelog}
 
 
 def placed_right(event: Any, partitions: int) -> bool:

@@ -143,13 +143,10 @@ class LoopHeartbeat:
         self._last = clock()
         self._stop = threading.Event()
 
-    def beat(self) -> None:
-        self._last = self._clock()
-
     async def beat_forever(self, every_s: float = 0.5) -> None:
         """On the loop: beats as long as the loop turns."""
         while True:
-            self.beat()
+            self._last = self._clock()
             await asyncio.sleep(every_s)
 
     def silent_for(self) -> float:

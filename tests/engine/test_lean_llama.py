@@ -164,7 +164,7 @@ def test_tiny_qwen2_ragged_steps_logits_equal_hf_path_and_hf_forward(tiny_qwen2)
         if i == 0:
             a.output_token_ids.append(int(logits[True][0].argmax()))
     with torch.inference_mode():
-        ref = [tiny_qwen2(torch.tensor([r.all_token_ids()])).logits[0, -1] for r in (a, b)]
+        ref = [tiny_qwen2(torch.tensor([r.prompt_token_ids + r.output_token_ids])).logits[0, -1] for r in (a, b)]
     torch.testing.assert_close(logits[True], torch.stack(ref), **TOLERANCE[torch.float32])
 
 

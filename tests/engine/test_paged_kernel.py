@@ -18,8 +18,8 @@ every case and prints one JSON result per case; each case is then its own parame
 here. The same script compiles the kernels for real on a GPU: ``python
 tests/engine/test_paged_kernel.py --device cuda`` (no ``TRITON_INTERPRET``).
 
-The reference itself (the CPU path) is also checked in this process against the SDPA decode
-path, without triton.
+The kernel's oracle, ``paged_decode_attention_reference`` (plain torch, here), is also checked in
+this process against the SDPA decode path (the runner's CPU path), without triton.
 """
 
 from __future__ import annotations
@@ -91,6 +91,31 @@ def sdpa_decode_path(cache: PagedKVCache, layer: int, q, tables, lens: list[int]
     return o.transpose(0, 1).reshape(nd, hq, d)
 
 
+def paged_decode_attention_reference(q, k_pool, v_pool, block_tables, context_lens, block_size: int,
+                                     scale: float) -> torch.Tensor:
+    """What ``paged_decode_attention`` computes, by gathering whole blocks (as ``read_blocks``) and a
+    masked softmax in float32; output in q's dtype, rows of context 0 are zeros. The kernel's oracle."""
+    b, hq, hkv, d = pa._check_decode_args(q, k_pool, v_pool, block_tables, context_lens, block_size)
+    g = hq // hkv
+    out = torch.zeros_like(q)
+    max_len = int(context_lens.max()) if b else 0
+    if max_len == 0:
+        return out
+    nblocks = -(-max_len // block_size)
+    flat = block_tables[:, :nblocks].reshape(-1).long()
+    kv = []
+    for pool in (k_pool, v_pool):
+        rows = pool.reshape(hkv, -1, block_size * d)  # [Hkv, blocks, bs*D]
+        kv.append(rows.index_select(1, flat).view(hkv, b, nblocks * block_size, d).float())
+    kc, vc = kv  # [Hkv, B, K, D]
+    qg = q.float().view(b, hkv, g, d).transpose(0, 1)  # [Hkv, B, G, D]
+    scores = (qg @ kc.transpose(-1, -2)) * scale  # [Hkv, B, G, K]
+    valid = torch.arange(nblocks * block_size, device=q.device)[None, :] < context_lens[:, None]  # [B, K]
+    scores = scores.masked_fill(~valid[None, :, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # context 0: all -inf -> NaN -> 0
+    o = probs @ vc  # [Hkv, B, G, D]
+    return o.transpose(0, 1).reshape(b, hq, d).to(q.dtype)
+
 def filled_cache(hq, hkv, d, bs, dtype, seed, lens, device):
     """A 2-layer PagedKVCache whose layer 1 got every row's K/V through PagedKVCache.write (distinct slots)."""
     gen = torch.Generator().manual_seed(seed)
@@ -117,7 +142,7 @@ def case_decode(heads, dtype, bs, seed, table_dtype=torch.int32, strided_q=False
         buf[:, :, q.shape[2] : 2 * q.shape[2]] = q
         q = buf[:, :, q.shape[2] : 2 * q.shape[2]]
     out = pa.paged_decode_attention(q, kp, vp, tables, lens, bs, scale)
-    ref = pa.paged_decode_attention_reference(q, kp, vp, tables, lens, bs, scale)
+    ref = paged_decode_attention_reference(q, kp, vp, tables, lens, bs, scale)
     assert out.dtype == q.dtype and out.shape == q.shape
     zero_rows = lens == 0
     assert torch.equal(out[zero_rows], torch.zeros_like(out[zero_rows])), "context-0 rows must be zeros"
@@ -229,19 +254,19 @@ if __name__ != "__main__":
 
     @pytest.mark.parametrize("dtype", [F32, BF16])
     def test_reference_matches_sdpa_decode_path(dtype):
-        """The CPU path: the reference equals the runner's gather + SDPA (in this process, no triton)."""
+        """The reference equals the runner's gather + SDPA, its CPU path (in this process, no triton)."""
         heads, bs, lens = LLAMA8B, 16, [1, 15, 16, 17, 300]
         cache, q, tables, _, _, _ = filled_cache(**heads, bs=bs, dtype=dtype, seed=21, lens=lens, device="cpu")
         scale = heads["d"] ** -0.5
         want = sdpa_decode_path(cache, 1, q, tables, lens, scale)
-        got = pa.paged_decode_attention_reference(q, cache.k[1], cache.v[1], tables, torch.tensor(lens), bs, scale)
+        got = paged_decode_attention_reference(q, cache.k[1], cache.v[1], tables, torch.tensor(lens), bs, scale)
         torch.testing.assert_close(got.float(), want.float(), **(F32_TOL if dtype == F32 else BF16_TOL))
 
     def test_reference_context_zero_rows_are_zeros():
         q, kp, vp, tables, lens, scale = decode_inputs(**SMOL, bs=16, dtype=F32, seed=22, lens=[0, 5, 0])
-        out = pa.paged_decode_attention_reference(q, kp, vp, tables, lens, 16, scale)
+        out = paged_decode_attention_reference(q, kp, vp, tables, lens, 16, scale)
         assert torch.equal(out[[0, 2]], torch.zeros_like(out[[0, 2]])) and out[1].abs().sum() > 0
-        none = pa.paged_decode_attention_reference(q, kp, vp, tables, torch.zeros(3, dtype=torch.long), 16, scale)
+        none = paged_decode_attention_reference(q, kp, vp, tables, torch.zeros(3, dtype=torch.long), 16, scale)
         assert torch.equal(none, torch.zeros_like(q))
 
     def test_paged_kernel_setting_resolves_per_device(monkeypatch):
@@ -262,9 +287,9 @@ if __name__ != "__main__":
     def test_bad_shapes_are_refused():
         q, kp, vp, tables, lens, scale = decode_inputs(**SMOL, bs=16, dtype=F32, seed=23, lens=[3])
         with pytest.raises(ValueError, match="block_size 0"):
-            pa.paged_decode_attention_reference(q, kp, vp, tables, lens, 0, scale)
+            paged_decode_attention_reference(q, kp, vp, tables, lens, 0, scale)
         with pytest.raises(ValueError, match="multiple"):
-            pa.paged_decode_attention_reference(q[:, :8], kp, vp, tables, lens, 16, scale)
+            paged_decode_attention_reference(q[:, :8], kp, vp, tables, lens, 16, scale)
 
 
 if __name__ == "__main__":

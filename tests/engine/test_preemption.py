@@ -53,7 +53,7 @@ def test_lazy_allocation_admits_what_worst_case_reservation_refuses_to_run_toget
     lazy, reserve = make_scheduler(kv_tokens=32, max_batch=4), make_scheduler(kv_tokens=32, max_batch=4, kv_allocation="reserve")
     for s in (lazy, reserve):
         for rid in "abc":
-            s.add_request(Request(rid, [1, 2, 3], SamplingParams(max_new_tokens=20, stop_token_ids=frozenset({7}))))
+            s.add_group([Request(rid, [1, 2, 3], SamplingParams(max_new_tokens=20, stop_token_ids=frozenset({7})))])
     assert len(step(lazy)[0].admitted) == 3  # 1 block each
     assert len(step(reserve)[0].admitted) == 1  # 6 blocks each of 8
 
@@ -62,9 +62,9 @@ def test_victim_is_lowest_priority_then_most_recently_admitted():
     """Guards against preempting an interactive request to make room for a batch one, or the
     oldest request of a class (which would starve it)."""
     s = make_scheduler(kv_tokens=32, max_batch=4, max_seq_len=64, max_waiting=10)
-    s.add_request(Request("batch", [1] * 4, SamplingParams(max_new_tokens=20), Priority.BATCH))
-    s.add_request(Request("chat-old", [2] * 4, SamplingParams(max_new_tokens=20)))
-    s.add_request(Request("chat-new", [3] * 4, SamplingParams(max_new_tokens=20)))
+    s.add_group([Request("batch", [1] * 4, SamplingParams(max_new_tokens=20), Priority.BATCH)])
+    s.add_group([Request("chat-old", [2] * 4, SamplingParams(max_new_tokens=20))])
+    s.add_group([Request("chat-new", [3] * 4, SamplingParams(max_new_tokens=20))])
     preempted = []
     while not preempted:
         out, _ = step(s)
@@ -79,12 +79,12 @@ def test_preempted_request_keeps_its_place_and_is_not_starved():
     """Guards against a preempted request going to the back of the queue (behind later arrivals)
     and being overtaken forever by a stream of new requests."""
     s = make_scheduler(kv_tokens=32, max_batch=2, max_seq_len=64, max_waiting=100)
-    s.add_request(Request("a", [1] * 4, SamplingParams(max_new_tokens=20)))
-    s.add_request(Request("b", [2] * 4, SamplingParams(max_new_tokens=20)))
+    s.add_group([Request("a", [1] * 4, SamplingParams(max_new_tokens=20))])
+    s.add_group([Request("b", [2] * 4, SamplingParams(max_new_tokens=20))])
     finished, arrivals, b_preempted = [], 0, False
     for _ in range(400):
         if s.num_waiting < 3:  # new work keeps arriving
-            s.add_request(Request(f"new{arrivals}", [5] * 4, SamplingParams(max_new_tokens=20)))
+            s.add_group([Request(f"new{arrivals}", [5] * 4, SamplingParams(max_new_tokens=20))])
             arrivals += 1
         out, done = step(s, token=9)
         b_preempted |= any(r.request_id == "b" for r in out.preempted)

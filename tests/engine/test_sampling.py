@@ -12,14 +12,14 @@ from inference.engine.sampling import Sampler
 def draw(params: SamplingParams, logits: torch.Tensor, n: int) -> list[int]:
     sampler = Sampler("cpu")
     sampler.add("r", params)
-    return [sampler.sample(logits[None], ["r"], [params])[0] for _ in range(n)]
+    return [sampler.sample_step(logits[None], ["r"], [params]).token_ids[0] for _ in range(n)]
 
 
 def test_temperature_zero_is_argmax():
     """Guards against greedy requests being sampled."""
     logits = torch.tensor([[0.1, 3.0, 2.9], [5.0, 0.0, 4.9]])
     sampler = Sampler("cpu")
-    assert sampler.sample(logits, ["a", "b"], [SamplingParams(), SamplingParams()]) == [1, 0]
+    assert sampler.sample_step(logits, ["a", "b"], [SamplingParams(), SamplingParams()]).token_ids == [1, 0]
 
 
 def test_same_seed_same_tokens_different_seed_different_tokens():

@@ -222,7 +222,8 @@ def test_64_streaming_clients_for_60s_all_complete_or_get_429_and_memory_stays_b
     (finish_reason, usage, [DONE]) or a proper 429; no client hangs past the deadline; the gateway
     has nothing pending afterwards; every service's RSS grows from its warm baseline by less than
     its GROWTH_LIMIT_MIB."""
-    pids = pipeline.processes()
+    pids = {"streams": pipeline.streams.proc.pid, "inference": pipeline.worker.proc.pid,
+            "gateway": pipeline.gateway.proc.pid}
     out, elapsed, hangs, samples = asyncio.run(run_load(pipeline.url, pids))
 
     pending, deadline = None, time.monotonic() + 10

@@ -56,7 +56,7 @@ def test_rendered_manifests_pass_kubeconform_strict(variant, secret_files, tmp_p
     files = [p for p in write(rendered, tmp_path) if p.name != "kustomization.yaml"]
     result = validate(files)
     assert result.ok, result.output
-    count = len(rendered.objects)
+    count = sum(len(objects) for objects in rendered.files.values())
     # Every object was validated against a schema: none skipped, none without one.
     assert re.search(rf"{count} resources found in {len(files)} files - Valid: {count}, Invalid: 0, Errors: 0, "
                      r"Skipped: 0", result.output), result.output
@@ -65,7 +65,7 @@ def test_rendered_manifests_pass_kubeconform_strict(variant, secret_files, tmp_p
 def test_strict_mode_refuses_an_unknown_field_in_each_kind(secret_files, tmp_path):
     """The schemas are strict (closed objects), so a misspelt field of every kind rendered fails."""
     values = _variants(secret_files)["secured-share-cluster"]
-    objects = render(values).objects
+    objects = [obj for objs in render(values).files.values() for obj in objs]
     kinds = {}
     for obj in objects:
         kinds.setdefault(obj["kind"], obj)

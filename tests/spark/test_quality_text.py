@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from spark_jobs.filters import quality_reason_py, text_ratio
+from bench.finetune_reference import quality_reason_py, text_ratio
 from spark_jobs.settings import FinetuneSettings
 
 pytestmark = pytest.mark.spark
@@ -76,13 +76,14 @@ def test_blobs_and_symbol_soup_are_non_text():
 def test_spark_gives_the_python_verdict(spark):
     """Catches the Spark column and the Python function disagreeing on what is text (Java's
     ``\\p{L}`` vs ``str.isalpha``, the long-run regex, escaping in the character class)."""
-    from spark_jobs.filters import quality_reason
+    from spark_jobs.filters import tag_quality
+    from spark_jobs.steps import untagged
 
     s = _settings()
     answers = PROSE + KEPT_TOO + _junk()
     df = spark.createDataFrame([(i, "What are the numbers?", a, None, "STOP") for i, a in enumerate(answers)],
                                "i int, prompt string, answer string, system_prompt string, finish_reason string")
-    got = {r["i"]: r["reason"] for r in df.select("i", quality_reason(s).alias("reason")).collect()}
+    got = {r["i"]: r["_reason"] for r in tag_quality(untagged(df), s, spark).select("i", "_reason").collect()}
     want = {i: quality_reason_py(_turn(a), s) for i, a in enumerate(answers)}
     assert got == want
     assert set(want.values()) == {None, "mostly_non_text"}

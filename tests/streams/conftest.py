@@ -33,18 +33,3 @@ def qdrant_server(tmp_path_factory):
     finally:
         peer.stop()
 
-
-@pytest.fixture
-def qdrant_cluster(tmp_path_factory):
-    """A fresh real 3-peer Qdrant cluster per test (tests kill peers); yields QdrantCluster, consensus
-    formed. Skips without the binary."""
-    from chatpipe.testing.qdrant import QDRANT_TOOL, SKIP_REASON, QdrantCluster
-
-    if not QDRANT_TOOL.exists():
-        pytest.skip(SKIP_REASON)
-    cluster = QdrantCluster(tmp_path_factory.mktemp("qdrant-cluster"), size=3)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()

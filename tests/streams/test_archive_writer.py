@@ -76,7 +76,7 @@ def test_a_crash_between_two_files_with_timestamps_out_of_order_loses_no_offset(
     restarted = Archiver(tmp_path)
     restarted.write(batch)  # Faust redelivers the unacked batch
     assert archived(tmp_path) == [("p.chat.turns", 0, 10), ("p.chat.turns", 0, 11)]
-    assert restarted.high_water("p.chat.turns", 0) == 11
+    assert restarted._archived("p.chat.turns", 0).high_water == 11
 
 
 def test_a_hole_below_the_highest_archived_offset_is_filled_and_the_high_water_mark_is_contiguous(tmp_path):
@@ -87,10 +87,10 @@ def test_a_hole_below_the_highest_archived_offset_is_filled_and_the_high_water_m
     Archiver(tmp_path).write([msg(o) for o in range(0, 10)])
     write_messages(tmp_path, [msg(11), msg(12)])
     restarted = Archiver(tmp_path)
-    assert restarted.high_water("p.chat.turns", 0) == 9, "the lowest offset not yet written is 10"
+    assert restarted._archived("p.chat.turns", 0).high_water == 9, "the lowest offset not yet written is 10"
     restarted.write([msg(o) for o in range(10, 14)])
     assert archived(tmp_path) == [("p.chat.turns", 0, o) for o in range(14)]
-    assert restarted.high_water("p.chat.turns", 0) == 13 and restarted.skipped == 2
+    assert restarted._archived("p.chat.turns", 0).high_water == 13 and restarted.skipped == 2
 
 
 def test_files_follow_offsets_so_a_crash_leaves_a_prefix_archived(tmp_path, monkeypatch):
@@ -195,7 +195,7 @@ def test_a_turn_emitted_again_at_a_new_offset_is_archived_once_across_restarts(t
     assert restarted.duplicates == 2
     # the dropped repeats are covered by the file names: redelivered, they are skipped, not re-judged
     again = Archiver(tmp_path, dedupe_window=1)
-    assert again.high_water("p.chat.turns", 0) == 5
+    assert again._archived("p.chat.turns", 0).high_water == 5
     again.write([turn_msg(o, r) for o, r in ((3, "r1"), (4, "r3"), (5, "r3"))])
     assert again.skipped == 3 and archived_requests(tmp_path) == ["r0", "r1", "r2", "r3"]
 

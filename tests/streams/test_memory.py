@@ -36,6 +36,11 @@ from streams.memory_settings import MemorySettings
 T0 = 1_760_000_000_000  # epoch ms of turn 0
 MINUTE, DAY = 60_000, 86_400_000
 
+
+def recall(memory: ConversationMemory, **query) -> list:
+    """One query's recall (``recall_many`` of one ``RecallQuery``: tenant, user_id, vector, ...)."""
+    return memory.recall_many([RecallQuery(**query)])[0]
+
 FILLER = [
     ("How do I reverse a list in Python?", "Use my_list.reverse() in place, or my_list[::-1] for a copy."),
     ("What's a good name for a grey cat?", "Smokey, Ash, Pebble or Earl Grey are popular choices."),
@@ -116,7 +121,7 @@ def test_recall_finds_fact_from_turn_3_among_40_turns(memory, embedder, vectors_
     mem = memory()
     turns = conversation("acme", "alice", "c1")
     mem.upsert(turns, vectors_of(turns))
-    got = mem.recall(tenant="acme", user_id="alice", vector=embedder.encode([QUESTION])[0], now_ms=T0 + 40 * MINUTE)
+    got = recall(mem, tenant="acme", user_id="alice", vector=embedder.encode([QUESTION])[0], now_ms=T0 + 40 * MINUTE)
     assert got and got[0].turn.turn_id == turns[FACT_INDEX].turn_id, [r.turn.prompt for r in got]
     assert got[0].turn == turns[FACT_INDEX]  # the whole turn comes back, not only its id
     assert len(got) <= mem.settings.recall_limit
@@ -129,12 +134,12 @@ def test_other_tenant_with_same_user_id_gets_nothing_of_the_first(memory, embedd
     globex = conversation("globex", "alice", "c9", n=10, with_fact=False)
     mem.upsert(acme + globex, vectors_of(acme + globex))
     question = embedder.encode([QUESTION])[0]
-    got = mem.recall(tenant="globex", user_id="alice", vector=question, limit=10, now_ms=T0 + DAY)
+    got = recall(mem, tenant="globex", user_id="alice", vector=question, limit=10, now_ms=T0 + DAY)
     assert all(r.turn.tenant == "globex" for r in got), ids(got)
     assert not [r for r in got if "Matilda" in r.turn.prompt]
     # the same question from acme's alice does find it: the isolation, not a weak match, hid it above
-    assert "Matilda" in mem.recall(tenant="acme", user_id="alice", vector=question, now_ms=T0 + DAY)[0].turn.prompt
-    assert mem.recall(tenant="initech", user_id="alice", vector=question) == []
+    assert "Matilda" in recall(mem, tenant="acme", user_id="alice", vector=question, now_ms=T0 + DAY)[0].turn.prompt
+    assert recall(mem, tenant="initech", user_id="alice", vector=question) == []
 
 
 def test_recency_orders_equally_similar_turns_newest_first(memory):
@@ -143,7 +148,7 @@ def test_recency_orders_equally_similar_turns_newest_first(memory):
     v = np.array([[1, 0, 0, 0]] * 3, dtype=np.float32)
     turns = [StoredTurn(f"r{i}", "acme", "bob", "c1", i, f"same {i}", "same", T0 + i * DAY) for i in (0, 2, 1)]
     mem.upsert(turns, v)
-    got = mem.recall(tenant="acme", user_id="bob", vector=v[0], now_ms=T0 + 3 * DAY)
+    got = recall(mem, tenant="acme", user_id="bob", vector=v[0], now_ms=T0 + 3 * DAY)
     assert ids(got) == ["r2", "r1", "r0"]
     assert [round(r.similarity, 4) for r in got] == [1.0, 1.0, 1.0]
     assert [round(r.score, 4) for r in got] == [0.5, 0.25, 0.125]  # 0.5 ** (age / half-life)
@@ -163,9 +168,9 @@ def test_exclude_turn_ids_are_never_recalled(memory, embedder, vectors_of):
     mem.upsert(turns, vectors_of(turns))
     question = embedder.encode([QUESTION])[0]
     fact_id = turns[FACT_INDEX].turn_id
-    assert fact_id in ids(mem.recall(tenant="acme", user_id="alice", vector=question))
+    assert fact_id in ids(recall(mem, tenant="acme", user_id="alice", vector=question))
     window = [fact_id] + [t.turn_id for t in turns[-8:]]
-    got = mem.recall(tenant="acme", user_id="alice", vector=question, limit=40, exclude_turn_ids=window)
+    got = recall(mem, tenant="acme", user_id="alice", vector=question, limit=40, exclude_turn_ids=window)
     assert len(got) == 40 - len(window) and not set(ids(got)) & set(window)
 
 
@@ -180,19 +185,19 @@ def test_forget_conversation_then_user_leaves_nothing_recallable(memory, embedde
 
     assert mem.forget(tenant="acme", user_id="alice", conversation_id="c1") == len(c1)
     assert mem.count(tenant="acme", user_id="alice", conversation_id="c1") == 0
-    left = mem.recall(tenant="acme", user_id="alice", vector=question, limit=100, now_ms=T0)
+    left = recall(mem, tenant="acme", user_id="alice", vector=question, limit=100, now_ms=T0)
     assert left and all(r.turn.conversation_id == "c2" for r in left)
     assert mem.count(tenant="acme", user_id="alice") == len(c2)
 
     assert mem.forget(tenant="acme", user_id="alice") == len(c2)
     assert mem.count(tenant="acme", user_id="alice") == 0
-    assert mem.recall(tenant="acme", user_id="alice", vector=question, limit=100) == []
+    assert recall(mem, tenant="acme", user_id="alice", vector=question, limit=100) == []
     assert mem.forget(tenant="acme", user_id="alice") == 0  # again: nothing left, no error
     # the others are untouched
     assert mem.count(tenant="acme", user_id="bob") == len(bob)
     assert mem.count(tenant="globex", user_id="alice") == len(other_tenant)
     assert mem.count() == len(bob) + len(other_tenant)
-    assert "Matilda" in mem.recall(tenant="globex", user_id="alice", vector=question)[0].turn.prompt
+    assert "Matilda" in recall(mem, tenant="globex", user_id="alice", vector=question)[0].turn.prompt
 
 
 def test_upsert_is_idempotent_by_turn_id(memory, vectors_of):
@@ -206,7 +211,7 @@ def test_upsert_is_idempotent_by_turn_id(memory, vectors_of):
     edited = StoredTurn(**{**{f: getattr(turns[5], f) for f in StoredTurn.__slots__}, "answer": "edited answer"})
     mem.upsert([edited], vectors[5:6])
     assert mem.count() == 12
-    got = mem.recall(tenant="acme", user_id="alice", vector=vectors[5], limit=1, now_ms=T0)
+    got = recall(mem, tenant="acme", user_id="alice", vector=vectors[5], limit=1, now_ms=T0)
     assert got[0].turn == edited
     assert point_id("x") == point_id("x") != point_id("y")
 
@@ -223,7 +228,7 @@ def test_recall_many_equals_one_recall_per_query(memory, embedder, vectors_of):
                RecallQuery("acme", "alice", q[2], limit=2, now_ms=T0), RecallQuery("nobody", "x", q[1]),
                RecallQuery("acme", "alice", q[1], limit=0)]
     batched = mem.recall_many(queries)
-    single = [mem.recall(tenant=x.tenant, user_id=x.user_id, vector=x.vector, limit=x.limit,
+    single = [recall(mem, tenant=x.tenant, user_id=x.user_id, vector=x.vector, limit=x.limit,
                          exclude_turn_ids=x.exclude_turn_ids, now_ms=x.now_ms) for x in queries]
     assert [ids(b) for b in batched] == [ids(s) for s in single]
     assert [[round(r.score, 5) for r in b] for b in batched] == [[round(r.score, 5) for r in s] for s in single]
@@ -271,7 +276,7 @@ def test_local_memory_survives_a_restart(tmp_path, embedder, vectors_of):
     again = ConversationMemory(settings, embedder.dim)
     try:
         assert again.count(tenant="acme", user_id="alice") == 40
-        got = again.recall(tenant="acme", user_id="alice", vector=embedder.encode([QUESTION])[0])
+        got = recall(again, tenant="acme", user_id="alice", vector=embedder.encode([QUESTION])[0])
         assert got[0].turn == turns[FACT_INDEX]
     finally:
         again.close()

@@ -14,17 +14,71 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from chatpipe.testing.qdrant import QDRANT_TOOL, SKIP_REASON, QdrantPeer
 from streams.memory import ConversationMemory, RecallQuery, StoredTurn
 from streams.memory_settings import MemorySettings
 
 DIM = 16
 USERS = 10
 
+
+class QdrantCluster:
+    """``size`` peers; the first bootstraps the others. ``wait_formed`` waits until all are voters."""
+
+    def __init__(self, root: Path, size: int = 3) -> None:
+        self.peers = [QdrantPeer(root, f"peer{i}", cluster=True) for i in range(size)]
+
+    def start(self, timeout_s: float = 90.0) -> None:
+        first, rest = self.peers[0], self.peers[1:]
+        first.start()
+        first.wait_ready(timeout_s)
+        for peer in rest:
+            peer.start(bootstrap=first)
+        for peer in rest:
+            peer.wait_ready(timeout_s)
+        self.wait_formed(timeout_s)
+
+    def wait_formed(self, timeout_s: float) -> None:
+        deadline, last = time.monotonic() + timeout_s, None
+        while time.monotonic() < deadline:
+            try:
+                last = httpx.get(f"{self.peers[0].url}/cluster", timeout=2.0).json()["result"]
+                if len(last.get("peers", {})) == len(self.peers) and last["raft_info"].get("leader") is not None:
+                    return
+            except (httpx.TransportError, KeyError, ValueError):
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"cluster not formed after {timeout_s} s: {last}\n{self.peers[-1].log_tail()}")
+
+    def active_replicas(self, collection: str) -> int:
+        """Shard replicas in state Active, as the first peer sees them (local + remote)."""
+        info = httpx.get(f"{self.peers[0].url}/collections/{collection}/cluster", timeout=2.0).json()["result"]
+        shards = info.get("local_shards", []) + info.get("remote_shards", [])
+        return sum(1 for s in shards if s.get("state") == "Active")
+
+    def stop(self) -> None:
+        for peer in self.peers:
+            peer.stop()
+
+
+@pytest.fixture
+def qdrant_cluster(tmp_path_factory):
+    """A fresh real 3-peer Qdrant cluster per test (tests kill peers); yields QdrantCluster, consensus
+    formed. Skips without the binary."""
+    if not QDRANT_TOOL.exists():
+        pytest.skip(SKIP_REASON)
+    cluster = QdrantCluster(tmp_path_factory.mktemp("qdrant-cluster"), size=3)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
 
 def unit_vectors(n: int, seed: int) -> np.ndarray:
     v = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
@@ -84,7 +138,7 @@ def test_recall_keeps_answering_and_no_point_is_lost_when_a_peer_is_killed(qdran
                 i = k % 300
                 k += 1
                 try:
-                    got = mem.recall(tenant="acme", user_id=f"user{i % USERS}", vector=vectors[i], limit=1)
+                    got = mem.recall_many([RecallQuery("acme", f"user{i % USERS}", vectors[i], limit=1)])[0]
                     ok = len(got) == 1 and got[0].turn == acme[i]
                     outcomes.append((time.monotonic(), "ok" if ok else f"wrong answer for a{i}: {got}"))
                 except Exception as exc:  # noqa: BLE001 - recorded, not raised: the assertion below reports them all
@@ -107,7 +161,7 @@ def test_recall_keeps_answering_and_no_point_is_lost_when_a_peer_is_killed(qdran
         assert not failures, f"{len(failures)} of {len(outcomes)} recalls failed, first: {failures[:3]}"
 
         if victim_is == "the client's peer":
-            assert mem.retried >= 1, "no call failed over: the kill did not reach the client's peer"
+            assert mem.retrier.retries >= 1, "no call failed over: the kill did not reach the client's peer"
         # writes still land (the dead replica is taken out of the shard by consensus)
         late = planted("late", "acme", 30, now)
         mem.upsert(late, vectors[300:330])
@@ -117,6 +171,6 @@ def test_recall_keeps_answering_and_no_point_is_lost_when_a_peer_is_killed(qdran
         answers = mem.recall_many(queries)
         lost = [t.turn_id for t, got in zip(acme + late, answers) if not got or got[0].turn != t]
         assert not lost, f"{len(lost)} planted points not recalled after the kill: {lost[:5]}"
-        print(f"\n{len(outcomes)} recalls ({len(after)} after the kill), retries made: {mem.retried}")
+        print(f"\n{len(outcomes)} recalls ({len(after)} after the kill), retries made: {mem.retrier.retries}")
     finally:
         mem.close()

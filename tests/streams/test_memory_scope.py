@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streams.memory import MemoryInputError, RecallQuery
-from tests.streams.test_memory import DAY, QUESTION, T0, conversation, ids, memory, vectors_of  # noqa: F401 - memory, vectors_of: fixtures the tests take as parameters
+from tests.streams.test_memory import DAY, QUESTION, T0, conversation, ids, memory, recall, vectors_of  # noqa: F401 - memory, vectors_of: fixtures the tests take as parameters
 
 
 def test_a_conversation_scoped_recall_sees_only_its_own_conversation(memory, embedder, vectors_of):  # noqa: F811 - the fixtures imported above
@@ -30,10 +30,10 @@ def test_a_conversation_scoped_recall_sees_only_its_own_conversation(memory, emb
     assert in_new == []
     assert "Matilda" in in_c1[0].turn.prompt and {r.turn.conversation_id for r in in_c1} == {"c1"}
     # the one-query form takes the conversation too
-    single = mem.recall(tenant="acme", user_id="key-1", vector=question, limit=10, now_ms=T0 + DAY,
+    single = recall(mem, tenant="acme", user_id="key-1", vector=question, limit=10, now_ms=T0 + DAY,
                         conversation_id="c2")
     assert ids(single) == ids(in_c2)
     # another tenant's conversation of the same id and user name stays out as well
-    assert mem.recall(tenant="globex", user_id="key-1", vector=question, conversation_id="c1") == []
+    assert recall(mem, tenant="globex", user_id="key-1", vector=question, conversation_id="c1") == []
     with pytest.raises(MemoryInputError, match="conversation_id is empty"):
-        mem.recall(tenant="acme", user_id="key-1", vector=question, conversation_id="")
+        recall(mem, tenant="acme", user_id="key-1", vector=question, conversation_id="")

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chatpipe.testing.kafka import RecordProducer
 from chatpipe.testing.ports import free_port
-from chatpipe.testing.streams import Conversation, StreamsWorker, Tap
+from chatpipe.testing.streams import StreamsWorker, Tap
+from tests.streams.stand_in import Conversation
 from transport.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration

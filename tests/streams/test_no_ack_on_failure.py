@@ -20,11 +20,12 @@ import pytest
 
 from chatpipe.testing.kafka import RecordProducer
 from chatpipe.testing.qdrant import QDRANT_TOOL, SKIP_REASON, QdrantPeer
-from chatpipe.testing.streams import Conversation, StreamsWorker, Tap, answer, prompt
+from chatpipe.testing.streams import StreamsWorker, Tap
 from schemas.codec import default_codec
 from schemas.records import Deletion, DeletionScope, Feedback, FeedbackKind
 from schemas.topics import deletion_key
 from streams.faults import EXIT_INFRASTRUCTURE
+from tests.streams.stand_in import Conversation, answer, prompt
 from transport.archive import hour_dir, read_messages
 from transport.settings import KafkaSettings
 

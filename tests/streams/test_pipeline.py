@@ -18,10 +18,11 @@ import uuid
 import pytest
 
 from chatpipe.testing.kafka import RecordProducer
-from chatpipe.testing.streams import REPO, Conversation, StreamsWorker, Tap, answer, prompt
+from chatpipe.testing.streams import REPO, StreamsWorker, Tap
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, Deletion, DeletionScope, Feedback, FeedbackKind, PromptRequest
 from streams.record import turn_id_for
+from tests.streams.stand_in import Conversation, answer, prompt
 from transport.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration
@@ -192,7 +193,7 @@ def test_deletion_forgets_the_user_and_state_survives_a_restart(
     from schemas.topics import deletion_key
     from streams.app import changelog_topic
     from streams.embeddings import Embedder
-    from streams.memory import ConversationMemory
+    from streams.memory import ConversationMemory, RecallQuery
     from streams.memory_settings import MemorySettings
     from streams.settings import StreamsSettings
     from streams.table import conversation_of
@@ -216,7 +217,7 @@ def test_deletion_forgets_the_user_and_state_survives_a_restart(
     memory = ConversationMemory(settings, embedder.dim)
     try:
         assert memory.count(tenant="acme", user_id="u1") == 0
-        assert memory.recall(tenant="acme", user_id="u1", vector=embedder.encode([CAT_QUESTION])[0]) == []
+        assert memory.recall_many([RecallQuery("acme", "u1", embedder.encode([CAT_QUESTION])[0])]) == [[]]
         assert memory.count(tenant="globex", user_id="u1") >= 2  # the other tenant's turns stay
     finally:
         memory.close()

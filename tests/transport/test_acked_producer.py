@@ -85,7 +85,7 @@ async def test_a_full_queue_never_blocks_the_event_loop(away):
             if ack is not None:
                 acks.append(ack)
             await asyncio.sleep(0)
-        assert producer.waiting > 0, "the queue of 3 should have been full"
+        assert len(producer._waiting) > 0, "the queue of 3 should have been full"
         started = time.monotonic()
         results = await asyncio.wait_for(asyncio.gather(*acks, return_exceptions=True), 15)
         assert time.monotonic() - started < 5
@@ -94,7 +94,7 @@ async def test_a_full_queue_never_blocks_the_event_loop(away):
         deadline = time.monotonic() + 5  # those already in librdkafka's queue time out there
         while producer.failed < 40 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert producer.waiting == 0 and producer.failed == 40 and producer.delivered == 0
+        assert len(producer._waiting) == 0 and producer.failed == 40 and producer.delivered == 0
     finally:
         stop.set()
         await ticks

@@ -186,10 +186,10 @@ def test_each_call_has_its_own_budget():
 def test_streams_intake_refuses_a_reply_to_naming_a_pipeline_topic_with_a_dead_letter():
     """Guards against a reply_to naming chat.prompts passing streams (only the worker refused it):
     intake must dead-letter it with the reason, send no chunk there, and not serve it."""
-    from chatpipe.testing.streams import prompt
     from streams.errors import InvalidReplyAddressError
     from streams.faults import Retrier as StreamsRetrier
     from streams.refusals import Refusals
+    from tests.streams.stand_in import prompt
     from transport.reply_address import ReplyAddresses
     from transport.settings import KafkaSettings
 

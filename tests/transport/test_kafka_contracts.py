@@ -174,9 +174,9 @@ async def test_records_that_waited_for_room_keep_their_order(kafka_settings, top
     producer = AckedProducer(kafka_settings, linger_ms=0, extra_config={"queue.buffering.max.messages": 5})
     try:
         acks = [producer.send(topic, record, key="c") for record in sent]  # no await: the queue fills
-        assert producer.waiting > 0
+        assert len(producer._waiting) > 0
         await asyncio.wait_for(asyncio.gather(*acks), 60)
-        assert producer.waiting == 0 and producer.delivered == len(sent)
+        assert len(producer._waiting) == 0 and producer.delivered == len(sent)
     finally:
         await asyncio.to_thread(producer.close, 10)
     with _strict_consumer(kafka_settings, group_id, topic) as consumer:

@@ -1,6 +1,5 @@
-"""How the tests' BatchConsumer builds batches: error events are never wrapped, and a batch is built
-without starting a garbage collection that would promote the previous batch
-(chatpipe/testing/kafka/batches.py).
+"""How the consumers build batches: error events are never wrapped, and a batch is built without
+starting a garbage collection that would promote the previous batch (transport/batches.py).
 
 The ``Message`` objects are confluent-kafka's own, built the way its tests build them; no broker
 is needed to hand them out.
@@ -13,7 +12,7 @@ import gc
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from chatpipe.testing.kafka import pause_gc, resume_gc, wrap_batch
+from transport.batches import pause_gc, resume_gc, wrap_batch
 from transport.message import ConsumedMessage
 
 

@@ -15,6 +15,13 @@ from clients.traces import read_span_files, spans_of_export, trace_of_request, t
 from transport import spans, tracing
 
 
+def otlp_json(records: list, *, fast: bool = True) -> str:
+    """The OTLP/JSON export of ``records`` (spans, and sends as 7-tuples), one resource per service;
+    ``fast`` False: sends through the generic span encoder (the tests compare the two)."""
+    flat = [x for r in records if len(r) == spans._SEND_LEN for x in r]
+    return spans._otlp_json([r for r in records if len(r) != spans._SEND_LEN], flat, fast)
+
+
 @pytest.fixture
 def recorder(tmp_path):
     spans.shutdown()
@@ -275,11 +282,11 @@ def test_the_fast_encoding_is_the_otlp_json_of_each_span():
     dicts through json.dumps, and as the generic path (every send as the span it stands for)."""
     records = _sample_records()
     expected = _by_span(_reference_export(records))
-    fast, generic = (_by_span(json.loads(spans.otlp_json(records, fast=f))) for f in (True, False))
+    fast, generic = (_by_span(json.loads(otlp_json(records, fast=f))) for f in (True, False))
     assert fast == expected
     assert generic == expected
     assert set(expected) == {"gateway", "worker"} and sum(map(len, expected.values())) == len(records)
-    assert json.loads(spans.otlp_json([])) == {"resourceSpans": []}
+    assert json.loads(otlp_json([])) == {"resourceSpans": []}
 
 
 @pytest.mark.parametrize("shape", ["roots", "children", "mixed parents", "another trace's parent", "a float start"])
@@ -300,8 +307,8 @@ def test_a_chunk_of_sends_of_each_shape_encodes_to_the_reference_json(shape):
         start = 1_000.0 + i if shape == "a float start" and i == 3 else 1_000 + i
         records.append(("svc", traceparent, mine, topic, partition, start, 2_000 + i))
     expected = _by_span(_reference_export(records))
-    assert _by_span(json.loads(spans.otlp_json(records))) == expected
-    assert _by_span(json.loads(spans.otlp_json(records, fast=False))) == expected
+    assert _by_span(json.loads(otlp_json(records))) == expected
+    assert _by_span(json.loads(otlp_json(records, fast=False))) == expected
     assert len(expected["svc"]) == 40
 
 
@@ -310,7 +317,7 @@ def test_a_malformed_traceparent_given_to_record_send_is_escaped_not_written_raw
     whole batch through the escaping path, and the export stays valid JSON."""
     bad = '00-' + '"' * 32 + '-' + '\\' * 16 + '-01'
     records = [("svc", tracing.new_traceparent(), None, "t", None, 1, 2), ("svc", bad, None, "t", None, 3, 4)]
-    export = json.loads(spans.otlp_json(records))
+    export = json.loads(otlp_json(records))
     assert _by_span(export) == _by_span(_reference_export(records))
 
 

@@ -22,6 +22,7 @@ from schemas.codec import default_codec
 from schemas.records import Priority
 from transport.errors import TransportError
 from transport.settings import KafkaSettings
+from tests.worker.test_offsets_and_capacity import uncommitted
 
 KAFKA = KafkaSettings(bootstrap_servers="127.0.0.1:9", topic_prefix="u.")
 TOPIC = KAFKA.topic("chat.inference.requests")
@@ -103,7 +104,7 @@ def test_a_failed_async_commit_is_sent_again(intake):
     assert consumer.commits[-1] == ({P: 6}, True) and len(consumer.commits) == 2
     intake._on_commit({P: 6}, {})
     intake._commit_finished()
-    assert len(consumer.commits) == 2 and intake.tracker.uncommitted() == {}
+    assert len(consumer.commits) == 2 and uncommitted(intake.tracker) == {}
 
 
 def test_a_dying_partition_intake_thread_tells_the_worker(intake):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from types import SimpleNamespace
 
 import pytest
 
-from chatpipe.testing.kafka import FirstSeen, StreamAssembler
+from chatpipe.testing.kafka import StreamAssembler
 from inference.worker.errors import InvalidRequestError, InvalidSamplingError, PromptTooLongError
 from inference.worker.prompts import prepare
 from schemas.records import ChatMessage, InferenceRequest, SamplingParams
@@ -71,6 +72,27 @@ def test_stream_assembler_keeps_attempts_apart_and_waits_for_the_final_chunk():
     asm.add(chunk("r", 1, " there", final=True), "a2")  # a duplicate delivery is harmless
     assert asm.text("r", "a2") == "Hi there"
     assert asm.text("r", "a1") is None
+
+
+class FirstSeen:
+    """Bounded memory of ids: ``add`` is True the first time an id is seen (LRU beyond capacity): how a
+    reader that sees every Response keeps the first of each request (docs/worker.md "Delivery")."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, key: str) -> bool:
+        if key in self._ids:
+            self._ids.move_to_end(key)
+            return False
+        self._ids[key] = None
+        if len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+        return True
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._ids
 
 
 def test_first_seen_is_bounded():

@@ -15,13 +15,21 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chatpipe.testing.kafka import RecordProducer
 from chatpipe.testing.ports import free_port
-from chatpipe.testing.worker import REPLIES, Reader, make_request, rss_mb, send_requests, start_worker
+from chatpipe.testing.worker import REPLIES, Reader, make_request, send_requests, start_worker
 from schemas.records import Cancel, FinishReason, Priority, WorkerState
 from schemas.topics import inference_requests_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
 MAX_IN_FLIGHT = 4
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 @pytest.fixture(scope="module")

@@ -1,41 +1,14 @@
-"""Reader-side helpers of the tests: keep each Response once, rebuild each attempt's full text.
+"""Reader-side helper of the tests: rebuild each serving attempt's full text from its token chunks.
 
 A test that reads everything the workers wrote (chatpipe/testing/worker.py) keeps the first Response
-of a request and compares it with the chunks of the same serving attempt:
-
-    seen = FirstSeen(capacity=100_000)
-    if seen.add(response.request_id): handle(response)
-
-The services do these jobs their own way: the gateway shows one request's answer as it streams
-(``transport.dedupe.AnswerText``), and streams remembers recorded request ids per conversation in
-its changelog-backed table (they must survive a restart; an in-memory set would not).
+of a request and compares it with the chunks of the same serving attempt. The gateway does this job
+its own way: it shows one request's answer as it streams (``transport.dedupe.AnswerText``).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
-
-
-class FirstSeen:
-    """Bounded memory of ids: ``add`` is True the first time an id is seen (LRU beyond capacity)."""
-
-    def __init__(self, capacity: int = 100_000) -> None:
-        self.capacity = capacity
-        self._ids: OrderedDict[str, None] = OrderedDict()
-
-    def add(self, key: str) -> bool:
-        if key in self._ids:
-            self._ids.move_to_end(key)
-            return False
-        self._ids[key] = None
-        if len(self._ids) > self.capacity:
-            self._ids.popitem(last=False)
-        return True
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._ids
 
 
 @dataclass
@@ -80,6 +53,3 @@ class StreamAssembler:
         while len(parts) in state.parts:
             parts.append(state.parts[len(parts)])
         return "".join(parts)
-
-    def attempts(self, request_id: str) -> list[str | None]:
-        return [a for (rid, a) in self._attempts if rid == request_id]

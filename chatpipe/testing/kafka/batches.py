@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from transport.batches import pause_gc, resume_gc, wrap_batch  # noqa: F401 - re-exported for the tests
 from transport.message import ConsumedMessage
 
 

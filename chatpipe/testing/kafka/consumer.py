@@ -17,13 +17,14 @@ from typing import Callable, Iterable
 
 from confluent_kafka import KafkaError
 
-from chatpipe.testing.kafka.batches import DecodedMessage, pause_gc, resume_gc, wrap_batch
+from chatpipe.testing.kafka.batches import DecodedMessage
 from chatpipe.testing.kafka.producer import RecordProducer
 from schemas.codec import default_codec
 from schemas.errors import DecodeError
 from schemas.records import DeadLetter
 from schemas.topics import DLQ
 from transport import clients
+from transport.batches import pause_gc, resume_gc, wrap_batch
 from transport.dead_letters import dead_letter_for, dead_letter_headers, dead_letter_key
 from transport.errors import TransportError
 from transport.message import ConsumedMessage

@@ -1,4 +1,5 @@
-"""Triton kernels of the engine (CUDA only; each has a plain-torch reference for CPU and tests).
+"""Triton kernels of the engine (CUDA only; the tests hold a plain-torch reference of each, and on CPU
+the engine keeps its plain torch path).
 
     paged_attention.py  decode attention that reads the paged KV pool in place
 """

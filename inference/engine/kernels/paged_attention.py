@@ -22,16 +22,16 @@ q / pools / output (e.g. q as a view of a fused qkv tensor). ``context_lens[row]
 that row reads nothing (its block table is not touched) and its output is zeros; a padding row
 with context 1 whose table points at a scratch block just attends to that slot.
 Not supported / not checked: block ids outside the pool (the kernel does no bounds check:
-out-of-range ids read out of bounds, where the torch reference raises), split-KV across
+out-of-range ids read out of bounds, where the tests' torch reference raises), split-KV across
 programs (one row with a very long context runs in Hkv programs only; fine at serving batch
 sizes, slow for batch 1 x 100k tokens), prefill (multi-token rows: the runner keeps SDPA),
 sliding windows, ALiBi, soft-capping.
 
 The kernel needs CUDA, or Triton's interpreter (``TRITON_INTERPRET=1`` set before triton and this
 module are first imported; the tests run it in a child process, see
-``tests/engine/test_paged_kernel.py``). ``paged_decode_attention_reference`` is plain torch and
-runs anywhere: it is the oracle of the tests and the path for CPU. ``HAVE_TRITON`` is False when
-triton is not installed (CPU-only torch builds); the reference still works then.
+``tests/engine/test_paged_kernel.py``, whose plain-torch reference is the kernel's oracle). On CPU,
+and wherever ``HAVE_TRITON`` is False (triton not installed: CPU-only torch builds), the runner
+keeps the gather + SDPA decode path.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ try:
     import triton.language as tl
 
     HAVE_TRITON = True
-except ImportError:  # CPU-only torch builds ship without triton: the reference still works
+except ImportError:  # CPU-only torch builds ship without triton: the runner keeps gather + SDPA
     HAVE_TRITON = False
 
 
@@ -133,7 +133,7 @@ if HAVE_TRITON:
 
 def _need_triton() -> None:
     if not HAVE_TRITON:
-        raise RuntimeError("triton is not installed: use the *_reference functions (CPU path)")
+        raise RuntimeError("triton is not installed: use the gather + SDPA decode path (paged_kernel off)")
 
 
 def _check_decode_args(q, k_pool, v_pool, block_tables, context_lens, block_size) -> tuple[int, int, int, int]:
@@ -192,40 +192,4 @@ def paged_decode_attention(
         num_warps=4,
     )  # fmt: skip
     return out
-
-
-# -- plain torch references (the tests' oracle, and the CPU path) ---------------------------------
-
-
-def paged_decode_attention_reference(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_size: int,
-    scale: float,
-) -> torch.Tensor:
-    """What ``paged_decode_attention`` computes, by gathering whole blocks (as ``read_blocks``) and a
-    masked softmax in float32; output in q's dtype, rows of context 0 are zeros."""
-    b, hq, hkv, d = _check_decode_args(q, k_pool, v_pool, block_tables, context_lens, block_size)
-    g = hq // hkv
-    out = torch.zeros_like(q)
-    max_len = int(context_lens.max()) if b else 0
-    if max_len == 0:
-        return out
-    nblocks = -(-max_len // block_size)
-    flat = block_tables[:, :nblocks].reshape(-1).long()
-    kv = []
-    for pool in (k_pool, v_pool):
-        rows = pool.reshape(hkv, -1, block_size * d)  # [Hkv, blocks, bs*D]
-        kv.append(rows.index_select(1, flat).view(hkv, b, nblocks * block_size, d).float())
-    kc, vc = kv  # [Hkv, B, K, D]
-    qg = q.float().view(b, hkv, g, d).transpose(0, 1)  # [Hkv, B, G, D]
-    scores = (qg @ kc.transpose(-1, -2)) * scale  # [Hkv, B, G, K]
-    valid = torch.arange(nblocks * block_size, device=q.device)[None, :] < context_lens[:, None]  # [B, K]
-    scores = scores.masked_fill(~valid[None, :, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # context 0: all -inf -> NaN -> 0
-    o = probs @ vc  # [Hkv, B, G, D]
-    return o.transpose(0, 1).reshape(b, hq, d).to(q.dtype)
 
