@@ -67,7 +67,7 @@ ACK_EVERY = 32  # the adapter side awaits an acknowledgement on every 32nd recor
 # the client's own cost, which the broker sharing the same 2 cores cannot blur.
 CPU_SECONDS: list[float] = []
 # Garbage collections started during each measured consume loop (they were most of what the old
-# BatchConsumer cost over the raw loop; chatpipe/testing/kafka/batches.py).
+# BatchConsumer cost over the raw loop; transport/batches.py).
 GC_STARTS = [0]
 GC_PER_RUN: list[int] = []
 # With --per-thread: where each produce run's client CPU went, thread by thread (bench/thread_cpu.py).

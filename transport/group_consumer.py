@@ -1,7 +1,7 @@
 """A consumer-group consumer for services that finish messages out of order.
 
 A consumer that commits everything polled suits a batch done as a whole (the tests'
-``chatpipe.testing.kafka.BatchConsumer``). A service with many messages in flight (the inference worker) instead needs:
+``tests/transport/batch_consumer.py``). A service with many messages in flight (the inference worker) instead needs:
 
 - rebalance hooks (``on_assign`` / ``on_revoke`` / ``on_lost``) to stop the work of partitions
   it no longer owns, with the cooperative-sticky protocol so a joining member does not revoke

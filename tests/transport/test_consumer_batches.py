@@ -1,4 +1,4 @@
-"""The tests' BatchConsumer (chatpipe/testing/kafka) through the real broker: a steady consume loop
+"""The tests' BatchConsumer (tests/transport/batch_consumer.py) through the real broker: a steady consume loop
 must not make the garbage collector promote every batch (the cost that kept it at 0.70 of a raw
 loop when it was a transport adapter)."""
 
@@ -8,7 +8,8 @@ import gc
 
 import pytest
 
-from chatpipe.testing.kafka import BatchConsumer, RecordProducer
+from chatpipe.testing.kafka import RecordProducer
+from tests.transport.batch_consumer import BatchConsumer
 from schemas import records
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from chatpipe.testing.kafka import BatchConsumer, DeadLetterWriter, RecordProducer
+from chatpipe.testing.kafka import RecordProducer
+from tests.transport.batch_consumer import BatchConsumer, DeadLetterWriter
 from schemas import records
 from schemas.codec import AvroCodec, to_avro_dict
 from schemas.errors import DecodeError, UnknownSchemaError

@@ -1,4 +1,4 @@
-"""A batch consumer for tests and benches: poll many messages at once, decode them, dead-letter
+"""A batch consumer for the transport tests: poll many messages at once, decode them, dead-letter
 what does not decode, commit everything polled when told.
 
 The services consume with ``transport.group_consumer.GroupConsumer`` (out-of-order finishing,
@@ -13,11 +13,11 @@ the services write: ``transport.dead_letters.dead_letter_for``) and the consumer
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 from confluent_kafka import KafkaError
 
-from chatpipe.testing.kafka.batches import DecodedMessage
 from chatpipe.testing.kafka.producer import RecordProducer
 from schemas.codec import default_codec
 from schemas.errors import DecodeError
@@ -33,6 +33,14 @@ from transport.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 DecodeErrorPolicy = Callable[[DecodeError, ConsumedMessage], None]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedMessage:
+    """A record with the message it came in (batches built as ``transport/batches.py`` builds the
+    services' own)."""
+    record: Any
+    message: ConsumedMessage
 
 
 class DeadLetterWriter:
