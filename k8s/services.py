@@ -356,7 +356,10 @@ def secrets(values: Values) -> tuple[list[dict[str, Any]], list[str]]:
     out, todo = [], []
     keys_file = values.gateway.keys_file
     if keys_file is not None:
-        text = keys_file.read_text(encoding="utf-8")
+        try:
+            text = keys_file.read_text(encoding="utf-8")
+        except OSError as e:
+            raise RenderError(f"gateway.keys_file {keys_file} cannot be read: {e.strerror}") from None
         try:
             json.loads(text)
         except ValueError:

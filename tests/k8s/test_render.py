@@ -450,6 +450,8 @@ def test_values_are_checked(tmp_path):
     good = tmp_path / "v.json"
     good.write_text(json.dumps({"gateway": {"keys_file": "keys.json"}}))
     assert load(good).gateway.keys_file == tmp_path / "keys.json"  # relative to the values file
+    with pytest.raises(RenderError, match=r"gateway.keys_file .*keys.json cannot be read: No such file"):
+        render(load(good))  # a clear error, not a traceback, for a keys file that is not there
 
 
 def test_render_is_deterministic(secret_files):
