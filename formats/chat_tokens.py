@@ -44,12 +44,6 @@ def special_tokens(tokenizer: Any) -> list[str]:
     return sorted((n for n in names if n), key=lambda n: (-len(n), n))
 
 
-def _special_pattern(tokenizer: Any) -> re.Pattern[str] | None:
-    names = special_tokens(tokenizer)
-    # Longest first, so the leftmost match is the longest one (how the tokenizer matches them too).
-    return re.compile("|".join(map(re.escape, names))) if names else None
-
-
 def render(tokenizer: Any, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
     return tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
                                          tokenize=False)
@@ -66,9 +60,11 @@ def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], add_gener
     if not getattr(tokenizer, "chat_template", None):
         return encode_plain(tokenizer, "\n".join(m["content"] for m in messages), add_special_tokens=True)
     text = render(tokenizer, messages, add_generation_prompt)
-    pattern = _special_pattern(tokenizer)
-    if pattern is None:
+    specials = special_tokens(tokenizer)
+    if not specials:
         return list(tokenizer.encode(text, add_special_tokens=False))
+    # Longest first, so the leftmost match is the longest one (how the tokenizer matches them too).
+    pattern = re.compile("|".join(map(re.escape, specials)))
     marked = [{**m, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
     sentinel_text = render(tokenizer, marked, add_generation_prompt)
     pieces = _pieces(messages, sentinel_text, text)
@@ -77,7 +73,10 @@ def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], add_gener
             return list(tokenizer.encode(text, add_special_tokens=False))  # the ids of before, exactly
         return _encode_runs(tokenizer, pattern, pieces)
     # The template rewrites contents in a way not followed here (a filter other than trim).
-    _warn_once(tokenizer)
+    if id(tokenizer.chat_template) not in _warned_templates:
+        _warned_templates.add(id(tokenizer.chat_template))
+        log.warning("the chat template changes message contents in a way not followed here; control tokens "
+                    "are still taken from the template only")
     if len(pattern.findall(text)) == len(pattern.findall(sentinel_text)):
         return list(tokenizer.encode(text, add_special_tokens=False))  # no content brought a control token
     order = [int(i) for i in _SENTINEL_RE.findall(sentinel_text)]
@@ -97,13 +96,6 @@ def _pieces(messages: Sequence[Mapping[str, str]], sentinel_text: str, text: str
         if "".join(p for p, _ in pieces) == text:
             return pieces
     return None
-
-
-def _warn_once(tokenizer: Any) -> None:
-    if id(tokenizer.chat_template) not in _warned_templates:
-        _warned_templates.add(id(tokenizer.chat_template))
-        log.warning("the chat template changes message contents in a way not followed here; control tokens "
-                    "are still taken from the template only")
 
 
 def _interleave(template: list[str], contents: list[str]) -> list[tuple[str, bool]]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from formats.errors import FormatError
 
@@ -72,7 +72,7 @@ KNOWN_KEYWORDS = frozenset().union(
     COUNT_KEYWORDS, NUMBER_KEYWORDS, STRING_KEYWORDS)
 _LOOKAROUND = re.compile(r"\(\?<?[=!]|\\[1-9]|\\k<")
 _XGR_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*(Check failed: .*? is false: )?")
-_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # a json_schema's or a tool's name (OpenAI's rule)
 
 
 def _bad(path: str, why: str) -> FormatError:
@@ -107,7 +107,7 @@ def parse_response_format(fmt: Mapping[str, Any] | str | None) -> tuple[str, Any
     if not isinstance(spec, Mapping):
         raise _bad(f"{ROOT}.json_schema", "required, an object with 'name' and 'schema'")
     name = spec.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
         raise _bad(f"{ROOT}.json_schema.name", f"required, 1-64 characters of a-z, A-Z, 0-9, _ or -; got {name!r}")
     if spec.get("strict") is not None and not isinstance(spec.get("strict"), bool):
         raise _bad(f"{ROOT}.json_schema.strict", f"must be a boolean, got {spec.get('strict')!r}")
@@ -147,18 +147,21 @@ def canonical(schema: Any) -> str:
 def schema_grammar(schema: Any) -> Any:
     """The checked grammar of a json_schema's ``schema``: supported keywords first (the named part),
     then xgrammar's own compile; ``FormatError`` naming the deepest failing part otherwise."""
-    _walk(schema, SCHEMA_PATH)
+    subschemas: list[tuple[str, Any]] = []
+    _walk(schema, SCHEMA_PATH, subschemas)
     try:
         return grammar_from_schema(schema)
     except ImportError:
         raise  # no xgrammar in this process: not the schema's fault
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError / ValueError with a C++ location prefix
         reason = _clean(exc)
-        raise _bad(_locate(schema, reason), reason) from None
+        raise _bad(_locate(schema, reason, subschemas[1:]), reason) from None
 
 
-def _walk(node: Any, path: str) -> None:
-    """Structure and supported keywords, the named part first; xgrammar checks the rest."""
+def _walk(node: Any, path: str, seen: list[tuple[str, Any]]) -> None:
+    """Structure and supported keywords, the named part first; xgrammar checks the rest. Every
+    (sub)schema met goes to ``seen`` as (path, schema), parents before their children."""
+    seen.append((path, node))
     if isinstance(node, bool):
         return
     if not isinstance(node, Mapping):
@@ -175,16 +178,16 @@ def _walk(node: Any, path: str) -> None:
             if not isinstance(value, Mapping):
                 raise _bad(at, f"must be an object of schemas, got {type(value).__name__}")
             for name, sub in value.items():
-                _walk(sub, f"{at}.{name}")
+                _walk(sub, f"{at}.{name}", seen)
         elif key in SCHEMA_KEYWORDS:
-            _walk(value, at)
+            _walk(value, at, seen)
         elif key in SCHEMA_LIST_KEYWORDS:
             if not isinstance(value, list) or not value:
                 raise _bad(at, "must be a non-empty array of schemas")
             if key == "allOf" and len(value) > 1:
                 raise _bad(at, "allOf with more than one schema is not enforced by the grammar engine; merge them")
             for i, sub in enumerate(value):
-                _walk(sub, f"{at}[{i}]")
+                _walk(sub, f"{at}[{i}]", seen)
         elif key in COUNT_KEYWORDS:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise _bad(at, f"must be a non-negative integer, got {value!r}")
@@ -197,9 +200,8 @@ def _walk(node: Any, path: str) -> None:
 def _check_types(node: Mapping[str, Any], path: str) -> None:
     kind = node.get("type")
     kinds = kind if isinstance(kind, list) else [kind]
-    if "type" in node:
-        if not kinds or not all(isinstance(k, str) and k in TYPES for k in kinds):
-            raise _bad(f"{path}.type", f"must be one of {sorted(TYPES)} or a list of them, got {kind!r}")
+    if "type" in node and not (kinds and all(isinstance(k, str) and k in TYPES for k in kinds)):
+        raise _bad(f"{path}.type", f"must be one of {sorted(TYPES)} or a list of them, got {kind!r}")
     if "required" in node and not (
         isinstance(node["required"], list) and all(isinstance(r, str) for r in node["required"])
     ):
@@ -227,17 +229,16 @@ def _check_types(node: Mapping[str, Any], path: str) -> None:
 
 
 def _clean(exc: Exception) -> str:
-    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-    text = lines[0] if lines else type(exc).__name__
+    text = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
     return _XGR_PREFIX.sub("", text).strip() or type(exc).__name__
 
 
-def _locate(schema: Any, reason: str) -> str:
-    """The deepest subschema that fails alone with the same reason (root $defs attached, so its
-    references still resolve); the schema's root when none does."""
+def _locate(schema: Any, reason: str, subschemas: list[tuple[str, Any]]) -> str:
+    """The deepest of ``subschemas`` (``_walk``'s, below the root) that fails alone with the same
+    reason (root $defs attached, so its references still resolve); the schema's root when none does."""
     defs = {k: schema[k] for k in ("$defs", "definitions") if isinstance(schema, Mapping) and k in schema}
     best, node = SCHEMA_PATH, schema
-    for path, sub in _subschemas(schema, SCHEMA_PATH):
+    for path, sub in subschemas:
         if not isinstance(sub, Mapping):
             continue
         probe = {**defs, **sub} if defs else sub
@@ -249,24 +250,6 @@ def _locate(schema: Any, reason: str) -> str:
     if reason.startswith("Regex") and isinstance(node, Mapping) and "pattern" in node:
         best += ".pattern"  # the schema's own pattern (a property *name* pattern names patternProperties)
     return best
-
-
-def _subschemas(node: Any, path: str) -> Iterable[tuple[str, Any]]:
-    if not isinstance(node, Mapping):
-        return
-    for key, value in node.items():
-        at = f"{path}.{key}"
-        if key in SCHEMA_MAP_KEYWORDS and isinstance(value, Mapping):
-            for name, sub in value.items():
-                yield f"{at}.{name}", sub
-                yield from _subschemas(sub, f"{at}.{name}")
-        elif key in SCHEMA_KEYWORDS:
-            yield at, value
-            yield from _subschemas(value, at)
-        elif key in SCHEMA_LIST_KEYWORDS and isinstance(value, list):
-            for i, sub in enumerate(value):
-                yield f"{at}[{i}]", sub
-                yield from _subschemas(sub, f"{at}[{i}]")
 
 
 def grammar_from_schema(schema: Any) -> Any:
@@ -323,7 +306,7 @@ def _tool_calls_spec(spec: Any) -> dict[str, Any]:
     out = []
     for i, tool in enumerate(tools):
         name = tool.get("name") if isinstance(tool, Mapping) else None
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
             raise _bad(f"{at}.tools[{i}].name", f"required, 1-64 characters of a-z, A-Z, 0-9, _ or -; got {name!r}")
         params = tool.get("parameters")
         out.append({"name": name, "parameters": NO_PARAMETERS if params is None else params})

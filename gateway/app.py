@@ -12,7 +12,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,13 +30,11 @@ from gateway.openai_api import ChatCompletionRequest, OpenAIError
 from gateway.responses import choice, chunk, completion, sse, usage
 from gateway.service import Delta, GatewayService, Submitted
 from gateway.settings import GatewaySettings
-from gateway.streaming import ClientGone, outcome_of, wait_for_answer
+from gateway.streaming import CONVERSATION_HEADER, REQUEST_HEADER, ClientGone, outcome_of, wait_for_answer
 from schemas.records import FeedbackKind
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
-CONVERSATION_HEADER = "X-Chatpipe-Conversation-Id"
-REQUEST_HEADER = "X-Chatpipe-Request-Id"
 
 
 class FeedbackBody(BaseModel):
@@ -133,10 +131,9 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
             raise OpenAIError(400, "an edit needs edited_text", param="edited_text")
         # Only the key's own requests (service.feedback checks the request id's MAC: 404 otherwise);
         # the completion id (chatcmpl-<request id>) is taken as well as the bare request id.
-        request_id = body.request_id.removeprefix("chatcmpl-")
-        event_id = await service.feedback(principal, request_id=request_id, conversation_id=body.conversation_id,
-                                          kind=kind, edited_text=body.edited_text, comment=body.comment,
-                                          user=body.user)
+        event_id = await service.feedback(principal, request_id=body.request_id.removeprefix("chatcmpl-"),
+                                          conversation_id=body.conversation_id, kind=kind,
+                                          edited_text=body.edited_text, comment=body.comment, user=body.user)
         return {"event_id": event_id}
 
     @app.post("/v1/chat/completions")
@@ -174,17 +171,15 @@ async def events(service: GatewayService, sub: Submitted, first: Delta | None, d
     finished = False
     sub_chunk = partial(chunk, sub.request_id, sub.model, sub.created)  # an event of this request
 
-    def event(delta: Delta) -> list[str]:
-        out = []
+    def event(delta: Delta) -> Iterator[str]:
         if delta.parts is not None:  # tools: content and tool_calls deltas (the logprobs on the first)
             parts = delta.parts or ([{}] if delta.logprobs else [])
             for i, part in enumerate(parts):
-                out.append(sub_chunk(index=delta.index, delta=part, logprobs=delta.logprobs if i == 0 else None))
+                yield sub_chunk(index=delta.index, delta=part, logprobs=delta.logprobs if i == 0 else None)
         elif delta.text or delta.logprobs:
-            out.append(sub_chunk(index=delta.index, delta={"content": delta.text}, logprobs=delta.logprobs))
+            yield sub_chunk(index=delta.index, delta={"content": delta.text}, logprobs=delta.logprobs)
         if delta.finish_reason is not None:
-            out.append(sub_chunk(index=delta.index, finish_reason=delta.finish_reason))
-        return out
+            yield sub_chunk(index=delta.index, finish_reason=delta.finish_reason)
 
     try:
         for c in sub.choices:

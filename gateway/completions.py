@@ -37,10 +37,8 @@ from gateway.keys import Principal
 from gateway.openai_api import CompletionRequest, OpenAIError
 from gateway.responses import json_logprob, sse, usage
 from gateway.service import Delta, GatewayService, Submitted
-from gateway.streaming import ClientGone, outcome_of, wait_for_answer
+from gateway.streaming import REQUEST_HEADER, ClientGone, outcome_of, wait_for_answer
 from schemas.records import TokenLogprob
-
-REQUEST_HEADER = "X-Chatpipe-Request-Id"
 
 
 # -- what we answer ---------------------------------------------------------------------------------
@@ -205,9 +203,8 @@ async def events(service: GatewayService, subs: list[Submitted], merged: Merged,
             if text:
                 for j in range(n):
                     yield sse(text_completion(subs, [text_choice(i * n + j, text, None, None)]))
-        if first is not None:
-            if (out := event(*first)) is not None:
-                yield out
+        if first is not None and (out := event(*first)) is not None:
+            yield out
         async for i, delta in merged:
             if (out := event(i, delta)) is not None:
                 yield out

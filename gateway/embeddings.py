@@ -81,7 +81,10 @@ class GatewayEmbeddings:
         self.service = service  # gateway.service.GatewayService
         self.inflight: dict[str, str] = {}
 
-    def admit(self) -> None:
+    async def embed(self, record: EmbeddingRequest, traceparent: str | None = None) -> EmbeddingResult:
+        """Take a slot of the gateway's backlog (429 when full), produce the request
+        (``translate.embedding_request_to_record``'s), wait for its result (until its deadline);
+        OpenAIError when it failed."""
         service = self.service
         held = len(service.pending) + len(self.inflight)
         if held >= service.settings.max_pending:
@@ -89,12 +92,6 @@ class GatewayEmbeddings:
             raise OpenAIError(429, f"the gateway has {held} requests in flight (limit {service.settings.max_pending}); "
                                    "retry after 1 s", type="rate_limit_error", code="backlog_full",
                               headers={"Retry-After": "1"})
-
-    async def embed(self, record: EmbeddingRequest, traceparent: str | None = None) -> EmbeddingResult:
-        """Produce the request (``translate.embedding_request_to_record``'s), wait for its result
-        (until its deadline); OpenAIError when it failed."""
-        service = self.service
-        self.admit()
         request_id, model, texts, deadline_at = record.request_id, record.model, record.inputs, record.deadline_at
         span = service.tracer.start(f"POST {ROUTE}", traceparent, SERVER, {
             "http.request.method": "POST", "http.route": ROUTE, "chatpipe.request_id": request_id,
@@ -145,10 +142,9 @@ class GatewayEmbeddings:
             span.end()
 
 
-def add_embeddings_route(app: FastAPI, authenticate: Callable[..., Principal], service: Any) -> GatewayEmbeddings:
-    """Register POST /v1/embeddings on ``app``; returns the object that serves it (``app.state.embeddings``)."""
-    embeddings = GatewayEmbeddings(service)
-    app.state.embeddings = embeddings
+def add_embeddings_route(app: FastAPI, authenticate: Callable[..., Principal], service: Any) -> None:
+    """Register POST /v1/embeddings on ``app``, served by a ``GatewayEmbeddings`` (``app.state.embeddings``)."""
+    app.state.embeddings = embeddings = GatewayEmbeddings(service)
 
     @app.post(ROUTE)
     async def create_embeddings(request: Request, body: EmbeddingsBody,
@@ -158,5 +154,3 @@ def add_embeddings_route(app: FastAPI, authenticate: Callable[..., Principal], s
         result = await embeddings.embed(record, traceparent=request.headers.get("traceparent"))
         log.debug("embeddings: %d vector(s) in %.1f ms", result.count, (time.perf_counter() - received) * 1e3)
         return JSONResponse(response_body(result, body.encoding()))
-
-    return embeddings

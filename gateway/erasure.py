@@ -39,22 +39,17 @@ def add_erasure_routes(app: FastAPI, authenticate: Callable[..., Principal], ser
 
     @app.delete("/v1/users/{user}", status_code=202)
     async def forget_user(user: str, principal: Principal = Depends(authenticate)) -> dict[str, Any]:
-        resolved = resolve_user(principal, _named_user(user))
-        return await _send(service, principal, resolved.user_id, None)
+        return await _forget(service, principal, _named_user(user), None)
 
     @app.delete("/v1/users/{user}/conversations/{conversation_id}", status_code=202)
     async def forget_user_conversation(user: str, conversation_id: str,
                                        principal: Principal = Depends(authenticate)) -> dict[str, Any]:
-        resolved = resolve_user(principal, _named_user(user))
-        conversation = checked_conversation_id(conversation_id, param="conversation_id")
-        return await _send(service, principal, resolved.user_id, conversation)
+        return await _forget(service, principal, _named_user(user), conversation_id)
 
     @app.delete("/v1/conversations/{conversation_id}", status_code=202)
     async def forget_conversation(conversation_id: str, principal: Principal = Depends(authenticate)) -> dict[str, Any]:
         # The requests of this key that named no user belong to its default user (bound keys: their user).
-        resolved = resolve_user(principal, None)
-        conversation = checked_conversation_id(conversation_id, param="conversation_id")
-        return await _send(service, principal, resolved.user_id, conversation)
+        return await _forget(service, principal, None, conversation_id)
 
 
 def _named_user(user: str) -> str:
@@ -67,11 +62,14 @@ def _named_user(user: str) -> str:
     return user
 
 
-async def _send(service: Any, principal: Principal, user_id: str, conversation_id: str | None) -> dict[str, Any]:
+async def _forget(service: Any, principal: Principal, user: str | None, conversation_id: str | None) -> dict[str, Any]:
+    """Produce the Deletion of ``user`` (as the key names it; None: the key's default user) or of one
+    of their conversations."""
+    user_id = resolve_user(principal, user).user_id
+    if conversation_id is not None:
+        conversation_id = checked_conversation_id(conversation_id, param="conversation_id")
     scope = DeletionScope.USER if conversation_id is None else DeletionScope.CONVERSATION
     deletion = Deletion(scope=scope, tenant=principal.tenant, user_id=user_id, conversation_id=conversation_id)
-    if service.producer is None:
-        raise OpenAIError(503, "the gateway is starting; retry in a moment", type="server_error", code="starting")
     try:
         await service.producer.send(service.kafka.topic(DELETIONS), deletion,
                                     key=deletion_key(principal.tenant, user_id))

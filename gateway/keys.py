@@ -112,11 +112,6 @@ def _mac(principal: Principal, base: str, user_id: str, conversation_id: str) ->
     return hmac.new(principal.mac_secret, message, hashlib.sha256).hexdigest()[:_MAC_HEX]
 
 
-def mac_secret_of(key: str) -> bytes:
-    """The key's MAC secret: HMAC(key, label); the key itself never keys anything else."""
-    return hmac.new(key.encode(), _SECRET_LABEL, hashlib.sha256).digest()
-
-
 # -- the keys file ------------------------------------------------------------------------------
 
 def principal_of(key: str, value: object, where: str = "keys file") -> Principal:
@@ -140,7 +135,8 @@ def principal_of(key: str, value: object, where: str = "keys file") -> Principal
         raise KeysFileError(f'{name}: "namespace" must be non-empty and without ":" (got {namespace!r})')
     return Principal(tenant, str(user) if user is not None else default_user(key), bound=user is not None,
                      multi_user=users is not None, namespace=namespace if users is not None else "",
-                     mac_secret=mac_secret_of(key))
+                     # the MAC secret, HMAC(key, label): the key itself never keys anything else
+                     mac_secret=hmac.new(key.encode(), _SECRET_LABEL, hashlib.sha256).digest())
 
 
 def check_no_shared_users(entries: dict[str, Principal], where: str = "keys file") -> None:

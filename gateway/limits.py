@@ -18,6 +18,7 @@ Not here: the limits on fields inside the body (``schemas.requests``, checked by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 from starlette.datastructures import Headers
@@ -90,10 +91,8 @@ async def _drain(receive: Receive, most_bytes: int) -> None:
                 return
             dropped += len(message.get("body", b""))
 
-    try:
+    with contextlib.suppress(asyncio.TimeoutError):  # a client that keeps sending gets its connection closed on it
         await asyncio.wait_for(drop(), DRAIN_S)
-    except asyncio.TimeoutError:
-        pass  # a client that keeps sending gets its connection closed on it
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -105,13 +104,9 @@ def _content_length(scope: Scope) -> int | None:
 
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A receive that gives ``body`` once, then whatever the connection says next (a disconnect)."""
-    sent = False
+    first: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
+        return first.pop() if first else await receive()
 
     return replay

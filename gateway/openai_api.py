@@ -9,8 +9,8 @@ nothing here calls it or builds a record.
 - ``ChatCompletionRequest`` (POST /v1/chat/completions): every field of OpenAI's Chat Completions
   request is named here, and each is honoured, refused with a 400 naming it (``check_supported``:
   audio, a ``logit_bias``, the deprecated ``functions`` ...), or accepted and ignored for a reason
-  docs/gateway.md ("Request fields") gives (``IGNORED``): nothing is ignored silently. A field that
-  is not OpenAI's (nor chatpipe's ``top_k``) is refused as OpenAI's own server refuses it
+  docs/gateway.md ("Request fields") gives (and a comment at the field): nothing is ignored silently.
+  A field that is not OpenAI's (nor chatpipe's ``top_k``) is refused as OpenAI's own server refuses it
   ("Unrecognized request argument supplied", ``app.py``'s handler).
 - ``CompletionRequest`` (POST /v1/completions, docs/gateway.md "Completions"), ``EmbeddingsBody``
   (POST /v1/embeddings, "Embeddings").
@@ -25,13 +25,11 @@ from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from schemas.embeddings import EMBEDDING_LIMITS, EmbeddingLimits, check_inputs
+from schemas.embeddings import check_inputs
 from schemas.requests import (
-    LIMITS,
     OPENAI_ROLES,
     RESPONSE_FORMAT_TYPES,
     TOOL_ROLE,
-    RequestLimits,
     RequestRuleError,
     check_conversation_id,
     check_messages,
@@ -85,33 +83,14 @@ class Message(BaseModel):
     tool_call_id: str | None = None  # a tool message's: the call it answers
 
     def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
 
 
 class StreamOptions(BaseModel):
     # include_obfuscation (OpenAI's random padding of stream events) is ignored, as unknown fields are: docs/gateway.md
     include_usage: bool = False
-
-
-# Fields of OpenAI's request that chatpipe accepts and does not act on, each with its reason
-# (docs/gateway.md "Request fields" says the same; test_request_fields checks they agree).
-IGNORED = {
-    "prediction": "a latency hint (Predicted Outputs): the answer is the same without it",
-    "prompt_cache_key": "caching is automatic: the engine's prefix cache reuses any shared prompt prefix, and a "
-                        "conversation's requests go to one worker by its id",
-    "prompt_cache_retention": "the engine keeps cached prefixes while its KV blocks are free, with no retention "
-                              "setting",
-    "prompt_cache_options": "as prompt_cache_retention: no cache breakpoints or lifetimes to set",
-    "safety_identifier": "OpenAI's abuse detection: chatpipe has none, and the end user whose memory a request "
-                         "uses is `user`, never this",
-}
-
-# What a field may be when chatpipe cannot honour it: None (absent) always; these values too.
-_NO_TOOL = (None, "none")
 
 
 class SamplingFields(BaseModel):
@@ -149,14 +128,14 @@ class SamplingFields(BaseModel):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
-    def check_shared(self, limits: RequestLimits, **endpoint: Any) -> None:
+    def check_shared(self, **endpoint: Any) -> None:
         """schemas.requests' rules on the fields both routes share, with the route's own (``endpoint``:
         logprobs, top_logprobs, response_format), and ``user`` as an id. Raises RequestRuleError."""
         check_sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
                        stop=self.stop_list(), presence_penalty=self.presence_penalty,
-                       frequency_penalty=self.frequency_penalty, n=self.n, limits=limits, **endpoint)
+                       frequency_penalty=self.frequency_penalty, n=self.n, **endpoint)
         if self.user:  # "" = no user, as OpenAI's clients send it
-            check_user(self.user, limits)
+            check_user(self.user)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -183,30 +162,35 @@ class ChatCompletionRequest(SamplingFields):
     verbosity: str | None = None
     web_search_options: Any = None
     moderation: Any = None
-    # Accepted and ignored: IGNORED says why.
+    # Accepted and not acted on, each for its reason (docs/gateway.md "Request fields" says the same).
+    # A latency hint (Predicted Outputs): the answer is the same without it.
     prediction: Any = None
+    # Caching is automatic: the engine's prefix cache reuses any shared prompt prefix, and a conversation's
+    # requests go to one worker by its id; it keeps cached prefixes while its KV blocks are free, with no
+    # retention setting, cache breakpoints or lifetimes to set.
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     prompt_cache_options: Any = None
+    # OpenAI's abuse detection: chatpipe has none, and the end user whose memory a request uses is `user`.
     safety_identifier: str | None = None
 
-    def check(self, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> None:
+    def check(self, context_tokens: int | None = None) -> None:
         """The fields' own rules, as OpenAI-shaped 400s naming the field: schemas.requests' (with
         ``context_tokens``, ``max_tokens`` against the model's context too), then what chatpipe does
         not support. The tools, the response format's schema and the prompt the tools are rendered
         into are checked by their parts when ``translate.chat_content`` calls them."""
         with rules_as_400():
-            check_messages([(m.role, m.text()) for m in self.messages], limits, roles=OPENAI_ROLES,
+            check_messages([(m.role, m.text()) for m in self.messages], roles=OPENAI_ROLES,
                            last_roles=("user", TOOL_ROLE))
             if self.response_format is not None and self.response_format.get("type") not in RESPONSE_FORMAT_TYPES:
                 raise RequestRuleError("response_format.type", f"is {self.response_format.get('type')!r}; use one "
                                                                f"of {', '.join(RESPONSE_FORMAT_TYPES)}")
             for name in ("max_tokens", "max_completion_tokens"):
                 check_sampling(max_tokens=getattr(self, name), context_tokens=context_tokens, max_tokens_field=name)
-            self.check_shared(limits, logprobs=self.logprobs, top_logprobs=self.top_logprobs,
+            self.check_shared(logprobs=self.logprobs, top_logprobs=self.top_logprobs,
                               response_format=self.response_format)
             if self.metadata is not None:
-                check_metadata(self.metadata, limits)
+                check_metadata(self.metadata)
                 if "conversation_id" in self.metadata:
                     check_conversation_id(self.metadata["conversation_id"], field="metadata.conversation_id")
         self.check_supported()
@@ -216,7 +200,7 @@ class ChatCompletionRequest(SamplingFields):
         if self.functions:
             raise unsupported("functions", "functions (the deprecated form of tools) are not supported: send them "
                                            "as tools ([{\"type\": \"function\", \"function\": {...}}]) instead")
-        if self.function_call not in _NO_TOOL:
+        if self.function_call not in (None, "none"):  # absent, or the value that asks for nothing
             raise unsupported("function_call", f"function_call is {self.function_call!r}: the deprecated form of "
                                                "tool_choice is not supported; use tool_choice (with tools)",
                               code="unsupported_value")
@@ -284,7 +268,7 @@ class CompletionRequest(SamplingFields):
                                         "(or a list of strings)", code="unsupported_value")
         raise OpenAIError(400, "prompt must be a string or a list of strings", param="prompt", code="invalid_type")
 
-    def check(self, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> list[str]:
+    def check(self, context_tokens: int | None = None) -> list[str]:
         """The prompts, once every rule holds: schemas.requests' (with ``context_tokens``, max_tokens
         against the model's context too), then what chatpipe does not do; 400s naming the field."""
         prompts = self.prompts()
@@ -294,12 +278,12 @@ class CompletionRequest(SamplingFields):
                               code="array_above_max_length")
         with rules_as_400():
             for i, text in enumerate(prompts):
-                check_raw_prompt(text, limits, field="prompt" if isinstance(self.prompt, str) else f"prompt[{i}]")
+                check_raw_prompt(text, field="prompt" if isinstance(self.prompt, str) else f"prompt[{i}]")
             if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
                 raise RequestRuleError("logprobs", f"is {self.logprobs}; use 0-{MAX_LOGPROBS} (0: the chosen tokens' "
                                                    "logprobs only)", limit=MAX_LOGPROBS)
             check_sampling(max_tokens=self.max_tokens, context_tokens=context_tokens)
-            self.check_shared(limits, logprobs=self.logprobs is not None, top_logprobs=self.logprobs)
+            self.check_shared(logprobs=self.logprobs is not None, top_logprobs=self.logprobs)
         self.check_supported()
         return prompts
 
@@ -330,7 +314,7 @@ class EmbeddingsBody(BaseModel):
     dimensions: int | None = None
     user: str | None = None
 
-    def texts(self, limits: EmbeddingLimits = EMBEDDING_LIMITS) -> list[str]:
+    def texts(self) -> list[str]:
         """The texts to embed, in order; OpenAI-shaped 400s for anything else."""
         value = self.input
         if isinstance(value, str):
@@ -350,7 +334,7 @@ class EmbeddingsBody(BaseModel):
             raise OpenAIError(400, f"input is {type(value).__name__}: send a string or a list of strings",
                               param="input", code="invalid_type")
         with rules_as_400():
-            check_inputs(texts, limits)
+            check_inputs(texts)
         return texts
 
     def encoding(self) -> str:
@@ -367,7 +351,7 @@ class EmbeddingsBody(BaseModel):
                                    "model's own", param="dimensions", code="invalid_value")
         if self.user:  # "" = no user, as OpenAI's clients send it
             with rules_as_400():
-                check_user(self.user, LIMITS)
+                check_user(self.user)
 
 
 def unsupported(param: str, message: str, code: str = "unsupported_parameter") -> OpenAIError:

@@ -67,7 +67,6 @@ class ReplyReader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = False
-        self.undecodable = 0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -78,8 +77,7 @@ class ReplyReader:
         self.ready = True
 
     def register(self, request_id: str) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue()
-        self._waiting[request_id] = queue
+        self._waiting[request_id] = queue = asyncio.Queue()
         return queue
 
     def unregister(self, request_id: str) -> None:
@@ -107,7 +105,6 @@ class ReplyReader:
                     if not isinstance(chunk, (TokenChunk, EmbeddingResult)):
                         raise DecodeError(f"a {type(chunk).__name__}, not a TokenChunk or EmbeddingResult")
                 except DecodeError as exc:  # not ours to dead-letter: the asker is unknown; say so
-                    self.undecodable += 1
                     log.error("undecodable record on %s@%s: %s", self.topic, msg.offset(), exc)
                     continue
                 if isinstance(chunk, EmbeddingResult):

@@ -26,7 +26,6 @@ import math
 import re
 import secrets
 import string
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,12 +44,10 @@ _MAX_HEAD_CHARS = 256  # a head that is not a call by then is text
 # -- chat completions -------------------------------------------------------------------------------
 
 def completion(request_id: str, model: str, choices: list[dict[str, Any]], tokens_in: int, tokens_out: int,
-               created: int | None = None) -> dict[str, Any]:
+               created: int) -> dict[str, Any]:
     """A ``chat.completion``; ``choices`` from ``choice`` (index order)."""
-    return {
-        "id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created or int(time.time()),
-        "model": model, "choices": choices, "usage": usage(tokens_in, tokens_out),
-    }
+    return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created, "model": model,
+            "choices": choices, "usage": usage(tokens_in, tokens_out)}
 
 
 def choice(index: int, text: str | None, finish_reason: str, logprobs: list[Any] | None = None,
@@ -131,19 +128,11 @@ def error_for_chunk(error_code: str | None, error: str | None) -> OpenAIError:
 
 # -- tool calls -------------------------------------------------------------------------------------
 
-def new_call_id() -> str:
-    return "call_" + "".join(secrets.choice(_ID_CHARS) for _ in range(24))
-
-
 def reads_tool_calls(response_format: str | None) -> bool:
     """Whether a record's answer is read for tool calls: its ``sampling.response_format`` (JSON text)
-    is the tool-call constraint (``tool_choice`` auto, required or a named function)."""
-    if not response_format:
-        return False
-    try:
-        return json.loads(response_format).get("type") == TOOL_CALLS_FORMAT
-    except (ValueError, AttributeError):
-        return False
+    is the tool-call constraint (``tool_choice`` auto, required or a named function). The gateway wrote
+    that text itself (``schemas.requests.response_format_text``: an object with its ``type``)."""
+    return bool(response_format) and json.loads(response_format)["type"] == TOOL_CALLS_FORMAT
 
 
 @dataclass
@@ -177,8 +166,7 @@ class ToolCallStream:
 
     @property
     def text(self) -> str | None:
-        joined = "".join(self.content)
-        return joined if joined else None
+        return "".join(self.content) or None
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         self._buf += text
@@ -237,10 +225,9 @@ class ToolCallStream:
             name = json.loads(match.group(1))
         except ValueError:
             name = match.group(1).strip('"')
-        call = Call(len(self.calls), new_call_id(), name)
+        call = Call(len(self.calls), "call_" + "".join(secrets.choice(_ID_CHARS) for _ in range(24)), name)
         self.calls.append(call)
-        out.append({"tool_calls": [{"index": call.index, "id": call.id, "type": "function",
-                                    "function": {"name": name, "arguments": ""}}]})
+        out.append({"tool_calls": [{"index": call.index, **call.openai()}]})  # its arguments: "" so far
         self._buf = self._buf[match.end():]
         self._state, self._depth, self._in_string, self._escape = "args", 0, False, False
         return True

@@ -126,22 +126,14 @@ class Submitted:
     queue: asyncio.Queue
     received_at: float  # perf_counter when the HTTP request arrived
     deadline_at: int  # epoch ms: no first token by then -> 504 (the PromptRequest's deadline_at)
+    choices: list[Choice]  # the request's n answers
     created: int = field(default_factory=lambda: int(time.time()))
-    n: int = 1  # choices asked (the request's n)
-    logprobs: bool = False  # whether the request asked for logprobs
-    choices: list[Choice] = field(default_factory=list)
     first_token_at: float | None = None
     done: bool = False
     tenant: str = ""  # whose backlog share this request takes (admit)
     span: Span | None = None  # the HTTP request's span: the PromptRequest is produced as its child
     read_span: Span | None = None  # reading the answer's chunks from the reply topic
     chunks: int = 0
-    tools: bool = False  # the request has tools (tool_choice not "none"): answers are read for calls
-
-    def __post_init__(self) -> None:
-        if not self.choices:
-            self.choices = [Choice(i, [] if self.logprobs else None, tools=ToolCallStream() if self.tools else None)
-                            for i in range(self.n)]
 
     @property
     def complete(self) -> bool:
@@ -204,7 +196,7 @@ class GatewayService:
         one busy tenant never takes every slot) or the whole backlog is full."""
         retry = max(1, min(60, math.ceil(self._mean_duration_s / max(1, len(self.pending)) * 4)))
         held = sum(1 for sub in self.pending.values() if sub.tenant == tenant)
-        limit = self.settings.tenant_limit()
+        limit = max(1, int(self.settings.max_pending * self.settings.tenant_share))  # at least 1 request
         if len(self.pending) >= self.settings.max_pending:
             self.metrics.requests.labels("rejected_busy").inc()
             raise OpenAIError(429, f"the gateway has {len(self.pending)} requests in flight (limit "
@@ -227,10 +219,7 @@ class GatewayService:
         the client's trace."""
         prompt = chat_request_to_prompt(body, principal, self.settings, conversation_id=conversation_id,
                                         reply_to=self.reply_topic)
-        self.admit(principal.tenant)
-        sub = self._submitted(prompt, received_at)
-        await self._produce(sub, prompt, "/v1/chat/completions", "chat", traceparent, param="messages")
-        return sub
+        return await self._produce(prompt, received_at, "/v1/chat/completions", "chat", traceparent, param="messages")
 
     async def submit_completion(self, principal: Principal, body: CompletionRequest, received_at: float,
                                 traceparent: str | None = None) -> list[Submitted]:
@@ -243,28 +232,28 @@ class GatewayService:
         subs: list[Submitted] = []
         try:
             for prompt in prompts:
-                self.admit(principal.tenant)
-                sub = self._submitted(prompt, received_at)
-                await self._produce(sub, prompt, "/v1/completions", "text_completion", traceparent, param="prompt")
-                subs.append(sub)
+                subs.append(await self._produce(prompt, received_at, "/v1/completions", "text_completion", traceparent,
+                                                param="prompt"))
         except BaseException:
             for sub in subs:
                 self.cancel(sub, "request_refused")
             raise
         return subs
 
-    def _submitted(self, prompt: PromptRequest, received_at: float) -> Submitted:
-        """What the reply side keeps of a request while it waits for its answer, from its record."""
-        return Submitted(prompt.request_id, prompt.conversation_id, prompt.model,
-                         self.reader.register(prompt.request_id), received_at, prompt.deadline_at,
-                         tenant=prompt.tenant, n=prompt.sampling.n, logprobs=prompt.sampling.logprobs,
-                         tools=reads_tool_calls(prompt.sampling.response_format))
-
-    async def _produce(self, sub: Submitted, prompt: PromptRequest, route: str, operation: str,
-                       traceparent: str | None, *, param: str) -> None:
-        """Start the request's SERVER span, take its slot of the backlog and produce its prompt;
-        a prompt that cannot be encoded or that the broker refuses for its own sake (``transport.failures``:
-        the record's fault) is a 400 naming ``param``, one the broker does not take a 503."""
+    async def _produce(self, prompt: PromptRequest, received_at: float, route: str, operation: str,
+                       traceparent: str | None, *, param: str) -> Submitted:
+        """Take the request's slot of the backlog (``admit``: 429), start its SERVER span and produce its
+        prompt; what the reply side keeps of the request while it waits for its answer. A prompt that
+        cannot be encoded or that the broker refuses for its own sake (``transport.failures``: the
+        record's fault) is a 400 naming ``param``, one the broker does not take a 503."""
+        self.admit(prompt.tenant)
+        sampling = prompt.sampling
+        tools = reads_tool_calls(sampling.response_format)  # tool_choice not "none": answers are read for calls
+        choices = [Choice(i, [] if sampling.logprobs else None, tools=ToolCallStream() if tools else None)
+                   for i in range(sampling.n)]
+        sub = Submitted(prompt.request_id, prompt.conversation_id, prompt.model,
+                        self.reader.register(prompt.request_id), received_at, prompt.deadline_at, choices,
+                        tenant=prompt.tenant)
         sub.span = self.tracer.start(
             f"POST {route}", traceparent, SERVER,
             {"http.request.method": "POST", "http.route": route, "chatpipe.request_id": sub.request_id,
@@ -289,6 +278,7 @@ class GatewayService:
         except BaseException:
             self.finish(sub, "error")  # never leave a slot of the backlog taken by a request that is gone
             raise
+        return sub
 
     async def replies(self, sub: Submitted) -> AsyncIterator[Delta]:
         """Each choice's increments as they come; ends once every choice's final chunk came (each
@@ -309,9 +299,9 @@ class GatewayService:
                 raise OpenAIError(504, f"no answer from the pipeline within {waited:g} s", type="server_error",
                                   code="timeout") from None
             chunk = reply.chunk
-            if not 0 <= chunk.choice_index < sub.n:
+            if not 0 <= chunk.choice_index < len(sub.choices):
                 log.warning("request %s: a chunk of choice %d, of %d asked; dropped", sub.request_id,
-                            chunk.choice_index, sub.n)
+                            chunk.choice_index, len(sub.choices))
                 continue
             choice = sub.choices[chunk.choice_index]
             if choice.final is not None:  # a late duplicate after the choice ended

@@ -59,10 +59,6 @@ class GatewaySettings(BaseSettings):
                              f"CHATPIPE_GATEWAY_DEFAULT_MAX_TOKENS to at most {self.context_tokens - 1}")
         return self
 
-    def tenant_limit(self) -> int:
-        """Most requests one tenant may have in flight on this gateway."""
-        return max(1, int(self.max_pending * self.tenant_share))
-
     def instance_id(self) -> str:
         """This gateway's id: given, or host-port (stable across restarts, so its reply topic is reused)."""
         raw = self.gateway_id or f"{socket.gethostname()}-{self.port}"

@@ -1,6 +1,6 @@
 """What the routes that answer through the pipeline share (``app.py``'s chat completions,
-``completions.py``'s text completions): waiting while watching for the client going away, and the
-``requests`` metric's outcome of an error.
+``completions.py``'s text completions): waiting while watching for the client going away, the
+``requests`` metric's outcome of an error, and the headers that name the request.
 
 Its own module so that both import it and neither imports the other (``app.py`` adds the
 completion routes: ``completions.py`` importing ``app.py`` back was a cycle).
@@ -14,6 +14,9 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 
 from gateway.openai_api import OpenAIError
+
+CONVERSATION_HEADER = "X-Chatpipe-Conversation-Id"
+REQUEST_HEADER = "X-Chatpipe-Request-Id"  # completions: the request ids of its prompts, comma-separated
 
 
 class ClientGone(Exception):

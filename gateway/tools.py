@@ -33,12 +33,12 @@ calls), ``check_parameters`` (the schemas compile; needs the grammar library),
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from formats.errors import FormatError
 from formats.response_format import (
+    NAME_PATTERN,
     NO_PARAMETERS,
     TOOL_CALL_BEGIN,
     TOOL_CALL_END,
@@ -48,7 +48,6 @@ from formats.response_format import (
 from schemas.requests import TOOL_CALLS_FORMAT, TOOL_ROLE, RequestRuleError
 
 MAX_TOOLS = 128  # OpenAI's limit
-_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _TOOL_RESPONSE = "<tool_response>\n{}\n</tool_response>"
 
 SYSTEM_TOOLS = """# Tools
@@ -70,7 +69,6 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 @dataclass(frozen=True)
 class Tool:
     name: str
-    description: str | None
     parameters: dict[str, Any]
     given: dict[str, Any]  # the function object as the client sent it (rendered into the prompt)
 
@@ -135,7 +133,7 @@ def parse_tools(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_cal
             raise _rule(f"{at}.function", "is missing or not an object; give {\"name\": ..., \"parameters\": {...}}",
                         code="invalid_type")
         name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
             raise _rule(f"{at}.function.name", f"must be 1-64 characters of a-z, A-Z, 0-9, _ or -; got {name!r}")
         if any(t.name == name for t in parsed):
             raise _rule(f"{at}.function.name", f"{name!r} is the name of an earlier tool too; names must be unique")
@@ -144,14 +142,12 @@ def parse_tools(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_cal
             raise _rule(f"{at}.function.description", "must be a string", code="invalid_type")
         if fn.get("strict") is not None and not isinstance(fn.get("strict"), bool):
             raise _rule(f"{at}.function.strict", "must be a boolean", code="invalid_type")
-        params = fn.get("parameters")
-        if params is None:
-            params = NO_PARAMETERS
+        params = NO_PARAMETERS if fn.get("parameters") is None else fn["parameters"]
         if not isinstance(params, Mapping):
             raise _rule(f"{at}.function.parameters", f"is a {type(params).__name__}; give a JSON Schema object",
                         code="invalid_type")
         given = {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
-        parsed.append(Tool(name, description, dict(params), given))
+        parsed.append(Tool(name, dict(params), given))
     forced = None
     if tool_choice is None or tool_choice in ("auto", "none", "required"):
         mode = tool_choice or "auto"

@@ -56,8 +56,6 @@ from schemas.records import (
 from schemas.requests import (
     CONVERSATION_ID,
     CONVERSATION_ID_RULE,
-    LIMITS,
-    RequestLimits,
     RequestRuleError,
     check_messages,
     response_format_text,
@@ -71,18 +69,16 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat
 # -- the records ------------------------------------------------------------------------------------
 
 def chat_request_to_prompt(body: ChatCompletionRequest, principal: Principal, settings: GatewaySettings, *,
-                           conversation_id: str | None, reply_to: str, created_at: int | None = None,
-                           limits: RequestLimits = LIMITS) -> PromptRequest:
+                           conversation_id: str | None, reply_to: str) -> PromptRequest:
     """The ``PromptRequest`` of a chat request. ``conversation_id``: the one the client named in the
     X-Chatpipe-Conversation-Id header (None: the body's ``metadata.conversation_id``, else a new
     conversation). Raises OpenAIError: 400 naming the field, 404 for a model not served, 403 for a
     user the key may not name."""
-    content = chat_content(body, context_tokens=settings.context_tokens,
-                           default_max_tokens=settings.default_max_tokens, limits=limits)
+    content = chat_content(body, context_tokens=settings.context_tokens, default_max_tokens=settings.default_max_tokens)
     check_model(body.model, settings.models)
     conversation = conversation_id_of(conversation_id, body.metadata)
     user = resolve_user(principal, body.user)
-    created_at = created_at or now_ms()
+    created_at = now_ms()
     return PromptRequest(
         request_id=request_id_for(principal, user.user_id, conversation), conversation_id=conversation,
         user_id=user.user_id, memory_scope=memory_scope(user), tenant=principal.tenant, created_at=created_at,
@@ -91,15 +87,14 @@ def chat_request_to_prompt(body: ChatCompletionRequest, principal: Principal, se
 
 
 def completion_request_to_prompts(body: CompletionRequest, principal: Principal, settings: GatewaySettings, *,
-                                  reply_to: str, created_at: int | None = None,
-                                  limits: RequestLimits = LIMITS) -> list[PromptRequest]:
+                                  reply_to: str) -> list[PromptRequest]:
     """One ``PromptRequest`` per prompt of a text-completions request: ``raw_prompt`` set, no
     messages, each in a conversation of its own (streams passes it through without a chat template
     or memory). Raises OpenAIError as ``chat_request_to_prompt``."""
-    prompts = body.check(settings.context_tokens, limits)
+    prompts = body.check(settings.context_tokens)
     check_model(body.model, settings.models)
     user = resolve_user(principal, body.user)
-    created_at = created_at or now_ms()
+    created_at = now_ms()
     records = []
     for text in prompts:
         conversation = new_id()
@@ -114,7 +109,7 @@ def completion_request_to_prompts(body: CompletionRequest, principal: Principal,
 
 
 def embedding_request_to_record(body: EmbeddingsBody, principal: Principal, settings: GatewaySettings, *,
-                                reply_to: str, created_at: int | None = None) -> EmbeddingRequest:
+                                reply_to: str) -> EmbeddingRequest:
     """The ``EmbeddingRequest`` of an embeddings request, after the rules that need no model (the
     input's shape and limits, ``encoding_format``, ``dimensions``, ``user``; streams checks the
     rest); keyed by a fresh request id. Raises OpenAIError (400, 403)."""
@@ -122,7 +117,7 @@ def embedding_request_to_record(body: EmbeddingsBody, principal: Principal, sett
     body.encoding()
     body.check()
     user = resolve_user(principal, body.user)
-    created_at = created_at or now_ms()
+    created_at = now_ms()
     return EmbeddingRequest(request_id=new_id(), tenant=principal.tenant, user_id=user.user_id,
                             created_at=created_at, model=body.model, inputs=texts, dimensions=body.dimensions,
                             reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings))
@@ -139,42 +134,40 @@ class ChatContent:
     sampling: SamplingParams
 
 
-def chat_content(body: ChatCompletionRequest, *, context_tokens: int | None, default_max_tokens: int,
-                 limits: RequestLimits = LIMITS) -> ChatContent:
+def chat_content(body: ChatCompletionRequest, *, context_tokens: int | None, default_max_tokens: int) -> ChatContent:
     """Steps 1 and 2 of a chat request (the module docstring): its fields, its tools, its response
     format, its messages as the record carries them, its sampling. 400s naming the field."""
-    body.check(context_tokens, limits)
+    body.check(context_tokens)
     with rules_as_400():
         tools.check_tool_messages(body.messages)
         spec = tools.parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
-        response_format = record_response_format(body.response_format, spec, limits)
+        response_format = record_response_format(body.response_format, spec)
         messages = tools.render_messages(
             [(m.role, m.text(), [c.model_dump() for c in m.tool_calls] if m.tool_calls else None)
              for m in body.messages], spec)
-        check_messages(messages, limits)  # with the tools rendered into the prompt
+        check_messages(messages)  # with the tools rendered into the prompt
     max_tokens = body.max_completion_tokens or body.max_tokens or default_max_tokens
     sampling = sampling_params(body, max_tokens, logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0,
                                response_format=response_format)
     return ChatContent([ChatMessage(role, text) for role, text in messages], sampling)
 
 
-def record_response_format(response_format: Mapping[str, Any] | None, spec: tools.ToolSpec | None,
-                           limits: RequestLimits = LIMITS) -> str | None:
+def record_response_format(response_format: Mapping[str, Any] | None, spec: tools.ToolSpec | None) -> str | None:
     """What ``PromptRequest.sampling.response_format`` carries: OpenAI's object as JSON text, None for
     free text; with active tools (tool_choice not "none") the tool-call constraint
     (``ToolSpec.constraint``) instead, which a response format cannot be combined with yet.
     RequestRuleError for a rule it breaks; OpenAIError 400 naming the part of a schema the grammar
     cannot enforce (``formats.response_format``)."""
     if spec is None or not spec.active:
-        text = response_format_text(response_format, limits)
+        text = response_format_text(response_format)
         if text is not None:
             _grammar_check(lambda: check_response_format(response_format), "response_format schemas")
         return text
-    if response_format_text(response_format, limits) is not None:
+    if response_format_text(response_format) is not None:
         raise RequestRuleError("response_format", f"cannot be combined with tools (tool_choice {spec.mode!r}) yet: "
                                                   "send tool_choice \"none\", or leave response_format out")
     try:
-        text = response_format_text(spec.constraint(), limits)  # its length as a record carries it
+        text = response_format_text(spec.constraint())  # its length as a record carries it
     except RequestRuleError as exc:
         raise RequestRuleError("tools", f"are too large: their parameters schemas take {exc.reason}") from None
     _grammar_check(lambda: tools.check_parameters(spec), "tools' parameters schemas")

@@ -61,7 +61,8 @@ class _RecordPlan:
         self.version = version
         self.header = MARKER + version.fingerprint
         self.cls = cls  # the dataclass of the newest version of this record; None if this build has none
-        self.plain: Any = None  # the writer schema, timestamps as plain longs
+        # the writer schema, timestamps as plain longs
+        self.plain: Any = parse_schema(_without_timestamp_types(version.parsed))
         self.latest_plain: Any = None  # the newest version's, or None when this is it (no resolution)
         self.encoder: Callable[[Any], dict] | None = None  # only on the newest version's plan
         self.decoder: Callable[[dict], Any] | None = None  # builds the newest dataclass
@@ -92,20 +93,16 @@ def _plans_for(registry: SchemaRegistry) -> Plans:
         latest = registry.latest(name)
         cls = records.RECORD_TYPES.get(name)
         newest = _RecordPlan(latest, cls)
-        newest.plain = parse_schema(_without_timestamp_types(latest.parsed))
         if cls is not None:
             try:
                 newest.encoder, newest.decoder = compile_record(cls, newest.plain)
             except SchemaError as exc:  # a record and its .avsc out of step: fail that type only
                 newest.broken = str(exc)
             encode_plans[cls] = newest
-        for version in registry.all_versions():
-            if version.name != name:
-                continue
+        for version in [v for v in registry.all_versions() if v.name == name]:
             plan = newest
             if version is not latest:
                 plan = _RecordPlan(version, cls)
-                plan.plain = parse_schema(_without_timestamp_types(version.parsed))
                 plan.latest_plain, plan.decoder, plan.broken = newest.plain, newest.decoder, newest.broken
             plans[version.fingerprint] = plan
             if plan.decoder is not None:
@@ -178,8 +175,7 @@ class AvroCodec:
             except Exception as exc:
                 raise EncodeError(f"{schema.name} v{schema.version} does not accept this record: {exc}") from exc
         buf = io.BytesIO()
-        buf.write(MARKER)
-        buf.write(schema.fingerprint)
+        buf.write(MARKER + schema.fingerprint)
         try:
             schemaless_writer(buf, schema.parsed, data)
         except Exception as exc:
@@ -187,10 +183,6 @@ class AvroCodec:
         return buf.getvalue()
 
     # decode ---------------------------------------------------------------------------------
-    def writer_schema(self, data: bytes) -> SchemaVersion:
-        """The schema version that wrote ``data``, from its header."""
-        return self._plan(data).version
-
     def _plan(self, data: bytes) -> _RecordPlan:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise DecodeError(f"expected bytes, got {type(data).__name__}")

@@ -4,8 +4,9 @@ For: the bounds of ``EmbeddingRequest.inputs`` (``EMBEDDING_LIMITS``, ``check_in
 gateway checks them before producing, streams again on taking the record, the same code), and
 the layout of ``EmbeddingResult.vectors``: ``count`` x ``dimensions`` float32, little-endian,
 row-major, which is also each vector's bytes in OpenAI's ``encoding_format: base64``
-(``vector_bytes``, ``vector_floats``, ``pack_rows``). Not for: the model's own limits (its
-dimension, its longest input in tokens): streams knows them (streams/embedding_requests.py).
+(``vector_bytes``, ``vector_floats``; streams packs a numpy array: ``array.astype('<f4').tobytes()``).
+Not for: the model's own limits (its dimension, its longest input in tokens): streams knows them
+(streams/embedding_requests.py).
 
 No I/O, no numpy: the gateway decodes vectors with the standard library.
 """
@@ -13,7 +14,7 @@ No I/O, no numpy: the gateway decodes vectors with the standard library.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schemas.requests import RequestRuleError, over_limit
@@ -53,7 +54,8 @@ EMBEDDING_LIMITS = EmbeddingLimits()
 
 def check_inputs(inputs: Sequence[str], limits: EmbeddingLimits = EMBEDDING_LIMITS) -> None:
     """At least one text, at most ``max_inputs``, none empty, each and all together within the
-    character limits. Raises ``RequestRuleError`` whose field is OpenAI's param (``input``, ``input[3]``)."""
+    character limits. Raises ``RequestRuleError`` whose field is OpenAI's param (``input``, ``input[3]``).
+    Every input is a string already (the gateway's body checks that; an Avro record carries strings)."""
     if not inputs:
         raise RequestRuleError("input", "is empty: send a string or a list of at least one string")
     if len(inputs) > limits.max_inputs:
@@ -62,8 +64,6 @@ def check_inputs(inputs: Sequence[str], limits: EmbeddingLimits = EMBEDDING_LIMI
     total = 0
     for i, text in enumerate(inputs):
         field = "input" if len(inputs) == 1 else f"input[{i}]"
-        if not isinstance(text, str):
-            raise RequestRuleError(field, f"is a {type(text).__name__}, not a string")
         if not text:
             raise RequestRuleError(field, "is an empty string: there is nothing to embed")
         if len(text) > limits.max_input_chars:
@@ -72,12 +72,6 @@ def check_inputs(inputs: Sequence[str], limits: EmbeddingLimits = EMBEDDING_LIMI
     if total > limits.max_total_chars:
         raise over_limit("input", f"is {total} characters in all", limits.max_total_chars,
                          "send fewer or shorter texts")
-
-
-def pack_rows(rows: Iterable[Sequence[float]]) -> bytes:
-    """Vectors (sequences of floats) as ``EmbeddingResult.vectors``: float32, little-endian, row-major.
-    (streams packs a numpy array directly: ``array.astype('<f4').tobytes()``, the same bytes.)"""
-    return b"".join(struct.pack(f"<{len(row)}f", *row) for row in rows)
 
 
 def vector_bytes(vectors: bytes, dimensions: int, index: int) -> bytes:

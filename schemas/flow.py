@@ -16,6 +16,7 @@ rewrites the committed copies, and tests/docs/test_data_flow.py fails when they 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from html import escape
 from itertools import zip_longest
 from pathlib import Path
 
@@ -48,10 +49,6 @@ _TOPIC_COLOUR = "#fef9c3"
 _ARROW = "──>"
 
 
-def _family(component: str) -> str:
-    return component.split()[0]
-
-
 def _grouped(components: tuple[str, ...]) -> list[str]:
     """Components with their family merged: ("streams intake", "streams record") -> "streams intake/record"."""
     out: list[str] = []
@@ -75,7 +72,7 @@ def _wrap(items: list[str], width: int) -> list[str]:
     return lines or ["-"]
 
 
-def flow_lines(catalog: Iterable[TopicSpec] = CATALOG, width: int = 32, right: int = 40) -> list[str]:
+def flow_text(catalog: Iterable[TopicSpec] = CATALOG, width: int = 32, right: int = 40) -> str:
     """``producers ──> topic ──> consumers``, one row per topic, the lists wrapped at ``width`` / ``right``."""
     specs = list(catalog)
     w_topic = max(len(s.name) for s in specs)
@@ -87,11 +84,7 @@ def flow_lines(catalog: Iterable[TopicSpec] = CATALOG, width: int = 32, right: i
                 lines.append(f"{p:>{width}} {_ARROW} {s.name:<{w_topic}} {_ARROW} {c}".rstrip())
             else:
                 lines.append(f"{p:>{width}}     {'':<{w_topic}}     {c}".rstrip())
-    return lines
-
-
-def flow_text(catalog: Iterable[TopicSpec] = CATALOG) -> str:
-    return "\n".join(flow_lines(catalog)) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 def flow_block(catalog: Iterable[TopicSpec] = CATALOG) -> str:
@@ -120,10 +113,6 @@ def topic_table(catalog: Iterable[TopicSpec] = CATALOG) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _esc(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
-
-
 def flow_svg(catalog: Iterable[TopicSpec] = CATALOG) -> str:
     """The flow as an SVG: one band per topic, producers on the left, consumers on the right."""
     specs = list(catalog)
@@ -138,10 +127,10 @@ def flow_svg(catalog: Iterable[TopicSpec] = CATALOG) -> str:
     def box(x: float, y: float, w: float, h: float, fill: str, text: str, small: str = "") -> None:
         out.append(f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="4" fill="{fill}" stroke="#6b7280"/>')
         if small:
-            out.append(f'<text x="{x + w / 2}" y="{y + h / 2 - 3}" class="t">{_esc(text)}</text>')
-            out.append(f'<text x="{x + w / 2}" y="{y + h / 2 + 10}" class="s">{_esc(small)}</text>')
+            out.append(f'<text x="{x + w / 2}" y="{y + h / 2 - 3}" class="t">{escape(text)}</text>')
+            out.append(f'<text x="{x + w / 2}" y="{y + h / 2 + 10}" class="s">{escape(small)}</text>')
         else:
-            out.append(f'<text x="{x + w / 2}" y="{y + h / 2 + 4}" class="c">{_esc(text)}</text>')
+            out.append(f'<text x="{x + w / 2}" y="{y + h / 2 + 4}" class="c">{escape(text)}</text>')
 
     def arrow(x1: float, y1: float, x2: float, y2: float) -> None:
         out.append(f'<path d="M{x1},{y1} C{(x1 + x2) / 2},{y1} {(x1 + x2) / 2},{y2} {x2},{y2}" '
@@ -160,7 +149,7 @@ def flow_svg(catalog: Iterable[TopicSpec] = CATALOG) -> str:
             first = y + (band_h - (k * box_h + (k - 1) * gap)) / 2
             for i, name in enumerate(names):
                 by = first + i * (box_h + gap)
-                box(x, by, w, box_h, _FAMILY_COLOURS.get(_family(name), "#ffffff"), name)
+                box(x, by, w, box_h, _FAMILY_COLOURS.get(name.split()[0], "#ffffff"), name)
                 if side == "p":
                     arrow(x + w, by + box_h / 2, x_topic - 2, mid)
                 else:
@@ -198,13 +187,6 @@ def replace_block(text: str, begin: str, end: str, body: str) -> str:
     return f"{head}{begin}\n{body}{end}{tail}"
 
 
-def block(text: str, begin: str, end: str) -> str | None:
-    """What lies between the markers in ``text``, or None without them."""
-    if begin + "\n" not in text or end not in text:
-        return None
-    return text.split(begin + "\n", 1)[1].split(end, 1)[0]
-
-
 def expected_files(root: Path) -> dict[Path, str]:
     """Every generated file's path under ``root`` and the content the catalog gives it."""
     files: dict[Path, str] = {root / SVG_PATH: flow_svg()}
@@ -227,11 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(content, encoding="utf-8")
                 print(f"wrote {path.relative_to(root)}")
         return 0
-    if args == ["--svg"]:
-        sys.stdout.write(flow_svg())
-        return 0
-    if args in ([], ["--text"]):
-        sys.stdout.write(flow_text())
+    if args in ([], ["--text"], ["--svg"]):
+        sys.stdout.write(flow_svg() if args == ["--svg"] else flow_text())
         return 0
     print("usage: python -m schemas.flow [--text | --svg | --write]", file=sys.stderr)
     return 2

@@ -360,10 +360,6 @@ class EmbeddingResult:
 
 
 #: Every top-level record type, by its Avro record name.
-RECORD_TYPES: dict[str, type] = {
-    cls.__name__: cls
-    for cls in (
-        PromptRequest, InferenceRequest, TokenChunk, Response, Cancel, ConversationTurn,
-        Feedback, Deletion, WorkerStatus, DeadLetter, DeletionAudit, EmbeddingRequest, EmbeddingResult,
-    )
-}
+RECORD_TYPES: dict[str, type] = {cls.__name__: cls for cls in (
+    PromptRequest, InferenceRequest, TokenChunk, Response, Cancel, ConversationTurn, Feedback, Deletion, WorkerStatus,
+    DeadLetter, DeletionAudit, EmbeddingRequest, EmbeddingResult)}

@@ -329,10 +329,6 @@ def check_user(user: str, limits: RequestLimits = LIMITS, *, field: str = "user"
     _check_id(field, user, limits.max_user_chars, "the end user's id")
 
 
-def check_tenant(tenant: str, limits: RequestLimits = LIMITS) -> None:
-    _check_id("tenant", tenant, limits.max_tenant_chars, "the tenant")
-
-
 def _check_id(field: str, value: str, max_chars: int, what: str) -> None:
     if not value.strip():
         raise RequestRuleError(field, f"is empty; name {what}")
@@ -370,7 +366,7 @@ def check_prompt_request(request: Any, *, context_tokens: int | None = None, lim
     """Every rule, on a ``schemas.records.PromptRequest`` (what streams reads from ``chat.prompts``)."""
     if not request.request_id.strip():
         raise RequestRuleError("request_id", "is empty; every request needs its id")
-    check_tenant(request.tenant, limits)
+    _check_id("tenant", request.tenant, limits.max_tenant_chars, "the tenant")
     check_user(request.user_id, limits, field="user_id")
     check_conversation_id(request.conversation_id)
     if getattr(request, "raw_prompt", None) is not None:  # v5: a raw text prompt instead of messages

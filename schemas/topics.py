@@ -32,11 +32,7 @@ class TopicSpec:
 
     def config(self) -> dict[str, str]:
         """Topic-level Kafka config this spec manages."""
-        return {
-            "cleanup.policy": self.cleanup_policy,
-            "retention.ms": str(self.retention_ms),
-            **self.extra_config,
-        }
+        return {"cleanup.policy": self.cleanup_policy, "retention.ms": str(self.retention_ms), **self.extra_config}
 
 
 CATALOG: tuple[TopicSpec, ...] = (

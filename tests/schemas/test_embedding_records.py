@@ -5,15 +5,21 @@ carries), and the input rules are the ones both tiers apply (schemas/embeddings.
 from __future__ import annotations
 
 import base64
+import struct
 
 import numpy as np
 import pytest
 
-from schemas.codec import default_codec
-from schemas.embeddings import EMBEDDING_LIMITS, EmbeddingLimits, check_inputs, pack_rows, vector_bytes, vector_floats
+from schemas.codec import HEADER_LEN, MARKER, default_codec
+from schemas.embeddings import EMBEDDING_LIMITS, EmbeddingLimits, check_inputs, vector_bytes, vector_floats
 from schemas.records import RECORD_TYPES, EmbeddingRequest, EmbeddingResult
 from schemas.requests import RequestRuleError
 from schemas.topics import EMBEDDING_REQUESTS, spec
+
+
+def pack_rows(rows: list[list[float]]) -> bytes:
+    """Vectors as ``EmbeddingResult.vectors``: float32, little-endian, row-major."""
+    return b"".join(struct.pack(f"<{len(row)}f", *row) for row in rows)
 
 
 def test_request_round_trip():
@@ -22,7 +28,7 @@ def test_request_round_trip():
                                inputs=["a cat", "ein Hund 🐕", ""], dimensions=384, reply_to="p.chat.replies.gw-1",
                                reply_partition=0, deadline_at=1_700_000_000_123)
     data = codec.encode(request)
-    assert codec.writer_schema(data).name == "EmbeddingRequest"
+    assert data[len(MARKER):HEADER_LEN] == codec.registry.latest("EmbeddingRequest").fingerprint
     assert codec.decode(data, EmbeddingRequest) == request
     bare = EmbeddingRequest(tenant="t", user_id="u", model="m", inputs=["x"], reply_to="r")
     decoded = codec.decode(codec.encode(bare), EmbeddingRequest)
