@@ -25,14 +25,12 @@ prerequisites:
 	    apt-get update -q && apt-get install -y -q openjdk-17-jdk-headless maven; \
 	  else echo "install them (e.g. apt-get install openjdk-17-jdk-headless maven) and rerun"; exit 1; fi; }
 
-# uv installs the packages (from its cache, ~/.cache/uv, once they are there): 53 s here where pip
+# uv installs the packages (from its cache, ~/.cache/uv, once they are there): 27 s here where pip
 # took 107 s from its own cache, most of it unpacking torch's CUDA wheels again for every new venv.
-# --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (CI here), nothing writes the
-# .pyc files later, and every process the tests start compiled torch again (a run twice as slow).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e ".[all,test]"
+	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[all,test]"
 	touch $@
 
 setup: prerequisites $(VENV)/.installed
