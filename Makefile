@@ -8,13 +8,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 CHATPIPE := $(VENV)/bin/chatpipe
 PYTEST_ARGS ?=
-# Two pytest workers (pytest-xdist); `--dist loadfile` with tests/conftest.py's groups: a file's tests
+# Three pytest workers (pytest-xdist; with one torch thread each, tests/conftest.py, the run this
+# configuration was verified with: docs/testing.md); `--dist loadfile` with tests/conftest.py's groups: a file's tests
 # stay on one worker (module-scoped stacks stay in one process) and so do the folders whose files share
 # a slow session fixture (the gateway's pipeline, Spark, the default model); each worker starts its own
 # test broker. `--no-loadscope-reorder`: groups are handed out in collection order, which
 # tests/conftest.py sorts longest first (xdist's own order, most tests first, left one-test stacks such
 # as the erasure canary to start last while the other worker sat idle). PYTEST_WORKERS=0: one process.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 
 .PHONY: setup prerequisites run test test-prerequisites test-unit bench-quick down clean
 
