@@ -8,8 +8,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 CHATPIPE := $(VENV)/bin/chatpipe
 PYTEST_ARGS ?=
-# Three pytest workers (pytest-xdist; with one torch thread each, tests/conftest.py, the run this
-# configuration was verified with: docs/testing.md); `--dist loadfile` with tests/conftest.py's groups: a file's tests
+# Three pytest workers (pytest-xdist), one torch thread each (tests/conftest.py): the configuration of
+# the verified run in docs/testing.md. `--dist loadfile` with tests/conftest.py's groups: a file's tests
 # stay on one worker (module-scoped stacks stay in one process) and so do the folders whose files share
 # a slow session fixture (the gateway's pipeline, Spark, the default model); each worker starts its own
 # test broker. `--no-loadscope-reorder`: groups are handed out in collection order, which
