@@ -119,11 +119,11 @@ class Load:
     """Makes and sends the bench's requests."""
 
     def __init__(self, kafka, max_tokens: int) -> None:
-        from chatpipe.testing.kafka import RecordProducer
+        from chatpipe.testing.kafka import RecordWriter
 
         self.kafka = kafka
         self.max_tokens = max_tokens
-        self.producer = RecordProducer(kafka, extra_config={"linger.ms": 0})
+        self.producer = RecordWriter(kafka, extra_config={"linger.ms": 0})
 
     def request(self, i: int, key: str, tenant: str, max_tokens: int | None = None) -> InferenceRequest:
         """A greedy, interactive request of ``prompt_text(i)`` (a tenant of its own: no prefix-cache reuse

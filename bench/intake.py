@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from local_broker import bench_broker, bench_parser, fresh_kafka  # noqa: E402 - bench/, beside this script
 
-from chatpipe.testing.kafka import RecordProducer  # noqa: E402 - sys.path set above so the script runs from a clone
+from chatpipe.testing.kafka import RecordWriter  # noqa: E402 - sys.path set above so the script runs from a clone
 from chatpipe.testing.processes import start_process  # noqa: E402 - sys.path set above so the script runs from a clone
 from chatpipe.testing.streams import Tap  # noqa: E402 - sys.path set above so the script runs from a clone
 from schemas.records import ChatMessage, PromptRequest, SamplingParams  # noqa: E402 - sys.path set above so the script runs from a clone
@@ -137,7 +137,7 @@ def serve_once(bootstrap: str, root: Path, prompts: list[PromptRequest], warmup:
     kafka = fresh_kafka(bootstrap)
     memory_env, memory_settings = run_memory(root, label, qdrant_url)
     seed_memory(memory_settings, turns, vectors)
-    producer = RecordProducer(kafka)
+    producer = RecordWriter(kafka)
     threads = TORCH_THREADS or (max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None)
     env = {**os.environ, "CHATPIPE_BOOTSTRAP_SERVERS": bootstrap, "CHATPIPE_TOPIC_PREFIX": kafka.topic_prefix,
            "CHATPIPE_STREAMS_INTAKE_BATCH_SIZE": str(batch_size), **memory_env,

@@ -3,13 +3,13 @@
 Produce: N ~1 KB ``PromptRequest`` records (a) encoded and produced by a raw
 ``confluent_kafka.Producer`` loop with the same producer config (idempotence, linger, lz4,
 delivery timeout) and one fixed ``traceparent`` header of the same size, since every chatpipe hop
-must carry one, and (b) sent by ``AckedProducer`` (transport/acked_producer.py: the gateway's,
+must carry one, and (b) sent by ``AckedWriter`` (transport/acked_writer.py: the gateway's,
 worker's and streams' producer) from an event loop, as the services do: a fresh child
 traceparent per record, delivery reports on its own thread, an acknowledgement future on every
 32nd record (as a worker acks the final chunk of a stream), the loop yielding every 1,000
 records. The ratio is what the adapter's own Python work costs; a raw loop of the same records
 already encoded is printed too (what encoding costs). Consume: both read the adapter's topic,
-(a) a raw ``consume()`` loop and (b) ``GroupConsumer.poll_messages`` (transport/group_consumer.py:
+(a) a raw ``consume()`` loop and (b) ``GroupReader.poll_messages`` (transport/group_reader.py:
 the worker's intake), from the first batch on (the group join is left out of both).
 
 Each adapter side runs twice: spans off, and spans on (``transport/spans.py`` recording to a
@@ -54,9 +54,9 @@ from schemas.records import ChatMessage, PromptRequest
 from schemas.registry import default_registry
 from transport import clients as kafka_clients
 from transport import spans
-from transport.acked_producer import AckedProducer
+from transport.acked_writer import AckedWriter
 from transport.admin import TopicAdmin
-from transport.group_consumer import GroupConsumer
+from transport.group_reader import GroupReader
 from transport.partitioning import LIBRDKAFKA_PARTITIONER
 from transport.settings import KafkaSettings
 
@@ -117,7 +117,7 @@ SPANS_EXPORTED: list[int] = []
 
 def raw_produce(settings: KafkaSettings, topic: str, n: int, encoded: bytes | None = None) -> float:
     """Encode and produce each record (or produce ``encoded`` n times: the reference without encoding)."""
-    producer = kafka_clients.raw_producer({  # the config AckedProducer gives librdkafka
+    producer = kafka_clients.raw_producer({  # the config AckedWriter gives librdkafka
         **settings.client_config(), "enable.idempotence": True, "linger.ms": LINGER_MS, "compression.type": "lz4",
         "message.timeout.ms": round(settings.delivery_timeout_s * 1000), "partitioner": LIBRDKAFKA_PARTITIONER})
     encode = AvroCodec().encode
@@ -142,7 +142,7 @@ def raw_produce(settings: KafkaSettings, topic: str, n: int, encoded: bytes | No
 
 def adapter_produce(settings: KafkaSettings, topic: str, n: int, traced: bool = False) -> float:
     async def run() -> float:
-        producer = AckedProducer(settings, linger_ms=LINGER_MS)
+        producer = AckedWriter(settings, linger_ms=LINGER_MS)
         acks = []
         start, cpu0 = time.perf_counter(), time.process_time()
         if THREADS:
@@ -193,7 +193,7 @@ def raw_consume(settings: KafkaSettings, topic: str, n: int) -> float:
 
 def adapter_consume(settings: KafkaSettings, topic: str, n: int, decode: bool = False, traced: bool = False) -> float:
     with recording(traced):
-        consumer = GroupConsumer(settings, group_id=uuid.uuid4().hex, topics=[topic])
+        consumer = GroupReader(settings, group_id=uuid.uuid4().hex, topics=[topic])
         codec = AvroCodec()
         got, start = 0, None
         while got < n:
@@ -324,12 +324,12 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
     results["consume/records"] = adapter_consume(settings, adapter_topics[0], n, decode=True)
 
     print(f"\n{n:,} PromptRequests of ~1 KB ({len(encoded)} bytes), median of {repeats}, broker {bootstrap}")
-    print(f"produce: raw (encode + produce) {results['produce/raw']:,.0f} msg/s, AckedProducer "
+    print(f"produce: raw (encode + produce) {results['produce/raw']:,.0f} msg/s, AckedWriter "
           f"{results['produce/adapter']:,.0f} msg/s (ratio {results['produce/adapter'] / results['produce/raw']:.2f}), "
           f"with spans {results['produce/adapter+spans']:,.0f} msg/s "
           f"({results['produce/adapter+spans'] / results['produce/raw']:.2f}); raw of pre-encoded bytes "
           f"{results['produce/raw-bytes']:,.0f} msg/s")
-    print(f"consume: raw {results['consume/raw']:,.0f} msg/s, GroupConsumer {results['consume/adapter']:,.0f} msg/s "
+    print(f"consume: raw {results['consume/raw']:,.0f} msg/s, GroupReader {results['consume/adapter']:,.0f} msg/s "
           f"(ratio {results['consume/adapter'] / results['consume/raw']:.2f}), with spans "
           f"{results['consume/adapter+spans']:,.0f} msg/s ({results['consume/adapter+spans'] / results['consume/raw']:.2f})")
     print(f"best runs: produce ratio {best['produce/adapter'] / best['produce/raw']:.2f}, with spans "
@@ -356,7 +356,7 @@ def measure(bootstrap: str, n: int, repeats: int, codec_sizes: tuple[int, int]) 
     print(f"garbage collections per consume run: raw {runs['consume-gc/raw']}, adapter {runs['consume-gc/adapter']}, "
           f"adapter with spans {runs['consume-gc/adapter+spans']}")
     codec_vs_fastavro(*codec_sizes)
-    print(f"consume + decode (GroupConsumer, AvroCodec): {results['consume/records']:,.0f} msg/s "
+    print(f"consume + decode (GroupReader, AvroCodec): {results['consume/records']:,.0f} msg/s "
           f"({results['consume/records'] / results['consume/raw']:.2f} of the raw consume loop)")
     print(f"spans off: transport/kafka_io adapter/raw throughput ratio (messages per client CPU-second, "
           f"min of produce and consume) = {min(cpu['produce/adapter'], cpu['consume/adapter']):.2f}")

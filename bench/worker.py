@@ -145,9 +145,9 @@ def run(bootstrap: str, quick: bool) -> None:
     requests = prompts(n, max_tokens, kafka)
     ttft_requests = prompts(n_ttft, 4, kafka)
 
-    from chatpipe.testing.kafka import RecordProducer
+    from chatpipe.testing.kafka import RecordWriter
 
-    producer = RecordProducer(kafka, extra_config={"linger.ms": 0})
+    producer = RecordWriter(kafka, extra_config={"linger.ms": 0})
     worker = start_worker(kafka, tmp, worker_id="bench", **engine_env)
     reader = Reader(kafka)
     e_runs, k_runs, e_ttft, k_ttft, k_engine = [], [], [], [], []

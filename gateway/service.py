@@ -46,7 +46,7 @@ from schemas.records import (
     now_ms,
 )
 from schemas.topics import CANCELS, FEEDBACK, PROMPTS
-from transport.acked_producer import AckedProducer
+from transport.acked_writer import AckedWriter
 from transport.dedupe import AnswerText
 from transport.errors import DeliveryError
 from transport.failures import Fault, classify
@@ -160,7 +160,7 @@ class GatewayService:
         self.gateway_id = settings.instance_id()
         self.reply_topic = ""
         self.reader: ReplyReader | None = None
-        self.producer: AckedProducer | None = None
+        self.producer: AckedWriter | None = None
         self.pending: dict[str, Submitted] = {}
         self.tracer = Tracer("gateway")  # spans (transport/spans.py, docs/observability.md)
         self._mean_duration_s = 5.0  # EWMA of request durations: the Retry-After estimate
@@ -171,7 +171,7 @@ class GatewayService:
         loop = asyncio.get_running_loop()
         self.reply_topic = await asyncio.to_thread(ensure_reply_topic, self.kafka, self.gateway_id,
                                                    self.settings.reply_retention_ms)
-        self.producer = AckedProducer(self.kafka, codec=self.codec, linger_ms=1.0,
+        self.producer = AckedWriter(self.kafka, codec=self.codec, linger_ms=1.0,
                                       delivery_timeout_s=self.settings.delivery_timeout_s, tracer=self.tracer)
         self.reader = ReplyReader(self.kafka, self.reply_topic, self.codec)
         await asyncio.to_thread(self.reader.start, loop)

@@ -28,7 +28,7 @@ from k8s.values import Values
 
 API = "keda.sh/v1alpha1"
 AUTH = "chatpipe-inference-kafka"
-#: The workers' consumer groups start at the earliest offset (transport/group_consumer.py), so a group
+#: The workers' consumer groups start at the earliest offset (transport/group_reader.py), so a group
 #: without committed offsets has its whole topic waiting.
 OFFSET_RESET = "earliest"
 

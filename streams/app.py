@@ -70,7 +70,7 @@ from streams.refusals import Refusals
 from transport.reply_address import ReplyAddresses
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
-from transport.acked_producer import AckedProducer
+from transport.acked_writer import AckedWriter
 from transport.admin import TopicAdmin
 from transport.errors import TransportError
 from transport.lag import GroupTopics
@@ -153,7 +153,7 @@ class StreamsApp:
         retrier = Retrier(settings.retry_budget_s, settings.retry_backoff_s, settings.retry_max_backoff_s)
         # Error chunks for refused prompts (streams/refusals.py says why not through Faust's producer).
         # A reply topic that does not exist fails within 10 s instead of librdkafka's 5 minutes.
-        self.reply_producer = AckedProducer(kafka, codec=services.codec, linger_ms=0, tracer=services.tracer,
+        self.reply_producer = AckedWriter(kafka, codec=services.codec, linger_ms=0, tracer=services.tracer,
                                             extra_config={"message.timeout.ms": 10_000})
         admin = TopicAdmin(kafka, timeout_s=10.0)  # reply topics (intake, embeddings), backlogs (the watchdog)
         replies = ReplyAddresses.of(kafka, admin.topic_partitions, fresh_s=settings.reply_topics_cache_s)

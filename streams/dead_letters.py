@@ -6,7 +6,7 @@ The record is the same whichever tier refuses a message (``transport.dead_letter
 original key, value and headers byte for byte, the error's type and message as the reason, an
 ``event_id`` derived from component, topic, partition and offset, so a record refused again after
 a re-read is the same fact on ``chat.dlq``). The inference worker sends it through its
-``AckedProducer``; streams sends it through Faust's producer, in the batch's ``Outbox``: the
+``AckedWriter``; streams sends it through Faust's producer, in the batch's ``Outbox``: the
 refused record is acked with its batch, and only once its dead letter is on the broker.
 """
 

@@ -62,7 +62,7 @@ from streams.ports import BatchRule, Message, Outbox
 from streams.refusals import reply_problem, send_reply
 from transport.reply_address import ReplyAddresses
 from transport import tracing
-from transport.acked_producer import AckedProducer
+from transport.acked_writer import AckedWriter
 
 log = logging.getLogger(__name__)
 COMPONENT = "streams.embeddings"
@@ -111,7 +111,7 @@ class EmbeddingRequests:
     """The agent (``streams.embeddings`` in streams/app.py). Counters are for tests and logs."""
 
     def __init__(self, settings: Any, services: Any, dead_letters: DeadLetters, retrier: Retrier,
-                 reply_producer: AckedProducer, replies: ReplyAddresses | None,
+                 reply_producer: AckedWriter, replies: ReplyAddresses | None,
                  limits: EmbeddingLimits = EMBEDDING_LIMITS) -> None:
         self.settings = settings
         self.batching = BatchRule(settings.intake_batch_size, settings.intake_batch_window_s,

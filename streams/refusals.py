@@ -31,7 +31,7 @@ from streams.dead_letters import DeadLetters, child_headers
 from streams.errors import ExpiredRequestError, InvalidReplyAddressError
 from streams.faults import Retrier
 from transport.reply_address import ReplyAddresses
-from transport.acked_producer import AckedProducer
+from transport.acked_writer import AckedWriter
 from transport.errors import DeliveryError
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ async def reply_problem(replies: ReplyAddresses | None, retrier: Retrier, messag
                               sent_at_s=message.timestamp)
 
 
-async def send_reply(producer: AckedProducer, replies: ReplyAddresses | None, message: Any, request: Any,
+async def send_reply(producer: AckedWriter, replies: ReplyAddresses | None, message: Any, request: Any,
                      record: Any, unchecked: str | None = None) -> str | None:
     """Send ``record`` to ``request``'s reply address, awaited (durable before the request is acked): None once
     the broker has it; why the address is unusable when it vanished since it was checked (``unchecked``
@@ -65,7 +65,7 @@ async def send_reply(producer: AckedProducer, replies: ReplyAddresses | None, me
 
 
 class Refusals:
-    def __init__(self, dead_letters: DeadLetters, retrier: Retrier, reply_producer: AckedProducer | None,
+    def __init__(self, dead_letters: DeadLetters, retrier: Retrier, reply_producer: AckedWriter | None,
                  replies: ReplyAddresses | None) -> None:
         self.dead_letters = dead_letters
         self.retrier = retrier

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 import uuid
 
 import pytest
@@ -33,6 +34,17 @@ def pytest_configure(config):
 
 
 JAVA_FIXTURES = {"java_partitions", "java"}
+
+# CHATPIPE_TEST_TIMELINE=FILE: each test's worker, start, end (epoch s) and id appended to FILE, one
+# line each (setup and teardown included), to see which worker waited on what (docs/testing.md).
+_TIMELINE = os.environ.get("CHATPIPE_TEST_TIMELINE")
+if _TIMELINE:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        start = time.time()
+        yield
+        with open(_TIMELINE, "a") as timeline:
+            timeline.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{start:.1f}\t{time.time():.1f}\t{item.nodeid}\n")
 
 # The longest files with their seconds in a whole `make test` (2 workers, one torch thread each, 2026-12-05,
 # docs/testing.md); a file not listed counts FILE_S.

@@ -1,5 +1,5 @@
 """How consumers build their batches without a garbage collection per poll: ``wrap_batch`` and the
-GC pause ``pause_gc`` (used by ``GroupConsumer.poll_messages``, the inference worker's intake).
+GC pause ``pause_gc`` (used by ``GroupReader.poll_messages``, the inference worker's intake).
 
 A consumer loop allocates at least one Python object per message, and the way it does so decides
 how much time CPython's cyclic garbage collector takes (see ``pause_gc``). Measured in

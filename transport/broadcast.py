@@ -21,7 +21,7 @@ from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
-from transport.tail_consumer import TailConsumer
+from transport.tail_reader import TailReader
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class BroadcastListener:
         any event loop, whose callback is thread-safe: the streams tier's erasure registry)."""
         self._loop, self._on_record, self._on_failure = loop, on_record, on_failure
         self._on_undecodable = on_undecodable
-        self._consumer = TailConsumer(self.kafka, topics=[self.kafka.topic(self.topic)],
+        self._consumer = TailReader(self.kafka, topics=[self.kafka.topic(self.topic)],
                                       extra_config={"fetch.wait.max.ms": self.fetch_wait_ms})
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()

@@ -1,7 +1,7 @@
 """Where every raw confluent-kafka client of chatpipe is built.
 
-Services use ``transport``'s adapters (``AckedProducer``, ``GroupConsumer``, ``ShareGroupConsumer``,
-``TailConsumer``, ``TopicAdmin``); code that needs the raw client (a reader assigning partitions
+Services use ``transport``'s adapters (``AckedWriter``, ``GroupReader``, ``ShareGroupReader``,
+``TailReader``, ``TopicAdmin``); code that needs the raw client (a reader assigning partitions
 by hand, a command's one-off producer, a benchmark) gets it here, never from ``confluent_kafka``
 directly:
 

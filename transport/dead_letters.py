@@ -9,7 +9,7 @@ child of the original's traceparent (:func:`dead_letter_headers`).
 The source may be any consumed message with ``topic``, ``partition``, ``offset``, ``key``,
 ``value`` and ``headers`` attributes: a :class:`transport.message.ConsumedMessage` or a Faust
 event's message (whose headers may be a mapping). :func:`send_dead_letter` sends one through the
-services' :class:`AckedProducer`; the streams worker sends the same record through Faust's producer.
+services' :class:`AckedWriter`; the streams worker sends the same record through Faust's producer.
 
 Not here: deciding what is the record's fault (each tier's policy).
 """
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from schemas.records import DeadLetter, Header
 from schemas.topics import DLQ
 from transport import tracing
-from transport.acked_producer import AckedProducer
+from transport.acked_writer import AckedWriter
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def dead_letter_headers(message: SourceMessage) -> list[tuple[str, bytes]]:
     return [(tracing.HEADER, tracing.child_traceparent(parent).encode("ascii"))]
 
 
-def send_dead_letter(producer: AckedProducer, message: SourceMessage, error: BaseException, component: str, *,
+def send_dead_letter(producer: AckedWriter, message: SourceMessage, error: BaseException, component: str, *,
                      delivery_count: int | None = None) -> asyncio.Future:
     """Build and send the dead letter of ``message``; the future resolves once it is durable."""
     letter = dead_letter_for(message, error, component, delivery_count=delivery_count)

@@ -3,7 +3,7 @@ service does).
 
     ports.py          free_port / free_port_block: the one port allocator (never a port twice)
     processes.py      start a service process, wait for it with a deadline, fail with its log's tail
-    kafka/            RecordProducer, StreamAssembler (Kafka from the outside)
+    kafka/            RecordWriter, StreamAssembler (Kafka from the outside)
     worker.py         ``chatpipe inference`` processes, requests, and a Reader of all they write
     streams.py        ``chatpipe streams`` as a process (StreamsWorker), Tap (read topics from the start)
     gateway.py        ``chatpipe gateway`` processes and the whole pipeline (streams + worker + gateway)

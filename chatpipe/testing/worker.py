@@ -12,7 +12,7 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from chatpipe.testing.kafka import RecordProducer, StreamAssembler
+from chatpipe.testing.kafka import RecordWriter, StreamAssembler
 from chatpipe.testing.processes import REPO, StartedProcess, start_process, stop_process, wait_until
 from inference.worker.replies import ENGINE_TIME_HEADER
 from schemas.codec import default_codec
@@ -41,12 +41,12 @@ def make_request(i: int, *, conversation: str | None = None, max_tokens: int = 1
     )
 
 
-def send_requests(kafka: KafkaSettings, requests: list[InferenceRequest], producer: RecordProducer | None = None) -> None:
+def send_requests(kafka: KafkaSettings, requests: list[InferenceRequest], producer: RecordWriter | None = None) -> None:
     """Produce ``requests`` to their priority's topic and wait until the broker has them."""
-    producer = producer or RecordProducer(kafka)
+    producer = producer or RecordWriter(kafka)
     for req in requests:
         producer.send(kafka.topic(inference_requests_topic(req.priority.value)), req, key=req.conversation_id)
-    producer.flush()  # all a RecordProducer's close() does too
+    producer.flush()  # all a RecordWriter's close() does too
 
 
 @dataclass

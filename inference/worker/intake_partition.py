@@ -28,7 +28,7 @@ from inference.worker.settings import WorkerSettings
 from schemas.codec import AvroCodec
 from schemas.records import Priority, now_ms
 from transport.errors import TransportError
-from transport.group_consumer import GroupConsumer
+from transport.group_reader import GroupReader
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class PartitionIntake(Intake):
         self._visited: dict[tuple[str, int], float] = {}  # when each partition was last in a window
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._consumers: dict[Priority, GroupConsumer] = {}
+        self._consumers: dict[Priority, GroupReader] = {}
         self._error: BaseException | None = None
         self._commit_after = 0.0  # monotonic; commits wait until then after a failed one
 
@@ -73,7 +73,7 @@ class PartitionIntake(Intake):
         # its topics, so one group on both topics could give one worker every interactive
         # partition and the other every batch partition.
         self._consumers = {
-            priority: GroupConsumer(
+            priority: GroupReader(
                 self.kafka, group_id=group, topics=[topic],
                 on_assign=self._on_assign, on_revoke=self._on_revoke, on_commit=self._on_commit,
                 error_budget_s=self.settings.kafka_error_budget_s, tracer=self.tracer,
@@ -146,7 +146,7 @@ class PartitionIntake(Intake):
 
     # -- commits (intake thread) -------------------------------------------------------------------
 
-    def _commit(self, consumer: GroupConsumer, *, asynchronous: bool) -> None:
+    def _commit(self, consumer: GroupReader, *, asynchronous: bool) -> None:
         """Commit the positions of ``consumer``'s partitions that moved. Synchronous: marked committed
         on return; asynchronous: when the broker's answer comes (``_on_commit``, inside a poll)."""
         offsets = self.tracker.committable(consumer.topics)
@@ -223,7 +223,7 @@ class PartitionIntake(Intake):
             window[tp] = self._visited[tp] = now
         return set(window)
 
-    def _outside_window(self, consumer: GroupConsumer, priority: Priority, messages: list) -> list:
+    def _outside_window(self, consumer: GroupReader, priority: Priority, messages: list) -> list:
         """``messages`` minus those of partitions outside the current window and all but the first of
         each window partition; their partitions are rewound (seek) to be read again in their turn:
         librdkafka hands out what it prefetched of a partition even after it is paused, which would

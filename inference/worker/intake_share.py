@@ -13,7 +13,7 @@ Acknowledgements are explicit and per record:
   then REJECT.
 
 The record lock: a record is acquired for the group's ``share.record.lock.duration.ms``
-(``share_record_lock_ms``, 60 s) and the client cannot renew it (``transport.share_consumer``).
+(``share_record_lock_ms``, 60 s) and the client cannot renew it (``transport.share_reader``).
 A generation still running when the lock runs out would be handed to another worker while it
 still runs here. So each item carries ``lock_until_ms`` (acquisition + lock - ``LOCK_MARGIN_MS``)
 and the worker stops a generation at that moment (finish TIMEOUT); see docs/worker.md for the
@@ -47,7 +47,7 @@ from schemas.codec import AvroCodec
 from schemas.records import Priority, now_ms
 from transport.admin import TopicAdmin
 from transport.settings import KafkaSettings
-from transport.share_consumer import ACCEPT, REJECT, RELEASE, ShareGroupConsumer, SharedMessage
+from transport.share_reader import ACCEPT, REJECT, RELEASE, ShareGroupReader, SharedMessage
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class _Member:
         self.outstanding = 0  # records of the last poll dispatched and not acknowledged yet
         # polled, not started yet: (record, when it was polled (monotonic), when its lock ends (epoch ms))
         self.held: list[tuple[SharedMessage, float, int]] = []
-        self.consumer: ShareGroupConsumer | None = None
+        self.consumer: ShareGroupReader | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self.run, name=f"chatpipe-share-{priority.value.lower()}-{n}",
                                        daemon=True)
@@ -94,7 +94,7 @@ class _Member:
     def run(self) -> None:
         o = self.owner
         try:
-            self.consumer = ShareGroupConsumer(o.kafka, group_id=share_group_ids(o.settings)[self.priority],
+            self.consumer = ShareGroupReader(o.kafka, group_id=share_group_ids(o.settings)[self.priority],
                                                topics=[self.topic], fetch_max_bytes=o.settings.share_fetch_max_bytes,
                                                error_budget_s=o.settings.kafka_error_budget_s,
                                                extra_config={"fetch.wait.max.ms": 5}, tracer=o.tracer)

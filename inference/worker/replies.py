@@ -23,7 +23,7 @@ from inference.worker.errors import ReplyAddressError
 from schemas.records import FinishReason, InferenceRequest, Response, TokenChunk, TokenLogprob, now_ms
 from schemas.topics import RESPONSES
 from transport import dead_letters, tracing
-from transport.acked_producer import AckedProducer
+from transport.acked_writer import AckedWriter
 from transport.dedupe import ATTEMPT_HEADER
 from transport.errors import DeliveryError
 from transport.failures import Fault, classify
@@ -41,7 +41,7 @@ ENGINE_TIME_HEADER = "chatpipe-engine-us"
 class ReplyStream:
     """The chunks of one serving attempt, in order, and the acknowledgement of the last one."""
 
-    producer: AckedProducer
+    producer: AckedWriter
     request: InferenceRequest
     worker_id: str
     attempt: str
@@ -160,13 +160,13 @@ def response_for(req: InferenceRequest, *, text: str, worker_id: str, model: str
     )
 
 
-def send_response(producer: AckedProducer, response: Response, *, attempt: str, parent_trace: str | None) -> asyncio.Future:
+def send_response(producer: AckedWriter, response: Response, *, attempt: str, parent_trace: str | None) -> asyncio.Future:
     topic = producer.settings.topic(RESPONSES)
     return producer.send(topic, response, key=response.conversation_id,
                          headers=[(ATTEMPT_HEADER, attempt.encode("ascii"))], parent_trace=parent_trace)
 
 
-def send_dead_letter(producer: AckedProducer, message: ConsumedMessage, error: BaseException,
+def send_dead_letter(producer: AckedWriter, message: ConsumedMessage, error: BaseException,
                      *, delivery_count: int | None = None) -> asyncio.Future:
     """The original record byte for byte, with the reason (and the delivery count when known)."""
     return dead_letters.send_dead_letter(producer, message, error, COMPONENT, delivery_count=delivery_count)

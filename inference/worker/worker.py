@@ -60,7 +60,7 @@ from inference.worker.trace_spans import generation_spans
 from schemas.codec import default_codec
 from schemas.records import Cancel, Deletion, FinishReason, InferenceRequest, WorkerState, now_ms
 from schemas.topics import DELETIONS_AUDIT, WORKERS_STATUS
-from transport.acked_producer import AckedProducer
+from transport.acked_writer import AckedWriter
 from transport.admin import TopicAdmin
 from transport.reply_address import ReplyAddresses
 from transport.settings import KafkaSettings
@@ -94,7 +94,7 @@ class Worker:
         self.tracer = Tracer("inference")  # spans (transport/spans.py, docs/observability.md)
         self.intake: Intake = intake_cls(kafka, settings, self.capacity, self.codec)
         self.intake.tracer = self.tracer
-        self.producer = AckedProducer(kafka, codec=self.codec, linger_ms=settings.chunk_linger_ms, tracer=self.tracer)
+        self.producer = AckedWriter(kafka, codec=self.codec, linger_ms=settings.chunk_linger_ms, tracer=self.tracer)
         admin = TopicAdmin(kafka, timeout_s=settings.kafka_error_budget_s)
         # the one reply-address rule (transport/reply_address.py), the same as streams intake's
         self.reply_addresses = ReplyAddresses.of(kafka, admin.topic_partitions, fresh_s=30.0, recheck_s=1.0)

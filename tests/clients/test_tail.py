@@ -44,9 +44,9 @@ def tail_kafka(kafka_stack, topic_admin):
 
 @pytest.fixture
 def producer(tail_kafka):
-    from chatpipe.testing.kafka import RecordProducer
+    from chatpipe.testing.kafka import RecordWriter
 
-    with RecordProducer(tail_kafka) as p:
+    with RecordWriter(tail_kafka) as p:
         yield p
 
 

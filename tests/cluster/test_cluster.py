@@ -219,14 +219,14 @@ def test_sigkill_of_the_controller_leader_loses_nothing(cluster, capsys):
 
 def test_two_of_three_down_fails_writes_loudly_and_loses_nothing_acknowledged(cluster, capsys):
     """With 2 of 3 nodes down an acks=all write cannot reach min.insync.replicas: the producer must
-    get an error report for it (not wait silently forever), the project's RecordProducer must
+    get an error report for it (not wait silently forever), the project's RecordWriter must
     raise DeliveryError, and once the nodes return every acknowledged record is still there.
 
     Duplicates are counted, not failed on: once messages time out, librdkafka must bump the
     idempotent producer's epoch, and records in flight on other partitions may then be written
     twice (a known limit, confluentinc/librdkafka#4953; only transactions avoid it). Measured in
     docs/cluster.md; consumers deduplicate (transport/dedupe.py)."""
-    from chatpipe.testing.kafka import RecordProducer
+    from chatpipe.testing.kafka import RecordWriter
     from transport.errors import DeliveryError
 
     topic = _topic(cluster, "two-down")
@@ -243,7 +243,7 @@ def test_two_of_three_down_fails_writes_loudly_and_loses_nothing_acknowledged(cl
             time.sleep(0.1)
         assert run.stream.failed, "no delivery error within 30 s of losing 2 of 3 nodes"
         first_error_s = time.monotonic() - killed_at
-        producer = RecordProducer(KafkaSettings(bootstrap_servers=cluster.bootstrap_servers),
+        producer = RecordWriter(KafkaSettings(bootstrap_servers=cluster.bootstrap_servers),
                                   extra_config={"message.timeout.ms": 5000})
         producer.send_bytes(topic, b"0", key=b"probe")
         with pytest.raises(DeliveryError, match="failed delivery"):

@@ -15,7 +15,7 @@ from typing import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
-from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.kafka import RecordWriter
 from schemas.codec import default_codec
 from schemas.records import FinishReason, PromptRequest, TokenChunk
 from transport.dedupe import ATTEMPT_HEADER
@@ -37,7 +37,7 @@ class FakePipeline:
         self.answer = answer
         self.codec = default_codec()
         self.prompts: dict[str, PromptRequest] = {}  # conversation id -> the last prompt seen
-        self._producer = RecordProducer(kafka, extra_config={"linger.ms": 0})
+        self._producer = RecordWriter(kafka, extra_config={"linger.ms": 0})
         self._consumer = Consumer({**kafka.client_config(), "group.id": f"fake-pipeline-{uuid.uuid4().hex[:8]}",
                                    "enable.auto.commit": False, "fetch.wait.max.ms": 10})
         topic = kafka.topic("chat.prompts")

@@ -131,7 +131,7 @@ def test_bad_input_is_a_400_at_the_gateway(client):
 def test_records_from_any_producer_are_answered_or_dead_lettered(stack, memory_vectors):
     """Straight onto the topic, as an application would: served to its own reply topic; a passed
     deadline answered expired; an address nobody can answer, or bytes that do not decode: dead letters."""
-    from chatpipe.testing.kafka import RecordProducer
+    from chatpipe.testing.kafka import RecordWriter
     from chatpipe.testing.streams import Tap
     from schemas.records import EmbeddingRequest, EmbeddingResult, now_ms
     from schemas.topics import DLQ, EMBEDDING_REQUESTS
@@ -146,7 +146,7 @@ def test_records_from_any_producer_are_answered_or_dead_lettered(stack, memory_v
                             reply_partition=1, deadline_at=now_ms() - 1000)
     lost = EmbeddingRequest(tenant="acme", user_id="app", model=MODEL, inputs=["x"], reply_to=reply_to,
                             reply_partition=5)  # the topic has 2 partitions
-    with RecordProducer(kafka) as producer:
+    with RecordWriter(kafka) as producer:
         for record in (ok, late, lost):
             producer.send(kafka.topic(EMBEDDING_REQUESTS), record, key=record.request_id)
         producer.send_bytes(kafka.topic(EMBEDDING_REQUESTS), b"not avro", key=b"junk")

@@ -154,7 +154,7 @@ async def test_worker_sends_responses_and_follows_cancels_and_deletions_on_prefi
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(broadcast, "TailConsumer", Tail)
+    monkeypatch.setattr(broadcast, "TailReader", Tail)
     loop = asyncio.get_running_loop()
     for listener in (CancelListener(kafka, default_codec()), DeletionListener(kafka, default_codec())):
         listener.start(loop, lambda _record: None, lambda exc: None)

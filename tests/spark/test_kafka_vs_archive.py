@@ -36,13 +36,13 @@ def _consume_all(kafka_settings, topic: str, expected: int) -> list[ArchivedMess
 def test_kafka_and_archive_sources_give_identical_datasets(spark, kafka_settings, topic_factory, tmp_path):
     """Catches a source that reads different records, offsets or timestamps than the other (bounded
     Kafka batch read vs the archive layout), which would make datasets depend on where they came from."""
-    from chatpipe.testing.kafka import RecordProducer
+    from chatpipe.testing.kafka import RecordWriter
     from spark_jobs.finetune_dataset import run
 
     turns_topic, feedback_topic = topic_factory(partitions=3), topic_factory(partitions=3)
     log = generate(n_turns=150, seed=5)
     msgs = to_messages(log, turns_topic, feedback_topic)
-    with RecordProducer(kafka_settings) as producer:
+    with RecordWriter(kafka_settings) as producer:
         for m in msgs:
             producer.send_bytes(m.topic, m.value, key=m.key, partition=m.partition)
         producer.flush()

@@ -250,13 +250,13 @@ def test_active_users_are_counted_per_tenant(spark, runs, tmp_path):
 @pytest.mark.integration
 def test_deletions_are_read_from_the_kafka_topic(spark, runs, kafka_settings, topic_factory, tmp_path):
     """Catches a Kafka-sourced build that ignores the deletions topic (only the archive's copy was read)."""
-    from chatpipe.testing.kafka import RecordProducer
+    from chatpipe.testing.kafka import RecordWriter
     from spark_jobs.finetune_dataset import run
 
     g, _, _, new = runs
     turns, feedback, deletions = topic_factory(partitions=2), topic_factory(partitions=2), topic_factory(partitions=1)
     msgs = to_messages(g.log, turns, feedback, partitions=2)
-    with RecordProducer(kafka_settings) as producer:
+    with RecordWriter(kafka_settings) as producer:
         for m in msgs:
             producer.send_bytes(m.topic, m.value, key=m.key, partition=m.partition)
         for d in DELETIONS:

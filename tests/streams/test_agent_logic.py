@@ -222,7 +222,7 @@ def test_record_dead_letters_a_response_nobody_asked_for():
 
 
 class FakeReplies:
-    """The embeddings' reply producer (a confluent-kafka AckedProducer in the worker), faked."""
+    """The embeddings' reply producer (a confluent-kafka AckedWriter in the worker), faked."""
 
     def __init__(self) -> None:
         self.results: list[EmbeddingResult] = []

@@ -13,7 +13,7 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.kafka import RecordWriter
 from chatpipe.testing.ports import free_port
 from chatpipe.testing.streams import StreamsWorker, Tap
 from tests.streams.stand_in import Conversation
@@ -49,7 +49,7 @@ def test_metrics_count_what_each_agent_did_and_the_groups_lag(kafka_stack, tmp_p
     requests, turns = Tap(kafka, "chat.inference.requests"), Tap(kafka, "chat.turns")
     worker.start()
     try:
-        with RecordProducer(kafka) as producer:
+        with RecordWriter(kafka) as producer:
             producer.send_bytes(kafka.topic("chat.prompts"), b"not a PromptRequest", key="conv-bad")
             conv = Conversation(producer, requests, turns, "acme", "u-metrics", "conv-metrics")
             for i in range(3):

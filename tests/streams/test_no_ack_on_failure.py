@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.kafka import RecordWriter
 from chatpipe.testing.qdrant import QDRANT_TOOL, SKIP_REASON, QdrantPeer
 from chatpipe.testing.streams import StreamsWorker, Tap
 from schemas.codec import default_codec
@@ -48,7 +48,7 @@ def kafka(kafka_stack):
 
 @pytest.fixture
 def producer(kafka):
-    with RecordProducer(kafka) as p:
+    with RecordWriter(kafka) as p:
         yield p
 
 

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.kafka import RecordWriter
 from chatpipe.testing.streams import REPO, StreamsWorker, Tap
 from schemas.codec import default_codec
 from schemas.records import ChatMessage, Deletion, DeletionScope, Feedback, FeedbackKind, PromptRequest
@@ -66,7 +66,7 @@ def worker(kafka, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def producer(kafka):
-    with RecordProducer(kafka) as p:
+    with RecordWriter(kafka) as p:
         yield p
 
 

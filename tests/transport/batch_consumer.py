@@ -1,8 +1,8 @@
 """A batch consumer for the transport tests: poll many messages at once, decode them, dead-letter
 what does not decode, commit everything polled when told.
 
-The services consume with ``transport.group_consumer.GroupConsumer`` (out-of-order finishing,
-explicit offsets), ``transport.share_consumer.ShareGroupConsumer`` or Faust; a test that reads
+The services consume with ``transport.group_reader.GroupReader`` (out-of-order finishing,
+explicit offsets), ``transport.share_reader.ShareGroupReader`` or Faust; a test that reads
 what a service wrote wants "give me the next records" instead.
 
 The error policy is an injected callback ``on_decode_error(exc, message)``: by default the
@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 from confluent_kafka import KafkaError
 
-from chatpipe.testing.kafka.producer import RecordProducer
+from chatpipe.testing.kafka.writer import RecordWriter
 from schemas.codec import default_codec
 from schemas.errors import DecodeError
 from schemas.records import DeadLetter
@@ -44,9 +44,9 @@ class DecodedMessage:
 
 
 class DeadLetterWriter:
-    """Dead letters through a :class:`RecordProducer` (flushed by ``BatchConsumer.commit``)."""
+    """Dead letters through a :class:`RecordWriter` (flushed by ``BatchConsumer.commit``)."""
 
-    def __init__(self, producer: RecordProducer, *, component: str) -> None:
+    def __init__(self, producer: RecordWriter, *, component: str) -> None:
         self.producer = producer
         self.component = component
         self.topic = producer.settings.topic(DLQ)

@@ -8,7 +8,7 @@ import gc
 
 import pytest
 
-from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.kafka import RecordWriter
 from tests.transport.batch_consumer import BatchConsumer
 from schemas import records
 
@@ -23,7 +23,7 @@ def test_poll_records_loop_starts_no_collection_and_loses_nothing(kafka_settings
     sent = [records.PromptRequest(conversation_id="c", user_id="u", tenant="t", model="m",
                                   messages=[records.ChatMessage("user", f"prompt {i} " + "x" * 200)])
             for i in range(3000)]
-    with RecordProducer(kafka_settings) as producer:
+    with RecordWriter(kafka_settings) as producer:
         for record in sent:
             producer.send(topic, record, key="c")
 

@@ -67,7 +67,7 @@ def test_share_group_lag_is_the_brokers_count_of_records_not_acknowledged(kafka_
     transport/share_offsets.py asks the broker itself) and acquired-but-unacknowledged records counted
     as done."""
     from transport.admin import TopicAdmin
-    from transport.share_consumer import ACCEPT, ShareGroupConsumer
+    from transport.share_reader import ACCEPT, ShareGroupReader
 
     topic = topic_factory(partitions=1)
     now = _produce(kafka_settings, topic, 1, 6)
@@ -78,7 +78,7 @@ def test_share_group_lag_is_the_brokers_count_of_records_not_acknowledged(kafka_
     before = reader.read([GroupTopics(group, (topic,), "share")], now_ms=int(now * 1000))
     assert before == [TopicLag(group, topic, 6, pytest.approx(AGE_S, abs=0.01))]  # nothing fetched: all waits
 
-    consumer = ShareGroupConsumer(kafka_settings, group_id=group, topics=[topic])
+    consumer = ShareGroupReader(kafka_settings, group_id=group, topics=[topic])
     try:
         got, deadline = [], time.monotonic() + 30
         while not got and time.monotonic() < deadline:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.kafka import RecordWriter
 from tests.transport.batch_consumer import BatchConsumer, DeadLetterWriter
 from schemas import records
 from schemas.codec import AvroCodec, to_avro_dict
@@ -39,7 +39,7 @@ def test_every_record_type_round_trips_through_a_topic(kafka_settings, topic_fac
     """Each record type must come back from Kafka equal to what was sent, key and traceparent intact."""
     topic = topic_factory(partitions=3)
     sent = sample_records()
-    with RecordProducer(kafka_settings) as producer:
+    with RecordWriter(kafka_settings) as producer:
         for i, record in enumerate(sent):
             producer.send(topic, record, key=f"k{i}", parent_trace="00-" + "ab" * 16 + "-" + "cd" * 8 + "-01")
     with _strict_consumer(kafka_settings, group_id, topic) as consumer:
@@ -58,7 +58,7 @@ def test_old_schema_version_is_read_by_newer_reader(kafka_settings, topic_factor
     turn = next(r for r in sample_records() if isinstance(r, records.ConversationTurn))
     v1_fields = {f["name"] for f in json.loads((SCHEMA_DIR / "ConversationTurn.v1.avsc").read_text())["fields"]}
     old = {k: v for k, v in to_avro_dict(turn).items() if k in v1_fields} | {"schema_version": 1}
-    with RecordProducer(kafka_settings) as producer:
+    with RecordWriter(kafka_settings) as producer:
         producer.send_bytes(topic, AvroCodec().encode_dict("ConversationTurn", old, version=1), key=turn.conversation_id)
     with _strict_consumer(kafka_settings, group_id, topic) as consumer:
         (got,) = _drain(consumer, 1, expected=records.ConversationTurn)
@@ -84,13 +84,13 @@ def test_bad_messages_are_dead_lettered_and_consumer_goes_on(kafka_settings, top
         with pytest.raises(expected_errors[name]):
             codec.decode(data)
 
-    with RecordProducer(kafka_settings) as producer:
+    with RecordWriter(kafka_settings) as producer:
         producer.send(topic, good[0], key="g0")
         for name, data in bad.items():
             producer.send_bytes(topic, data, key=name, headers=[("origin", name.encode())])
         producer.send(topic, good[1], key="g1")
 
-    with RecordProducer(kafka_settings) as dlq_producer:
+    with RecordWriter(kafka_settings) as dlq_producer:
         letters = DeadLetterWriter(dlq_producer, component="test")
         with BatchConsumer(kafka_settings, group_id=group_id, topics=[topic], dead_letters=letters) as consumer:
             got = _drain(consumer, 2)
@@ -157,7 +157,7 @@ def test_producer_reports_undeliverable_messages(kafka_settings):
     """Writing to a topic that does not exist (auto-create is off) must raise, not pass silently."""
     from transport.errors import DeliveryError
 
-    producer = RecordProducer(kafka_settings, extra_config={"message.timeout.ms": 3000})
+    producer = RecordWriter(kafka_settings, extra_config={"message.timeout.ms": 3000})
     producer.send(kafka_settings.topic("no.such.topic"), sample_records()[4], key="x")
     with pytest.raises(DeliveryError):
         producer.flush(timeout_s=10)
@@ -168,11 +168,11 @@ async def test_records_that_waited_for_room_keep_their_order(kafka_settings, top
     that found no room (on the event loop, not blocking it): every record lands, in send order."""
     import asyncio
 
-    from transport.acked_producer import AckedProducer
+    from transport.acked_writer import AckedWriter
 
     topic = topic_factory(partitions=1)
     sent = [records.Cancel(request_id=f"r{i}", conversation_id="c", reason="order") for i in range(300)]
-    producer = AckedProducer(kafka_settings, linger_ms=0, extra_config={"queue.buffering.max.messages": 5})
+    producer = AckedWriter(kafka_settings, linger_ms=0, extra_config={"queue.buffering.max.messages": 5})
     try:
         acks = [producer.send(topic, record, key="c") for record in sent]  # no await: the queue fills
         assert len(producer._waiting) > 0
@@ -185,7 +185,7 @@ async def test_records_that_waited_for_room_keep_their_order(kafka_settings, top
     assert [m.record.request_id for m in got] == [r.request_id for r in sent]
 
 
-async def test_acked_producer_fails_a_record_for_a_missing_topic_in_its_timeout(kafka_settings):
+async def test_acked_writer_fails_a_record_for_a_missing_topic_in_its_timeout(kafka_settings):
     """A send to a topic the broker does not have (auto-create is off) fails its future with the
     Kafka error code, within the producer's delivery timeout, instead of librdkafka's 300 s."""
     import asyncio
@@ -193,10 +193,10 @@ async def test_acked_producer_fails_a_record_for_a_missing_topic_in_its_timeout(
 
     from confluent_kafka import KafkaError
 
-    from transport.acked_producer import AckedProducer
+    from transport.acked_writer import AckedWriter
     from transport.errors import DeliveryError
 
-    producer = AckedProducer(kafka_settings, delivery_timeout_s=3)
+    producer = AckedWriter(kafka_settings, delivery_timeout_s=3)
     try:
         started = time.monotonic()
         with pytest.raises(DeliveryError) as caught:
@@ -219,10 +219,10 @@ async def test_a_busy_sender_serves_its_own_delivery_reports_and_the_report_thre
     import asyncio
     import threading
 
-    from transport.acked_producer import AckedProducer
+    from transport.acked_writer import AckedWriter
 
     topic = topic_factory(partitions=3)
-    producer = AckedProducer(kafka_settings, linger_ms=1)
+    producer = AckedWriter(kafka_settings, linger_ms=1)
     served_on: list[str] = []
     count = producer._count
 

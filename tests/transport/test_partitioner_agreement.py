@@ -11,8 +11,8 @@ producer can send: unicode, NFC vs NFD, control characters, one byte):
   ``BuiltInPartitioner.partitionForKey`` of the kafka-clients jar the project already has,
   compiled at test time with ``javac`` (``tests/java_partitions.py``; cached for the session);
 - with the session's broker (``integration``): the partition each record actually landed on,
-  read back from a 6-partition topic, for the gateway's producer (``AckedProducer``, the prompt
-  send of ``GatewayService.submit``), the worker's producer (``AckedProducer`` too, through
+  read back from a 6-partition topic, for the gateway's producer (``AckedWriter``, the prompt
+  send of ``GatewayService.submit``), the worker's producer (``AckedWriter`` too, through
   ``inference.worker.replies.send_response``), Faust's producer settings (aiokafka), the Python
   example's ``prompt_producer`` and a Java ``KafkaProducer`` configured like examples/java.
 """
@@ -171,15 +171,15 @@ def own_prefix(kafka_settings, topic_admin):
 @pytest.mark.integration
 async def test_gateway_and_worker_producers_land_each_key_on_its_partition(own_prefix):
     """The gateway's send of a prompt and the worker's send of a Response, each with the service's own
-    AckedProducer settings: records read back from the broker are where partition_of says."""
+    AckedWriter settings: records read back from the broker are where partition_of says."""
     from inference.worker.replies import send_response
     from inference.worker.settings import WorkerSettings
     from schemas.records import FinishReason, Response
-    from transport.acked_producer import AckedProducer
+    from transport.acked_writer import AckedWriter
 
     kafka = own_prefix
-    gateway = AckedProducer(kafka, linger_ms=1.0)  # GatewayService.start
-    worker = AckedProducer(kafka, linger_ms=WorkerSettings().chunk_linger_ms)  # InferenceWorker
+    gateway = AckedWriter(kafka, linger_ms=1.0)  # GatewayService.start
+    worker = AckedWriter(kafka, linger_ms=WorkerSettings().chunk_linger_ms)  # InferenceWorker
     try:
         acks = []
         for key in KEYS:
@@ -193,25 +193,25 @@ async def test_gateway_and_worker_producers_land_each_key_on_its_partition(own_p
     finally:
         await asyncio.to_thread(gateway.close, 30)
         await asyncio.to_thread(worker.close, 30)
-    assert_all_agree("gateway (AckedProducer)", await asyncio.to_thread(landed_partitions, kafka,
+    assert_all_agree("gateway (AckedWriter)", await asyncio.to_thread(landed_partitions, kafka,
                                                                         kafka.topic(PROMPTS), len(KEYS)))
-    assert_all_agree("worker (AckedProducer, send_response)",
+    assert_all_agree("worker (AckedWriter, send_response)",
                      await asyncio.to_thread(landed_partitions, kafka, kafka.topic(RESPONSES), len(KEYS)))
 
 
 @pytest.mark.integration
-def test_acked_producer_keeps_murmur2_whatever_extra_config_says(kafka_settings, topic_factory):
+def test_acked_writer_keeps_murmur2_whatever_extra_config_says(kafka_settings, topic_factory):
     """A caller's extra_config cannot switch the services' producer back to librdkafka's default; a raw
     librdkafka producer without the property shows what the read-back check catches (CRC32)."""
     from confluent_kafka import Producer
 
-    from transport.acked_producer import AckedProducer
+    from transport.acked_writer import AckedWriter
 
     keys = KEYS[:300]
     ours, plain = topic_factory(partitions=TOPIC_PARTITIONS), topic_factory(partitions=TOPIC_PARTITIONS)
 
     async def send_all() -> None:
-        producer = AckedProducer(kafka_settings, linger_ms=5, extra_config={"partitioner": "consistent_random"})
+        producer = AckedWriter(kafka_settings, linger_ms=5, extra_config={"partitioner": "consistent_random"})
         try:
             await asyncio.gather(*[producer.send(ours, prompt_for(k), key=k) for k in keys])
         finally:

@@ -341,7 +341,7 @@ def test_a_batch_links_each_record_alike_read_in_c_or_one_by_one(recorder, tmp_p
     mixed = [_Headers([("x", b"1"), (tracing.HEADER, parents[0].encode())]), _Headers(None),
              Message(topic="t", value=b"v", headers=[(tracing.HEADER, b"00-" + b"z" * 32 + b"-" + b"1" * 16 + b"-01")]),
              Message(topic="t", value=b"v", headers=[(tracing.HEADER, parents[1].encode())])]
-    assert spans._MessageLinks(confluent).values is not None, "the batch a GroupConsumer polls takes the fast path"
+    assert spans._MessageLinks(confluent).values is not None, "the batch a GroupReader polls takes the fast path"
     assert spans._MessageLinks(other).values is None and spans._MessageLinks(mixed).values is None
     tracer = spans.Tracer("svc")
     for name, batch in (("fast", confluent), ("slow", other), ("mixed", mixed)):

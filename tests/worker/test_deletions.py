@@ -18,7 +18,7 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.kafka import RecordWriter
 from chatpipe.testing.worker import make_request, send_requests, start_worker
 from inference.worker.deletions import RecentDeletions, audit_component, prefix_cache_audit
 from schemas.codec import default_codec
@@ -54,7 +54,7 @@ def dropped_blocks(log: str, event_id: str) -> int | None:
 @pytest.mark.model
 def test_a_deletion_drops_the_users_prefix_blocks_and_is_audited(worker_kafka, reader, tmp_path):
     worker = start_worker(worker_kafka, tmp_path)
-    producer = RecordProducer(worker_kafka)
+    producer = RecordWriter(worker_kafka)
     try:
         worker.wait_serving()
         req = make_request(1, text="Tell me about Kafka partitions and consumer groups in two sentences.")

@@ -42,7 +42,7 @@ class FakeMessage:
         self.key, self.headers, self.traceparent = b"c1", [], None
 
 
-class FakeGroupConsumer:
+class FakeGroupReader:
     def __init__(self) -> None:
         self.topics = [TOPIC]
         self.assignment: set = set()
@@ -60,7 +60,7 @@ def intake():
     intake._loop = FakeLoop()
     intake.taken, intake.failures = [], []
     intake._dispatch, intake._revoked_cb, intake._failed_cb = intake.taken.append, lambda items: None, intake.failures.append
-    intake._consumers = {Priority.INTERACTIVE: FakeGroupConsumer()}
+    intake._consumers = {Priority.INTERACTIVE: FakeGroupReader()}
     intake.value = codec.encode(make_request(1))
     return intake
 
@@ -111,7 +111,7 @@ def test_a_dying_partition_intake_thread_tells_the_worker(intake):
     """Guards against an intake thread that stores its error and stops while the worker goes on
     heartbeating SERVING: the failure must reach the worker at once, not only at close()."""
 
-    class Broken(FakeGroupConsumer):
+    class Broken(FakeGroupReader):
         def poll_messages(self, max_messages, timeout_s):
             raise TransportError("consumer error on t: INCONSISTENT_GROUP_PROTOCOL")
 

@@ -1,5 +1,5 @@
 """Which Kafka errors are the record's fault and which the infrastructure's, without a broker:
-consumer errors by code (``transport.group_consumer``, ``transport.share_consumer``), reply
+consumer errors by code (``transport.group_reader``, ``transport.share_reader``), reply
 addresses (``transport.reply_address``) and failed reply sends (``transport.failures``)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from inference.worker.errors import ReplyAddressError
 from transport.errors import DeliveryError, TransportError
 from transport.failures import Fault, classify
 from transport.failures import ErrorBudget
-from transport.group_consumer import GroupConsumer
+from transport.group_reader import GroupReader
 from transport.reply_address import ReplyAddresses, reserved_topics
 from transport.settings import KafkaSettings
-from transport.tail_consumer import TailConsumer
+from transport.tail_reader import TailReader
 
 KAFKA = KafkaSettings(bootstrap_servers="127.0.0.1:9", topic_prefix="u.")
 
@@ -61,7 +61,7 @@ def test_transient_consumer_errors_are_polled_through(code):
     recreated) or broker hiccup: confluent-kafka calls nearly every error non-retriable, and
     poll_messages raised on anything not retriable()."""
     assert not KafkaError(code).retriable()  # why retriable() could not decide
-    consumer = GroupConsumer(KAFKA, group_id="g", topics=["u.t"])
+    consumer = GroupReader(KAFKA, group_id="g", topics=["u.t"])
     consumer._consumer.close()
     consumer._consumer = FakeConsumer([[ErrorMessage(code)]])
     assert consumer.poll_messages(10, 0) == []
@@ -72,7 +72,7 @@ def test_transient_consumer_errors_are_polled_through(code):
                                   KafkaError.GROUP_ID_NOT_FOUND])
 def test_fatal_consumer_errors_raise(code):
     assert classify(KafkaError(code)) is not Fault.TRANSIENT
-    consumer = GroupConsumer(KAFKA, group_id="g", topics=["u.t"])
+    consumer = GroupReader(KAFKA, group_id="g", topics=["u.t"])
     consumer._consumer.close()
     consumer._consumer = FakeConsumer([[ErrorMessage(code)]])
     with pytest.raises(TransportError, match=KafkaError(code).name()):
@@ -82,7 +82,7 @@ def test_fatal_consumer_errors_raise(code):
 def test_the_tail_consumer_classifies_errors_like_the_group_consumer():
     """The cancel listener's consumer used to log every error and poll on: an authorisation error left the
     worker without cancels, silently. Now a transient error is polled through and any other raises."""
-    tail = TailConsumer.__new__(TailConsumer)  # __init__ asks a broker for the topic's partitions
+    tail = TailReader.__new__(TailReader)  # __init__ asks a broker for the topic's partitions
     tail.topics, tail.errors = ["u.chat.cancels"], ErrorBudget()
     tail._consumer = FakeConsumer([[ErrorMessage(KafkaError.UNKNOWN_TOPIC_OR_PART)],
                                    [ErrorMessage(KafkaError.TOPIC_AUTHORIZATION_FAILED)]])

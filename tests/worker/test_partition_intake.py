@@ -18,7 +18,7 @@ from inference.worker.intake import Outcome
 from inference.worker.intake_partition import PartitionIntake, partition_group_ids
 from inference.worker.settings import WorkerSettings
 from schemas.codec import default_codec
-from transport.group_consumer import GroupConsumer
+from transport.group_reader import GroupReader
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ async def test_partitions_paused_then_revoked_and_returned_are_served(worker_kaf
         await _wait(lambda: len(taken) == 2, 60, "two requests taken")
         # Another member joins (takes some partitions while they are paused here), then leaves.
         topic = kafka.topic("chat.inference.requests")
-        other = GroupConsumer(kafka, group_id=partition_group_ids(settings)[first[0].priority], topics=[topic],
+        other = GroupReader(kafka, group_id=partition_group_ids(settings)[first[0].priority], topics=[topic],
                               extra_config={"session.timeout.ms": 6000})
         deadline = time.monotonic() + 60
         while not other.assignment and time.monotonic() < deadline:
@@ -78,13 +78,13 @@ async def test_a_backlog_on_every_partition_is_served_fairly_with_few_slots(work
     twelve taken must come from every partition. Without the fair window, librdkafka refetches after
     each pause/resume and hands out the lowest partitions first, so partitions 4-5 waited until the
     others were drained (under sustained load: for ever)."""
-    from chatpipe.testing.kafka import RecordProducer
+    from chatpipe.testing.kafka import RecordWriter
 
     kafka = worker_kafka
     settings = WorkerSettings(group_id=f"{kafka.topic_prefix}fair", max_in_flight=2, poll_timeout_s=0.05)
     capacity = Capacity(2, 1)
     topic = kafka.topic("chat.inference.requests")
-    producer = RecordProducer(kafka)
+    producer = RecordWriter(kafka)
     for partition in range(6):
         for i in range(5):
             producer.send(topic, make_request(partition * 10 + i, conversation=f"conv-{partition}"),

@@ -13,7 +13,7 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chatpipe.testing.kafka import RecordProducer
+from chatpipe.testing.kafka import RecordWriter
 from chatpipe.testing.ports import free_port
 from chatpipe.testing.worker import REPLIES, Reader, make_request, send_requests, start_worker
 from schemas.records import Cancel, FinishReason, Priority, WorkerState
@@ -64,7 +64,7 @@ def test_undecodable_record_is_dead_lettered_and_the_next_request_served(service
     """Guards against a poison record stopping the worker or being dropped without a trace."""
     kafka, _, _ = service
     garbage = b"\xc3\x01 this is not an InferenceRequest " + uuid.uuid4().bytes
-    with RecordProducer(kafka) as producer:
+    with RecordWriter(kafka) as producer:
         producer.send_bytes(kafka.topic(inference_requests_topic("INTERACTIVE")), garbage, key=b"c-bad")
     good = make_request(1, max_tokens=4)
     send_requests(kafka, [good])
@@ -105,7 +105,7 @@ def test_cancel_stops_a_running_generation_at_the_next_step(service, svc_reader)
                        text="Write a very long story about a dragon and a knight, with many chapters.")
     send_requests(kafka, [req])
     svc_reader.wait_for(lambda s: s.chunk_count.get(req.request_id, 0) >= 3, 60, "three chunks")
-    with RecordProducer(kafka) as producer:
+    with RecordWriter(kafka) as producer:
         producer.send(kafka.topic("chat.cancels"), Cancel(request_id=req.request_id, conversation_id=req.conversation_id),
                       key=req.conversation_id)
     svc_reader.wait_responses([req.request_id], 60)

@@ -18,7 +18,7 @@ from inference.worker.intake_share import share_group_config, share_group_ids
 from inference.worker.settings import WorkerSettings
 from schemas.records import FinishReason, Priority, WorkerState
 from transport.admin import TopicAdmin
-from transport.share_consumer import RELEASE, ShareGroupConsumer
+from transport.share_reader import RELEASE, ShareGroupReader
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
@@ -93,7 +93,7 @@ def test_a_record_rejected_after_too_many_deliveries_gets_a_final_chunk_and_a_re
     req = make_request(1, reply_to=kafka.topic(REPLIES), reply_partition=4)
     send_requests(kafka, [req])
     # One delivery handed back (a worker that gave it up): the next acquisition is delivery 2.
-    member = ShareGroupConsumer(kafka, group_id=group, topics=[kafka.topic("chat.inference.requests")])
+    member = ShareGroupReader(kafka, group_id=group, topics=[kafka.topic("chat.inference.requests")])
     deadline = time.monotonic() + 60
     released = False
     while not released:

@@ -1,7 +1,7 @@
 """A synchronous producer for tests and benches: queue records (or raw bytes), ``flush()``, and
 know every one landed.
 
-The services produce with ``transport.acked_producer.AckedProducer`` (a future per record, on
+The services produce with ``transport.acked_writer.AckedWriter`` (a future per record, on
 their event loop); a test that sets up its input wants "send these, then be sure" instead.
 
 ``enable.idempotence`` gives exactly-once, in-order writes per partition across librdkafka's
@@ -32,7 +32,7 @@ LINGER_MS = 5  # batches of test input, not latency-bound token chunks
 
 
 class _DeliveryTracker:
-    """Delivery-report sink. Kept apart from RecordProducer so the librdkafka handle holds no
+    """Delivery-report sink. Kept apart from RecordWriter so the librdkafka handle holds no
     reference back to it (no cycle): a producer dropped without close() is freed at once."""
 
     __slots__ = ("failures",)
@@ -45,7 +45,7 @@ class _DeliveryTracker:
             self.failures.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
 
 
-class RecordProducer:
+class RecordWriter:
     def __init__(self, settings: KafkaSettings, *, extra_config: dict[str, Any] | None = None) -> None:
         self.settings = settings
         self.codec = default_codec()
@@ -56,7 +56,7 @@ class RecordProducer:
             "compression.type": "lz4",
             "on_delivery": self._tracker,
             **(extra_config or {}),
-            # Keys land where the services' producer (AckedProducer) and the streams tier put them.
+            # Keys land where the services' producer (AckedWriter) and the streams tier put them.
             "partitioner": LIBRDKAFKA_PARTITIONER,
         }
         self._producer = clients.producer(settings, config)
@@ -97,7 +97,7 @@ class RecordProducer:
     def close(self) -> None:
         self.flush()
 
-    def __enter__(self) -> "RecordProducer":
+    def __enter__(self) -> "RecordWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -88,7 +88,7 @@ class _Waiting:
     since: float  # time.monotonic() of the send
 
 
-class AckedProducer:
+class AckedWriter:
     def __init__(
         self,
         settings: KafkaSettings,

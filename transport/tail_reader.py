@@ -5,7 +5,7 @@ the generation has to stop it). ``assign()`` to all partitions at the end offset
 membership, no rebalances, nothing committed. What arrived before the instance started is not
 its business.
 
-Consumer errors are classified like ``GroupConsumer``'s (its module docstring has the table):
+Consumer errors are classified like ``GroupReader``'s (its module docstring has the table):
 transient ones are polled through within an ``ErrorBudget``, any other raises ``TransportError``
 so the thread reading it dies and takes its process down (docs/architecture.md "Failure policy")
 instead of logging forever while nothing is read.
@@ -20,12 +20,12 @@ from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from transport.errors import TransportError
 from transport.failures import ErrorBudget
-from transport.group_consumer import messages_of
+from transport.group_reader import messages_of
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 
 
-class TailConsumer:
+class TailReader:
     def __init__(self, settings: KafkaSettings, *, topics: Iterable[str], timeout_s: float = 10.0,
                  extra_config: dict[str, Any] | None = None, error_budget_s: float = 60.0) -> None:
         self.topics = list(topics)

@@ -14,7 +14,7 @@ confluent-kafka 2.16's ``ShareConsumer`` is marked preview. What was seen on our
 - acquisitions of released records count as deliveries;
 - records held by a member that dies are redelivered to another member within seconds.
 
-Errors are classified by code as in ``transport.group_consumer`` (its table): transient ones are
+Errors are classified by code as in ``transport.group_reader`` (its table): transient ones are
 polled through within an ``ErrorBudget``, every other one raises ``TransportError``.
 
 No lock renewal: KIP-1222's ``AcknowledgeType.RENEW`` is not in confluent-kafka 2.16
@@ -35,7 +35,7 @@ from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, ShareCo
 
 from transport.errors import TransportError
 from transport.failures import ErrorBudget
-from transport.group_consumer import messages_of
+from transport.group_reader import messages_of
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 from transport.spans import Tracer
@@ -61,7 +61,7 @@ class SharedMessage(ConsumedMessage):
         return self._msg
 
 
-class ShareGroupConsumer:
+class ShareGroupReader:
     def __init__(
         self,
         settings: KafkaSettings,

@@ -1,4 +1,4 @@
-"""The services' producer when the broker is away (transport/acked_producer.py).
+"""The services' producer when the broker is away (transport/acked_writer.py).
 
 No broker at all: the producer points at a port nobody listens on, which is what a client sees
 while its broker is down. The ordering of records that waited for room is checked against the
@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from schemas.records import Cancel
-from transport.acked_producer import AckedProducer
+from transport.acked_writer import AckedWriter
 from transport.errors import DeliveryError, QueueFullError
 from transport.settings import KafkaSettings
 
@@ -38,7 +38,7 @@ def record(i: int) -> Cancel:
 async def test_a_broker_that_is_away_fails_a_send_within_the_delivery_timeout(away):
     """librdkafka's default message timeout is 300 s: a gateway waiting on it held a backlog slot
     for five minutes before its 503. The producer must give up after its delivery timeout."""
-    producer = AckedProducer(away, delivery_timeout_s=1.0)
+    producer = AckedWriter(away, delivery_timeout_s=1.0)
     try:
         started = time.monotonic()
         with pytest.raises(DeliveryError) as caught:
@@ -51,9 +51,9 @@ async def test_a_broker_that_is_away_fails_a_send_within_the_delivery_timeout(aw
 
 def test_the_delivery_timeout_comes_from_the_settings_unless_given(away):
     """KafkaSettings.delivery_timeout_s is what the services' producers use (it was read by flush only)."""
-    producers = [AckedProducer(away.model_copy(update={"delivery_timeout_s": 7.5})),
-                 AckedProducer(away, delivery_timeout_s=2),
-                 AckedProducer(away, extra_config={"message.timeout.ms": 10_000})]
+    producers = [AckedWriter(away.model_copy(update={"delivery_timeout_s": 7.5})),
+                 AckedWriter(away, delivery_timeout_s=2),
+                 AckedWriter(away, extra_config={"message.timeout.ms": 10_000})]
     try:
         assert [p.delivery_timeout_s for p in producers] == [7.5, 2, 10]
     finally:
@@ -65,7 +65,7 @@ async def test_a_full_queue_never_blocks_the_event_loop(away):
     """With librdkafka's local queue full, send() slept on the event loop until there was room: a
     gateway stopped answering anything (health included) for as long as the broker was away. Now
     the loop keeps running, the records wait in order, and all of them fail after the timeout."""
-    producer = AckedProducer(away, delivery_timeout_s=1.0, extra_config={"queue.buffering.max.messages": 3})
+    producer = AckedWriter(away, delivery_timeout_s=1.0, extra_config={"queue.buffering.max.messages": 3})
     gaps: list[float] = []
     stop = asyncio.Event()
 
@@ -137,7 +137,7 @@ def test_each_record_gets_its_own_traceparent_its_send_span_and_a_delivery_repor
 
     spans.shutdown()
     spans.configure("unit", spans.TracingSettings(file_dir=tmp_path, export_interval_s=60))
-    producer = AckedProducer(away, delivery_timeout_s=1.0)
+    producer = AckedWriter(away, delivery_timeout_s=1.0)
     fake = _Librdkafka()
     producer._producer = fake
     try:

@@ -16,7 +16,7 @@ broker's answer to each commit) from inside ``poll_messages``. Decoding is the c
 Consumer errors are classified by ``transport.failures.classify`` (the one table of Kafka codes:
 a broker away, a topic or leader moving, the group moving, share sessions, quotas are TRANSIENT;
 ``_PARTITION_EOF`` is no error and is dropped; anything else, e.g. authentication, a lost
-position, a fatal error, raises ``TransportError``). ``ShareGroupConsumer`` and ``TailConsumer``
+position, a fatal error, raises ``TransportError``). ``ShareGroupReader`` and ``TailReader``
 use the same rule.
 
 A transient error is logged and polled through: librdkafka reconnects, refreshes metadata and
@@ -63,7 +63,7 @@ def messages_of(raw: list, errors: ErrorBudget, where: Callable[[Any], str],
     return out
 
 
-class GroupConsumer:
+class GroupReader:
     def __init__(
         self,
         settings: KafkaSettings,
