@@ -46,21 +46,23 @@ if _TIMELINE:
         with open(_TIMELINE, "a") as timeline:
             timeline.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{start:.1f}\t{time.time():.1f}\t{item.nodeid}\n")
 
-# The longest files with their seconds in a whole `make test` (2 workers, one torch thread each, 2026-12-05,
+# The longest files with their seconds in a whole `make test` (3 workers, one torch thread each, 2026-12-05,
 # docs/testing.md); a file not listed counts FILE_S.
 LONG_FILES = {
-    "tests/faults/test_faults.py": 193, "tests/spark/test_cluster.py": 153, "tests/streams/test_pipeline.py": 124,
-    "tests/gateway/test_erasure_canary.py": 116, "tests/infra/test_stack_supervisor.py": 104,
-    "tests/cluster/test_cluster.py": 90, "tests/cluster/test_streams_scale_out.py": 86,
-    "tests/streams/test_no_ack_on_failure.py": 77, "tests/security/test_secured_pipeline.py": 70,
-    "tests/engine/test_grammar.py": 68, "tests/gateway/test_load.py": 68, "tests/worker/test_service.py": 63,
-    "tests/worker/test_crash_recovery.py": 60, "tests/worker/test_sigterm.py": 52,
-    "tests/spark/test_tenancy_and_erasure.py": 47, "tests/gateway/test_chat.py": 44,
-    "tests/infra/test_stack_full.py": 43, "tests/spark/test_kafka_vs_archive.py": 40,
-    "tests/gateway/test_deadlines_and_outages.py": 39, "tests/gateway/test_traces.py": 38,
-    "tests/gateway/test_openai_breadth.py": 36, "tests/worker/test_share_lock.py": 36,
-    "tests/security/test_client_security.py": 32, "tests/gateway/test_embeddings.py": 30,
-    "tests/clients/test_tail.py": 30,
+    "tests/faults/test_faults.py": 220, "tests/spark/test_cluster.py": 216,
+    "tests/gateway/test_erasure_canary.py": 174, "tests/streams/test_pipeline.py": 173,
+    "tests/security/test_secured_pipeline.py": 138, "tests/cluster/test_streams_scale_out.py": 115,
+    "tests/worker/test_service.py": 109, "tests/infra/test_stack_supervisor.py": 106,
+    "tests/engine/test_grammar.py": 101, "tests/streams/test_no_ack_on_failure.py": 98,
+    "tests/cluster/test_cluster.py": 96, "tests/worker/test_sigterm.py": 89,
+    "tests/worker/test_crash_recovery.py": 80, "tests/spark/test_tenancy_and_erasure.py": 77,
+    "tests/gateway/test_load.py": 70, "tests/gateway/test_chat.py": 69,
+    "tests/gateway/test_openai_breadth.py": 66, "tests/infra/test_stack_full.py": 66,
+    "tests/spark/test_kafka_vs_archive.py": 62, "tests/gateway/test_traces.py": 62,
+    "tests/security/test_client_security.py": 55, "tests/gateway/test_deadlines_and_outages.py": 53,
+    "tests/gateway/test_tools.py": 48, "tests/worker/test_share_lock.py": 47,
+    "tests/engine/test_engine_matches_hf.py": 42, "tests/gateway/test_embeddings.py": 40,
+    "tests/engine/test_sampling_features.py": 35, "tests/worker/test_worker_failures.py": 35,
 }
 FILE_S = 10
 
