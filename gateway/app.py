@@ -101,7 +101,8 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
-        body = {"status": "ok" if service.ready else "starting", "gateway_id": service.gateway_id,
+        status = "ok" if service.ready else "failed" if service.failure is not None else "starting"
+        body = {"status": status, "gateway_id": service.gateway_id,
                 "reply_topic": service.reply_topic, "pending": len(service.pending)}
         return JSONResponse(body, status_code=200 if service.ready else 503)
 

@@ -33,6 +33,8 @@ from fastapi.responses import JSONResponse
 
 from gateway.keys import Principal
 from gateway.openai_api import EmbeddingsBody, OpenAIError
+from gateway.replies import ReplyReaderStopped
+from gateway.responses import reader_stopped_error
 from gateway.translate import embedding_request_to_record
 from schemas.embeddings import vector_bytes, vector_floats
 from schemas.errors import EncodeError
@@ -86,6 +88,7 @@ class GatewayEmbeddings:
         (``translate.embedding_request_to_record``'s), wait for its result (until its deadline);
         OpenAIError when it failed."""
         service = self.service
+        service.check_serving()
         held = len(service.pending) + len(self.inflight)
         if held >= service.settings.max_pending:
             service.metrics.requests.labels("rejected_busy").inc()
@@ -123,6 +126,9 @@ class GatewayEmbeddings:
                                       code="timeout") from None
                 if isinstance(reply, EmbeddingResult):
                     break
+                if isinstance(reply, ReplyReaderStopped):
+                    outcome = "gateway_unavailable"
+                    raise reader_stopped_error(reply)
                 log.warning("embedding request %s: a %s on its queue; dropped", request_id, type(reply).__name__)
             if reply.error_code:
                 outcome = reply.error_code

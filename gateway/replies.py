@@ -11,6 +11,10 @@ is dropped here on purpose: its request's Response on ``chat.responses`` is the 
 The topic carries two record types: ``TokenChunk`` (chat and completions, handed on as ``Reply``)
 and ``EmbeddingResult`` (POST /v1/embeddings, streams/embedding_requests.py; handed on as it is).
 Both go to the queue of the request id they name.
+
+A reader that stops (its topic deleted, the broker away past the retry budget, a bug) does not
+stop quietly: ``ReplyReader`` says so to every waiting request and to the gateway, which exits
+non-zero to be restarted (``service.py``).
 """
 
 from __future__ import annotations
@@ -19,20 +23,24 @@ import asyncio
 import logging
 import threading
 from dataclasses import dataclass
-
-from confluent_kafka import KafkaError, TopicPartition
+from typing import Callable
 
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 from schemas.records import EmbeddingResult, TokenChunk
 from schemas.topics import REPLIES
-from transport import clients, tracing
+from transport import tracing
 from transport.admin import TopicAdmin
 from transport.dedupe import attempt_of
-from transport.failures import Fault, classify
+from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
+from transport.tail_reader import TailReader
 
 log = logging.getLogger(__name__)
+
+
+class ReplyReaderStopped(Exception):
+    """Put on every waiting request's queue when the reply reader stops: no reply can reach them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,28 +58,43 @@ def ensure_reply_topic(kafka: KafkaSettings, gateway_id: str, retention_ms: int)
 
 
 class ReplyReader:
-    def __init__(self, kafka: KafkaSettings, topic: str, codec: AvroCodec) -> None:
+    """The reply topic's one reader: a ``TailReader`` in a thread of its own.
+
+    If the thread dies (an error the failure policy does not pass, transient errors past
+    ``error_budget_s``, the topic deleted) the reader is not ready any more, every waiting request
+    gets ``ReplyReaderStopped`` on its queue, and ``on_failure`` runs on the event loop: the gateway
+    stops taking requests and exits non-zero for its supervisor to restart it (``GatewayService``),
+    rather than stay healthy while every request waits out its timeout."""
+
+    def __init__(self, kafka: KafkaSettings, topic: str, codec: AvroCodec, error_budget_s: float = 60.0) -> None:
+        self.kafka = kafka
         self.topic = topic
         self.codec = codec
-        self._consumer = clients.consumer(kafka, f"chatpipe-gateway-{topic}", {  # never joined or committed
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            # The broker answers a waiting fetch as soon as a record is appended (fetch.min.bytes 1), so
-            # this bounds only an idle fetch: 5 ms cost the broker ~200 idle fetches a second for the same
-            # hop latency (bench/kafka_hop.py: 5 and 100 ms alike).
-            "fetch.wait.max.ms": 100,
-            "fetch.min.bytes": 1,
-        })
+        self.error_budget_s = error_budget_s
         self._waiting: dict[str, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_failure: Callable[[BaseException], None] = lambda exc: None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._consumer: TailReader | None = None
         self.ready = False
+        self.failure: BaseException | None = None
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        _, end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=15)
-        self._consumer.assign([TopicPartition(self.topic, 0, end)])
+    def start(self, loop: asyncio.AbstractEventLoop, on_failure: Callable[[BaseException], None]) -> None:
+        """Positions the reader at the topic's end (before this returns: no later reply is skipped)
+        and starts its thread."""
+        self._loop, self._on_failure = loop, on_failure
+        # A deleted topic is found by a metadata check (TailReader): a few of them within the budget.
+        self._consumer = TailReader(self.kafka, topics=[self.topic], timeout_s=15, error_budget_s=self.error_budget_s,
+                                    topic_check_s=min(10.0, self.error_budget_s / 3),
+                                    extra_config={
+                                        # The broker answers a waiting fetch as soon as a record is appended
+                                        # (fetch.min.bytes 1), so this bounds only an idle fetch: 5 ms cost the
+                                        # broker ~200 idle fetches a second for the same hop latency
+                                        # (bench/kafka_hop.py: 5 and 100 ms alike).
+                                        "fetch.wait.max.ms": 100,
+                                        "fetch.min.bytes": 1,
+                                    })
         self._thread = threading.Thread(target=self._run, name="chatpipe-gateway-replies", daemon=True)
         self._thread.start()
         self.ready = True
@@ -84,36 +107,46 @@ class ReplyReader:
         self._waiting.pop(request_id, None)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            # librdkafka's consume(n, t) returns after n messages or the whole t: with (500, 0.1) every
-            # chunk waited 0-100 ms (most of a lone prompt's added time to first token, bench/e2e.py).
-            # So: what is there now, and only when nothing is, a wait for the next one. A client's
-            # follow-up sent at once still sees this answer in its context: the worker's Response
-            # is on the broker before the final chunk, and intake waits for record (streams/recorded.py).
-            messages = self._consumer.consume(500, 0) or self._consumer.consume(1, 0.1)
-            replies = []
-            for msg in messages:
-                err = msg.error()
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:  # librdkafka reconnects; a FATAL one needs a person
-                        log.log(logging.WARNING if classify(err) is Fault.TRANSIENT else logging.ERROR,
-                                "reply topic %s: %s", self.topic, err.str())
-                    continue
-                try:
-                    chunk = self.codec.decode(msg.value(), None, topic=msg.topic(), partition=msg.partition(),
-                                              offset=msg.offset())
-                    if not isinstance(chunk, (TokenChunk, EmbeddingResult)):
-                        raise DecodeError(f"a {type(chunk).__name__}, not a TokenChunk or EmbeddingResult")
-                except DecodeError as exc:  # not ours to dead-letter: the asker is unknown; say so
-                    log.error("undecodable record on %s@%s: %s", self.topic, msg.offset(), exc)
-                    continue
-                if isinstance(chunk, EmbeddingResult):
-                    replies.append(chunk)
-                    continue
-                headers = msg.headers()
-                replies.append(Reply(chunk, attempt_of(headers), tracing.find(headers)))
-            if replies and self._loop is not None:
-                self._loop.call_soon_threadsafe(self._dispatch, replies)
+        try:
+            while not self._stop.is_set():
+                # What is there now, and only when nothing is, a wait for the next one (TailReader): a
+                # consume(500, 0.1) would hold every chunk 0-100 ms (most of a lone prompt's added time to
+                # first token, bench/e2e.py). A client's follow-up sent at once still sees this answer in
+                # its context: the worker's Response is on the broker before the final chunk, and intake
+                # waits for record (streams/recorded.py).
+                replies = self._decode(self._consumer.poll_messages(500, 0.1))
+                if replies:
+                    self._loop.call_soon_threadsafe(self._dispatch, replies)
+        except BaseException as exc:  # noqa: BLE001 - whatever stopped the reader, the gateway must hear of it
+            self.ready, self.failure = False, exc
+            log.critical("reply reader of %s stopped: %s: %s", self.topic, type(exc).__name__, exc)
+            try:
+                self._loop.call_soon_threadsafe(self._stopped, exc)
+            except RuntimeError:  # the loop is closed: the gateway has stopped already
+                pass
+
+    def _stopped(self, exc: BaseException) -> None:
+        """On the loop: every waiting request hears it (``ReplyReaderStopped``), then the gateway."""
+        stopped = ReplyReaderStopped(f"{type(exc).__name__}: {exc}")
+        for queue in self._waiting.values():
+            queue.put_nowait(stopped)
+        self._on_failure(exc)
+
+    def _decode(self, messages: list[ConsumedMessage]) -> list[Reply | EmbeddingResult]:
+        replies: list[Reply | EmbeddingResult] = []
+        for msg in messages:
+            try:
+                chunk = self.codec.decode(msg.value, None, topic=msg.topic, partition=msg.partition, offset=msg.offset)
+                if not isinstance(chunk, (TokenChunk, EmbeddingResult)):
+                    raise DecodeError(f"a {type(chunk).__name__}, not a TokenChunk or EmbeddingResult")
+            except DecodeError as exc:  # not ours to dead-letter: the asker is unknown; say so
+                log.error("undecodable record on %s@%s: %s", self.topic, msg.offset, exc)
+                continue
+            if isinstance(chunk, EmbeddingResult):
+                replies.append(chunk)
+                continue
+            replies.append(Reply(chunk, attempt_of(msg.headers), tracing.find(msg.headers)))
+        return replies
 
     def _dispatch(self, replies: list[Reply | EmbeddingResult]) -> None:
         for reply in replies:
@@ -125,4 +158,5 @@ class ReplyReader:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._consumer.close()
+        if self._consumer is not None:
+            self._consumer.close()

@@ -126,6 +126,12 @@ def error_for_chunk(error_code: str | None, error: str | None) -> OpenAIError:
     return OpenAIError(500, message, type="server_error", code=error_code or "internal_error")
 
 
+def reader_stopped_error(cause: BaseException) -> OpenAIError:
+    """The 503 of a gateway whose reply reader stopped: another gateway, or this one restarted, answers."""
+    return OpenAIError(503, f"this gateway cannot read answers any more ({cause}) and is restarting; retry",
+                       type="server_error", code="gateway_unavailable", headers={"Retry-After": "5"})
+
+
 # -- tool calls -------------------------------------------------------------------------------------
 
 def reads_tool_calls(response_format: str | None) -> bool:

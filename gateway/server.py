@@ -2,7 +2,8 @@
 
 uvicorn handles both signals: it stops accepting connections, gives open requests
 ``graceful_s`` to finish, then runs the app's shutdown (pending requests get a ``Cancel``, the
-producer is flushed, the reply reader stops).
+producer is flushed, the reply reader stops). A reply reader that stops on its own stops the
+server the same way and the process exits 1 (``GatewayService``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def serve(kafka: KafkaSettings, settings: GatewaySettings, graceful_s: float = 1
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                             timeout_graceful_shutdown=graceful_s, access_log=False, lifespan="on", **own_logs)
     server = uvicorn.Server(config)
+    service = app.state.service
+    service.on_failure = lambda exc: setattr(server, "should_exit", True)  # its reply reader stopped
     # uvicorn re-raises the signal that stopped it once it has shut down; with the default handler
     # that would end the process as "killed by SIGTERM". A clean shutdown exits 0 instead.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -39,3 +42,5 @@ def serve(kafka: KafkaSettings, settings: GatewaySettings, graceful_s: float = 1
         spans.shutdown()  # export what is left
     if not server.started:
         raise SystemExit(1)  # the port was taken or startup failed: uvicorn logged why
+    if service.failure is not None:
+        raise SystemExit(1)  # the reply reader stopped (logged): a supervisor starts a fresh gateway

@@ -24,13 +24,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from gateway.keys import Principal, owns_request, resolve_user
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import ChatCompletionRequest, CompletionRequest, OpenAIError
-from gateway.replies import Reply, ReplyReader, ensure_reply_topic
-from gateway.responses import FINISH, ToolCallStream, error_for_chunk, reads_tool_calls
+from gateway.replies import Reply, ReplyReader, ReplyReaderStopped, ensure_reply_topic
+from gateway.responses import FINISH, ToolCallStream, error_for_chunk, reader_stopped_error, reads_tool_calls
 from gateway.responses import finish_reason as tool_finish_reason
 from gateway.settings import GatewaySettings
 from gateway.translate import chat_request_to_prompt, completion_request_to_prompts
@@ -164,6 +164,8 @@ class GatewayService:
         self.pending: dict[str, Submitted] = {}
         self.tracer = Tracer("gateway")  # spans (transport/spans.py, docs/observability.md)
         self._mean_duration_s = 5.0  # EWMA of request durations: the Retry-After estimate
+        self.failure: BaseException | None = None  # why the reply reader stopped (the process exits 1)
+        self.on_failure: Callable[[BaseException], None] = lambda exc: None  # server.py: stop the server
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -173,13 +175,27 @@ class GatewayService:
                                                    self.settings.reply_retention_ms)
         self.producer = AckedWriter(self.kafka, codec=self.codec, linger_ms=1.0,
                                       delivery_timeout_s=self.settings.delivery_timeout_s, tracer=self.tracer)
-        self.reader = ReplyReader(self.kafka, self.reply_topic, self.codec)
-        await asyncio.to_thread(self.reader.start, loop)
+        self.reader = ReplyReader(self.kafka, self.reply_topic, self.codec, self.settings.reply_error_budget_s)
+        await asyncio.to_thread(self.reader.start, loop, self._reader_stopped)
         log.info("gateway %s: replies on %s", self.gateway_id, self.reply_topic)
 
     @property
     def ready(self) -> bool:
-        return self.reader is not None and self.reader.ready
+        return self.reader is not None and self.reader.ready and self.failure is None
+
+    def _reader_stopped(self, exc: BaseException) -> None:
+        """No reply can reach this gateway any more: /healthz says 503, new requests get 503, and the
+        process exits 1 (``on_failure``) for its supervisor or Kubernetes to start it again."""
+        self.failure = exc
+        log.critical("gateway %s: its reply reader stopped (%s: %s); exiting to be restarted", self.gateway_id,
+                     type(exc).__name__, exc)
+        self.on_failure(exc)
+
+    def check_serving(self) -> None:
+        """503 once the reply reader has stopped: the request could be sent but never answered here."""
+        if self.failure is not None:
+            self.metrics.requests.labels("rejected_unavailable").inc()
+            raise reader_stopped_error(self.failure)
 
     async def close(self) -> None:
         for sub in list(self.pending.values()):  # the server stopped before they finished
@@ -246,6 +262,7 @@ class GatewayService:
         prompt; what the reply side keeps of the request while it waits for its answer. A prompt that
         cannot be encoded or that the broker refuses for its own sake (``transport.failures``: the
         record's fault) is a 400 naming ``param``, one the broker does not take a 503."""
+        self.check_serving()
         self.admit(prompt.tenant)
         sampling = prompt.sampling
         tools = reads_tool_calls(sampling.response_format)  # tool_choice not "none": answers are read for calls
@@ -298,6 +315,9 @@ class GatewayService:
                 self.cancel(sub, "gateway_timeout")
                 raise OpenAIError(504, f"no answer from the pipeline within {waited:g} s", type="server_error",
                                   code="timeout") from None
+            if isinstance(reply, ReplyReaderStopped):
+                self.cancel(sub, "gateway_unavailable")
+                raise reader_stopped_error(reply)
             chunk = reply.chunk
             if not 0 <= chunk.choice_index < len(sub.choices):
                 log.warning("request %s: a chunk of choice %d, of %d asked; dropped", sub.request_id,

@@ -42,6 +42,8 @@ class GatewaySettings(BaseSettings):
     delivery_timeout_s: float = Field(5.0, gt=0, description="Answer 503 when the broker has not acknowledged "
                                       "a prompt by then (librdkafka's own default is 300 s)")
     reply_retention_ms: int = Field(60 * 60 * 1000, gt=0, description="Retention of the reply topic")
+    reply_error_budget_s: float = Field(60.0, gt=0, description="How long the reply reader may fail (broker away, "
+                                        "its topic gone) before the gateway exits 1 to be restarted")
     log_level: str = Field("info", description="debug, info, warning")
 
     @classmethod

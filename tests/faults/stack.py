@@ -30,6 +30,9 @@ SERVICE_ENV = {
     # A client's answer waits at most this long (the gateway's 504, and the deadline it puts on
     # each PromptRequest): long enough to ride out every fault below.
     "CHATPIPE_GATEWAY_FIRST_CHUNK_TIMEOUT_S": "150",
+    # The reply reader's budget before the gateway exits to be restarted (its topic deleted): shorter
+    # than the default 60 s so the scenario does not wait a minute; longer than a broker restart.
+    "CHATPIPE_GATEWAY_REPLY_ERROR_BUDGET_S": "20",
 }
 
 

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+import httpx
 import pytest
 
 from chatpipe.testing.qdrant import QDRANT_TOOL
@@ -31,6 +32,7 @@ from schemas.records import ConversationTurn
 from tests.faults.ledger import Load, Observer, error_kinds
 from tests.faults.poison import poisons, produce
 from tests.faults.stack import FaultStack
+from transport import clients
 from transport.admin import TopicAdmin
 from transport.archive import read_messages
 from transport.settings import KafkaSettings
@@ -250,6 +252,24 @@ def test_archive_disk_full(harness):
     run_scenario(harness, f"archive disk full {DISK_FULL_S} s", inject)
     # The fault was real: the archiver's writes failed for want of space, and were retried.
     assert "No space left on device" in harness.stack.log_since("streams", log_from)
+
+
+def test_gateway_reply_topic_deleted(harness):
+    """The gateway's reply topic deleted under load. Its reply reader used to go deaf: nothing read,
+    /healthz 200, every request waiting out its timeout. Now the requests waiting get a 503, the gateway
+    exits 1, the supervisor starts it again (which makes the topic anew), and requests sent after that
+    are answered."""
+    reply_topic = httpx.get(f"{harness.stack.gateway_url}/healthz", timeout=10).json()["reply_topic"]
+
+    def inject():
+        old = harness.stack.pid("gateway")
+        admin = clients.admin(KafkaSettings(bootstrap_servers=harness.stack.bootstrap))
+        admin.delete_topics([reply_topic])[reply_topic].result(timeout=30)
+        harness.stack.wait_restarted("gateway", old)
+        harness.stack.wait_healthy()
+
+    row = run_scenario(harness, "gateway reply topic deleted", inject)
+    assert "gateway" in row["restarts"], row
 
 
 def test_broker_restarted(harness):

@@ -160,3 +160,34 @@ async def test_with_the_broker_away_requests_get_a_prompt_503_and_free_the_backl
     finally:
         gateway.terminate()
         fake.stop()
+
+
+async def test_a_deleted_reply_topic_stops_the_gateway_instead_of_leaving_it_deaf(kafka_settings, catalog_topics,
+                                                                                 tmp_path):
+    """The reply reader used to log consumer errors forever (or nothing: librdkafka says nothing about a
+    deleted topic it was assigned) while /healthz said 200 and every request waited out its timeout.
+    With its topic deleted, the request waiting gets a 503 within the reader's budget and the process
+    exits 1 for its supervisor to start it again."""
+    from transport import clients
+
+    fake = FakePipeline(kafka_settings, answer_by_conversation).start()
+    gateway = start_gateway(kafka_settings, tmp_path, CHATPIPE_GATEWAY_REPLY_ERROR_BUDGET_S="3")
+    try:
+        gateway.wait_healthy(90)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+            ok, _ = await chat(http, "ok-first")
+            assert ok.status_code == 200, ok.text
+            reply_topic = (await http.get("/healthz")).json()["reply_topic"]
+            waiting = asyncio.create_task(chat(http, "silent-deaf"))  # never answered: it waits on the reader
+            await asyncio.sleep(1.0)
+            admin = clients.admin(kafka_settings)  # kept: a collected client ends its futures (_DESTROY)
+            admin.delete_topics([reply_topic])[reply_topic].result(timeout=30)
+            response, took = await waiting
+            assert error_of(response) == (503, "server_error", "gateway_unavailable"), response.text
+            assert took < 30, f"503 after {took:.1f} s; the reader's budget is 3 s"
+            assert "UNKNOWN_TOPIC_OR_PART" in response.json()["error"]["message"]
+        assert gateway.proc.wait(timeout=30) == 1, gateway.log()[-3000:]
+        assert "reply reader of" in gateway.log() and "stopped" in gateway.log()
+    finally:
+        gateway.terminate()
+        fake.stop()

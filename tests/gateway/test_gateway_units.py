@@ -156,6 +156,39 @@ async def test_an_answer_that_says_expired_is_a_504():
     assert "deadline passed 2 s" in error.message
 
 
+async def test_a_stopped_reply_reader_fails_the_waiting_requests_and_stops_the_gateway():
+    """The reply reader's thread used to end silently (or log errors forever) while /healthz said 200 and
+    every request waited out its 300 s. Once it stops: the waiting request gets 503 gateway_unavailable,
+    the gateway is not ready, new requests get 503, and ``on_failure`` runs (server.py: uvicorn stops and
+    the process exits 1). The real reader's stop on a deleted topic: test_deadlines_and_outages.py."""
+    import time
+
+    from gateway.keys import Principal
+    from gateway.openai_api import OpenAIError
+    from gateway.replies import ReplyReader
+    from schemas.codec import default_codec
+    from transport.errors import TransportError
+    from transport.settings import KafkaSettings
+
+    service = service_without_kafka()
+    reader = service.reader = ReplyReader(KafkaSettings(), "chat.replies.gw", default_codec())
+    reader.ready, reader._on_failure = True, service._reader_stopped  # what start() sets, without a broker
+    stopped: list[BaseException] = []
+    service.on_failure = stopped.append
+    sub = await service.submit(Principal("acme", "ada"), completion_request(), "conv-1", time.perf_counter())
+    assert service.ready
+
+    reader._stopped(TransportError("tail consumer of chat.replies.gw: UNKNOWN_TOPIC_OR_PART"))
+    with pytest.raises(OpenAIError) as caught:
+        await anext(service.replies(sub))
+    assert (caught.value.status, caught.value.code) == (503, "gateway_unavailable")
+    assert "UNKNOWN_TOPIC_OR_PART" in caught.value.message
+    assert len(stopped) == 1 and not service.ready and not service.pending
+    with pytest.raises(OpenAIError) as refused:
+        await service.submit(Principal("acme", "ada"), completion_request(), "conv-2", time.perf_counter())
+    assert (refused.value.status, refused.value.code) == (503, "gateway_unavailable")
+
+
 def test_the_gateway_gives_up_producing_within_seconds_by_default():
     """librdkafka's own delivery timeout is 300 s: a request would hold its backlog slot that long."""
     from gateway.settings import GatewaySettings

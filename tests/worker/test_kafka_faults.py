@@ -84,6 +84,7 @@ def test_the_tail_consumer_classifies_errors_like_the_group_consumer():
     worker without cancels, silently. Now a transient error is polled through and any other raises."""
     tail = TailReader.__new__(TailReader)  # __init__ asks a broker for the topic's partitions
     tail.topics, tail.errors = ["u.chat.cancels"], ErrorBudget()
+    tail.topic_check_s, tail._next_check = 10.0, float("inf")  # no metadata check (it asks a broker)
     tail._consumer = FakeConsumer([[ErrorMessage(KafkaError.UNKNOWN_TOPIC_OR_PART)],
                                    [ErrorMessage(KafkaError.TOPIC_AUTHORIZATION_FAILED)]])
     assert tail.poll_messages(10, 0) == []
