@@ -8,14 +8,15 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 CHATPIPE := $(VENV)/bin/chatpipe
 PYTEST_ARGS ?=
-# Three pytest workers (pytest-xdist), one torch thread each (tests/conftest.py): the configuration of
-# the verified run in docs/testing.md. `--dist loadfile` with tests/conftest.py's groups: a file's tests
+# Four pytest workers (pytest-xdist) on 2 cores, one torch thread each (tests/conftest.py): most of a
+# test's time is waiting on the processes it started, so a fourth worker overlaps more of it (docs/testing.md:
+# 18 min 10 s of tests with 4, about a minute more with 3; 8 of 23 GiB left at the low point). `--dist loadfile` with tests/conftest.py's groups: a file's tests
 # stay on one worker (module-scoped stacks stay in one process) and so do the folders whose files share
 # a slow session fixture (the gateway's pipeline, Spark, the default model); each worker starts its own
 # test broker. `--no-loadscope-reorder`: groups are handed out in collection order, which
 # tests/conftest.py sorts longest first (xdist's own order, most tests first, left one-test stacks such
 # as the erasure canary to start last while the other worker sat idle). PYTEST_WORKERS=0: one process.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 
 .PHONY: setup prerequisites run test test-prerequisites test-unit bench-quick down clean
 

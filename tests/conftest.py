@@ -46,23 +46,24 @@ if _TIMELINE:
         with open(_TIMELINE, "a") as timeline:
             timeline.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{start:.1f}\t{time.time():.1f}\t{item.nodeid}\n")
 
-# The longest files with their seconds in a whole `make test` (3 workers, one torch thread each, 2026-12-05,
+# The longest files with their seconds in a whole `make test` (4 workers, one torch thread each, 2026-12-05,
 # docs/testing.md); a file not listed counts FILE_S.
 LONG_FILES = {
-    "tests/faults/test_faults.py": 220, "tests/spark/test_cluster.py": 216,
-    "tests/gateway/test_erasure_canary.py": 174, "tests/streams/test_pipeline.py": 173,
-    "tests/security/test_secured_pipeline.py": 138, "tests/cluster/test_streams_scale_out.py": 115,
-    "tests/worker/test_service.py": 109, "tests/infra/test_stack_supervisor.py": 106,
-    "tests/engine/test_grammar.py": 101, "tests/streams/test_no_ack_on_failure.py": 98,
-    "tests/cluster/test_cluster.py": 96, "tests/worker/test_sigterm.py": 89,
-    "tests/worker/test_crash_recovery.py": 80, "tests/spark/test_tenancy_and_erasure.py": 77,
-    "tests/gateway/test_load.py": 70, "tests/gateway/test_chat.py": 69,
-    "tests/gateway/test_openai_breadth.py": 66, "tests/infra/test_stack_full.py": 66,
-    "tests/spark/test_kafka_vs_archive.py": 62, "tests/gateway/test_traces.py": 62,
-    "tests/security/test_client_security.py": 55, "tests/gateway/test_deadlines_and_outages.py": 53,
-    "tests/gateway/test_tools.py": 48, "tests/worker/test_share_lock.py": 47,
-    "tests/engine/test_engine_matches_hf.py": 42, "tests/gateway/test_embeddings.py": 40,
-    "tests/engine/test_sampling_features.py": 35, "tests/worker/test_worker_failures.py": 35,
+    "tests/spark/test_cluster.py": 314, "tests/faults/test_faults.py": 282, "tests/streams/test_pipeline.py": 238,
+    "tests/gateway/test_erasure_canary.py": 215, "tests/infra/test_stack_supervisor.py": 169,
+    "tests/engine/test_grammar.py": 146, "tests/worker/test_sigterm.py": 144,
+    "tests/spark/test_tenancy_and_erasure.py": 142, "tests/streams/test_no_ack_on_failure.py": 136,
+    "tests/worker/test_crash_recovery.py": 136, "tests/security/test_secured_pipeline.py": 129,
+    "tests/cluster/test_streams_scale_out.py": 116, "tests/gateway/test_chat.py": 106,
+    "tests/gateway/test_openai_breadth.py": 102, "tests/worker/test_service.py": 101,
+    "tests/cluster/test_cluster.py": 97, "tests/gateway/test_tools.py": 92, "tests/infra/test_stack_full.py": 92,
+    "tests/gateway/test_traces.py": 90, "tests/worker/test_worker_failures.py": 87,
+    "tests/gateway/test_load.py": 83, "tests/spark/test_kafka_vs_archive.py": 79,
+    "tests/security/test_client_security.py": 77, "tests/gateway/test_deadlines_and_outages.py": 73,
+    "tests/engine/test_engine_matches_hf.py": 70, "tests/gateway/test_embeddings.py": 54,
+    "tests/worker/test_share_lock.py": 46, "tests/engine/test_paged_kernel.py": 40,
+    "tests/gateway/test_through_the_pipeline.py": 36, "tests/engine/test_generate_cli.py": 36,
+    "tests/clients/test_tail.py": 35, "tests/engine/test_sampling_features.py": 33,
 }
 FILE_S = 10
 
