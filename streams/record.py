@@ -4,15 +4,19 @@ Per batch of responses (adaptive like intake's, ``batching``: a lone response is
 once, since a follow-up of its conversation may be waiting for it, ``recorded.py``): join each
 with its pending request (kept in the conversation's state by intake), drop a response whose request id was already recorded (a response delivered twice
 makes one turn), embed the batch's answered turns in one call and upsert them into Qdrant,
-emit a ``ConversationTurn`` per response to ``chat.turns``, and only then write the
-conversation states back to the table.
+send a ``ConversationTurn`` per response to ``chat.turns``, and only once the broker has them
+write the conversation states back to the table (under the state lock again, onto each state as
+it is then: intake may have added a pending request meanwhile).
 
-That order makes a crash anywhere in between safe: the redelivered responses find the state as
-it was and produce the same turns again, and the turn id is derived from the request id
-(uuid5), so the Qdrant upsert and the ``chat.turns`` record (same ``event_id``) are repeats of
-the same facts, not new ones. The batch is acked only after every turn and dead letter is on
-the broker; a Qdrant or broker fault is retried, and past the retry budget the batch stays
-unacked and the process exits (``faults.py``).
+That order makes a crash or a failed delivery anywhere in between safe: the redelivered
+responses find the state as it was (the request still pending, not "recorded") and produce the
+same turns again, and the turn id is derived from the request id (uuid5), so the Qdrant upsert
+and the ``chat.turns`` record (same ``event_id``) are repeats of the same facts, not new ones.
+Had the state been written first, a delivery that failed would have left it saying "recorded"
+and the redelivered response would be skipped as a duplicate: a turn never on ``chat.turns``, in
+the archive or the datasets. The batch is acked only after every turn and dead letter is on the
+broker; a Qdrant or broker fault is retried, and past the retry budget the batch stays unacked
+and the process exits (``faults.py``).
 
 A request with ``n`` > 1 choices is answered by n Responses (v2 ``choice_index``); its turn is
 choice 0's, the others are skipped (counted in ``other_choices``): a conversation has one history,
@@ -37,6 +41,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from schemas.errors import DecodeError
@@ -57,6 +62,28 @@ log = logging.getLogger(__name__)
 
 REMEMBERED = (FinishReason.STOP, FinishReason.LENGTH)
 _TURN_NAMESPACE = uuid.UUID("6f1c3a52-7d0e-4f5b-9a57-3c2d1e0b8a41")
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """What one response does to its conversation's state: its pending request leaves, and if
+    ``recorded`` it counts as a turn (``recent`` None: not remembered)."""
+
+    key: str
+    request_id: str
+    recorded: bool = False
+    recent: RecentTurn | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+    def apply(self, state: ConversationState, settings: StreamsSettings) -> int | None:
+        """Applies the change to ``state``; the turn's index when it is recorded (once: a request
+        already recorded stays as it is)."""
+        state.take_pending(self.request_id)
+        if not self.recorded or state.was_recorded(self.request_id):
+            return None
+        return state.record(self.request_id, self.recent, tokens_in=self.tokens_in, tokens_out=self.tokens_out,
+                            window=settings.recent_turns, dedupe_window=settings.dedupe_window)
 
 
 def turn_id_for(request_id: str) -> str:
@@ -89,18 +116,27 @@ class Record:
         start_ns = receive_batch(tracer, self.settings.app_id, messages)
         spans: list[Span] = []  # one "process chat.responses" per response, ended once its turn is durable
         async with self.services.state_lock:
-            await self._handle_locked(messages, outbox, spans, start_ns)
-        await outbox.deliver()
+            changes = await self._handle_locked(messages, outbox, spans, start_ns)
+        await outbox.deliver()  # a delivery that fails raises here: no state says "recorded" yet
+        async with self.services.state_lock:
+            self._write_states(changes)
+            if self.recorded_offsets is not None:  # the table holds these responses' effects now
+                for m in messages:
+                    self.recorded_offsets.applied(m.partition, m.offset)
         for span in spans:
             span.end()
         deactivate()
 
-    async def _handle_locked(self, messages: Sequence[Message], outbox: Outbox, spans: list[Span], start_ns: int) -> None:
+    async def _handle_locked(self, messages: Sequence[Message], outbox: Outbox, spans: list[Span],
+                             start_ns: int) -> list[StateChange]:
+        """Decode, join, embed and upsert, and send each turn; returns what the conversation states
+        will say once the turns are delivered (``_write_states``). The states here are copies."""
         from streams.embeddings import turn_text
         from streams.memory import StoredTurn
 
         services, settings = self.services, self.settings
         states: dict[str, ConversationState] = {}
+        changes: list[StateChange] = []
         turns: list[tuple[ConversationTurn, Span]] = []
         stored: list[Any] = []
         stored_spans: list[Span] = []
@@ -143,13 +179,15 @@ class Record:
                 span.set("chatpipe.outcome", "erased")
                 log.info("response %s: its prompt predates a deletion of %s/%s; not recorded", response.request_id,
                          response.tenant, response.user_id)
+                changes.append(StateChange(key, response.request_id))  # its pending request goes, no turn
                 continue
             turn_id = turn_id_for(response.request_id)
             remembered = response.finish_reason in REMEMBERED and pending.remember  # a raw prompt's: never
             recent = RecentTurn(turn_id, state.turn_count, pending.prompt, response.text, pending.created_at)
-            index = state.record(response.request_id, recent if remembered else None,
-                                 tokens_in=response.tokens_in, tokens_out=response.tokens_out,
-                                 window=settings.recent_turns, dedupe_window=settings.dedupe_window)
+            change = StateChange(key, response.request_id, recorded=True, recent=recent if remembered else None,
+                                 tokens_in=response.tokens_in, tokens_out=response.tokens_out)
+            changes.append(change)
+            index = change.apply(state, settings)
             turn = ConversationTurn(
                 event_id=turn_id, conversation_id=response.conversation_id, user_id=response.user_id,
                 tenant=response.tenant, request_id=response.request_id, turn_index=index,
@@ -180,13 +218,24 @@ class Record:
         for turn, span in turns:
             await outbox.send(self.turns_topic, key=turn.conversation_id.encode(), value=services.codec.encode(turn),
                               parent_trace=span.traceparent)
-        for key, state in states.items():
+        self.recorded += len(turns)
+        return changes
+
+    def _write_states(self, changes: list[StateChange]) -> None:
+        """The batch's changes applied to each conversation's state as it is now, after its turns are on
+        the broker: intake may have added a pending request since the copies were read, and forget
+        may have removed the conversation (then nothing of it is written back)."""
+        by_key: dict[str, list[StateChange]] = {}
+        for change in changes:
+            by_key.setdefault(change.key, []).append(change)
+        for key, key_changes in by_key.items():
+            value = self.table.get(key)
+            if value is None:  # forgotten meanwhile (streams/forget.py)
+                continue
+            state = ConversationState.from_value(value)
+            for change in key_changes:
+                change.apply(state, self.settings)
             if state.turn_count == 0 and not state.pending and not state.recent:
-                if key in self.table:  # only an erased prompt had made it: nothing of the user stays
-                    del self.table[key]
+                del self.table[key]  # only an erased prompt had made it: nothing of the user stays
                 continue
             self.table[key] = state.to_value()
-        self.recorded += len(turns)
-        if self.recorded_offsets is not None:  # the table holds these responses' effects now
-            for m in messages:
-                self.recorded_offsets.applied(m.partition, m.offset)

@@ -209,6 +209,61 @@ def test_record_turns_an_answer_into_one_turn_and_a_memory_point_once():
     assert [m.content for m in follow_up.messages][1:] == ["What is the capital of France?", "Paris.", "And of Spain?"]
 
 
+class FailingOutbox(FakeOutbox):
+    """A broker that takes the records and then does not acknowledge them (a delivery timeout)."""
+
+    async def deliver(self) -> None:
+        from transport.errors import DeliveryError
+
+        raise DeliveryError("chat.turns: Local: Message timed out")
+
+
+def test_record_writes_the_state_only_after_the_turn_is_delivered():
+    """Record used to write "recorded" into the conversation's state before its turn's produce was
+    confirmed: a delivery that failed ended the process, and the response read again after the restart
+    was skipped as a duplicate, so the turn never reached chat.turns, the archive or the datasets.
+    Now a failed delivery leaves the state as it was, and the response read again makes its turn."""
+    from transport.errors import DeliveryError
+
+    table: dict = {}
+    out = FakeOutbox()
+    asyncio.run(intake(table).handle(messages(PROMPTS, CODEC.encode(prompt("What is the capital of France?"))), out))
+    (request,) = out.records(INFERENCE_REQUESTS)
+    key = state_key("acme", "ada", "c1")
+    before = dict(table[key])
+    answer = messages(RESPONSES, CODEC.encode(response(request)))
+
+    with pytest.raises(DeliveryError):
+        asyncio.run(record(table).handle(answer, FailingOutbox()))
+    assert table[key] == before, "a turn not delivered must not be in the state"
+
+    again = FakeOutbox()  # the restarted process reads the same response
+    asyncio.run(record(table).handle(answer, again))
+    (turn,) = again.records("chat.turns")
+    assert turn.event_id == turn_id_for(request.request_id) and turn.answer == "Paris."
+    state = ConversationState.from_value(table[key])
+    assert state.was_recorded(request.request_id) and not state.pending and state.turn_count == 1
+
+
+def test_record_keeps_a_prompt_intake_added_while_its_turns_were_delivered():
+    """The state is written after delivery onto the state as it is then, not the copy read before: a
+    follow-up's pending request that intake added meanwhile stays."""
+    table: dict = {}
+    out = FakeOutbox()
+    asyncio.run(intake(table).handle(messages(PROMPTS, CODEC.encode(prompt("What is the capital of France?"))), out))
+    (request,) = out.records(INFERENCE_REQUESTS)
+
+    class IntakeDuringDelivery(FakeOutbox):
+        async def deliver(self) -> None:
+            follow_up = messages(PROMPTS, CODEC.encode(prompt("And of Spain?")))
+            await intake(table).handle(follow_up, FakeOutbox())
+
+    asyncio.run(record(table).handle(messages(RESPONSES, CODEC.encode(response(request))), IntakeDuringDelivery()))
+    state = ConversationState.from_value(table[state_key("acme", "ada", "c1")])
+    assert state.was_recorded(request.request_id) and [t.answer for t in state.recent] == ["Paris."]
+    assert [p.prompt for p in state.pending] == ["And of Spain?"]
+
+
 def test_record_dead_letters_a_response_nobody_asked_for():
     stray = InferenceRequest(request_id="r-unknown", conversation_id="c9", user_id="ada", tenant="acme", created_at=1,
                              model="smollm2", messages=[ChatMessage("user", "hi")], sampling=SamplingParams())
