@@ -44,9 +44,24 @@ def special_tokens(tokenizer: Any) -> list[str]:
     return sorted((n for n in names if n), key=lambda n: (-len(n), n))
 
 
+class ChatTemplateError(ValueError):
+    """The model's chat template refused these messages (its ``raise_exception``: roles that do not
+    alternate, a role it does not know): the request's fault, answered as invalid by streams and
+    the worker, never a crash of the tier."""
+
+
 def render(tokenizer: Any, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-    return tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                                         tokenize=False)
+    try:
+        return tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                                             tokenize=False)
+    except Exception as exc:
+        # jinja2's TemplateError (what a template's raise_exception raises) and UndefinedError are
+        # about these messages; a TemplateSyntaxError is the template's own, a configuration error.
+        # By name: this module imports nothing (the tokenizer is duck-typed).
+        names = {c.__name__ for c in type(exc).__mro__ if c.__module__.startswith("jinja2")}
+        if "TemplateError" not in names or "TemplateSyntaxError" in names:
+            raise
+        raise ChatTemplateError(f"the model's chat template refused the messages: {exc}") from exc
 
 
 def encode_plain(tokenizer: Any, text: str, add_special_tokens: bool = False) -> list[int]:

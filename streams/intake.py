@@ -37,6 +37,7 @@ from typing import Any, Sequence
 
 from confluent_kafka import KafkaException
 
+from formats.chat_tokens import ChatTemplateError
 from schemas.errors import DecodeError
 from schemas.records import InferenceRequest, MemoryScope, PromptRequest
 from schemas.topics import inference_requests_topic
@@ -252,6 +253,10 @@ class Intake:
                                        recalled=recalled, budget=budget, counter=self.services.counter)
         except PromptTooLongError as exc:
             await self.refusals.refuse(prompt.message, request, exc, "context_length_exceeded", outbox)
+            return None
+        except ChatTemplateError as exc:  # the model's template refused the messages: the prompt's fault
+            await self.refusals.refuse(prompt.message, request, InvalidPromptError(str(exc)), "invalid_request",
+                                       outbox)
             return None
         pending = PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at)
         return self._request(prompt, state, pending, assembling_ns,

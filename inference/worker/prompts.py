@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from formats.chat_tokens import encode_chat
+from formats.chat_tokens import ChatTemplateError, encode_chat
 from inference.engine.request import Priority as EnginePriority
 from inference.engine.request import SamplingParams as EngineSampling
 from inference.worker.errors import InvalidRequestError, InvalidSamplingError, PromptTooLongError
@@ -77,7 +77,10 @@ def prompt_ids(req: InferenceRequest, tokenizer: Any) -> list[int]:
             raise InvalidRequestError(str(exc)) from None
         messages = [{"role": m.role, "content": m.content} for m in req.messages]
         # The template's markup keeps its control tokens; every content is plain text (issue 19).
-        ids = encode_chat(tokenizer, messages)
+        try:
+            ids = encode_chat(tokenizer, messages)
+        except ChatTemplateError as exc:  # e.g. two user messages in a row for a template that forbids it
+            raise InvalidRequestError(str(exc)) from None
     if not ids:
         raise InvalidRequestError("the prompt has no tokens")
     return ids

@@ -187,6 +187,36 @@ def test_intake_refuses_a_prompt_over_the_budget_and_does_not_serve_one_answered
 # --- record ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.model
+def test_intake_refuses_a_prompt_the_chat_template_refuses():
+    """With the real tokenizer and a template that refuses two user messages in a row (as Llama 2's and
+    Mistral's do), a client-kept history of two user turns made the template raise inside intake's
+    context budget: the agent failed and streams crash-looped on the record. It is the prompt's fault:
+    a dead letter with the template's reason and an error chunk, and intake serves the next prompt."""
+    import copy
+
+    from inference.engine.model_store import locate_model
+    from inference.engine.settings import EngineSettings
+    from streams.tokens import load_chat_tokenizer
+    from tests.worker.test_prompts_and_dedupe import ALTERNATING_TEMPLATE
+
+    strict = copy.deepcopy(load_chat_tokenizer(locate_model(EngineSettings()).folder))
+    strict.chat_template = ALTERNATING_TEMPLATE
+    svc = StreamsServices(memory=FakeMemory(), embedder=FakeEmbedder(), counter=TokenCounter.for_tokenizer(strict))
+    letters = DeadLetters(Topic("chat.dlq"), CODEC, "streams.intake")
+    topics = {INFERENCE_REQUESTS: Topic(INFERENCE_REQUESTS), INFERENCE_REQUESTS_BATCH: Topic(INFERENCE_REQUESTS_BATCH)}
+    agent = Intake(settings(), svc, {}, topics, letters, Refusals(letters, RETRIER, None, None), RETRIER)
+    two_users = PromptRequest(conversation_id="c2", user_id="ada", tenant="acme", model="smollm2",
+                              messages=[ChatMessage("user", "hi"), ChatMessage("user", "hello again")],
+                              sampling=SamplingParams(max_tokens=64))
+    out = FakeOutbox()
+    asyncio.run(agent.handle(messages(PROMPTS, CODEC.encode(two_users), CODEC.encode(prompt("hi", "c3"))), out))
+    (letter,) = out.records("chat.dlq")
+    assert letter.error_type == "InvalidPromptError" and "roles must alternate" in letter.error_message
+    (served,) = out.records(INFERENCE_REQUESTS)
+    assert served.conversation_id == "c3"
+
+
 def test_record_turns_an_answer_into_one_turn_and_a_memory_point_once():
     table: dict = {}
     out = FakeOutbox()

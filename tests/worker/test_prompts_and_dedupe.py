@@ -57,6 +57,39 @@ def test_no_messages_or_unknown_role_is_rejected(tokenizer):
         prepare(request([ChatMessage("robot", "x")]), tokenizer, 2048)
 
 
+# A template of the kind many models ship (Llama 2, Mistral, Gemma): roles must alternate, or it raises.
+ALTERNATING_TEMPLATE = (
+    "{% for m in messages %}{% if loop.index0 > 0 and m['role'] == messages[loop.index0 - 1]['role'] %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture
+def alternating_tokenizer(tokenizer):
+    """The real tokenizer with a chat template that refuses two messages of one role in a row."""
+    import copy
+
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = ALTERNATING_TEMPLATE
+    return strict
+
+
+@pytest.mark.model
+def test_a_chat_template_that_refuses_the_messages_is_the_requests_fault(alternating_tokenizer):
+    """A template's raise_exception used to escape the worker as an unclassified exception: the worker
+    exited, and the request crash-looped it. It is the request's fault: a named InvalidRequestError
+    (answered with an error chunk and dead-lettered), not a crash."""
+    from transport.failures import Fault, classify
+
+    two_users = [ChatMessage("user", "hi"), ChatMessage("user", "hello again")]
+    with pytest.raises(InvalidRequestError, match="roles must alternate") as caught:
+        prepare(request(two_users), alternating_tokenizer, 2048)
+    assert classify(caught.value) is Fault.RECORD
+    prepared = prepare(request([ChatMessage("user", "hi")]), alternating_tokenizer, 2048)  # others still served
+    assert prepared.prompt_ids
+
+
 def chunk(rid, index, text, final=False):
     return SimpleNamespace(request_id=rid, index=index, text=text, is_final=final)
 
