@@ -118,6 +118,8 @@ class ReplyReader:
                 if replies:
                     self._loop.call_soon_threadsafe(self._dispatch, replies)
         except BaseException as exc:  # noqa: BLE001 - whatever stopped the reader, the gateway must hear of it
+            if self._stop.is_set():  # closing (close() timed out joining and closed the consumer): no failure
+                return
             self.ready, self.failure = False, exc
             log.critical("reply reader of %s stopped: %s: %s", self.topic, type(exc).__name__, exc)
             try:
