@@ -50,6 +50,7 @@ from streams.archive import ArchiveAgent, Archiver
 from streams.dead_letters import DeadLetters
 from streams.embedding_requests import EmbeddingRequests
 from streams.erasures import ErasureFollower, ErasureRegistry
+from streams.expiry import IdleExpiry
 from streams.faults import EXIT_INFRASTRUCTURE, Retrier, exit_without_ack
 from streams.faust_runtime import offsets
 from streams.faust_runtime.agents import faust_agent
@@ -208,6 +209,16 @@ class StreamsApp:
         self.metrics.registry.register(AgentCounters(self))  # the agents' counters, read at every scrape
         self.lag_groups = [GroupTopics(app_id(kafka, settings), tuple(sorted(sources)))]  # Faust's one group
         self.watchdog = ProgressWatchdog(lambda tps: admin.backlogs(app_id(kafka, settings), tps), settings.stall_s)
+
+        # Idle conversations leave the table (expiry.py): each worker sweeps its own keys.
+        self.expiry = IdleExpiry(self.table, services.state_lock, settings.conversation_idle_s)
+
+        @app.timer(settings.idle_sweep_s)
+        async def expire_idle_conversations() -> None:
+            try:
+                await self.expiry.sweep()
+            except Exception as exc:  # noqa: BLE001 - a bug: exit unacked, the supervisor restarts
+                exit_without_ack("streams.expiry", exc)
 
         @app.task
         async def watch_progress() -> None:

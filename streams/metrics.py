@@ -96,6 +96,7 @@ class AgentCounters:
             ("archive", "duplicate", s.archiver.duplicates),
             ("archive", "erased", s.archiver.erased),
             ("archive", "skipped", s.archiver.skipped),  # offsets archived already (a redelivery)
+            ("table", "expired", s.expiry.expired),  # idle conversations removed (expiry.py)
         ):
             records.add_metric([agent, outcome], value)
         yield records

@@ -54,6 +54,11 @@ class StreamsSettings(BaseSettings):
     pending_limit: int = Field(64, ge=1, description="Most requests per conversation awaiting a response")
     dedupe_window: int = Field(256, ge=1, description="Request ids remembered per conversation to drop "
                                                       "a response delivered twice")
+    conversation_idle_s: float = Field(30 * 24 * 3600, gt=0, description="A conversation with no prompt for this "
+                                       "long leaves the table (its recent window and counters; memory keeps its "
+                                       "turns): the table stays bounded. Default 30 days")
+    idle_sweep_s: float = Field(3600, gt=0, description="How often each worker sweeps its table for idle "
+                                                        "conversations")
     torch_threads: int | None = Field(None, ge=1, description="torch CPU threads for the embedding model; empty = "
                                                             "torch's default (all cores). 1 keeps a busy shared "
                                                             "machine from stalling on thread barriers")

@@ -52,6 +52,7 @@ class ConversationState:
     recent: list[RecentTurn] = field(default_factory=list)  # oldest first
     pending: list[PendingRequest] = field(default_factory=list)  # oldest first
     recorded: list[str] = field(default_factory=list)  # request ids already turned into turns, oldest first
+    active_at: int = 0  # created_at of the newest prompt (epoch ms): idle expiry (expiry.py); 0 before the field
 
     @property
     def key(self) -> str:
@@ -62,6 +63,7 @@ class ConversationState:
         """Remember a request sent to inference; returns the oldest one evicted past ``limit``."""
         self.pending = [p for p in self.pending if p.request_id != request.request_id]
         self.pending.append(request)
+        self.active_at = max(self.active_at, request.created_at)
         if len(self.pending) > limit:
             return self.pending.pop(0)
         return None

@@ -303,6 +303,44 @@ def test_record_dead_letters_a_response_nobody_asked_for():
     assert letter.error_type == "UnknownRequestError" and not out.records("chat.turns")
 
 
+# --- idle expiry ----------------------------------------------------------------------------------
+
+
+def test_idle_conversations_leave_the_table_and_active_or_waiting_ones_stay():
+    """The table used to keep every conversation ever held, restored whole at each start. A sweep now
+    removes one whose newest prompt is older than the idle time and that waits for no response; one
+    written before active_at existed is dated by its newest recent turn."""
+    from streams.expiry import IdleExpiry
+
+    day_ms, now_s = 86_400_000, 100 * 86_400.0
+    table: dict = {}
+    out = FakeOutbox()
+    for conversation in ("old", "new", "waiting"):
+        asyncio.run(intake(table).handle(messages(PROMPTS, CODEC.encode(prompt("hi", conversation))), out))
+    requests = {r.conversation_id: r for r in out.records(INFERENCE_REQUESTS)}
+    for conversation in ("old", "new"):
+        asyncio.run(record(table).handle(messages(RESPONSES, CODEC.encode(response(requests[conversation]))),
+                                         FakeOutbox()))
+    key = {c: state_key("acme", "ada", c) for c in ("old", "new", "waiting", "legacy")}
+    for conversation, days_ago in (("old", 40), ("new", 2), ("waiting", 40)):
+        table[key[conversation]]["active_at"] = int(now_s * 1000 - days_ago * day_ms)
+    legacy = dict(table[key["old"]], conversation_id="legacy", active_at=0)  # before the field: by its recent turn
+    legacy["recent"] = [dict(legacy["recent"][0], created_at=int(now_s * 1000 - 31 * day_ms))]
+    table[key["legacy"]] = legacy
+    assert table[key["waiting"]]["pending"], "the waiting conversation's response is still to come"
+
+    expiry = IdleExpiry(table, asyncio.Lock(), idle_s=30 * 86_400, chunk=2, clock=lambda: now_s)
+    assert asyncio.run(expiry.sweep()) == 2 and expiry.expired == 2
+    assert set(table) == {key["new"], key["waiting"]}
+
+
+def test_a_prompt_dates_its_conversation():
+    table: dict = {}
+    asyncio.run(intake(table).handle(messages(PROMPTS, CODEC.encode(prompt("hi"))), FakeOutbox()))
+    (value,) = table.values()
+    assert value["active_at"] == ConversationState.from_value(value).pending[0].created_at > 0
+
+
 # --- embeddings -----------------------------------------------------------------------------------
 
 

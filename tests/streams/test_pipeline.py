@@ -56,8 +56,9 @@ def worker(kafka, tmp_path_factory):
     # record closes a batch only after 0.25 s without a response: a follow-up sent right after its
     # answer's Response then reaches intake well before record has recorded that answer, unless intake
     # waits for record (test_a_follow_up_sent_right_after_its_answer_has_that_answer_in_its_context).
+    # The idle sweep every 2 s, for conversations idle over a week (only the idle test's is that old).
     w = StreamsWorker(kafka, tmp_path_factory.mktemp("streams"), recent_turns=6, record_batch_idle_s=0.25,
-                      record_batch_window_s=0.5)
+                      record_batch_window_s=0.5, idle_sweep_s=2, conversation_idle_s=7 * 86_400)
     w.start()
     yield w
     if w.proc is not None and w.proc.poll() is None:
@@ -272,6 +273,31 @@ def _changelog_state(kafka: KafkaSettings, topic: str, placed: dict | None = Non
                     state[key] = json.loads(msg.value())
     consumer.close()
     return state
+
+
+def test_an_idle_conversation_leaves_the_table_and_its_changelog(worker, producer, requests_tap, turns_tap, kafka):
+    """The running worker's idle sweep (streams/expiry.py, every 2 s here): a conversation whose newest
+    prompt is 40 days old is deleted from the table, a tombstone on the changelog, once its turn is
+    recorded; the conversations of the other tests, active today, stay."""
+    import time
+
+    from streams.app import changelog_topic
+    from streams.settings import StreamsSettings
+
+    Conversation(producer, requests_tap, turns_tap, "idle-co", "u9", "conv-active").turn("Hello?", "Hi.")
+    conv = Conversation(producer, requests_tap, turns_tap, "idle-co", "u9", "conv-idle")
+    forty_days_ago = int(time.time() * 1000) - 40 * 86_400_000
+    conv.reply(conv.ask("Anyone there?", created_at=forty_days_ago), "Yes.")
+    changelog = changelog_topic(kafka, StreamsSettings())
+    deadline = time.monotonic() + 30
+    while True:
+        conversations = {v["conversation_id"] for v in _changelog_state(kafka, changelog).values()
+                         if v["tenant"] == "idle-co"}
+        if "conv-idle" not in conversations or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert conversations == {"conv-active"}, f"the table holds {conversations} of the two conversations"
+    assert "idle conversations left the table" in worker.current_log()
 
 
 def test_malformed_prompts_go_to_the_dlq_and_the_next_prompt_is_served(worker, producer, requests_tap, kafka):
