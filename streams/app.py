@@ -211,7 +211,7 @@ class StreamsApp:
         self.watchdog = ProgressWatchdog(lambda tps: admin.backlogs(app_id(kafka, settings), tps), settings.stall_s)
 
         # Idle conversations leave the table (expiry.py): each worker sweeps its own keys.
-        self.expiry = IdleExpiry(self.table, services.state_lock, settings.conversation_idle_s)
+        self.expiry = IdleExpiry(self.table, lambda: services.state_lock, settings.conversation_idle_s)
 
         @app.timer(settings.idle_sweep_s)
         async def expire_idle_conversations() -> None:

@@ -33,10 +33,10 @@ def last_active_ms(value: dict[str, Any]) -> int:
 
 
 class IdleExpiry:
-    def __init__(self, table: MutableMapping[str, Any], lock: asyncio.Lock, idle_s: float, *, chunk: int = 1000,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, table: MutableMapping[str, Any], lock: Callable[[], asyncio.Lock], idle_s: float, *,
+                 chunk: int = 1000, clock: Callable[[], float] = time.time) -> None:
         self.table = table
-        self.lock = lock
+        self.lock = lock  # the state lock, asked for at each sweep (StreamsServices makes it in the worker's loop)
         self.idle_s = idle_s
         self.chunk = chunk
         self.clock = clock
@@ -48,7 +48,7 @@ class IdleExpiry:
         keys = list(self.table.keys())
         removed = 0
         for start in range(0, len(keys), self.chunk):
-            async with self.lock:
+            async with self.lock():
                 for key in keys[start:start + self.chunk]:
                     value = self.table.get(key)
                     if value is None or value.get("pending"):  # forgotten meanwhile, or a response to come

@@ -329,7 +329,8 @@ def test_idle_conversations_leave_the_table_and_active_or_waiting_ones_stay():
     table[key["legacy"]] = legacy
     assert table[key["waiting"]]["pending"], "the waiting conversation's response is still to come"
 
-    expiry = IdleExpiry(table, asyncio.Lock(), idle_s=30 * 86_400, chunk=2, clock=lambda: now_s)
+    lock = asyncio.Lock()
+    expiry = IdleExpiry(table, lambda: lock, idle_s=30 * 86_400, chunk=2, clock=lambda: now_s)
     assert asyncio.run(expiry.sweep()) == 2 and expiry.expired == 2
     assert set(table) == {key["new"], key["waiting"]}
 
