@@ -10,7 +10,7 @@ CHATPIPE := $(VENV)/bin/chatpipe
 PYTEST_ARGS ?=
 # Four pytest workers (pytest-xdist) on 2 cores, one torch thread each (tests/conftest.py): most of a
 # test's time is waiting on the processes it started, so a fourth worker overlaps more of it (docs/testing.md:
-# 18 min 10 s of tests with 4, about a minute more with 3; 8 of 23 GiB left at the low point). `--dist loadfile` with tests/conftest.py's groups: a file's tests
+# 18 min 10 s and 20 min 27 s of tests in two runs with 4; 5.6 of 23 GiB left at the lowest point). `--dist loadfile` with tests/conftest.py's groups: a file's tests
 # stay on one worker (module-scoped stacks stay in one process) and so do the folders whose files share
 # a slow session fixture (the gateway's pipeline, Spark, the default model); each worker starts its own
 # test broker. `--no-loadscope-reorder`: groups are handed out in collection order, which
