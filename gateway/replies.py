@@ -120,7 +120,6 @@ class ReplyReader:
         except BaseException as exc:  # noqa: BLE001 - whatever stopped the reader, the gateway must hear of it
             if self._stop.is_set():  # closing (close() timed out joining and closed the consumer): no failure
                 return
-            self.ready, self.failure = False, exc
             log.critical("reply reader of %s stopped: %s: %s", self.topic, type(exc).__name__, exc)
             try:
                 self._loop.call_soon_threadsafe(self._stopped, exc)
@@ -128,7 +127,9 @@ class ReplyReader:
                 pass
 
     def _stopped(self, exc: BaseException) -> None:
-        """On the loop: every waiting request hears it (``ReplyReaderStopped``), then the gateway."""
+        """On the loop: not ready any more, every waiting request hears it (``ReplyReaderStopped``), then
+        the gateway."""
+        self.ready, self.failure = False, exc
         stopped = ReplyReaderStopped(f"{type(exc).__name__}: {exc}")
         for queue in self._waiting.values():
             queue.put_nowait(stopped)

@@ -164,7 +164,6 @@ class GatewayService:
         self.pending: dict[str, Submitted] = {}
         self.tracer = Tracer("gateway")  # spans (transport/spans.py, docs/observability.md)
         self._mean_duration_s = 5.0  # EWMA of request durations: the Retry-After estimate
-        self.failure: BaseException | None = None  # why the reply reader stopped (the process exits 1)
         self.on_failure: Callable[[BaseException], None] = lambda exc: None  # server.py: stop the server
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -181,12 +180,16 @@ class GatewayService:
 
     @property
     def ready(self) -> bool:
-        return self.reader is not None and self.reader.ready and self.failure is None
+        return self.reader is not None and self.reader.ready
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the reply reader stopped (the process exits 1); None while it reads."""
+        return self.reader.failure if self.reader is not None else None
 
     def _reader_stopped(self, exc: BaseException) -> None:
         """No reply can reach this gateway any more: /healthz says 503, new requests get 503, and the
         process exits 1 (``on_failure``) for its supervisor or Kubernetes to start it again."""
-        self.failure = exc
         log.critical("gateway %s: its reply reader stopped (%s: %s); exiting to be restarted", self.gateway_id,
                      type(exc).__name__, exc)
         self.on_failure(exc)

@@ -54,6 +54,7 @@ class QueueReader:
     def __init__(self) -> None:
         self.queues: dict[str, asyncio.Queue] = {}
         self.ready = True
+        self.failure = None  # a ReplyReader's: why it stopped
 
     def register(self, request_id):
         self.queues[request_id] = asyncio.Queue()

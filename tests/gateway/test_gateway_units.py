@@ -84,6 +84,7 @@ class FakeProducer:
 class FakeReader:
     def __init__(self) -> None:
         self.queues = {}
+        self.failure = None  # a ReplyReader's: why it stopped
 
     def register(self, request_id):
         import asyncio
