@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # test broker. `--no-loadscope-reorder`: groups are handed out in collection order, which
 # tests/conftest.py sorts longest first (xdist's own order, most tests first, left one-test stacks such
 # as the erasure canary to start last while the other worker sat idle). PYTEST_WORKERS=0: one process.
-PYTEST_WORKERS ?= 5
+PYTEST_WORKERS ?= 4
 
 .PHONY: setup prerequisites run test test-prerequisites test-unit bench-quick down clean
 

@@ -12,6 +12,10 @@ The topic carries two record types: ``TokenChunk`` (chat and completions, handed
 and ``EmbeddingResult`` (POST /v1/embeddings, streams/embedding_requests.py; handed on as it is).
 Both go to the queue of the request id they name.
 
+The same reader tails ``chat.workers.status`` (from its end: a report comes every heartbeat) and hands
+each ``WorkerStatus`` to ``on_status``: the fleet's load that admission estimates from (``fleet.py``).
+One consumer for both, so one failure path: a reader that stops stops both.
+
 A reader that stops (its topic deleted, the broker away past the retry budget, a bug) does not
 stop quietly: ``ReplyReader`` says so to every waiting request and to the gateway, which exits
 non-zero to be restarted (``service.py``).
@@ -27,13 +31,13 @@ from typing import Callable
 
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
-from schemas.records import EmbeddingResult, TokenChunk
-from schemas.topics import REPLIES
+from schemas.records import EmbeddingResult, TokenChunk, WorkerStatus
+from schemas.topics import REPLIES, WORKERS_STATUS
 from transport import tracing
 from transport.admin import TopicAdmin
 from transport.dedupe import attempt_of
 from transport.message import ConsumedMessage
-from transport.settings import KafkaSettings
+from transport.settings import IDLE_FETCH_WAIT_MS, KafkaSettings
 from transport.tail_reader import TailReader
 
 log = logging.getLogger(__name__)
@@ -66,9 +70,11 @@ class ReplyReader:
     stops taking requests and exits non-zero for its supervisor to restart it (``GatewayService``),
     rather than stay healthy while every request waits out its timeout."""
 
-    def __init__(self, kafka: KafkaSettings, topic: str, codec: AvroCodec, error_budget_s: float = 60.0) -> None:
+    def __init__(self, kafka: KafkaSettings, topic: str, codec: AvroCodec, error_budget_s: float = 60.0,
+                 on_status: Callable[[WorkerStatus], None] | None = None) -> None:
         self.kafka = kafka
         self.topic = topic
+        self.on_status = on_status  # None: the workers' status topic is not read
         self.codec = codec
         self.error_budget_s = error_budget_s
         self._waiting: dict[str, asyncio.Queue] = {}
@@ -85,14 +91,15 @@ class ReplyReader:
         and starts its thread."""
         self._loop, self._on_failure = loop, on_failure
         # A deleted topic is found by a metadata check (TailReader): a few of them within the budget.
-        self._consumer = TailReader(self.kafka, topics=[self.topic], timeout_s=15, error_budget_s=self.error_budget_s,
+        topics = [self.topic] + ([self.kafka.topic(WORKERS_STATUS)] if self.on_status is not None else [])
+        self._consumer = TailReader(self.kafka, topics=topics, timeout_s=15, error_budget_s=self.error_budget_s,
                                     topic_check_s=min(10.0, self.error_budget_s / 3),
                                     extra_config={
                                         # The broker answers a waiting fetch as soon as a record is appended
                                         # (fetch.min.bytes 1), so this bounds only an idle fetch: 5 ms cost the
                                         # broker ~200 idle fetches a second for the same hop latency
                                         # (bench/kafka_hop.py: 5 and 100 ms alike).
-                                        "fetch.wait.max.ms": 100,
+                                        "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS,
                                         "fetch.min.bytes": 1,
                                     })
         self._thread = threading.Thread(target=self._run, name="chatpipe-gateway-replies", daemon=True)
@@ -135,24 +142,29 @@ class ReplyReader:
             queue.put_nowait(stopped)
         self._on_failure(exc)
 
-    def _decode(self, messages: list[ConsumedMessage]) -> list[Reply | EmbeddingResult]:
-        replies: list[Reply | EmbeddingResult] = []
+    def _decode(self, messages: list[ConsumedMessage]) -> list[Reply | EmbeddingResult | WorkerStatus]:
+        replies: list[Reply | EmbeddingResult | WorkerStatus] = []
         for msg in messages:
+            if msg.value is None:  # a tombstone on the compacted status topic
+                continue
             try:
                 chunk = self.codec.decode(msg.value, None, topic=msg.topic, partition=msg.partition, offset=msg.offset)
-                if not isinstance(chunk, (TokenChunk, EmbeddingResult)):
-                    raise DecodeError(f"a {type(chunk).__name__}, not a TokenChunk or EmbeddingResult")
+                if not isinstance(chunk, (TokenChunk, EmbeddingResult, WorkerStatus)):
+                    raise DecodeError(f"a {type(chunk).__name__}, not a TokenChunk, EmbeddingResult or WorkerStatus")
             except DecodeError as exc:  # not ours to dead-letter: the asker is unknown; say so
-                log.error("undecodable record on %s@%s: %s", self.topic, msg.offset, exc)
+                log.error("undecodable record on %s@%s: %s", msg.topic, msg.offset, exc)
                 continue
-            if isinstance(chunk, EmbeddingResult):
+            if isinstance(chunk, (EmbeddingResult, WorkerStatus)):
                 replies.append(chunk)
                 continue
             replies.append(Reply(chunk, attempt_of(msg.headers), tracing.find(msg.headers)))
         return replies
 
-    def _dispatch(self, replies: list[Reply | EmbeddingResult]) -> None:
+    def _dispatch(self, replies: list[Reply | EmbeddingResult | WorkerStatus]) -> None:
         for reply in replies:
+            if isinstance(reply, WorkerStatus):
+                self.on_status(reply)
+                continue
             queue = self._waiting.get(reply.chunk.request_id if isinstance(reply, Reply) else reply.request_id)
             if queue is not None:
                 queue.put_nowait(reply)

@@ -30,6 +30,7 @@ from schemas.errors import DecodeError
 from schemas.records import Deletion, DeletionScope
 from schemas.topics import DELETIONS
 from transport.broadcast import BroadcastListener
+from transport.settings import IDLE_FETCH_WAIT_MS
 
 log = logging.getLogger(__name__)
 
@@ -202,4 +203,4 @@ class ErasureFollower(BroadcastListener):
     hears deletions must not go on archiving).
     """
 
-    topic, record_type, thread_name, fetch_wait_ms = DELETIONS, Deletion, "chatpipe-erasures", 100
+    topic, record_type, thread_name, fetch_wait_ms = DELETIONS, Deletion, "chatpipe-erasures", IDLE_FETCH_WAIT_MS

@@ -67,29 +67,16 @@ LONG_FILES = {
 }
 FILE_S = 10
 
-# Folders whose files share a fixture that is slow to start, and the group each runs in: a Spark session
-# with its planted run (tests/spark/conftest.py), the default model (tests/engine/conftest.py). Each xdist
-# worker has a session of its own, so a group goes to one worker whole (pytest_xdist_make_scheduler below)
-# and starts its fixture once; every other file is a group of its own.
-SHARED_SESSION_GROUPS = {"tests/spark/": "spark", "tests/engine/": "engine"}
-
-# The files of tests/gateway/ on the folder's whole pipeline (tests/gateway/conftest.py), in two groups of
-# about equal length: a worker that runs one starts its own pipeline (about 25 s), where one group of the
-# whole folder was the longest unit of the run (1,073 s of a 1,198 s run) and kept a fifth worker from
-# helping. The folder's other files start what they need themselves, so each runs alone.
-PIPELINE_FILE_GROUPS = {
-    **dict.fromkeys(("test_erasure_canary", "test_chat", "test_through_the_pipeline", "test_completions",
-                     "test_memory_scoping", "test_producing_example"), "pipeline-1"),
-    **dict.fromkeys(("test_tools", "test_openai_breadth", "test_traces", "test_load", "test_openai_client"),
-                    "pipeline-2"),
-}
+# Folders whose files share a fixture that is slow to start, and the group each runs in: the whole
+# pipeline (tests/gateway/conftest.py), a Spark session with its planted run (tests/spark/conftest.py),
+# the default model (tests/engine/conftest.py). Each xdist worker has a session of its own, so a group goes
+# to one worker whole (pytest_xdist_make_scheduler below) and starts its fixture once; every other file
+# is a group of its own.
+SHARED_SESSION_GROUPS = {"tests/gateway/": "pipeline", "tests/spark/": "spark", "tests/engine/": "engine"}
 
 
 def xdist_group_of(path: str) -> str:
-    """The group a test file runs in: its pipeline group, its folder's in SHARED_SESSION_GROUPS, else the
-    file alone."""
-    if path.startswith("tests/gateway/") and (group := PIPELINE_FILE_GROUPS.get(path[len("tests/gateway/"):-3])):
-        return group
+    """The group a test file runs in: its folder's in SHARED_SESSION_GROUPS, else the file alone."""
     return next((group for folder, group in SHARED_SESSION_GROUPS.items() if path.startswith(folder)), path)
 
 

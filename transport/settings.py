@@ -23,6 +23,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
 
+# How long a fetch that finds nothing waits at the broker (librdkafka's fetch.wait.max.ms), for every
+# consumer that waits for records to come: the broker answers a waiting fetch as soon as a record is
+# appended (fetch.min.bytes 1), so this bounds only an idle fetch and costs no latency
+# (bench/kafka_hop.py); an idle consumer sends 1000 / this fetches a second and the broker serves them all.
+IDLE_FETCH_WAIT_MS = 500
+
 SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
 TLS_PROTOCOLS = ("SSL", "SASL_SSL")
 #: librdkafka properties whose value is a secret (masked by :func:`redacted`).

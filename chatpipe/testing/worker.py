@@ -20,7 +20,7 @@ from schemas.records import ChatMessage, InferenceRequest, Priority, SamplingPar
 from schemas.topics import DLQ, REPLIES, RESPONSES, WORKERS_STATUS, inference_requests_topic
 from transport import clients
 from transport.dedupe import attempt_of
-from transport.settings import KafkaSettings
+from transport.settings import IDLE_FETCH_WAIT_MS, KafkaSettings
 
 CHATPIPE = REPO / ".venv" / "bin" / "chatpipe"
 
@@ -102,7 +102,7 @@ class Reader:
         self.codec = default_codec()
         self.seen = Seen()
         self._consumer = clients.consumer(kafka, f"reader-{uuid.uuid4().hex[:8]}",
-                                          {"enable.auto.commit": False, "fetch.wait.max.ms": 10})
+                                          {"enable.auto.commit": False, "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS})
         names = [kafka.topic(n) for n in (RESPONSES, REPLIES, DLQ, WORKERS_STATUS)]
         deadline = time.monotonic() + 30
         while True:  # just-created topics take a moment to show in metadata

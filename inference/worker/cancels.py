@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from transport.broadcast import BroadcastListener
+from transport.settings import IDLE_FETCH_WAIT_MS
 from schemas.records import Cancel
 from schemas.topics import CANCELS
 
@@ -37,6 +38,6 @@ class RecentCancels:
 class CancelListener(BroadcastListener):
     """Every Cancel of ``chat.cancels``, handed to the loop (``start(loop, on_cancel, on_failure, ...)``)."""
 
-    # 100 ms bounds only an idle fetch: the broker answers a waiting one when a Cancel is appended
+    # Bounds only an idle fetch: the broker answers a waiting one when a Cancel is appended
     # (bench/kafka_hop.py); 10 ms made every worker send ~100 empty fetches a second.
-    topic, record_type, thread_name, fetch_wait_ms = CANCELS, Cancel, "chatpipe-cancels", 100
+    topic, record_type, thread_name, fetch_wait_ms = CANCELS, Cancel, "chatpipe-cancels", IDLE_FETCH_WAIT_MS

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from transport.broadcast import BroadcastListener
+from transport.settings import IDLE_FETCH_WAIT_MS
 from schemas.records import Deletion, DeletionAudit
 from schemas.topics import DELETIONS
 
@@ -60,4 +61,4 @@ class RecentDeletions:
 class DeletionListener(BroadcastListener):
     """Every Deletion of ``chat.deletions``, handed to the loop (``start(loop, on_deletion, on_failure, ...)``)."""
 
-    topic, record_type, thread_name, fetch_wait_ms = DELETIONS, Deletion, "chatpipe-deletions", 50
+    topic, record_type, thread_name, fetch_wait_ms = DELETIONS, Deletion, "chatpipe-deletions", IDLE_FETCH_WAIT_MS

@@ -29,7 +29,7 @@ from schemas.codec import AvroCodec
 from schemas.records import Priority, now_ms
 from transport.errors import TransportError
 from transport.group_reader import GroupReader
-from transport.settings import KafkaSettings
+from transport.settings import IDLE_FETCH_WAIT_MS, KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class PartitionIntake(Intake):
                     "heartbeat.interval.ms": max(500, self.settings.session_timeout_ms // 6),
                     # A waiting fetch returns when a record is appended; this bounds an idle one only
                     # (5 ms made ~200 idle fetches a second, same latency: bench/kafka_hop.py).
-                    "fetch.wait.max.ms": 100,
+                    "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS,
                     "queued.max.messages.kbytes": 1024,  # prefetch bound per consumer
                     "fetch.queue.backoff.ms": 1,
                 })

@@ -121,7 +121,7 @@ class Worker:
         """Serve until ``request_stop``; returns the process exit code (1 after a failure)."""
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        self.aengine = AsyncEngine(self.engine, idle_wait_s=0.01)
+        self.aengine = AsyncEngine(self.engine)
         self.aengine.start()
         self._set_state(WorkerState.STARTING)
         self.metrics.serve(self.settings.metrics_port, self.kafka, self.settings)  # + the groups' lag, measured
