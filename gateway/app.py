@@ -30,6 +30,7 @@ from gateway.openai_api import ChatCompletionRequest, OpenAIError
 from gateway.responses import choice, chunk, completion, sse, usage
 from gateway.service import Delta, GatewayService, Submitted
 from gateway.settings import GatewaySettings
+from gateway.translate import TIMEOUT_HEADER, client_timeout_s
 from gateway.streaming import CONVERSATION_HEADER, REQUEST_HEADER, ClientGone, outcome_of, wait_for_answer
 from schemas.records import FeedbackKind
 from transport.settings import KafkaSettings
@@ -103,7 +104,9 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
     async def healthz() -> JSONResponse:
         status = "ok" if service.ready else "failed" if service.failure is not None else "starting"
         body = {"status": status, "gateway_id": service.gateway_id,
-                "reply_topic": service.reply_topic, "pending": len(service.pending)}
+                "reply_topic": service.reply_topic, "pending": len(service.pending),
+                # serving workers per model, as their reports say (admission's view: gateway/fleet.py)
+                "workers": {model: len(service.fleet.serving(model)) for model in settings.models}}
         return JSONResponse(body, status_code=200 if service.ready else 503)
 
     @app.get("/metrics")
@@ -142,7 +145,8 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
                                principal: Principal = Depends(authenticate)):
         received = time.perf_counter()
         sub = await service.submit(principal, body, request.headers.get(CONVERSATION_HEADER), received,
-                                   traceparent=request.headers.get("traceparent"))
+                                   traceparent=request.headers.get("traceparent"),
+                                   timeout_s=client_timeout_s(request.headers.get(TIMEOUT_HEADER)))
         headers = {CONVERSATION_HEADER: sub.conversation_id, REQUEST_HEADER: sub.request_id}
         deltas = service.replies(sub)
         try:

@@ -38,6 +38,7 @@ from gateway.openai_api import CompletionRequest, OpenAIError
 from gateway.responses import json_logprob, sse, usage
 from gateway.service import Delta, GatewayService, Submitted
 from gateway.streaming import REQUEST_HEADER, ClientGone, outcome_of, wait_for_answer
+from gateway.translate import TIMEOUT_HEADER, client_timeout_s
 from schemas.records import TokenLogprob
 
 
@@ -147,7 +148,8 @@ def add_completion_routes(app: FastAPI, authenticate: Callable, service: Gateway
     async def completions(request: Request, body: CompletionRequest, principal: Principal = Depends(authenticate)):
         received = time.perf_counter()
         subs = await service.submit_completion(principal, body, received,
-                                               traceparent=request.headers.get("traceparent"))
+                                               traceparent=request.headers.get("traceparent"),
+                                               timeout_s=client_timeout_s(request.headers.get(TIMEOUT_HEADER)))
         headers = {REQUEST_HEADER: ",".join(s.request_id for s in subs)}
         merged = Merged(service, subs)
 

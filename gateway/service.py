@@ -2,8 +2,8 @@
 
 ``submit`` (chat) and ``submit_completion`` (text completions) call ``gateway/translate.py`` once
 for the request's ``PromptRequest`` (every 400 / 404 / 403 is answered there), take a slot of the
-backlog (``admit``: 429 while ``max_pending`` requests are in flight, or the tenant holds its share:
-the backlog is bounded here instead of queueing without limit), then produce the record (keyed by
+backlog (``admit``, ``admission.py``: 429 when its first token cannot come before its deadline, 503
+when no worker serves its model; ``max_pending`` bounds the gateway's memory), then produce the record (keyed by
 conversation id, reply address = this gateway's reply topic) and wait for the broker's
 acknowledgement, at most ``delivery_timeout_s`` (then 503: a broker that is away frees the
 request's backlog slot in seconds). ``replies`` yields each choice's increments as they come
@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
+from gateway.admission import Admission, total, work_of
+from gateway.fleet import Fleet, Work
 from gateway.keys import Principal, owns_request, resolve_user
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import ChatCompletionRequest, CompletionRequest, OpenAIError
@@ -131,6 +133,7 @@ class Submitted:
     first_token_at: float | None = None
     done: bool = False
     tenant: str = ""  # whose backlog share this request takes (admit)
+    work: Work = field(default_factory=Work)  # what it asks of a worker, in tokens, until its first token (admit)
     span: Span | None = None  # the HTTP request's span: the PromptRequest is produced as its child
     read_span: Span | None = None  # reading the answer's chunks from the reply topic
     chunks: int = 0
@@ -163,7 +166,9 @@ class GatewayService:
         self.producer: AckedWriter | None = None
         self.pending: dict[str, Submitted] = {}
         self.tracer = Tracer("gateway")  # spans (transport/spans.py, docs/observability.md)
-        self._mean_duration_s = 5.0  # EWMA of request durations: the Retry-After estimate
+        self._mean_duration_s = 5.0  # EWMA of request durations: the memory guard's Retry-After
+        self.fleet = Fleet(settings.worker_stale_s)  # the workers' reports, read with the replies
+        self.admission = Admission(settings, metrics, self.fleet)
         self.on_failure: Callable[[BaseException], None] = lambda exc: None  # server.py: stop the server
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -174,8 +179,10 @@ class GatewayService:
                                                    self.settings.reply_retention_ms)
         self.producer = AckedWriter(self.kafka, codec=self.codec, linger_ms=1.0,
                                       delivery_timeout_s=self.settings.delivery_timeout_s, tracer=self.tracer)
-        self.reader = ReplyReader(self.kafka, self.reply_topic, self.codec, self.settings.reply_error_budget_s)
+        self.reader = ReplyReader(self.kafka, self.reply_topic, self.codec, self.settings.reply_error_budget_s,
+                                  on_status=self.fleet.update)
         await asyncio.to_thread(self.reader.start, loop, self._reader_stopped)
+        self.fleet.listening()
         log.info("gateway %s: replies on %s", self.gateway_id, self.reply_topic)
 
     @property
@@ -210,44 +217,35 @@ class GatewayService:
 
     # -- one request -------------------------------------------------------------------------------
 
-    def admit(self, tenant: str) -> None:
-        """429 when ``tenant`` holds its share of the backlog (``tenant_share`` of ``max_pending``:
-        one busy tenant never takes every slot) or the whole backlog is full."""
+    def admit(self, prompt: PromptRequest) -> None:
+        """429 / 503 when the prompt is not taken (``admission.py``: the memory guard, a worker serving
+        its model, its estimated first token against its deadline)."""
+        not_started = total(sub.work for sub in self.pending.values()
+                            if sub.first_token_at is None and sub.model == prompt.model)
+        held = sum(1 for sub in self.pending.values() if sub.tenant == prompt.tenant)
         retry = max(1, min(60, math.ceil(self._mean_duration_s / max(1, len(self.pending)) * 4)))
-        held = sum(1 for sub in self.pending.values() if sub.tenant == tenant)
-        limit = max(1, int(self.settings.max_pending * self.settings.tenant_share))  # at least 1 request
-        if len(self.pending) >= self.settings.max_pending:
-            self.metrics.requests.labels("rejected_busy").inc()
-            raise OpenAIError(429, f"the gateway has {len(self.pending)} requests in flight (limit "
-                                   f"{self.settings.max_pending}); retry after {retry} s",
-                              type="rate_limit_error", code="backlog_full", headers={"Retry-After": str(retry)})
-        if held >= limit:
-            self.metrics.requests.labels("rejected_tenant_busy").inc()
-            raise OpenAIError(429, f"tenant {tenant!r} has {held} requests in flight on this gateway, its limit "
-                                   f"({self.settings.tenant_share:g} of max_pending {self.settings.max_pending} = "
-                                   f"{limit}; CHATPIPE_GATEWAY_TENANT_SHARE); retry after {retry} s, or send fewer "
-                                   "requests at once. Other tenants are not affected",
-                              type="rate_limit_error", code="tenant_backlog_full", headers={"Retry-After": str(retry)})
+        self.admission.check(prompt, len(self.pending), held, not_started, guard_retry_s=retry)
 
     async def submit(self, principal: Principal, body: ChatCompletionRequest, conversation_id: str | None,
-                     received_at: float, traceparent: str | None = None) -> Submitted:
+                     received_at: float, traceparent: str | None = None, timeout_s: float | None = None) -> Submitted:
         """A chat request: its PromptRequest (``translate.chat_request_to_prompt``: 400 / 404 / 403
         before anything else), its slot of the backlog (429), the record produced. ``conversation_id``:
         the one the client named in the header (None: the body's metadata, or a new conversation);
         ``traceparent`` (the HTTP header, when the client sent one) makes the request's span part of
         the client's trace."""
         prompt = chat_request_to_prompt(body, principal, self.settings, conversation_id=conversation_id,
-                                        reply_to=self.reply_topic)
+                                        reply_to=self.reply_topic, timeout_s=timeout_s)
         return await self._produce(prompt, received_at, "/v1/chat/completions", "chat", traceparent, param="messages")
 
     async def submit_completion(self, principal: Principal, body: CompletionRequest, received_at: float,
-                                traceparent: str | None = None) -> list[Submitted]:
+                                traceparent: str | None = None, timeout_s: float | None = None) -> list[Submitted]:
         """A text-completions request (``completions.py``): one PromptRequest per prompt
         (``translate.completion_request_to_prompts``: raw_prompt, no messages; streams passes it
         through without a chat template or memory), each taking its slot of the backlog and produced;
         ``replies``, ``cancel`` and ``finish`` serve each as they serve a chat request. When one cannot
         be produced, those already produced are cancelled."""
-        prompts = completion_request_to_prompts(body, principal, self.settings, reply_to=self.reply_topic)
+        prompts = completion_request_to_prompts(body, principal, self.settings, reply_to=self.reply_topic,
+                                                timeout_s=timeout_s)
         subs: list[Submitted] = []
         try:
             for prompt in prompts:
@@ -266,14 +264,14 @@ class GatewayService:
         cannot be encoded or that the broker refuses for its own sake (``transport.failures``: the
         record's fault) is a 400 naming ``param``, one the broker does not take a 503."""
         self.check_serving()
-        self.admit(prompt.tenant)
+        self.admit(prompt)
         sampling = prompt.sampling
         tools = reads_tool_calls(sampling.response_format)  # tool_choice not "none": answers are read for calls
         choices = [Choice(i, [] if sampling.logprobs else None, tools=ToolCallStream() if tools else None)
                    for i in range(sampling.n)]
         sub = Submitted(prompt.request_id, prompt.conversation_id, prompt.model,
                         self.reader.register(prompt.request_id), received_at, prompt.deadline_at, choices,
-                        tenant=prompt.tenant)
+                        tenant=prompt.tenant, work=work_of(prompt))
         sub.span = self.tracer.start(
             f"POST {route}", traceparent, SERVER,
             {"http.request.method": "POST", "http.route": route, "chatpipe.request_id": sub.request_id,
@@ -309,7 +307,8 @@ class GatewayService:
         """
         while True:
             if sub.first_token_at is None:  # until the deadline the PromptRequest carries
-                timeout, waited = max(0.0, (sub.deadline_at - now_ms()) / 1000), self.settings.first_chunk_timeout_s
+                timeout = max(0.0, (sub.deadline_at - now_ms()) / 1000)
+                waited = round((sub.deadline_at - sub.created * 1000) / 1000)  # the request's own deadline
             else:
                 timeout = waited = self.settings.chunk_timeout_s
             try:

@@ -27,9 +27,14 @@ class GatewaySettings(BaseSettings):
     keys_file: Path | None = Field(None, description="JSON file mapping API keys to tenants; required")
     gateway_id: str | None = Field(None, description="Names this instance's reply topic; default host-port")
     models: list[str] = Field(default_factory=lambda: [DEFAULT_MODEL], description="Model ids served")
-    max_pending: int = Field(32, ge=1, description="Requests in flight before new ones get 429")
+    # A memory guard, not the queue's bound: a request is taken when its estimated first token fits its
+    # deadline (gateway/admission.py); each one in flight costs the gateway about 20 KiB (MEMORY_PER_PENDING).
+    max_pending: int = Field(4096, ge=1, description="Requests in flight in this gateway before new ones get 429 "
+                             "(a memory guard: the estimated wait against the deadline decides first)")
     tenant_share: float = Field(0.5, gt=0, le=1, description="Most of max_pending one tenant may hold (at least 1 "
                                 "request): a busy tenant gets 429 while the rest stays free for the others")
+    worker_stale_s: float = Field(10.0, gt=0, description="A worker whose last report (chat.workers.status) is "
+                                  "older is taken as gone; none of a model left: its requests get 503 at once")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; larger gets 413. "
                                 "The default takes the largest prompt the request limits allow, JSON-escaped")
     context_tokens: int = Field(DEFAULT_CONTEXT_TOKENS, json_schema_extra=SHARED_CONTEXT_ENV, ge=MIN_CONTEXT_TOKENS,

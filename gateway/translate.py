@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -63,13 +64,14 @@ from schemas.requests import (
 
 log = logging.getLogger(__name__)
 
+TIMEOUT_HEADER = "X-Chatpipe-Timeout-S"  # the client's own first-token deadline, in seconds (``client_timeout_s``)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat's: settings.default_max_tokens)
 
 
 # -- the records ------------------------------------------------------------------------------------
 
 def chat_request_to_prompt(body: ChatCompletionRequest, principal: Principal, settings: GatewaySettings, *,
-                           conversation_id: str | None, reply_to: str) -> PromptRequest:
+                           conversation_id: str | None, reply_to: str, timeout_s: float | None = None) -> PromptRequest:
     """The ``PromptRequest`` of a chat request. ``conversation_id``: the one the client named in the
     X-Chatpipe-Conversation-Id header (None: the body's ``metadata.conversation_id``, else a new
     conversation). Raises OpenAIError: 400 naming the field, 404 for a model not served, 403 for a
@@ -83,11 +85,11 @@ def chat_request_to_prompt(body: ChatCompletionRequest, principal: Principal, se
         request_id=request_id_for(principal, user.user_id, conversation), conversation_id=conversation,
         user_id=user.user_id, memory_scope=memory_scope(user), tenant=principal.tenant, created_at=created_at,
         model=body.model, messages=content.messages, sampling=content.sampling, stream=body.stream,
-        reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings))
+        reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings, timeout_s))
 
 
 def completion_request_to_prompts(body: CompletionRequest, principal: Principal, settings: GatewaySettings, *,
-                                  reply_to: str) -> list[PromptRequest]:
+                                  reply_to: str, timeout_s: float | None = None) -> list[PromptRequest]:
     """One ``PromptRequest`` per prompt of a text-completions request: ``raw_prompt`` set, no
     messages, each in a conversation of its own (streams passes it through without a chat template
     or memory). Raises OpenAIError as ``chat_request_to_prompt``."""
@@ -104,7 +106,7 @@ def completion_request_to_prompts(body: CompletionRequest, principal: Principal,
             request_id=request_id_for(principal, user.user_id, conversation), conversation_id=conversation,
             user_id=user.user_id, memory_scope=memory_scope(user), tenant=principal.tenant, created_at=created_at,
             model=body.model, messages=[], raw_prompt=text, sampling=sampling, stream=body.stream,
-            reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings)))
+            reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings, timeout_s)))
     return records
 
 
@@ -232,8 +234,26 @@ def memory_scope(user: ResolvedUser) -> MemoryScope:
     return MemoryScope.USER if user.identified else MemoryScope.CONVERSATION
 
 
-def deadline_at(created_at: int, settings: GatewaySettings) -> int:
+def deadline_at(created_at: int, settings: GatewaySettings, timeout_s: float | None = None) -> int:
     """When this gateway stops waiting for the first token (epoch ms): the client gets its 504 then,
     and a tier that takes the request later answers it as expired instead of generating for nobody
-    (e.g. work re-read after an outage)."""
-    return created_at + round(settings.first_chunk_timeout_s * 1000)
+    (e.g. work re-read after an outage). ``timeout_s``: the client's own (``X-Chatpipe-Timeout-S``),
+    never longer than ``first_chunk_timeout_s``; admission refuses a request whose estimated first
+    token comes later (``admission.py``)."""
+    seconds = settings.first_chunk_timeout_s if timeout_s is None else min(timeout_s, settings.first_chunk_timeout_s)
+    return created_at + round(seconds * 1000)
+
+
+def client_timeout_s(header: str | None) -> float | None:
+    """The ``X-Chatpipe-Timeout-S`` header: how long the client waits for the first token. 400 unless
+    a positive number of seconds."""
+    if header is None:
+        return None
+    try:
+        seconds = float(header)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise OpenAIError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds, got {header!r}",
+                          param=TIMEOUT_HEADER, code="invalid_value")
+    return seconds

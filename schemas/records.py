@@ -289,8 +289,16 @@ class WorkerStatus:
     kv_cache_used_tokens: int
     kv_cache_total_tokens: int
     tokens_per_s: float
+    # v3: what an estimate of a new request's wait needs (gateway/fleet.py): the batch, the work queued
+    # and running in tokens (budgets: prompt + max_tokens), the throughput measured while saturated.
+    max_running: int = 0
+    queued_prompt_tokens: int = 0
+    queued_output_tokens: int = 0
+    running_output_tokens: int = 0
+    decode_tokens_per_s: float = 0.0
+    prefill_tokens_per_s: float = 0.0
     created_at: int = field(default_factory=now_ms)
-    schema_version: int = 2  # v2: WorkerState FAILED
+    schema_version: int = 3  # v2: WorkerState FAILED; v3: the load in tokens and the saturated throughput
 
 
 @dataclass(slots=True, kw_only=True)

@@ -39,6 +39,9 @@ class TailReader:
                  topic_check_s: float = 10.0) -> None:
         self.topics = list(topics)
         self.errors = ErrorBudget(error_budget_s)
+        # Its own budget: records of another topic of this reader (a status topic beside a reply topic)
+        # must not reset the streak of a topic that is gone.
+        self.missing_topics = ErrorBudget(error_budget_s)
         self.topic_check_s = topic_check_s
         self._next_check = time.monotonic() + topic_check_s
         self._consumer = Consumer({
@@ -83,11 +86,12 @@ class TailReader:
         except KafkaException as exc:  # the broker away: the same budget as its consumer errors
             self.errors.check(where, kafka_error(exc) or KafkaError(KafkaError._TRANSPORT, str(exc)))
             return
-        for topic in self.topics:
-            info = metadata.topics.get(topic)
-            if info is None or info.error is not None:
-                self.errors.transient(where, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                                        f"topic {topic} is not on the broker any more"))
+        missing = [t for t in self.topics if metadata.topics.get(t) is None or metadata.topics[t].error is not None]
+        if not missing:
+            self.missing_topics.ok()
+        for topic in missing:
+            self.missing_topics.transient(where, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                            f"topic {topic} is not on the broker any more"))
 
     def close(self) -> None:
         self._consumer.close()

@@ -32,6 +32,7 @@ from inference.engine.request import Admission, FinishReason, Priority, Request,
 from inference.engine.sampling import Sampler
 from inference.engine.scheduler import Scheduler, SchedulerConfig
 from inference.engine.settings import EngineSettings
+from inference.engine.throughput import Throughput
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,12 @@ class EngineStats:
     prefix_cache_cross_tenant_hit_tokens: int = 0  # hits on other tenants' blocks: 0 unless the salt is off
     prefix_cache_forgotten_blocks: int = 0  # dropped by forget_prefixes since start
     prefix_cache_queried_tokens: int = 0  # prompt tokens of the admissions that looked the cache up since start
+    max_running: int = 0  # the batch: most requests running at once
+    queued_prompt_tokens: int = 0  # the work waiting, in tokens (scheduler.QueueLoad)
+    queued_output_tokens: int = 0
+    running_output_tokens: int = 0
+    decode_tokens_per_s: float = 0.0  # measured while saturated (throughput.py): what the engine can do
+    prefill_tokens_per_s: float = 0.0
 
     @property
     def kv_usage(self) -> float:
@@ -124,6 +131,7 @@ class Engine:
         self._prompt_tokens = 0
         self._generated = 0
         self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens) per step
+        self._throughput = Throughput()
 
     # -- callers ---------------------------------------------------------------------------------
 
@@ -228,6 +236,7 @@ class Engine:
     # -- the step --------------------------------------------------------------------------------
 
     def step(self) -> list[TokenEvent]:
+        started = time.monotonic()
         out = self.scheduler.schedule()
         events = [self._finished_event(r, None) for r in out.finished]
         for r in out.finished:
@@ -254,7 +263,7 @@ class Engine:
         prompt_computed = sum(
             max(0, min(c.start + c.num_new_tokens, len(c.request.prompt_token_ids)) - c.start) for c in out.chunks
         )
-        self._count(prompt_computed, len(sampled))
+        self._count(prompt_computed, len(sampled), started)
         rejected = set(res.rejected)
         for i, (rid, tok) in enumerate(sampled.items()):
             req = reqs[i]
@@ -306,6 +315,8 @@ class Engine:
             self._recent.popleft()
         span = now - self._recent[0][0] if len(self._recent) > 1 else 0.0
         recent = sum(n for _, n in list(self._recent)[1:])
+        load = self.scheduler.load()
+        decode_rate, prefill_rate = self._throughput.rates(now)
         return EngineStats(
             running=self.scheduler.num_running,
             waiting=self.scheduler.num_waiting,
@@ -325,13 +336,22 @@ class Engine:
             prefix_cache_cross_tenant_hit_tokens=self.allocator.cross_tenant_hit_tokens,
             prefix_cache_forgotten_blocks=self.allocator.forgotten_blocks,
             prefix_cache_queried_tokens=self.allocator.queried_tokens,
+            max_running=self.scheduler.config.max_batch,
+            queued_prompt_tokens=load.queued_prompt_tokens,
+            queued_output_tokens=load.queued_output_tokens,
+            running_output_tokens=load.running_output_tokens,
+            decode_tokens_per_s=decode_rate,
+            prefill_tokens_per_s=prefill_rate,
         )
 
-    def _count(self, prompt_tokens: int, generated: int) -> None:
+    def _count(self, prompt_tokens: int, generated: int, started: float) -> None:
         self._steps += 1
         self._prompt_tokens += prompt_tokens
         self._generated += generated
-        self._recent.append((time.monotonic(), generated))
+        now = time.monotonic()
+        self._recent.append((now, generated))
+        saturated = self.scheduler.num_waiting > 0 or self.scheduler.num_running >= self.scheduler.config.max_batch
+        self._throughput.record(now, now - started, prompt_tokens, generated, saturated)
 
     @staticmethod
     def _finished_event(

@@ -29,10 +29,11 @@ admission, never preempted): the baseline of ``bench/engine.py --multi-turn``.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable, Iterator, Literal
 
 from inference.engine.block_allocator import BlockAllocator
 from inference.engine.errors import InvalidRequestError
@@ -90,6 +91,17 @@ class WaitingQueue:
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._qs.values())
+
+    def __iter__(self) -> Iterator[Request]:
+        """In the order they would run."""
+        return itertools.chain.from_iterable(self._qs.values())
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLoad:
+    queued_prompt_tokens: int  # prompt tokens of the waiting requests not computed yet
+    queued_output_tokens: int  # output tokens the waiting requests may still generate (max_new_tokens)
+    running_output_tokens: int  # output tokens the running requests may still generate
 
 
 @dataclass(frozen=True)
@@ -302,6 +314,15 @@ class Scheduler:
 
     def get(self, request_id: str) -> Request | None:
         return self._by_id.get(request_id)
+
+    def load(self) -> QueueLoad:
+        """The work held now, in tokens (budgets: what each request may still compute or generate)."""
+        with self._lock:
+            waiting = list(self.waiting)
+            return QueueLoad(
+                queued_prompt_tokens=sum(len(r.prompt_token_ids) - r.num_computed_tokens for r in waiting),
+                queued_output_tokens=sum(r.params.max_new_tokens - len(r.output_token_ids) for r in waiting),
+                running_output_tokens=sum(r.params.max_new_tokens - len(r.output_token_ids) for r in self.running))
 
     @property
     def num_waiting(self) -> int:

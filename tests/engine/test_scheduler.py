@@ -178,3 +178,15 @@ def test_duplicate_request_id_is_rejected():
     s.add_group([req("a")])
     with pytest.raises(ValueError):
         s.add_group([req("a")])
+
+
+def test_load_counts_the_budgets_of_waiting_and_running_requests():
+    """What a worker reports for the gateway's wait estimate (inference/worker/heartbeat.py): prompt tokens
+    not computed and output tokens not generated yet, of the waiting and of the running requests."""
+    s = make_scheduler(kv_tokens=256, max_batch=2, max_step_tokens=16)
+    for rid in ("a", "b", "c"):
+        s.add_group([req(rid, prompt_len=4, max_new=5)])
+    assert (s.load().queued_prompt_tokens, s.load().queued_output_tokens, s.load().running_output_tokens) == (12, 15, 0)
+    step(s)  # a and b run (prompts computed, one token each); c waits
+    load = s.load()
+    assert (load.queued_prompt_tokens, load.queued_output_tokens, load.running_output_tokens) == (4, 5, 8)

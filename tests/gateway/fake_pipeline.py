@@ -5,11 +5,16 @@ the real tiers do (token chunks, the last one saying how the request ended), or 
 What to answer is the test's ``answer(prompt) -> list[TokenChunk] | None`` (None: stay silent).
 Prompts of conversations the test does not know (other tests share the session's topics) are
 ignored by the test's ``answer``.
+
+Like a worker it reports on ``chat.workers.status`` every second (SERVING the default model), so the
+gateway's admission has a worker to send to (gateway/fleet.py); the report has no batch size, so no
+estimate refuses anything.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Callable
 
@@ -17,11 +22,12 @@ from confluent_kafka import Consumer, TopicPartition
 
 from chatpipe.testing.kafka import RecordWriter
 from schemas.codec import default_codec
-from schemas.records import FinishReason, PromptRequest, TokenChunk
+from schemas.records import FinishReason, PromptRequest, TokenChunk, WorkerState, WorkerStatus
 from transport.dedupe import ATTEMPT_HEADER
-from transport.settings import KafkaSettings
+from transport.settings import IDLE_FETCH_WAIT_MS, KafkaSettings
 
 Answer = Callable[[PromptRequest], list[TokenChunk] | None]
+MODEL = "smollm2-135m-instruct"  # the gateway's default model
 
 
 def final(prompt: PromptRequest, text: str = "", *, index: int = 0, finish_reason: FinishReason = FinishReason.STOP,
@@ -38,8 +44,9 @@ class FakePipeline:
         self.codec = default_codec()
         self.prompts: dict[str, PromptRequest] = {}  # conversation id -> the last prompt seen
         self._producer = RecordWriter(kafka, extra_config={"linger.ms": 0})
+        self._reports = RecordWriter(kafka, extra_config={"linger.ms": 0})
         self._consumer = Consumer({**kafka.client_config(), "group.id": f"fake-pipeline-{uuid.uuid4().hex[:8]}",
-                                   "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+                                   "enable.auto.commit": False, "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS})
         topic = kafka.topic("chat.prompts")
         partitions = self._consumer.list_topics(topic, timeout=15).topics[topic].partitions
         ends = [self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1] for p in partitions]
@@ -52,9 +59,20 @@ class FakePipeline:
         self._thread.start()
         return self
 
+    def _report(self) -> None:
+        status = WorkerStatus(worker_id="fake-worker", model=MODEL, state=WorkerState.SERVING, running=0, waiting=0,
+                              kv_cache_used_tokens=0, kv_cache_total_tokens=1, tokens_per_s=0.0)
+        # Its own writer, never flushed: a report lost while the broker is away is replaced by the next
+        # one, and must not fail an answer's flush (test_deadlines_and_outages.py stops the broker).
+        self._reports.send(self.kafka.topic("chat.workers.status"), status, key=status.worker_id)
+
     def _run(self) -> None:
         try:
+            reported = 0.0
             while not self._stop.is_set():
+                if time.monotonic() - reported >= 1.0:
+                    self._report()
+                    reported = time.monotonic()
                 for msg in self._consumer.consume(100, 0.1):
                     if msg.error() is not None:  # partition EOF, or the broker away: librdkafka reconnects
                         continue

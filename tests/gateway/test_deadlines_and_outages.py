@@ -13,6 +13,7 @@ the whole path in tests/faults. The outage test stops and restarts a broker of i
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import httpx
@@ -191,3 +192,45 @@ async def test_a_deleted_reply_topic_stops_the_gateway_instead_of_leaving_it_dea
     finally:
         gateway.terminate()
         fake.stop()
+
+
+async def test_with_no_worker_reporting_requests_get_503_at_once_and_are_served_once_one_reports(
+        kafka_settings, tmp_path):
+    """Admission (gateway/admission.py): a model no worker serves cannot answer, so its requests get 503
+    no_worker at once instead of a 504 after the whole first-token timeout. The workers' reports decide:
+    none fresher than worker_stale_s (2 s here) means none."""
+    from transport.admin import TopicAdmin
+
+    kafka = kafka_settings.model_copy(update={"topic_prefix": f"{kafka_settings.topic_prefix}noworker."})
+    TopicAdmin(kafka).apply()  # topics of its own: no other test's worker reports here
+    gateway = start_gateway(kafka, tmp_path, CHATPIPE_GATEWAY_WORKER_STALE_S="2")
+    fake = None
+    try:
+        gateway.wait_healthy(90)
+        await asyncio.sleep(2.5)  # the first report period: before it ends, nothing known refuses nothing
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+            refused, took = await chat(http, "ok-nobody")
+            assert error_of(refused) == (503, "server_error", "no_worker"), refused.text
+            assert took < 1, f"503 after {took:.2f} s: it must not wait for a worker"
+            assert refused.headers["Retry-After"] == "2"
+            fake = FakePipeline(kafka, answer_by_conversation).start()  # reports every second, as a worker
+            deadline = time.monotonic() + 30
+            while True:
+                served, _ = await chat(http, "ok-somebody")
+                if served.status_code != 503 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
+            assert served.status_code == 200, served.text
+            fake.stop()
+            fake = None
+            await asyncio.sleep(3)  # its last report goes stale
+            gone, took = await chat(http, "ok-gone")
+            assert error_of(gone) == (503, "server_error", "no_worker") and took < 1, gone.text
+            metrics = (await http.get("/metrics")).text
+            refused_count = re.search(r'chatpipe_gateway_requests_total\{outcome="rejected_no_worker"\} (\S+)', metrics)
+            assert refused_count and float(refused_count.group(1)) >= 2, metrics
+        assert gateway.terminate() == 0, gateway.log()[-3000:]
+    finally:
+        gateway.terminate()
+        if fake is not None:
+            fake.stop()

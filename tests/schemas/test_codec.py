@@ -363,3 +363,20 @@ def test_a_failed_worker_status_round_trips_and_v1_statuses_still_read():
     v2 = json.loads((SCHEMA_DIR / "WorkerStatus.v2.avsc").read_text())
     enum = next(f["type"] for f in v2["fields"] if f["name"] == "state")
     assert enum["symbols"][-1] == "FAILED" and enum["default"] == "STOPPED"
+
+
+def test_worker_status_v3_carries_the_load_in_tokens_and_v2_reports_read_as_unknown():
+    """v3 adds what the gateway's wait estimate needs (gateway/fleet.py); a v2 worker's report reads with
+    0 for each, which the estimate takes as "not reported" (it admits rather than guess)."""
+    from schemas.codec import to_avro_dict
+
+    status = records.WorkerStatus(worker_id="w1", model="m", state=records.WorkerState.SERVING, running=8, waiting=3,
+                                  kv_cache_used_tokens=0, kv_cache_total_tokens=1, tokens_per_s=40.0, max_running=8,
+                                  queued_prompt_tokens=90, queued_output_tokens=300, running_output_tokens=200,
+                                  decode_tokens_per_s=55.5, prefill_tokens_per_s=900.0)
+    assert codec.decode(codec.encode(status)) == status
+    v2 = {k: v for k, v in to_avro_dict(status).items() if k not in {
+        "max_running", "queued_prompt_tokens", "queued_output_tokens", "running_output_tokens",
+        "decode_tokens_per_s", "prefill_tokens_per_s"}}
+    old = codec.decode(codec.encode_dict("WorkerStatus", {**v2, "schema_version": 2}, version=2))
+    assert (old.max_running, old.queued_output_tokens, old.decode_tokens_per_s, old.schema_version) == (0, 0, 0.0, 2)

@@ -1,0 +1,95 @@
+"""Whether the gateway takes a request: by its estimated wait against its deadline, not by counting.
+
+In order, for each prompt (``GatewayService._produce``):
+
+1. **Memory guard** (``max_pending``, ``tenant_share`` of it): the gateway holds every request in flight in
+   memory (its reply queue, its choices, a span: ``MEMORY_PER_PENDING`` below), so it takes no more than
+   ``max_pending`` at once, a tenant no more than its share. The defaults are high enough that the estimate
+   decides; they bound memory, not the queue. 429 ``backlog_full`` / ``tenant_backlog_full``.
+2. **A worker must serve the model** (``fleet.Fleet``: a fresh SERVING report of that model): none, and
+   nobody can answer; 503 ``no_worker`` at once instead of a 504 at the deadline.
+3. **The first token must fit the deadline**: the fleet's estimate (``fleet.py``) of the request's time
+   to first token, with this gateway's own requests that have no first token yet ahead of it, against
+   the time left to its deadline (``first_chunk_timeout_s``, or the client's ``X-Chatpipe-Timeout-S``).
+   Longer: 429 ``deadline_unreachable`` with ``Retry-After`` = the excess: the queue ahead drains at the
+   measured rate, so a retry then fits unless more work arrived meanwhile. The estimate uses each
+   request's ``max_tokens``, an upper bound: requests that stop early make the real wait shorter.
+
+A refusal is decided from memory (no I/O): it comes back within milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from gateway.fleet import Fleet, Work
+from gateway.metrics import GatewayMetrics
+from gateway.openai_api import OpenAIError
+from gateway.settings import GatewaySettings
+from schemas.records import PromptRequest, now_ms
+
+# Measured (bench/load.py at 256 streams: the gateway's RSS loaded less idle, per request in flight).
+MEMORY_PER_PENDING = "about 20 KiB"
+CHARS_PER_TOKEN = 4  # the gateway has no tokenizer: a prompt's tokens are estimated from its characters
+
+
+def work_of(prompt: PromptRequest) -> Work:
+    """The work a prompt asks of a worker, in tokens: its text (estimated) and ``n`` × ``max_tokens``."""
+    chars = len(prompt.raw_prompt or "") + sum(len(m.content or "") for m in prompt.messages)
+    return Work(1, math.ceil(chars / CHARS_PER_TOKEN), prompt.sampling.n * prompt.sampling.max_tokens)
+
+
+def total(works: Iterable[Work]) -> Work:
+    requests = prompt = output = 0
+    for work in works:
+        requests, prompt, output = requests + work.requests, prompt + work.prompt_tokens, output + work.output_tokens
+    return Work(requests, prompt, output)
+
+
+class Admission:
+    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, fleet: Fleet) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.fleet = fleet
+
+    def check(self, prompt: PromptRequest, in_flight: int, tenant_held: int, not_started: Work,
+              guard_retry_s: int = 1) -> None:
+        """Raises OpenAIError (429 / 503) when ``prompt`` is not taken. ``in_flight``: the gateway's
+        requests; ``tenant_held``: those of the prompt's tenant; ``not_started``: the gateway's requests
+        of the prompt's model without a first token; ``guard_retry_s``: Retry-After of a memory-guard 429."""
+        self._memory_guard(prompt.tenant, in_flight, tenant_held, guard_retry_s)
+        estimate = self.fleet.estimate(prompt.model, not_started, work_of(prompt).prompt_tokens)
+        if estimate is None:
+            if self.fleet.warming_up:
+                return  # no report has had the time to come yet: nothing is known, nothing refused
+            self.metrics.requests.labels("rejected_no_worker").inc()
+            raise OpenAIError(503, f"no inference worker serving {prompt.model!r} has reported in the last "
+                                   f"{self.fleet.stale_s:g} s (chat.workers.status); nothing could answer this "
+                                   "request. Retry once a worker is up", type="server_error", code="no_worker",
+                              headers={"Retry-After": str(max(1, math.ceil(self.fleet.stale_s)))})
+        left_s = (prompt.deadline_at - now_ms()) / 1000 if prompt.deadline_at is not None else math.inf
+        if estimate.first_token_s <= left_s:
+            return
+        retry = max(1, math.ceil(estimate.first_token_s - left_s))
+        self.metrics.requests.labels("rejected_wait").inc()
+        raise OpenAIError(429, f"the estimated wait for a first token is {estimate.first_token_s:.0f} s (work queued "
+                               f"ahead on {estimate.workers} worker(s) at their measured rate), longer than this "
+                               f"request's {max(0.0, left_s):.0f} s to its deadline; retry after {retry} s, when the "
+                               "queue ahead will have drained that far",
+                          type="rate_limit_error", code="deadline_unreachable", headers={"Retry-After": str(retry)})
+
+    def _memory_guard(self, tenant: str, in_flight: int, tenant_held: int, retry: int) -> None:
+        limit = max(1, int(self.settings.max_pending * self.settings.tenant_share))  # at least 1 request
+        if in_flight >= self.settings.max_pending:
+            self.metrics.requests.labels("rejected_busy").inc()
+            raise OpenAIError(429, f"the gateway has {in_flight} requests in flight (limit "
+                                   f"{self.settings.max_pending}, CHATPIPE_GATEWAY_MAX_PENDING); retry after {retry} s",
+                              type="rate_limit_error", code="backlog_full", headers={"Retry-After": str(retry)})
+        if tenant_held >= limit:
+            self.metrics.requests.labels("rejected_tenant_busy").inc()
+            raise OpenAIError(429, f"tenant {tenant!r} has {tenant_held} requests in flight on this gateway, its limit "
+                                   f"({self.settings.tenant_share:g} of max_pending {self.settings.max_pending} = "
+                                   f"{limit}; CHATPIPE_GATEWAY_TENANT_SHARE); retry after {retry} s, or send fewer "
+                                   "requests at once. Other tenants are not affected",
+                              type="rate_limit_error", code="tenant_backlog_full", headers={"Retry-After": str(retry)})

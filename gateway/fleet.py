@@ -1,0 +1,106 @@
+"""The inference workers' load as they report it, and how long a new request would wait for its first token.
+
+Admission asks one question (``GatewayService.admit``): can this request get its first token before its
+deadline? The answer is an estimate from what every worker heartbeats to ``chat.workers.status``
+(``inference/worker/heartbeat.py``, every 2 s): its batch (``max_running``), what runs and waits, the
+work waiting in tokens (budgets: ``max_tokens`` of each request) and the throughput it measured while it
+had more work than its batch (``inference/engine/throughput.py``).
+
+The fleet of one model is taken as one pool (records reach a worker by partition or share group; the
+gateway cannot pick one):
+
+* a free batch slot: the request starts at once, it waits only for its own prompt (prefill);
+* none free: it starts once the work ahead of it, queued and running, is done, at the fleet's measured
+  rate: ``(queued output tokens + running requests' output tokens left) / rate``. Exact when the batch
+  runs in step (requests that started together with the same budget all end together, and only then
+  is a slot free); requests in a staggered batch free a slot sooner, by up to what one batch has left.
+
+Budgets are ``max_tokens``, so a request that stops early at its end of text makes the real wait shorter
+than the estimate too: the estimate is an upper bound, and errs towards a 429 that a retry after
+``Retry-After`` meets rather than an admission that ends in a 504. Counting one running request's tokens
+left instead of the batch's admits a retry that then misses its deadline behind a batch in step
+(tests/gateway/test_admission.py makes one).
+
+What the reports cannot show yet is the gateway's own latest work (in Kafka, in streams, taken but not
+reported for up to a heartbeat), so the queue ahead is never taken as less than this gateway's own
+requests without a first token. Several gateways: each sees the others' work through the reports.
+
+Unknowns do not refuse: no report yet since the gateway started (``stale_s``: reports arrive every
+heartbeat), a worker that reports no batch (a v2 writer) or no throughput measured yet: the request is
+admitted, as before any estimate existed. No worker of the model reporting at all, once the first
+``stale_s`` have passed: nobody can answer, and ``admit`` says 503 at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from schemas.records import WorkerState, WorkerStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """Requests without a first token yet, in count and tokens (the gateway's own, or the fleet's)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    first_token_s: float  # wait for a batch slot + the request's own prefill
+    wait_s: float  # until a batch slot takes it
+    workers: int  # serving workers of the model that reported
+    measured: bool  # False: a report lacked what the estimate needs (the request is admitted)
+
+
+class Fleet:
+    """Latest ``WorkerStatus`` per worker, fed by the gateway's reader (``replies.py``) on the event loop."""
+
+    def __init__(self, stale_s: float, clock=time.monotonic) -> None:
+        self.stale_s = stale_s
+        self._clock = clock
+        self._started = clock()
+        self._latest: dict[str, tuple[WorkerStatus, float]] = {}  # worker_id -> (status, received at)
+
+    def listening(self) -> None:
+        """The reader is positioned: reports can come from now on (the first report period starts)."""
+        self._started = self._clock()
+
+    def update(self, status: WorkerStatus) -> None:
+        self._latest[status.worker_id] = (status, self._clock())
+
+    @property
+    def warming_up(self) -> bool:
+        """True until a full report period has passed since start: no report yet says nothing."""
+        return self._clock() - self._started < self.stale_s
+
+    def serving(self, model: str) -> list[WorkerStatus]:
+        """Workers of ``model`` whose latest report, fresher than ``stale_s``, says SERVING."""
+        now = self._clock()
+        return [s for s, at in self._latest.values()
+                if s.model == model and s.state is WorkerState.SERVING and now - at <= self.stale_s]
+
+    def estimate(self, model: str, own: Work, prompt_tokens: int) -> Estimate | None:
+        """The first-token time of a request of ``prompt_tokens`` with ``own`` (this gateway's requests of
+        the model without a first token) ahead of it; None when no worker of the model serves."""
+        workers = self.serving(model)
+        if not workers:
+            return None
+        slots = sum(s.max_running for s in workers)
+        running = sum(s.running for s in workers)
+        waiting = max(sum(s.waiting for s in workers), own.requests)
+        decode = sum(s.decode_tokens_per_s for s in workers)
+        prefill = sum(s.prefill_tokens_per_s for s in workers)
+        service = prompt_tokens / prefill if prefill > 0 else 0.0
+        if any(s.max_running <= 0 for s in workers):  # a v2 report: no batch to compare with
+            return Estimate(service, 0.0, len(workers), measured=False)
+        if running + waiting < slots:
+            return Estimate(service, 0.0, len(workers), measured=True)
+        if decode <= 0:  # saturated before a rate was measured
+            return Estimate(service, 0.0, len(workers), measured=False)
+        queued = max(sum(s.queued_output_tokens for s in workers), own.output_tokens)
+        wait = (queued + sum(s.running_output_tokens for s in workers)) / decode
+        return Estimate(wait + service, wait, len(workers), measured=True)

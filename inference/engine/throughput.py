@@ -1,0 +1,54 @@
+"""What the engine can do, measured: tokens per second while it had more work than its batch.
+
+The gateway estimates a new request's wait from the work queued ahead of it divided by this rate
+(``gateway/fleet.py``), so the rate must be the engine's capacity, not its current output: an engine
+with two short requests running makes few tokens per second and could make many more. Only steps
+taken while requests were waiting (or every batch slot was taken) count for the output rate, each with
+the wall time since the step before it: the effective rate under the real mix (prompt chunks and
+decoding share those steps) and with the worker's own work between steps. The prompt
+rate is over every step that computed prompt tokens: the cost of one more request's prefill.
+
+A window of ``window_s``; when no step of a kind fell in it (the engine idle or unsaturated), the
+last rate measured stands: an idle engine still knows what it did when busy. 0.0 = never measured.
+"""
+
+from __future__ import annotations
+
+import collections
+
+MAX_GAP_S = 1.0  # the longest time between two saturated steps that counts as the work's cost
+
+
+class Throughput:
+    def __init__(self, window_s: float = 30.0) -> None:
+        self.window_s = window_s
+        # (end, seconds, tokens) of the steps that count, per rate
+        self._decode: collections.deque[tuple[float, float, int]] = collections.deque()
+        self._prefill: collections.deque[tuple[float, float, int]] = collections.deque()
+        self._last = {"decode": 0.0, "prefill": 0.0}
+        self._last_saturated_end: float | None = None
+
+    def record(self, end: float, seconds: float, prompt_tokens: int, generated: int, saturated: bool) -> None:
+        """One step that ended at ``end`` and took ``seconds``. A saturated step right after another one
+        counts the whole time since that one ended: what the worker does between steps (sending the
+        chunks, taking records) is part of what a token costs it."""
+        if saturated and generated:
+            since_last = end - self._last_saturated_end if self._last_saturated_end is not None else seconds
+            # a longer gap is the engine idling (its waiting requests were cancelled), not its cost
+            self._decode.append((end, since_last if seconds < since_last <= seconds + MAX_GAP_S else seconds,
+                                 generated))
+        self._last_saturated_end = end if saturated else None
+        if prompt_tokens:
+            self._prefill.append((end, seconds, prompt_tokens))
+
+    def rates(self, now: float) -> tuple[float, float]:
+        """(output tokens/s while saturated, prompt tokens/s)."""
+        return self._rate("decode", self._decode, now), self._rate("prefill", self._prefill, now)
+
+    def _rate(self, kind: str, steps: collections.deque[tuple[float, float, int]], now: float) -> float:
+        while steps and now - steps[0][0] > self.window_s:
+            steps.popleft()
+        seconds = sum(s for _, s, _ in steps)
+        if seconds > 0:
+            self._last[kind] = sum(n for _, _, n in steps) / seconds
+        return self._last[kind]

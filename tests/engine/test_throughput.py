@@ -1,0 +1,22 @@
+"""The engine's measured throughput (inference/engine/throughput.py): what it can do, not what it does now."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.engine.throughput import Throughput
+
+
+def test_only_saturated_steps_count_for_the_output_rate_and_an_idle_engine_keeps_its_last():
+    t = Throughput(window_s=30.0)
+    assert t.rates(0.0) == (0.0, 0.0)  # never measured
+    t.record(1.0, 0.1, prompt_tokens=0, generated=2, saturated=False)  # two short requests: 20 tokens/s, not capacity
+    assert t.rates(1.0) == (0.0, 0.0)
+    t.record(2.0, 0.1, prompt_tokens=40, generated=8, saturated=True)
+    # the next step ends 0.2 s after it: the 0.1 s between the steps (the worker sending chunks) is a cost too
+    t.record(2.2, 0.1, prompt_tokens=0, generated=8, saturated=True)
+    decode, prefill = t.rates(2.2)
+    assert decode == pytest.approx(16 / 0.3) and prefill == pytest.approx(40 / 0.1)
+    assert t.rates(100.0) == (pytest.approx(16 / 0.3), pytest.approx(400.0))  # the window is empty: the last stand
+    t.record(101.0, 0.2, prompt_tokens=0, generated=4, saturated=True)  # after an idle gap: its own time only
+    assert t.rates(101.0)[0] == pytest.approx(20.0)
