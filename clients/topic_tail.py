@@ -26,6 +26,8 @@ from schemas.records import RECORD_TYPES, EmbeddingResult
 from schemas.topics import BY_NAME, REPLIES, TopicSpec
 from transport import clients as kafka_clients
 from transport.errors import TransportError
+from transport.failures import ErrorBudget
+from transport.group_reader import messages_of
 from transport.message import ConsumedMessage
 from transport.settings import KafkaSettings
 
@@ -64,8 +66,9 @@ class TopicTail:
 
     def __init__(self, settings: KafkaSettings, name: str, *, partition: int | None = None,
                  from_beginning: bool = False, connect_timeout_s: float = 5.0,
-                 codec: AvroCodec | None = None) -> None:
+                 codec: AvroCodec | None = None, error_budget_s: float = 60.0) -> None:
         self.spec = resolve_topic(name)
+        self.errors = ErrorBudget(error_budget_s)
         self.topic = settings.topic(name)
         self.expected = (RECORD_TYPES[self.spec.value], *ALSO_CARRIED.get(self.spec.name, ()))
         self.codec = codec or default_codec()
@@ -134,15 +137,12 @@ class TopicTail:
         while not should_stop() and (max_records is None or count < max_records):
             want = 500 if max_records is None else min(500, max_records - count)
             raw = self._consumer.consume(want, poll_s)
-            batch = []
-            for msg in raw:
-                err = msg.error()
-                if err is None:
-                    batch.append(self.line(ConsumedMessage(msg)))
-                elif err.fatal():
-                    raise TransportError(f"consumer error on {self.topic}: {err.str()}")
-                # other events (partition EOF, a broker reconnecting) are not records: nothing to show
+            # Error events through the failure policy (transport.failures): a broker reconnecting is
+            # polled through for ``error_budget_s``, anything else (an authorization failure) ends the
+            # tail with the reason instead of showing nothing forever.
+            batch = [self.line(m) for m in messages_of(raw, self.errors, lambda msg: f"tail of {self.topic}")]
             if batch:
+                self.errors.ok()
                 last_message = time.monotonic()
                 count += len(batch)
                 yield batch

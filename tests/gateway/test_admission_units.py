@@ -116,11 +116,11 @@ def test_a_request_that_cannot_get_its_first_token_in_time_gets_429_with_the_exc
     gate.check(prompt(timeout_s=30), 0, 0, Work())  # 21 s < 30 s: taken
     started = time.perf_counter()
     with pytest.raises(OpenAIError) as refused:
-        gate.check(prompt(timeout_s=15), 0, 0, Work())
+        gate.check(prompt(timeout_s=15.5), 0, 0, Work())
     assert time.perf_counter() - started < 0.1
     error = refused.value
     assert error.status == 429 and error.code == "deadline_unreachable" and error.type == "rate_limit_error"
-    assert int(error.headers["Retry-After"]) == math.ceil(21 - 15)  # 6 s: the queue drains that far meanwhile
+    assert int(error.headers["Retry-After"]) == math.ceil(21 - 15.5)  # 6 s: the queue drains that far meanwhile
     assert "21 s" in error.message and "retry after 6 s" in error.message
 
 
@@ -151,3 +151,16 @@ def test_the_memory_guard_still_bounds_what_the_gateway_holds():
 def test_a_prompts_work_is_its_characters_and_every_choices_budget():
     work = work_of(prompt(max_tokens=50, text="x" * 400, n=3))
     assert (work.requests, work.prompt_tokens, work.output_tokens) == (1, 100, 150)
+
+
+def test_the_clients_timeout_header_is_its_deadline_within_the_gateways():
+    from gateway.translate import TIMEOUT_HEADER, client_timeout_s, deadline_at
+
+    assert client_timeout_s(None) is None and client_timeout_s("2.5") == 2.5
+    for bad in ("0", "-1", "soon", "nan", "inf"):
+        with pytest.raises(OpenAIError) as refused:
+            client_timeout_s(bad)
+        assert refused.value.status == 400 and refused.value.param == TIMEOUT_HEADER, bad
+    settings = GatewaySettings(first_chunk_timeout_s=300)
+    assert deadline_at(1_000, settings, 5) == 6_000
+    assert deadline_at(1_000, settings, 900) == deadline_at(1_000, settings) == 301_000  # never past the gateway's
