@@ -29,8 +29,9 @@ from gateway.openai_api import OpenAIError
 from gateway.settings import GatewaySettings
 from schemas.records import PromptRequest, now_ms
 
-# Measured (bench/load.py at 256 streams: the gateway's RSS loaded less idle, per request in flight).
-MEMORY_PER_PENDING = "about 20 KiB"
+# Measured: bench/load.py, the gateway's RSS with its requests in flight less idle, per request
+# (77 -> 81 MiB at 64 streams; docs/benchmarks.md). 4096 of them: some 256 MiB.
+MEMORY_PER_PENDING = "about 64 KiB"
 CHARS_PER_TOKEN = 4  # the gateway has no tokenizer: a prompt's tokens are estimated from its characters
 
 

@@ -15,7 +15,8 @@ Acknowledgements are explicit and per record:
 The record lock: a record is acquired for the group's ``share.record.lock.duration.ms``
 (``share_record_lock_ms``, 60 s) and the client cannot renew it (``transport.share_reader``).
 A generation still running when the lock runs out would be handed to another worker while it
-still runs here. So each item carries ``lock_until_ms`` (acquisition + lock - ``LOCK_MARGIN_MS``)
+still runs here. So each item carries ``lock_until_ms`` (acquisition + lock - ``share_lock_margin_ms``,
+5 s: what the stopped generation's Response and its ACCEPT need)
 and the worker stops a generation at that moment (finish TIMEOUT); see docs/worker.md for the
 measured longest generation.
 
@@ -52,9 +53,6 @@ from transport.share_reader import ACCEPT, REJECT, RELEASE, ShareGroupReader, Sh
 log = logging.getLogger(__name__)
 
 ACK_OF = {Outcome.DONE: ACCEPT, Outcome.DEAD: REJECT, Outcome.HAND_BACK: RELEASE}
-# Of the record lock, what is kept for the end of a generation: its Response's broker ack and the
-# ACCEPT's round trip (milliseconds each on a healthy broker; seconds leave room for a slow one).
-LOCK_MARGIN_MS = 5_000
 
 
 def share_group_config(settings: WorkerSettings) -> dict[str, str]:
@@ -138,7 +136,7 @@ class _Member:
     def take(self, messages: list[SharedMessage]) -> None:
         o = self.owner
         released: list[SharedMessage] = []
-        lock_until = now_ms() + o.settings.share_record_lock_ms - LOCK_MARGIN_MS  # acquired just now
+        lock_until = now_ms() + o.settings.share_record_lock_ms - o.settings.share_lock_margin_ms  # acquired just now
         for message in messages:
             count = message.delivery_count
             if count > o.settings.max_delivery_attempts:

@@ -40,6 +40,9 @@ class WorkerSettings(BaseSettings):
         description="share: the group's record lock (share.record.lock.duration.ms); a generation still running "
         "shortly before it runs out is stopped (TIMEOUT). Above 60000 the broker's "
         "group.share.max.record.lock.duration.ms must be raised too")
+    share_lock_margin_ms: int = Field(
+        5_000, ge=1_000, description="share: what is kept of the record lock for a stopped generation's Response and "
+        "its ACCEPT (milliseconds on a healthy broker; more for a slow machine or broker)")
     share_fetch_max_bytes: int = Field(512, ge=1, description="share: bound on one poll (max.poll.records is not)")
     share_consumers: int = Field(0, ge=0, description="share: consumers per priority class; 0 = max_in_flight // 2 "
                                  "(each holds one poll's records until all are acknowledged)")
@@ -63,6 +66,9 @@ class WorkerSettings(BaseSettings):
     def _check(self) -> "WorkerSettings":
         if self.max_in_flight and self.interactive_reserve >= self.max_in_flight:
             raise ValueError("interactive_reserve must be below max_in_flight")
+        if self.share_lock_margin_ms >= self.share_record_lock_ms:
+            raise ValueError(f"share_lock_margin_ms ({self.share_lock_margin_ms}) must be below share_record_lock_ms "
+                             f"({self.share_record_lock_ms}): a generation would be stopped before it started")
         return self
 
     def capacity(self, engine_max_batch: int) -> tuple[int, int]:
