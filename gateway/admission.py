@@ -30,8 +30,8 @@ from gateway.settings import GatewaySettings
 from schemas.records import PromptRequest, now_ms
 
 # Measured: bench/load.py, the gateway's RSS with its requests in flight less idle, per request
-# (77 -> 81 MiB at 64 streams; docs/benchmarks.md). 4096 of them: some 256 MiB.
-MEMORY_PER_PENDING = "about 64 KiB"
+# (77 -> 89 MiB at 256 streams, 48 KiB each; 62 KiB at 64; docs/benchmarks.md). 4096 of them: ~200 MiB.
+MEMORY_PER_PENDING = "about 50 KiB"
 CHARS_PER_TOKEN = 4  # the gateway has no tokenizer: a prompt's tokens are estimated from its characters
 
 

@@ -28,7 +28,7 @@ class GatewaySettings(BaseSettings):
     gateway_id: str | None = Field(None, description="Names this instance's reply topic; default host-port")
     models: list[str] = Field(default_factory=lambda: [DEFAULT_MODEL], description="Model ids served")
     # A memory guard, not the queue's bound: a request is taken when its estimated first token fits its
-    # deadline (gateway/admission.py); each one in flight costs the gateway about 64 KiB (MEMORY_PER_PENDING).
+    # deadline (gateway/admission.py); each one in flight costs the gateway about 50 KiB (MEMORY_PER_PENDING).
     max_pending: int = Field(4096, ge=1, description="Requests in flight in this gateway before new ones get 429 "
                              "(a memory guard: the estimated wait against the deadline decides first)")
     tenant_share: float = Field(0.5, gt=0, le=1, description="Most of max_pending one tenant may hold (at least 1 "
