@@ -39,12 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import bench_broker, bench_parser, fresh_kafka, percentile  # bench/, beside this script
-
-MODEL = "smollm2-135m-instruct"
-CONTEXT_TOKENS = 1024
-# The inference worker's engine (CHATPIPE_* variables): bench/e2e.py's.
-ENGINE = {"max_batch": 8, "kv_cache_tokens": 8 * CONTEXT_TOKENS, "max_seq_len": CONTEXT_TOKENS, "num_threads": 2}
+from e2e import ENGINE, MODEL  # the inference worker's engine settings: bench/e2e.py's (bench/, beside this script)
+from local_broker import bench_broker, bench_parser, fresh_kafka, percentile
 
 
 @dataclass
