@@ -33,7 +33,10 @@ class GatewaySettings(BaseSettings):
                              "(a memory guard: the estimated wait against the deadline decides first)")
     tenant_share: float = Field(0.5, gt=0, le=1, description="Most of max_pending one tenant may hold (at least 1 "
                                 "request): a busy tenant gets 429 while the rest stays free for the others")
-    worker_stale_s: float = Field(10.0, gt=0, description="A worker whose last report (chat.workers.status) is "
+    # 15 heartbeats: a busy worker's reports can come late (its event loop held up on a loaded machine:
+    # 10 s once answered a schema-constrained request 503 with the worker alive), and a worker that is
+    # really gone costs only this long of requests admitted that it will not answer.
+    worker_stale_s: float = Field(30.0, gt=0, description="A worker whose last report (chat.workers.status) is "
                                   "older is taken as gone; none of a model left: its requests get 503 at once")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; larger gets 413. "
                                 "The default takes the largest prompt the request limits allow, JSON-escaped")
