@@ -73,24 +73,26 @@ class Admission:
         if estimate.first_token_s <= left_s:
             return
         retry = max(1, math.ceil(estimate.first_token_s - left_s))
-        self.metrics.requests.labels("rejected_wait").inc()
-        raise OpenAIError(429, f"the estimated wait for a first token is {estimate.first_token_s:.0f} s (work queued "
-                               f"ahead on {estimate.workers} worker(s) at their measured rate), longer than this "
-                               f"request's {max(0.0, left_s):.0f} s to its deadline; retry after {retry} s, when the "
-                               "queue ahead will have drained that far",
-                          type="rate_limit_error", code="deadline_unreachable", headers={"Retry-After": str(retry)})
+        raise self._too_many("rejected_wait", "deadline_unreachable", retry,
+                             f"the estimated wait for a first token is {estimate.first_token_s:.0f} s (work queued "
+                             f"ahead on {estimate.workers} worker(s) at their measured rate), longer than this "
+                             f"request's {max(0.0, left_s):.0f} s to its deadline; retry after {retry} s, when the "
+                             "queue ahead will have drained that far")
 
     def _memory_guard(self, tenant: str, in_flight: int, tenant_held: int, retry: int) -> None:
         limit = max(1, int(self.settings.max_pending * self.settings.tenant_share))  # at least 1 request
         if in_flight >= self.settings.max_pending:
-            self.metrics.requests.labels("rejected_busy").inc()
-            raise OpenAIError(429, f"the gateway has {in_flight} requests in flight (limit "
-                                   f"{self.settings.max_pending}, CHATPIPE_GATEWAY_MAX_PENDING); retry after {retry} s",
-                              type="rate_limit_error", code="backlog_full", headers={"Retry-After": str(retry)})
+            raise self._too_many("rejected_busy", "backlog_full", retry,
+                                 f"the gateway has {in_flight} requests in flight (limit {self.settings.max_pending}, "
+                                 f"CHATPIPE_GATEWAY_MAX_PENDING); retry after {retry} s")
         if tenant_held >= limit:
-            self.metrics.requests.labels("rejected_tenant_busy").inc()
-            raise OpenAIError(429, f"tenant {tenant!r} has {tenant_held} requests in flight on this gateway, its limit "
-                                   f"({self.settings.tenant_share:g} of max_pending {self.settings.max_pending} = "
-                                   f"{limit}; CHATPIPE_GATEWAY_TENANT_SHARE); retry after {retry} s, or send fewer "
-                                   "requests at once. Other tenants are not affected",
-                              type="rate_limit_error", code="tenant_backlog_full", headers={"Retry-After": str(retry)})
+            raise self._too_many("rejected_tenant_busy", "tenant_backlog_full", retry,
+                                 f"tenant {tenant!r} has {tenant_held} requests in flight on this gateway, its limit "
+                                 f"({self.settings.tenant_share:g} of max_pending {self.settings.max_pending} = "
+                                 f"{limit}; CHATPIPE_GATEWAY_TENANT_SHARE); retry after {retry} s, or send fewer "
+                                 "requests at once. Other tenants are not affected")
+
+    def _too_many(self, outcome: str, code: str, retry: int, message: str) -> OpenAIError:
+        """A 429 counted under ``outcome`` (the requests metric), with its Retry-After."""
+        self.metrics.requests.labels(outcome).inc()
+        return OpenAIError(429, message, type="rate_limit_error", code=code, headers={"Retry-After": str(retry)})
