@@ -70,7 +70,10 @@ class Fleet:
         self._started = self._clock()
 
     def update(self, status: WorkerStatus) -> None:
-        self._latest[status.worker_id] = (status, self._clock())
+        now = self._clock()
+        self._latest[status.worker_id] = (status, now)
+        if len(self._latest) > 64:  # worker ids of restarted processes (host-pid): forget the long silent
+            self._latest = {w: (s, at) for w, (s, at) in self._latest.items() if now - at <= 10 * self.stale_s}
 
     @property
     def warming_up(self) -> bool:

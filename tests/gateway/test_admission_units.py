@@ -96,6 +96,13 @@ def test_stale_failed_and_other_models_reports_do_not_count():
     assert fleet.estimate(MODEL, Work(), 0) is None
 
 
+def test_long_silent_workers_are_forgotten_once_there_are_many():
+    fleet, clock = warm_fleet(*(status(f"old-{i}") for i in range(64)))
+    clock.now += 1000  # restarted long ago under other ids (host-pid)
+    fleet.update(status("new", decode=10.0))
+    assert list(fleet._latest) == ["new"] and [s.worker_id for s in fleet.serving(MODEL)] == ["new"]
+
+
 def test_unknowns_do_not_refuse():
     # saturated before any rate was measured; a v2 report without a batch size
     for report in (status(running=8, waiting=9, max_running=8, queued_output=10_000),
