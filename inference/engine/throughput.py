@@ -15,6 +15,7 @@ last rate measured stands: an idle engine still knows what it did when busy. 0.0
 from __future__ import annotations
 
 import collections
+import threading
 
 MAX_GAP_S = 1.0  # the longest time between two saturated steps that counts as the work's cost
 
@@ -27,11 +28,18 @@ class Throughput:
         self._prefill: collections.deque[tuple[float, float, int]] = collections.deque()
         self._last = {"decode": 0.0, "prefill": 0.0}
         self._last_saturated_end: float | None = None
+        # record() runs in the engine's thread, rates() in the worker's event loop (its heartbeat): a deque
+        # iterated in one while the other appends raises "mutated during iteration".
+        self._lock = threading.Lock()
 
     def record(self, end: float, seconds: float, prompt_tokens: int, generated: int, saturated: bool) -> None:
         """One step that ended at ``end`` and took ``seconds``. A saturated step right after another one
         counts the whole time since that one ended: what the worker does between steps (sending the
         chunks, taking records) is part of what a token costs it."""
+        with self._lock:
+            self._record(end, seconds, prompt_tokens, generated, saturated)
+
+    def _record(self, end: float, seconds: float, prompt_tokens: int, generated: int, saturated: bool) -> None:
         if saturated and generated:
             since_last = end - self._last_saturated_end if self._last_saturated_end is not None else seconds
             # a longer gap is the engine idling (its waiting requests were cancelled), not its cost
@@ -40,10 +48,14 @@ class Throughput:
         self._last_saturated_end = end if saturated else None
         if prompt_tokens:
             self._prefill.append((end, seconds, prompt_tokens))
+        for steps in (self._decode, self._prefill):  # bounded even when nobody asks for the rates
+            while len(steps) > 1 and end - steps[0][0] > self.window_s:
+                steps.popleft()
 
     def rates(self, now: float) -> tuple[float, float]:
         """(output tokens/s while saturated, prompt tokens/s)."""
-        return self._rate("decode", self._decode, now), self._rate("prefill", self._prefill, now)
+        with self._lock:
+            return self._rate("decode", self._decode, now), self._rate("prefill", self._prefill, now)
 
     def _rate(self, kind: str, steps: collections.deque[tuple[float, float, int]], now: float) -> float:
         while steps and now - steps[0][0] > self.window_s:

@@ -502,7 +502,11 @@ class Worker:
         while True:
             if self.aengine.failed:  # an idle worker would only find out at its next request
                 self._fail("the engine failed", self.aengine.failure)
-            self._send_status()
+            try:
+                self._send_status()
+            except Exception as exc:  # noqa: BLE001 - a worker that cannot report is taken as gone by the gateways
+                self._fail("the heartbeat failed", exc)
+                return
             await asyncio.sleep(self.settings.heartbeat_s)
 
 

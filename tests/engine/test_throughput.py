@@ -20,3 +20,31 @@ def test_only_saturated_steps_count_for_the_output_rate_and_an_idle_engine_keeps
     assert t.rates(100.0) == (pytest.approx(16 / 0.3), pytest.approx(400.0))  # the window is empty: the last stand
     t.record(101.0, 0.2, prompt_tokens=0, generated=4, saturated=True)  # after an idle gap: its own time only
     assert t.rates(101.0)[0] == pytest.approx(20.0)
+
+
+def test_the_window_stays_bounded_when_nobody_asks_and_threads_can_share_it():
+    """record() runs in the engine's thread and prunes as it goes (a CLI run never asks for rates);
+    rates() runs in the worker's event loop at the same time."""
+    import threading
+
+    t = Throughput(window_s=1.0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            while not stop.is_set():
+                t.rates(199.0)
+        except BaseException as exc:  # noqa: BLE001 - reported below, in the test
+            errors.append(exc)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        for i in range(20_000):
+            t.record(i * 0.01, 0.01, prompt_tokens=1, generated=1, saturated=True)
+    finally:
+        stop.set()
+        asker.join()
+    assert not errors, errors
+    assert len(t._decode) <= 102 and len(t._prefill) <= 102
