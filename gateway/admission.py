@@ -55,12 +55,14 @@ class Admission:
         self.fleet = fleet
 
     def check(self, prompt: PromptRequest, in_flight: int, tenant_held: int, not_started: Work,
-              guard_retry_s: int = 1) -> None:
+              guard_retry_s: int = 1, work: Work | None = None) -> None:
         """Raises OpenAIError (429 / 503) when ``prompt`` is not taken. ``in_flight``: the gateway's
         requests; ``tenant_held``: those of the prompt's tenant; ``not_started``: the gateway's requests
-        of the prompt's model without a first token; ``guard_retry_s``: Retry-After of a memory-guard 429."""
+        of the prompt's model without a first token; ``guard_retry_s``: Retry-After of a memory-guard 429;
+        ``work``: ``work_of(prompt)`` when the caller has it already."""
         self._memory_guard(prompt.tenant, in_flight, tenant_held, guard_retry_s)
-        estimate = self.fleet.estimate(prompt.model, not_started, work_of(prompt).prompt_tokens)
+        work = work or work_of(prompt)
+        estimate = self.fleet.estimate(prompt.model, not_started, work.prompt_tokens)
         if estimate is None:
             if self.fleet.warming_up:
                 return  # no report has had the time to come yet: nothing is known, nothing refused

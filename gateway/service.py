@@ -217,14 +217,14 @@ class GatewayService:
 
     # -- one request -------------------------------------------------------------------------------
 
-    def admit(self, prompt: PromptRequest) -> None:
-        """429 / 503 when the prompt is not taken (``admission.py``: the memory guard, a worker serving
-        its model, its estimated first token against its deadline)."""
+    def admit(self, prompt: PromptRequest, work: Work) -> None:
+        """429 / 503 when the prompt (asking ``work`` of a worker) is not taken (``admission.py``: the
+        memory guard, a worker serving its model, its estimated first token against its deadline)."""
         not_started = total(sub.work for sub in self.pending.values()
                             if sub.first_token_at is None and sub.model == prompt.model)
         held = sum(1 for sub in self.pending.values() if sub.tenant == prompt.tenant)
         retry = max(1, min(60, math.ceil(self._mean_duration_s / max(1, len(self.pending)) * 4)))
-        self.admission.check(prompt, len(self.pending), held, not_started, guard_retry_s=retry)
+        self.admission.check(prompt, len(self.pending), held, not_started, guard_retry_s=retry, work=work)
 
     async def submit(self, principal: Principal, body: ChatCompletionRequest, conversation_id: str | None,
                      received_at: float, traceparent: str | None = None, timeout_s: float | None = None) -> Submitted:
@@ -264,14 +264,15 @@ class GatewayService:
         cannot be encoded or that the broker refuses for its own sake (``transport.failures``: the
         record's fault) is a 400 naming ``param``, one the broker does not take a 503."""
         self.check_serving()
-        self.admit(prompt)
+        work = work_of(prompt)
+        self.admit(prompt, work)
         sampling = prompt.sampling
         tools = reads_tool_calls(sampling.response_format)  # tool_choice not "none": answers are read for calls
         choices = [Choice(i, [] if sampling.logprobs else None, tools=ToolCallStream() if tools else None)
                    for i in range(sampling.n)]
         sub = Submitted(prompt.request_id, prompt.conversation_id, prompt.model,
                         self.reader.register(prompt.request_id), received_at, prompt.deadline_at, choices,
-                        tenant=prompt.tenant, work=work_of(prompt))
+                        tenant=prompt.tenant, work=work)
         sub.span = self.tracer.start(
             f"POST {route}", traceparent, SERVER,
             {"http.request.method": "POST", "http.route": route, "chatpipe.request_id": sub.request_id,
