@@ -27,7 +27,8 @@ def serve(kafka: KafkaSettings, settings: GatewaySettings, graceful_s: float = 1
     # JSON logs: uvicorn's own loggers go through the root handler too (log_config None), one format.
     own_logs = {} if log_format() == "text" else {"log_config": None}
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                            timeout_graceful_shutdown=graceful_s, access_log=False, lifespan="on", **own_logs)
+                            timeout_graceful_shutdown=graceful_s, timeout_keep_alive=settings.keep_alive_s,
+                            access_log=False, lifespan="on", **own_logs)
     server = uvicorn.Server(config)
     service = app.state.service
     service.on_failure = lambda exc: setattr(server, "should_exit", True)  # its reply reader stopped

@@ -52,6 +52,11 @@ class GatewaySettings(BaseSettings):
     reply_retention_ms: int = Field(60 * 60 * 1000, gt=0, description="Retention of the reply topic")
     reply_error_budget_s: float = Field(60.0, gt=0, description="How long the reply reader may fail (broker away, "
                                         "its topic gone) before the gateway exits 1 to be restarted")
+    # Longer than clients keep an idle connection (httpx and the OpenAI SDK: 5 s, uvicorn's default too): with
+    # equal timeouts a client reusing a connection the server is closing at that moment gets a reset
+    # (tests/gateway/test_load.py saw one after a 5 s Retry-After). 75 s is nginx's default.
+    keep_alive_s: float = Field(75.0, gt=0, description="How long an idle HTTP keep-alive connection stays open "
+                                "(longer than clients keep theirs, so the client closes first)")
     log_level: str = Field("info", description="debug, info, warning")
 
     @classmethod

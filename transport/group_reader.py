@@ -178,6 +178,19 @@ class GroupReader:
             raise TransportError("commit failed for " + ", ".join(
                 f"{tp.topic}[{tp.partition}]@{tp.offset}: {tp.error.str()}" for tp in failed))
 
-    def close(self) -> None:
-        """Leave the group (partitions move at once instead of after the session timeout)."""
+    def close(self, revoke_timeout_s: float = 10.0) -> None:
+        """Leave the group (partitions move at once instead of after the session timeout).
+
+        Unsubscribes and serves the revocation first, then closes with nothing assigned: a rebalance
+        that arrives while ``Consumer.close`` runs has librdkafka call the rebalance hook from inside
+        close, whose assign then waits forever on a queue only close would serve (a worker stuck on
+        exit under load, caught by ``tests/worker/test_worker_failures.py``; librdkafka #4527 is the
+        same family). Records a poll returns meanwhile are dropped: uncommitted, so redelivered."""
+        try:
+            self._consumer.unsubscribe()
+            deadline = time.monotonic() + revoke_timeout_s
+            while self._consumer.assignment() and time.monotonic() < deadline:
+                self._consumer.consume(1, 0.1)
+        except KafkaException as exc:  # a consumer in a fatal state: close is all that is left to do
+            log.debug("unsubscribe before close failed: %s", exc)
         self._consumer.close()

@@ -46,7 +46,8 @@ class KeyedStream:
     def _delivered(self, err, msg) -> None:
         key, seq = msg.key().decode(), int(msg.value())
         if err is None:
-            self.acked[(key, seq)] = (msg.partition(), msg.offset())
+            offset = msg.offset()  # None or negative: acknowledged without an offset (see verify)
+            self.acked[(key, seq)] = (msg.partition(), -1 if offset is None else offset)
             self.ack_times.append(now := time.monotonic())
             self.last_ack_at[msg.partition()] = now
         else:

@@ -106,3 +106,29 @@ def test_gateway_errors_reach_the_user_as_one_line(pipeline):
     assert failures == 1
     [line] = err.getvalue().splitlines()
     assert line.startswith("error: ") and "context_length_exceeded" in line
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_own_expiry(pipeline):
+    """Guards against the gateway closing idle connections after 5 s, the same time httpx and the OpenAI SDK
+    keep theirs: a client reusing one just as the server closes it got a reset (a ReadError in
+    test_load.py after a 5 s Retry-After). One connection, a request, 6 s idle, a second request on it."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(pipeline.url)
+    request = f"GET /healthz HTTP/1.1\r\nHost: {where.hostname}\r\n\r\n".encode()
+    with socket.create_connection((where.hostname, where.port), timeout=30) as conn:
+        replies = conn.makefile("rb")
+
+        def exchange() -> bytes:
+            conn.sendall(request)
+            status, length = replies.readline(), 0
+            while (line := replies.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            replies.read(length)
+            return status
+
+        assert exchange().startswith(b"HTTP/1.1 200")
+        time.sleep(6)
+        assert exchange().startswith(b"HTTP/1.1 200"), "the gateway closed an idle connection within 6 s"
