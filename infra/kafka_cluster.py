@@ -140,8 +140,7 @@ class ClusterNode:
     def start(self, lib: Path) -> None:
         """Start the JVM in the background (no waiting: a node alone cannot form the quorum)."""
         java = kafka_java(self.settings.java, lib, self.logs_dir, f"-Xmx{self.settings.node_heap}", "-Xms64m",
-                          "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",  # C1 only: less JIT work on a few shared cores
-                          "-Djava.awt.headless=true")
+                          "-XX:+UseG1GC", "-Djava.awt.headless=true")
         # In a session of its own: it outlives the CLI; `down` stops it.
         self.proc = spawn([*java, "kafka.Kafka", str(self.props)], self.stdout_file, cwd=self.dir)
         self.pid_file.write_text(str(self.proc.pid))
