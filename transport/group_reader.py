@@ -85,6 +85,7 @@ class GroupReader:
         self._on_commit = on_commit
         self.errors = ErrorBudget(error_budget_s)
         self.assignment: set[tuple[str, int]] = set()
+        self._memberless_since: float | None = time.monotonic()  # not in the group yet: joining
         self._consumer = Consumer({
             **settings.client_config(),
             "group.id": group_id,
@@ -141,12 +142,28 @@ class GroupReader:
                 raw += self._consumer.consume(max_messages - 1, 0)
         if raw:
             self.tracer.record_receive(self._destination, self.group_id, raw, start_ns)
+        self._check_membership()
         out = wrap_batch(raw)  # the common case (no error events), built in a GC pause (transport/batches.py)
         if out is None:
             out = messages_of(raw, self.errors, lambda msg: f"consumer error on {msg.topic() or self.topics}")
         if out:
             self.errors.ok()
         return out
+
+    def _check_membership(self) -> None:
+        """Raise ``TransportError`` when this consumer has not been a member of its group for longer than
+        the error budget: it reads nothing and says nothing. Seen once in CI after a broker restart: the
+        worker's interactive consumer was revoked with the session and never joined again (its group EMPTY,
+        9 prompts waiting) while the same process's batch consumer rejoined in 9 s. The caller exits and is
+        restarted, as for any infrastructure fault past its budget (docs/architecture.md, "Failure policy")."""
+        now = time.monotonic()
+        if self._consumer.memberid():
+            self._memberless_since = None
+        elif self._memberless_since is None:
+            self._memberless_since = now
+        elif now - self._memberless_since > self.errors.budget_s:
+            raise TransportError(f"consumer of {self.topics} has not been a member of group {self.group_id!r} for "
+                                 f"{now - self._memberless_since:.0f} s (it never rejoined after losing its session)")
 
     def pause(self, partitions: Iterable[tuple[str, int]]) -> None:
         if tps := [TopicPartition(t, p) for t, p in partitions]:

@@ -49,6 +49,9 @@ class FakeConsumer:
     def consume(self, n, timeout):
         return self.batches.pop(0) if self.batches else []
 
+    def memberid(self):  # a member of its group: only the events are made up
+        return "member-1"
+
     def close(self):
         pass
 
