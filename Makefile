@@ -31,10 +31,20 @@ prerequisites:
 # took 107 s from its own cache, most of it unpacking torch's CUDA wheels again for every new venv.
 # --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (CI here), nothing writes the
 # .pyc files later, and every process the tests start compiled torch again (a run twice as slow).
+# pyspark is published as a source archive only: uv built it again for every fresh venv (a minute)
+# and kept each 470 MB build and 900 MB unpacked archive under a new cache revision (44 GB after a day
+# of fresh clones filled this machine's disk and failed CI). So its wheel is built once, by pip (whose
+# cache keeps the build), into WHEELHOUSE, and uv installs it from there.
+WHEELHOUSE ?= $(HOME)/.cache/chatpipe/wheels
+PYSPARK_PIN = $(shell grep -o 'pyspark==[0-9.]*' pyproject.toml)
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e ".[all,test]"
+	@ls $(WHEELHOUSE)/$(subst ==,-,$(PYSPARK_PIN))-*.whl >/dev/null 2>&1 || { \
+	  echo "building the $(PYSPARK_PIN) wheel once into $(WHEELHOUSE)"; \
+	  $(PY) -m pip wheel -q --no-deps -w $(WHEELHOUSE) "$(PYSPARK_PIN)"; }
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) --find-links $(WHEELHOUSE) -e ".[all,test]"
 	touch $@
 
 setup: prerequisites $(VENV)/.installed
