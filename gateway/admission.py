@@ -14,6 +14,10 @@ In order, for each prompt (``GatewayService._produce``):
    Longer: 429 ``deadline_unreachable`` with ``Retry-After`` = the excess: the queue ahead drains at the
    measured rate, so a retry then fits unless more work arrived meanwhile. The estimate uses each
    request's ``max_tokens``, an upper bound: requests that stop early make the real wait shorter.
+4. **Flex needs room soon**: ``service_tier: flex`` is the batch class, which runs only where no
+   interactive request waits; when the estimated wait for a batch slot is over ``flex_max_wait_s`` it
+   gets 429 ``flex_capacity_unavailable`` (OpenAI's flex answers 429 when it has no capacity), with
+   ``Retry-After`` = the excess.
 
 A refusal is decided from memory (no I/O): it comes back within milliseconds.
 """
@@ -27,7 +31,7 @@ from gateway.fleet import Fleet, Work
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import OpenAIError
 from gateway.settings import GatewaySettings
-from schemas.records import PromptRequest, now_ms
+from schemas.records import Priority, PromptRequest, now_ms
 
 # Measured: bench/load.py, the gateway's RSS with its requests in flight less idle, per request
 # (77 -> 89 MiB at 256 streams, 48 KiB each; 62 KiB at 64; docs/benchmarks.md). 4096 of them: ~200 MiB.
@@ -73,6 +77,7 @@ class Admission:
                               headers={"Retry-After": str(max(1, math.ceil(self.fleet.stale_s)))})
         left_s = (prompt.deadline_at - now_ms()) / 1000 if prompt.deadline_at is not None else math.inf
         if estimate.first_token_s <= left_s:
+            self._flex_room(prompt, estimate.wait_s)
             return
         retry = max(1, math.ceil(estimate.first_token_s - left_s))
         raise self._too_many("rejected_wait", "deadline_unreachable", retry,
@@ -80,6 +85,16 @@ class Admission:
                              f"ahead on {estimate.workers} worker(s) at their measured rate), longer than this "
                              f"request's {max(0.0, left_s):.0f} s to its deadline; retry after {retry} s, when the "
                              "queue ahead will have drained that far")
+
+    def _flex_room(self, prompt: PromptRequest, wait_s: float) -> None:
+        limit = self.settings.flex_max_wait_s
+        if prompt.priority is not Priority.BATCH or wait_s <= limit:
+            return
+        retry = max(1, math.ceil(wait_s - limit))
+        raise self._too_many("rejected_flex", "flex_capacity_unavailable", retry,
+                             f"service_tier flex: the estimated wait for a batch slot is {wait_s:.0f} s, over flex's "
+                             f"{limit:g} s (CHATPIPE_GATEWAY_FLEX_MAX_WAIT_S); retry after {retry} s, or send it "
+                             "with service_tier default")
 
     def _memory_guard(self, tenant: str, in_flight: int, tenant_held: int, retry: int) -> None:
         limit = max(1, int(self.settings.max_pending * self.settings.tenant_share))  # at least 1 request

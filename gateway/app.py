@@ -162,7 +162,7 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
             choices = [choice(c.index, c.message()[0], c.finish_reason, c.logprobs, c.message()[1])
                        for c in sub.choices]
             return JSONResponse(completion(sub.request_id, sub.model, choices, sub.tokens_in, sub.tokens_out,
-                                           sub.created), headers=headers)
+                                           sub.created, sub.service_tier), headers=headers)
         return StreamingResponse(events(service, sub, first, deltas, body.include_usage), media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -174,7 +174,7 @@ async def events(service: GatewayService, sub: Submitted, first: Delta | None, d
     """The SSE body: each choice's role, its text deltas (with their tokens' logprobs when asked),
     its finish reason; usage when asked (all choices' tokens), once every choice ended; ``[DONE]``."""
     finished = False
-    sub_chunk = partial(chunk, sub.request_id, sub.model, sub.created)  # an event of this request
+    sub_chunk = partial(chunk, sub.request_id, sub.model, sub.created, service_tier=sub.service_tier)  # of this request
 
     def event(delta: Delta) -> Iterator[str]:
         if delta.parts is not None:  # tools: content and tool_calls deltas (the logprobs on the first)

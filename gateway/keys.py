@@ -3,7 +3,12 @@
     {"sk-app":   {"tenant": "acme", "user": "ada"},                      # bound: always user "ada"
      "sk-multi": {"tenant": "acme", "users": "any", "namespace": "shop"}, # multi-user: "user": "bob" -> "shop:bob"
      "sk-plain": {"tenant": "acme"},                                       # plain: names nobody
-     "sk-other": "globex"}                                                 # a plain string: the tenant, a plain key
+     "sk-other": "globex",                                                 # a plain string: the tenant, a plain key
+     "sk-big":   {"tenant": "initech", "weight": 3}}                       # 3x the share when tenants compete
+
+``weight`` is the tenant's weight in the fair share of the inference workers (inference/engine/fair_queue.py):
+when tenants compete for a batch, each gets tokens in proportion to it; alone, a tenant gets all. It is a
+tenant's, so its keys that give one must agree; those that do not take it (default 1).
 
 Who a request belongs to (``resolve_user``; docs/gateway.md "Who may name a user"):
 
@@ -28,6 +33,7 @@ keyed by a secret derived from the API key, over the request's uuid, user id and
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -37,6 +43,7 @@ from pathlib import Path
 
 from gateway.openai_api import OpenAIError
 from schemas.errors import ChatpipeError
+from schemas.requests import RequestRuleError, check_share_weight
 
 MULTI_USER = "any"  # the one value of "users" understood today
 _MAC_HEX = 32  # 128 bits of HMAC-SHA256: forging one takes ~2^128 tries against the gateway
@@ -55,6 +62,7 @@ class Principal:
     bound: bool = False  # keys file "user": acts for that one user only
     multi_user: bool = False  # keys file "users": "any": may name any user, under `namespace`
     namespace: str = ""  # prefix of the users a multi-user key names
+    share_weight: float = 1.0  # the tenant's weight in the fair share (keys file "weight")
     mac_secret: bytes = field(default=b"", repr=False)  # derived from the key: request-id MACs
 
 
@@ -130,11 +138,17 @@ def principal_of(key: str, value: object, where: str = "keys file") -> Principal
         raise KeysFileError(f'{name}: "user" is empty')
     if "namespace" in value and users is None:
         raise KeysFileError(f'{name}: "namespace" is for multi-user keys ("users": "any")')
+    weight = value.get("weight", 1.0)
+    try:
+        check_share_weight(weight, field='"weight"')
+    except RequestRuleError as exc:
+        raise KeysFileError(f"{name}: {exc}") from None
     namespace = str(value.get("namespace") or default_user(key))
     if users is not None and (":" in namespace or not namespace.strip()):
         raise KeysFileError(f'{name}: "namespace" must be non-empty and without ":" (got {namespace!r})')
     return Principal(tenant, str(user) if user is not None else default_user(key), bound=user is not None,
                      multi_user=users is not None, namespace=namespace if users is not None else "",
+                     share_weight=float(weight),
                      # the MAC secret, HMAC(key, label): the key itself never keys anything else
                      mac_secret=hmac.new(key.encode(), _SECRET_LABEL, hashlib.sha256).digest())
 
@@ -155,6 +169,22 @@ def check_no_shared_users(entries: dict[str, Principal], where: str = "keys file
                                 "multi-user key of the same tenant: rename one")
 
 
+def with_tenant_weights(raw: dict[str, object], entries: dict[str, Principal],
+                        where: str = "keys file") -> dict[str, Principal]:
+    """Every key of a tenant with the tenant's one ``weight`` (the keys that name it must agree)."""
+    named: dict[str, tuple[str, float]] = {}
+    for key, value in raw.items():
+        if isinstance(value, dict) and "weight" in value:
+            p = entries[key]
+            if p.tenant in named and named[p.tenant][1] != p.share_weight:
+                raise KeysFileError(f"{where}: keys {named[p.tenant][0][:6]}... and {key[:6]}... of tenant {p.tenant!r} "
+                                    f"give it different weights ({named[p.tenant][1]:g}, {p.share_weight:g}): a weight "
+                                    "is the tenant's; give one, or the same on each")
+            named[p.tenant] = (key, p.share_weight)
+    return {key: dataclasses.replace(p, share_weight=named[p.tenant][1]) if p.tenant in named else p
+            for key, p in entries.items()}
+
+
 class KeyStore:
     def __init__(self, entries: dict[str, Principal]) -> None:
         self._entries = entries
@@ -173,7 +203,7 @@ class KeyStore:
         if not isinstance(raw, dict) or not raw:
             raise KeysFileError(f'keys file {path}: expected a non-empty JSON object {{"<key>": {{"tenant": ...}}}}')
         where = f"keys file {path}"
-        entries = {key: principal_of(key, value, where) for key, value in raw.items()}
+        entries = with_tenant_weights(raw, {key: principal_of(key, value, where) for key, value in raw.items()}, where)
         check_no_shared_users(entries, where)
         return cls(entries)
 

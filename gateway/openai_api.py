@@ -26,6 +26,7 @@ from typing import Any, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from schemas.embeddings import check_inputs
+from schemas.records import Priority
 from schemas.requests import (
     OPENAI_ROLES,
     RESPONSE_FORMAT_TYPES,
@@ -91,6 +92,19 @@ class Message(BaseModel):
 class StreamOptions(BaseModel):
     # include_obfuscation (OpenAI's random padding of stream events) is ignored, as unknown fields are: docs/gateway.md
     include_usage: bool = False
+
+
+# OpenAI's ``service_tier`` -> the priority class a request runs in. ``flex`` is the batch class: slower
+# (it runs where no interactive request waits), and refused with 429 when the fleet has no room for it
+# soon (admission.py). chatpipe has no class above interactive, so ``priority`` runs as ``default`` does,
+# and the answer says ``default``, as OpenAI's does for a project without priority processing.
+SERVICE_TIERS = {None: Priority.INTERACTIVE, "auto": Priority.INTERACTIVE, "default": Priority.INTERACTIVE,
+                 "priority": Priority.INTERACTIVE, "flex": Priority.BATCH}
+
+
+def service_tier_served(priority: Priority) -> str:
+    """The ``service_tier`` an answer echoes: the tier its class served it in."""
+    return "flex" if priority is Priority.BATCH else "default"
 
 
 class SamplingFields(BaseModel):
@@ -211,10 +225,10 @@ class ChatCompletionRequest(SamplingFields):
             raise unsupported("store", "store: true asks for OpenAI's stored-completions API (list and retrieve "
                                        "completions), which chatpipe does not have; leave it out. chatpipe keeps "
                                        "conversations by their id (docs/gateway.md)", code="unsupported_value")
-        if self.service_tier not in (None, "auto", "default"):
-            raise unsupported("service_tier", f"service_tier {self.service_tier!r} is not offered: chatpipe serves "
-                                              "every request the same way; use \"auto\" or \"default\", or leave it "
-                                              "out", code="unsupported_value")
+        if self.service_tier not in SERVICE_TIERS:
+            raise unsupported("service_tier", f"service_tier {self.service_tier!r} is not one of OpenAI's tiers: use "
+                                              '"auto", "default", "flex" or "priority", or leave it out',
+                              code="unsupported_value")
         if self.modalities is not None and set(self.modalities) - {"text"}:
             raise unsupported("modalities", f"modalities {self.modalities!r}: chatpipe's models answer with text only; "
                                             'use ["text"] or leave it out', code="unsupported_value")

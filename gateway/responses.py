@@ -44,10 +44,11 @@ _MAX_HEAD_CHARS = 256  # a head that is not a call by then is text
 # -- chat completions -------------------------------------------------------------------------------
 
 def completion(request_id: str, model: str, choices: list[dict[str, Any]], tokens_in: int, tokens_out: int,
-               created: int) -> dict[str, Any]:
-    """A ``chat.completion``; ``choices`` from ``choice`` (index order)."""
+               created: int, service_tier: str = "default") -> dict[str, Any]:
+    """A ``chat.completion``; ``choices`` from ``choice`` (index order); ``service_tier``: the tier
+    that served it (``openai_api.service_tier_served``)."""
     return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created, "model": model,
-            "choices": choices, "usage": usage(tokens_in, tokens_out)}
+            "service_tier": service_tier, "choices": choices, "usage": usage(tokens_in, tokens_out)}
 
 
 def choice(index: int, text: str | None, finish_reason: str, logprobs: list[Any] | None = None,
@@ -84,11 +85,11 @@ def usage(tokens_in: int, tokens_out: int) -> dict[str, int]:
 
 def chunk(request_id: str, model: str, created: int, *, index: int = 0, delta: dict[str, Any] | None = None,
           logprobs: list[Any] | None = None, finish_reason: str | None = None,
-          usage_: dict[str, int] | None = None) -> str:
+          usage_: dict[str, int] | None = None, service_tier: str = "default") -> str:
     """One SSE event of a streamed completion (``chat.completion.chunk``) for choice ``index``;
     ``logprobs``: the ``TokenLogprob``s of this event's tokens (None: not asked)."""
     body: dict[str, Any] = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": created,
-                            "model": model}
+                            "model": model, "service_tier": service_tier}
     if usage_ is not None:  # OpenAI's usage chunk: no choices, usage only (stream_options.include_usage)
         body["choices"] = []
         body["usage"] = usage_

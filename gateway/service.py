@@ -30,7 +30,7 @@ from gateway.admission import Admission, total, work_of
 from gateway.fleet import Fleet, Work
 from gateway.keys import Principal, owns_request, resolve_user
 from gateway.metrics import GatewayMetrics
-from gateway.openai_api import ChatCompletionRequest, CompletionRequest, OpenAIError
+from gateway.openai_api import ChatCompletionRequest, CompletionRequest, OpenAIError, service_tier_served
 from gateway.replies import Reply, ReplyReader, ReplyReaderStopped, ensure_reply_topic
 from gateway.responses import FINISH, ToolCallStream, error_for_chunk, reader_stopped_error, reads_tool_calls
 from gateway.responses import finish_reason as tool_finish_reason
@@ -133,6 +133,7 @@ class Submitted:
     first_token_at: float | None = None
     done: bool = False
     tenant: str = ""  # whose backlog share this request takes (admit)
+    service_tier: str = "default"  # echoed in the answer: the tier its priority class serves (openai_api.py)
     work: Work = field(default_factory=Work)  # what it asks of a worker, in tokens, until its first token (admit)
     span: Span | None = None  # the HTTP request's span: the PromptRequest is produced as its child
     read_span: Span | None = None  # reading the answer's chunks from the reply topic
@@ -272,7 +273,7 @@ class GatewayService:
                    for i in range(sampling.n)]
         sub = Submitted(prompt.request_id, prompt.conversation_id, prompt.model,
                         self.reader.register(prompt.request_id), received_at, prompt.deadline_at, choices,
-                        tenant=prompt.tenant, work=work)
+                        tenant=prompt.tenant, work=work, service_tier=service_tier_served(prompt.priority))
         sub.span = self.tracer.start(
             f"POST {route}", traceparent, SERVER,
             {"http.request.method": "POST", "http.route": route, "chatpipe.request_id": sub.request_id,

@@ -46,6 +46,9 @@ class GatewaySettings(BaseSettings):
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none")
     first_chunk_timeout_s: float = Field(300.0, gt=0, description="Give up (504) when no token came by then; "
                                          "also each PromptRequest's deadline (created_at + this)")
+    flex_max_wait_s: float = Field(60.0, ge=0, description="service_tier flex (the batch class) is refused with 429 "
+                                   "flex_capacity_unavailable when the estimated wait for a batch slot is longer: "
+                                   "flex runs only where no interactive request waits, so the estimate is its least")
     chunk_timeout_s: float = Field(120.0, gt=0, description="Give up when the stream stalls this long")
     delivery_timeout_s: float = Field(5.0, gt=0, description="Answer 503 when the broker has not acknowledged "
                                       "a prompt by then (librdkafka's own default is 300 s)")

@@ -40,6 +40,7 @@ from gateway.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingsBody,
+    SERVICE_TIERS,
     OpenAIError,
     SamplingFields,
     rules_as_400,
@@ -85,7 +86,8 @@ def chat_request_to_prompt(body: ChatCompletionRequest, principal: Principal, se
         request_id=request_id_for(principal, user.user_id, conversation), conversation_id=conversation,
         user_id=user.user_id, memory_scope=memory_scope(user), tenant=principal.tenant, created_at=created_at,
         model=body.model, messages=content.messages, sampling=content.sampling, stream=body.stream,
-        reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings, timeout_s))
+        reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings, timeout_s),
+        priority=SERVICE_TIERS[body.service_tier], share_weight=principal.share_weight)
 
 
 def completion_request_to_prompts(body: CompletionRequest, principal: Principal, settings: GatewaySettings, *,
@@ -106,7 +108,8 @@ def completion_request_to_prompts(body: CompletionRequest, principal: Principal,
             request_id=request_id_for(principal, user.user_id, conversation), conversation_id=conversation,
             user_id=user.user_id, memory_scope=memory_scope(user), tenant=principal.tenant, created_at=created_at,
             model=body.model, messages=[], raw_prompt=text, sampling=sampling, stream=body.stream,
-            reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings, timeout_s)))
+            reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings, timeout_s),
+            share_weight=principal.share_weight))
     return records
 
 

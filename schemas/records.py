@@ -125,7 +125,10 @@ class PromptRequest:
     # v5 (POST /v1/completions): a raw text prompt, tokenized as it is: no chat template, no system
     # prompt, no memory recall, not remembered; ``messages`` is then empty. None: a chat request.
     raw_prompt: str | None = None
-    schema_version: int = 5  # v5: the sampling fields of issue 23 (penalties, logprobs, n, response_format)
+    # v6: the sender's weight in the fair share when tenants compete (the keys file's ``weight``):
+    # the worker's engine orders tenants by tokens served / weight (inference/engine/fair_queue.py).
+    share_weight: float = 1.0
+    schema_version: int = 6  # v6: share_weight; v5: the sampling fields of issue 23 (penalties, logprobs, n, ...)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -148,7 +151,8 @@ class InferenceRequest:
     # v3: PromptRequest v5's raw_prompt, carried over: the worker tokenizes it as it is (no chat
     # template) and ``messages`` is empty. None: the chat template over ``messages``.
     raw_prompt: str | None = None
-    schema_version: int = 3  # v3: the sampling fields of PromptRequest v5, carried over unchanged
+    share_weight: float = 1.0  # v4: PromptRequest v6's, carried over
+    schema_version: int = 4  # v4: share_weight; v3: the sampling fields of PromptRequest v5, carried over
 
 
 @dataclass(slots=True)

@@ -377,6 +377,19 @@ def check_prompt_request(request: Any, *, context_tokens: int | None = None, lim
     else:
         check_messages([(m.role, m.content) for m in request.messages], limits)
     check_record_sampling(request.sampling, context_tokens=context_tokens, limits=limits)
+    check_share_weight(getattr(request, "share_weight", 1.0))
+
+
+MAX_SHARE_WEIGHT = 1000.0  # a weight above this would let one tenant hold a batch for good
+
+
+def check_share_weight(weight: float, *, field: str = "share_weight") -> None:
+    """A tenant's weight in the fair share (PromptRequest v6, the keys file's ``weight``): a finite
+    number in (0, MAX_SHARE_WEIGHT]."""
+    if not (isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight)
+            and 0 < weight <= MAX_SHARE_WEIGHT):
+        raise RequestRuleError(field, f"is {weight!r}; a weight is a number above 0 and at most "
+                                      f"{MAX_SHARE_WEIGHT:g} (1 = an equal share)")
 
 
 def check_record_sampling(sampling: Any, *, context_tokens: int | None = None, limits: RequestLimits = LIMITS) -> None:

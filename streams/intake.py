@@ -301,7 +301,7 @@ class Intake:
             request_id=request.request_id, conversation_id=request.conversation_id, user_id=request.user_id,
             tenant=request.tenant, created_at=request.created_at, model=request.model, sampling=request.sampling,
             priority=request.priority, reply_to=request.reply_to, reply_partition=request.reply_partition,
-            deadline_at=request.deadline_at, **context,
+            deadline_at=request.deadline_at, share_weight=request.share_weight, **context,
         )
 
     async def _send(self, prompt: _Prompt, out: InferenceRequest, outbox: Outbox) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -172,6 +173,7 @@ class Engine:
         user_id: str = "",
         cache_prefix: bool = True,
         constraints: Sequence[Any] | None = None,
+        share_weight: float = 1.0,
     ) -> tuple[Admission, list[Request]]:
         """n > 1: one request per id in ``request_ids`` (or ``n`` with generated ids) on the same
         prompt, all accepted or all refused. The first computes the prompt; the others are
@@ -179,7 +181,8 @@ class Engine:
         full blocks from the prefix cache instead of computing them again (with prefix caching
         off they run at once). With a seed, sibling i gets ``seed + i``, so the n answers differ and
         each is reproducible. ``text_streams`` / ``constraints``: one per sibling (each its own
-        object: both are stateful), or None."""
+        object: both are stateful), or None. ``share_weight``: the tenant's weight in the fair share
+        (``fair_queue.py``)."""
         ids = [None] * request_ids if isinstance(request_ids, int) else list(request_ids)
         n = len(ids)
         if n < 1:
@@ -187,6 +190,8 @@ class Engine:
         for name, per in (("text_streams", text_streams), ("constraints", constraints)):
             if per is not None and len(per) != n:
                 raise InvalidRequestError(f"{name} has {len(per)} entries for {n} requests")
+        if not (math.isfinite(share_weight) and share_weight > 0):
+            raise InvalidRequestError(f"share_weight must be a finite number above 0, got {share_weight}")
         prompt = [int(t) for t in prompt_token_ids]
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
@@ -204,6 +209,7 @@ class Engine:
                 text_stream=text_streams[i] if text_streams else None,
                 tenant=tenant,
                 user_id=user_id,
+                share_weight=share_weight,
                 register_blocks=cache_prefix,
                 constraint=constraints[i] if constraints else None,
                 prompt_leader=reqs[0] if reqs else None,

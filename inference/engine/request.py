@@ -148,6 +148,11 @@ class Request:
     # the (tenant, user_id) pair owns the blocks it computes (``Engine.forget_prefixes``).
     tenant: str = DEFAULT_TENANT
     user_id: str = ""
+    # The tenant's weight in the fair share (fair_queue.py): twice the weight, twice the tokens when
+    # tenants compete. ``num_charged``: prompt positions already counted to the tenant (a recompute
+    # after preemption is not charged again).
+    share_weight: float = 1.0
+    num_charged: int = 0
     register_blocks: bool = True  # False once its user was forgotten: computes, caches nothing more
     num_cross_tenant_cached_tokens: int = 0  # of num_cached_tokens, from blocks of other tenants (unsalted only)
     # Text edge (``text.TextStream``): fed each sampled token in the engine's step; when it reports

@@ -14,11 +14,14 @@ Policy, in order, each ``schedule()``:
      ones stay in the prefix cache), it goes back to the head of its priority class in the
      waiting queue, and later recomputes its prompt and the tokens it already produced (greedy
      output is unchanged; a sampled request keeps its own generator);
-  3. waiting requests are admitted in queue-policy order (interactive before batch, FCFS inside a
-     class, preempted requests first in their class by admission order) while there is a free
-     batch slot, KV room and step budget. A new request reuses the longest cached prefix of its
+  3. waiting requests are admitted in queue-policy order (interactive before batch; inside a class
+     ``fair``: the tenant served least first, FCFS within a tenant, ``fair_queue.py``; ``priority``:
+     FCFS; preempted requests first by admission order) while there is a free batch slot, KV room
+     and step budget. With ``fair``, a full batch makes room for a tenant under its share first
+     (``fair_queue.fairness_victim``: one request of a tenant over its share is preempted). A new request reuses the longest cached prefix of its
      tokens and computes only the rest. The head of the queue is never skipped for a smaller
-     request behind it, and a new arrival never preempts a running request (no starvation). An
+     request behind it, and a new arrival never preempts a running request to run sooner itself,
+    only to give its tenant its fair share against another's (no starvation). An
      n > 1 sibling (``add_group``, ``Request.prompt_leader``) waits at the head until its leader
      has computed the shared prompt, then takes those blocks from the prefix cache.
 
@@ -37,6 +40,7 @@ from typing import Callable, Iterator, Literal
 
 from inference.engine.block_allocator import BlockAllocator
 from inference.engine.errors import InvalidRequestError
+from inference.engine.fair_queue import FairWaitingQueue, TenantCounters, fairness_victim
 from inference.engine.request import Admission, FinishReason, Priority, Request, RequestStatus
 
 
@@ -46,7 +50,7 @@ class SchedulerConfig:
     max_seq_len: int = 2048  # most tokens (prompt + output) one request may hold
     max_step_tokens: int = 512  # most tokens computed in one step (prompt chunks + decodes)
     max_waiting: int = 256  # waiting-queue bound; beyond it add_group answers OVERLOADED
-    queue_policy: Literal["priority", "fcfs"] = "priority"
+    queue_policy: Literal["fair", "priority", "fcfs"] = "fair"
     kv_allocation: Literal["lazy", "reserve"] = "lazy"  # allocate as computed, preempt when out; or worst case
 
 
@@ -135,12 +139,16 @@ class Scheduler:
         self.config = config
         self.allocator = allocator
         self.clock = clock
-        self.waiting = WaitingQueue(config.queue_policy)
+        self.counters = TenantCounters()
+        self.fair = config.queue_policy == "fair"
+        self.waiting: WaitingQueue | FairWaitingQueue = (
+            FairWaitingQueue(self.counters) if self.fair else WaitingQueue(config.queue_policy))
         self.running: list[Request] = []  # admission order
         self._by_id: dict[str, Request] = {}
         self._pending_aborts: list[str] = []
         self._admissions = 0
         self.num_preemptions = 0
+        self.num_fairness_preemptions = 0  # of num_preemptions: to give a tenant its share, not for KV room
         self._lock = threading.RLock()
 
     # -- callers ---------------------------------------------------------------------------------
@@ -165,6 +173,7 @@ class Scheduler:
             for request in requests:
                 request.timings.arrival = self.clock()
                 request.status = RequestStatus.WAITING
+                self.counters.arrived(request)
                 self.waiting.push(request)
                 self._by_id[request.request_id] = request
             return Admission.ACCEPTED
@@ -183,10 +192,17 @@ class Scheduler:
         with self._lock:
             out = SchedulerOutput()
             self._apply_aborts(out)
+            made_room_for = self._make_room_for_fair_share(out) if self.fair else []
+            fairness_step = bool(made_room_for)
+            kv_preempted = len(out.preempted)
             budget = self.config.max_step_tokens
             scheduled: dict[str, ScheduledChunk] = {}
-            # Most protected first: decodes before prompt chunks, then priority and admission order.
-            order = sorted(self.running, key=lambda r: (r.num_tokens - r.num_computed_tokens > 1, self._rank(r)))
+            # Most protected first: decodes before prompt chunks, then priority and admission order. A step
+            # that made room for a tenant under its share computes that request's prompt alone: its first
+            # token does not wait for a full batch of decodes (on a CPU a step's time grows with the batch);
+            # the batch waits one short step instead.
+            order = [] if fairness_step else sorted(
+                self.running, key=lambda r: (r.num_tokens - r.num_computed_tokens > 1, self._rank(r)))
             for req in order:
                 if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                     continue
@@ -207,20 +223,42 @@ class Scheduler:
                 budget -= n
                 scheduled[req.request_id] = ScheduledChunk(req, req.num_computed_tokens, n, sample=n == missing)
             # A step that had to preempt admits nobody: the room it made is for the running requests.
-            while not out.preempted and budget > 0 and len(self.running) < self.config.max_batch:
-                req = self.waiting.peek()
+            while len(out.preempted) == kv_preempted and budget > 0 and len(self.running) < self.config.max_batch:
+                # The requests fairness preemptions made room for, only them: a victim, back at the head of
+                # its tenant's queue with an equal counter, would otherwise take its slot back.
+                if fairness_step and not made_room_for:
+                    break
+                req = made_room_for.pop(0) if fairness_step else self.waiting.peek()
                 if req is None or not self._prompt_ready(req):
                     break
                 chunk = self._admit(req, budget)
                 if chunk is None:
                     break
-                self.waiting.pop()
+                self.waiting.remove(req)
                 out.admitted.append(req)
                 budget -= chunk.num_new_tokens
                 scheduled[req.request_id] = chunk
             chunks = list(scheduled.values())
             out.chunks = [c for c in chunks if c.num_new_tokens == 1] + [c for c in chunks if c.num_new_tokens > 1]
             return out
+
+    def _make_room_for_fair_share(self, out: SchedulerOutput) -> list[Request]:
+        """A full batch: while the fair queue's next requests belong to tenants under their share, preempt
+        one request of a tenant over it for each (``fair_queue.fairness_victim``). Returns the requests
+        the room is for, in order (several: requests that arrived together start in one step)."""
+        if len(self.running) < self.config.max_batch:
+            return []
+        chosen: list[Request] = []
+        for head in list(self.waiting):  # the fair order, before any victim joins it
+            if not self._prompt_ready(head):
+                break
+            victim = fairness_victim(head, self.running, self.counters, chosen)
+            if victim is None:
+                break
+            self._preempt(victim, out)
+            self.num_fairness_preemptions += 1
+            chosen.append(head)
+        return chosen
 
     def _prompt_ready(self, req: Request) -> bool:
         """False for an n > 1 sibling whose leader has not computed the shared prompt yet: admitted
@@ -287,6 +325,7 @@ class Scheduler:
                 if req.is_finished:  # aborted while the step ran
                     continue
                 req.num_computed_tokens += chunk.num_new_tokens
+                self.counters.charge(req, req.num_computed_tokens, chunk.sample)
                 if self.allocator.prefix_caching and req.register_blocks:
                     full = req.num_computed_tokens
                     hashes = self.allocator.hashes_of(req.token_at, full, req.block_hashes, req.tenant)
@@ -362,6 +401,8 @@ class Scheduler:
     def _finish(self, req: Request, reason: FinishReason) -> None:
         if req in self.running:
             self.running.remove(req)
+        if req.request_id in self._by_id:
+            self.counters.left(req)
         self.allocator.free(req.request_id)
         self._by_id.pop(req.request_id, None)
         req.status = RequestStatus.FINISHED

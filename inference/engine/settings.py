@@ -43,7 +43,10 @@ class EngineSettings(BaseSettings):
     kv_block_size: int = Field(16, ge=1, description="Tokens per KV cache block")
     max_step_tokens: int = Field(512, ge=1, description="Most tokens computed per step (prompt chunks + decodes)")
     max_waiting: int = Field(256, ge=0, description="Waiting-queue bound; beyond it requests are refused")
-    queue_policy: Literal["priority", "fcfs"] = Field("priority", description="Waiting-queue order")
+    queue_policy: Literal["fair", "priority", "fcfs"] = Field(
+        "fair", description="Waiting-queue order: fair = interactive before batch, then the tenant served least "
+        "(tokens / its weight, fair_queue.py), FCFS within a tenant; priority = interactive before batch, FCFS; "
+        "fcfs = arrival order (CHATPIPE_QUEUE_POLICY)")
     prefix_caching: bool = Field(
         True, description="Reuse cached KV blocks of equal prompt prefixes across requests (CHATPIPE_PREFIX_CACHING)"
     )

@@ -115,7 +115,7 @@ class AsyncEngine:
         self, request_ids: Sequence[str] | int, prompt_token_ids: Sequence[int], params: SamplingParams = SamplingParams(),
         priority: Priority = Priority.INTERACTIVE, text_streams: Sequence[Any] | None = None,
         tenant: str = DEFAULT_TENANT, user_id: str = "", cache_prefix: bool = True,
-        constraints: Sequence[Any] | None = None,
+        constraints: Sequence[Any] | None = None, share_weight: float = 1.0,
     ) -> list[RequestStream]:  # fmt: skip
         """n > 1 answers to one prompt sharing its KV (``Engine.add_request_group``): one stream per
         request id, in order, all accepted or all refused (each refused stream carries the
@@ -125,7 +125,7 @@ class AsyncEngine:
             self._check_serving()
             admission, reqs = self.engine.add_request_group(
                 request_ids, prompt_token_ids, params, priority, text_streams, tenant=tenant, user_id=user_id,
-                cache_prefix=cache_prefix, constraints=constraints,
+                cache_prefix=cache_prefix, constraints=constraints, share_weight=share_weight,
             )  # fmt: skip
             streams = [self._stream(loop, admission, req) for req in reqs]
         self._wake.set()

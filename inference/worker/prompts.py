@@ -24,7 +24,8 @@ from inference.engine.request import Priority as EnginePriority
 from inference.engine.request import SamplingParams as EngineSampling
 from inference.worker.errors import InvalidRequestError, InvalidSamplingError, PromptTooLongError
 from schemas.records import InferenceRequest, Priority
-from schemas.requests import RequestRuleError, check_record_sampling, check_roles, response_format_of
+from schemas.requests import (RequestRuleError, check_record_sampling, check_roles, check_share_weight,
+                              response_format_of)
 
 ENGINE_PRIORITY = {Priority.INTERACTIVE: EnginePriority.INTERACTIVE, Priority.BATCH: EnginePriority.BATCH}
 
@@ -38,6 +39,7 @@ class PreparedRequest:
     n: int = 1  # choices: n sequences of the same prompt
     response_format: dict | None = None  # OpenAI's object (json_object / json_schema); None = free text
     logprobs: bool = False  # put each token's logprob (and params.logprobs alternatives) on the chunks
+    share_weight: float = 1.0  # the tenant's weight in the engine's fair share (InferenceRequest v4)
 
 
 def sampling_params(req: InferenceRequest) -> EngineSampling:
@@ -97,5 +99,10 @@ def prepare(req: InferenceRequest, tokenizer: Any, max_seq_len: int) -> Prepared
             f"prompt of {len(ids)} tokens + max_tokens {params.max_new_tokens} = "
             f"{len(ids) + params.max_new_tokens} tokens exceeds the model's context of {max_seq_len} tokens; {change}")
     s = req.sampling
+    try:
+        check_share_weight(req.share_weight)
+    except RequestRuleError as exc:
+        raise InvalidRequestError(f"InferenceRequest {req.request_id!r}: {exc}") from None
     return PreparedRequest(ids, params, tuple(x for x in s.stop if x), ENGINE_PRIORITY[req.priority], n=s.n,
-                           response_format=response_format_of(s.response_format), logprobs=s.logprobs)
+                           response_format=response_format_of(s.response_format), logprobs=s.logprobs,
+                           share_weight=req.share_weight)

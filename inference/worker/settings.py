@@ -27,7 +27,9 @@ class WorkerSettings(BaseSettings):
         "partition", description="partition: consumer group (conversation affinity); share: share group (any free worker)")
     group_id: str = Field("chatpipe-inference", description="Consumer group of the workers (partition); share "
                           "groups are named <group_id>.share (a broker refuses a share group named like a consumer group)")
-    max_in_flight: int = Field(0, ge=0, description="Requests taken at once (in the engine); 0 = 2 x engine max_batch")
+    max_in_flight: int = Field(0, ge=0, description="Requests taken at once (in the engine); 0 = partition: engine "
+                               "max_batch + max_waiting (the backlog waits in the engine, where tenants get their "
+                               "fair share), share: 2 x engine max_batch (a waiting record's lock runs out)")
     interactive_reserve: int = Field(0, ge=0,
                                      description="In-flight slots batch requests may not take; 0 = max_in_flight // 4 (>= 1)")
     max_delivery_attempts: int = Field(8, ge=1, le=8,
@@ -71,8 +73,17 @@ class WorkerSettings(BaseSettings):
                              f"({self.share_record_lock_ms}): a generation would be stopped before it started")
         return self
 
-    def capacity(self, engine_max_batch: int) -> tuple[int, int]:
-        """(max in flight, in-flight slots batch requests may use)."""
-        total = self.max_in_flight or 2 * engine_max_batch
+    def capacity(self, engine_max_batch: int, engine_max_waiting: int) -> tuple[int, int]:
+        """(max in flight, in-flight slots batch requests may use). Partition mode reads the backlog into
+        the engine's waiting queue, the one place that orders tenants fairly (fair_queue.py): left in
+        the topic it would be served in arrival order, and a partition's records can go to no other
+        worker anyway. Share mode takes 2 x max_batch: a record's lock runs while it waits, and what
+        this worker does not take another may."""
+        if self.max_in_flight:
+            total = self.max_in_flight
+        elif self.intake == "share":
+            total = 2 * engine_max_batch
+        else:
+            total = engine_max_batch + max(engine_max_batch, engine_max_waiting)
         reserve = self.interactive_reserve or max(1, total // 4)
         return total, max(1, total - reserve)

@@ -85,7 +85,7 @@ class Worker:
         self.model_name = model_name
         cfg = engine.model.config
         self.max_seq_len = engine.scheduler.config.max_seq_len  # the settings' and the model's context
-        self.capacity = Capacity(*settings.capacity(engine.settings.max_batch))
+        self.capacity = Capacity(*settings.capacity(engine.settings.max_batch, engine.settings.max_waiting))
         self.token_bytes = TokenBytes(tokenizer)  # logprobs: each token's text and real bytes
         # response_format: one compiler per worker (made on first use), one matcher per choice
         self.constraints = Constraints(tokenizer, int(getattr(cfg, "vocab_size", None) or len(tokenizer)))

@@ -57,6 +57,19 @@ def test_no_messages_or_unknown_role_is_rejected(tokenizer):
         prepare(request([ChatMessage("robot", "x")]), tokenizer, 2048)
 
 
+@pytest.mark.model
+def test_the_tenants_weight_reaches_the_engine_and_a_bad_one_is_the_records_fault(tokenizer):
+    """Guards against a weight lost between the record and the engine's fair share (every tenant weight 1),
+    and against a record produced straight to chat.inference.requests with weight 0 (a division by zero in
+    the fair queue): it is dead-lettered as invalid."""
+    req = request()
+    req.share_weight = 2.5
+    assert prepare(req, tokenizer, 2048).share_weight == 2.5
+    req.share_weight = 0.0
+    with pytest.raises(InvalidRequestError, match="share_weight"):
+        prepare(req, tokenizer, 2048)
+
+
 # A template of the kind many models ship (Llama 2, Mistral, Gemma): roles must alternate, or it raises.
 ALTERNATING_TEMPLATE = (
     "{% for m in messages %}{% if loop.index0 > 0 and m['role'] == messages[loop.index0 - 1]['role'] %}"
