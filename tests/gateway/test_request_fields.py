@@ -77,7 +77,7 @@ def test_the_docs_table_names_every_field_of_openais_request_and_of_the_gateways
 def test_the_docs_table_status_is_what_the_code_does():
     """Each row marked refused is a 400 naming the field for a value that asks for the feature."""
     asks = {"functions": [{"name": "f"}], "function_call": "auto",
-            "logit_bias": {"42": 5}, "store": True, "service_tier": "flex", "modalities": ["text", "audio"],
+            "logit_bias": {"42": 5}, "store": True, "modalities": ["text", "audio"],
             "audio": {"voice": "alloy", "format": "wav"}, "reasoning_effort": "high", "verbosity": "low",
             "web_search_options": {}, "moderation": {"model": "omni-moderation-latest"}}
     refused = {f for f, status in docs_table().items() if status == "refused"}
@@ -90,7 +90,8 @@ def test_the_docs_table_status_is_what_the_code_does():
 
 @pytest.mark.parametrize("fields", [
     {"tool_choice": "none"}, {"function_call": "none"}, {"tools": []}, {"logit_bias": {}}, {"store": False},
-    {"service_tier": "auto"}, {"service_tier": "default"}, {"modalities": ["text"]}, {"reasoning_effort": "none"},
+    {"service_tier": "auto"}, {"service_tier": "default"}, {"service_tier": "flex"}, {"service_tier": "priority"},
+    {"modalities": ["text"]}, {"reasoning_effort": "none"},
     {"prediction": {"type": "content", "content": "x"}}, {"prompt_cache_key": "k"},
     {"prompt_cache_retention": "24h"}, {"prompt_cache_options": {"mode": "implicit"}}, {"safety_identifier": "u1"},
     {"stream_options": {"include_usage": True, "include_obfuscation": False}},
