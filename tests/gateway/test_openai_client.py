@@ -50,6 +50,17 @@ def test_plain_answer_with_usage(client):
     assert answer.usage.completion_tokens > 0 and answer.usage.prompt_tokens > 5
 
 
+def test_flex_runs_in_the_batch_class_and_each_answer_names_its_tier(client):
+    """Guards against service_tier flex refused or served as interactive, and against an answer that does not
+    say the tier that served it (OpenAI's clients read ``service_tier`` off the response and chunks)."""
+    flex = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
+                                          max_tokens=4, temperature=0, service_tier="flex")
+    assert flex.service_tier == "flex" and flex.choices[0].message.content is not None
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
+                                            max_tokens=4, temperature=0, service_tier="priority", stream=True)
+    assert {c.service_tier for c in stream} == {"default"}  # no class above interactive: served as default
+
+
 def test_models_lists_the_default_model(client):
     assert [m.id for m in client.models.list().data] == [MODEL]
 

@@ -152,13 +152,15 @@ def messages(topic: str, *values: bytes) -> list[Msg]:
 def test_intake_serves_each_prompt_to_its_prioritys_topic_and_dead_letters_what_does_not_decode():
     table: dict = {}
     agent, out = intake(table), FakeOutbox()
-    first, batch = prompt("What is the capital of France?"), prompt("Summarise this.", "c2", priority=Priority.BATCH)
+    first = prompt("What is the capital of France?", share_weight=2.5)
+    batch = prompt("Summarise this.", "c2", priority=Priority.BATCH)
     asyncio.run(agent.handle(messages(PROMPTS, CODEC.encode(first), b"\xc3\x01not a record", CODEC.encode(batch)),
                              out))
     (served,) = out.records(INFERENCE_REQUESTS)
     assert isinstance(served, InferenceRequest) and served.request_id == first.request_id
     assert [m.content for m in served.messages] == ["be brief", "What is the capital of France?"]
     assert served.context_tokens == 8 and served.reply_to is None
+    assert served.share_weight == 2.5  # the tenant's weight in the worker's fair share, carried over
     assert [r.request_id for r in out.records(INFERENCE_REQUESTS_BATCH)] == [batch.request_id]
     (letter,) = out.records("chat.dlq")
     assert isinstance(letter, DeadLetter) and letter.error_type == "UnknownSchemaError" and letter.source_offset == 1
