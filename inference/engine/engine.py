@@ -66,7 +66,7 @@ class EngineStats:
     kv_evictable_blocks: int  # cached blocks no request holds: reusable, evicted LRU when space is needed
     kv_free_blocks: int  # neither held nor cached
     prefix_cache_hit_tokens: int  # prompt tokens taken from the prefix cache since start
-    preemptions: int  # running requests sent back to the queue for lack of KV blocks since start
+    preemptions: int  # running requests sent back to the queue since start (for KV blocks, or fairness below)
     steps: int
     prompt_tokens: int  # prompt tokens computed (prefilled) since start
     generated_tokens: int  # sampled since start
@@ -80,6 +80,7 @@ class EngineStats:
     running_output_tokens: int = 0
     decode_tokens_per_s: float = 0.0  # measured while saturated (throughput.py): what the engine can do
     prefill_tokens_per_s: float = 0.0
+    fairness_preemptions: int = 0  # of preemptions: to give a tenant under its share a slot (fair_queue.py)
 
     @property
     def kv_usage(self) -> float:
@@ -335,6 +336,7 @@ class Engine:
             kv_free_blocks=self.allocator.num_free_blocks - self.allocator.num_evictable_blocks,
             prefix_cache_hit_tokens=self.allocator.hit_tokens,
             preemptions=self.scheduler.num_preemptions,
+            fairness_preemptions=self.scheduler.num_fairness_preemptions,
             steps=self._steps,
             prompt_tokens=self._prompt_tokens,
             generated_tokens=self._generated,

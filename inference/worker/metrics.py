@@ -67,6 +67,8 @@ class WorkerMetrics:
                                       "Prefix cache queries, in prompt tokens looked up")
         self.prefix_hits = counter("chatpipe:prefix_cache_hits", "Prefix cache hits, in tokens taken from the cache")
         self.preemptions = counter("chatpipe:num_preemptions", "Running requests sent back to the queue")
+        self.fairness_preemptions = counter("chatpipe:num_fairness_preemptions", "Of the preemptions, those that "
+                                            "gave a tenant under its fair share a slot")
         self.prompt_tokens = counter("chatpipe:prompt_tokens", "Prompt tokens of the requests served")
         self.generation_tokens = counter("chatpipe:generation_tokens", "Tokens generated")
         self.success = Counter("chatpipe:request_success", "Requests the engine finished, by finished_reason",
@@ -83,7 +85,7 @@ class WorkerMetrics:
         # A scraper must not read "serving" from a worker that has stopped consuming: FAILED from the
         # moment a thread it needs dies until the process exits.
         self.state = Enum("chatpipe_worker_state", "Worker state", states=list(STATES), registry=r)
-        self._engine_seen = (0, 0, 0)  # queried, hits, preemptions: the counters take the engine's deltas
+        self._engine_seen = (0, 0, 0, 0)  # queried, hits, preemptions, fairness: the counters take the engine's deltas
         self._lag: LagMonitor | None = None
 
     def serve(self, port: int, kafka: KafkaSettings | None = None, settings: WorkerSettings | None = None) -> None:
@@ -126,9 +128,10 @@ class WorkerMetrics:
         self.kv_usage.set(stats.kv_usage)
         self.tokens_per_s.set(stats.tokens_per_s)
         self.in_flight.set(in_flight)
-        now = (stats.prefix_cache_queried_tokens, stats.prefix_cache_hit_tokens, stats.preemptions)
-        for counter, before, after in zip((self.prefix_queries, self.prefix_hits, self.preemptions),
-                                          self._engine_seen, now):
+        now = (stats.prefix_cache_queried_tokens, stats.prefix_cache_hit_tokens, stats.preemptions,
+               stats.fairness_preemptions)
+        for counter, before, after in zip((self.prefix_queries, self.prefix_hits, self.preemptions,
+                                           self.fairness_preemptions), self._engine_seen, now):
             if after > before:
                 counter.inc(after - before)
         self._engine_seen = now

@@ -147,3 +147,23 @@ def test_a_tenant_alone_gets_everything_however_much_it_was_served():
     served_a = s.counters.of("a")
     s.add_group([req("b-back", "b", max_new=20)])  # b returns: lifted to a's level, not left far below
     assert s.counters.of("b") == served_a
+
+
+def test_the_workers_metrics_count_the_fairness_preemptions_apart():
+    """Guards against the fair share's preemptions hiding among the KV-room ones (an operator reading
+    chatpipe:num_preemptions would take a fair share at work for a cache too small)."""
+    from types import SimpleNamespace
+
+    from inference.worker.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics("m")
+
+    def stats(preemptions: int, fairness: int) -> SimpleNamespace:
+        return SimpleNamespace(running=1, waiting=0, kv_usage=0.5, tokens_per_s=1.0, prefix_cache_queried_tokens=0,
+                               prefix_cache_hit_tokens=0, preemptions=preemptions, fairness_preemptions=fairness)
+
+    metrics.engine(stats(3, 1), 1)
+    metrics.engine(stats(5, 2), 1)
+    value = metrics.registry.get_sample_value
+    assert value("chatpipe:num_preemptions_total", {"model_name": "m"}) == 5
+    assert value("chatpipe:num_fairness_preemptions_total", {"model_name": "m"}) == 2
