@@ -29,14 +29,16 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 6
 
 
-def _wait_in_sync(cluster, topics: list[str], timeout_s: float) -> None:
-    """Until every partition of ``topics`` is listed, has a leader and a full ISR."""
+def _wait_in_sync(cluster, topics: list[str], timeout_s: float) -> list:
+    """Until every partition of ``topics`` is listed, has a leader and a full ISR; returns that metadata
+    (one broker's answer: asking again may reach a broker the new topics have not reached yet, which
+    once listed 61 of 70 catalog partitions right after this returned)."""
     deadline = time.monotonic() + timeout_s
     while True:
         states = cluster.partitions(topics)
         lagging = [p for p in states if p.leader < 0 or set(p.isr) != set(p.replicas)]
         if not lagging and set(topics) <= {p.topic for p in states}:
-            return
+            return states
         if time.monotonic() > deadline:
             shown = "; ".join(f"{p.topic}[{p.partition}] leader {p.leader} isr {list(p.isr)} of "
                               f"{list(p.replicas)}" for p in lagging[:5])
@@ -142,8 +144,7 @@ def test_catalog_on_three_brokers_has_three_replicas_and_min_isr_two(cluster):
     assert {c.action for c in changes} == {"create"}
     names = [admin.settings.topic(spec.name) for spec in CATALOG]
     assert all("replication factor 3" in c.detail for c in changes)
-    _wait_in_sync(cluster, names, 60)  # every node lists them (metadata reaches each a moment later)
-    partitions = cluster.partitions(names)
+    partitions = _wait_in_sync(cluster, names, 60)  # metadata reaches each node a moment later
     assert len(partitions) == sum(spec.partitions for spec in CATALOG)
     assert all(len(p.replicas) == 3 for p in partitions)
     configs = admin._configs(names)
