@@ -18,10 +18,11 @@ Policy, in order, each ``schedule()``:
      ``fair``: the tenant served least first, FCFS within a tenant, ``fair_queue.py``; ``priority``:
      FCFS; preempted requests first by admission order) while there is a free batch slot, KV room
      and step budget. With ``fair``, a full batch makes room for a tenant under its share first
-     (``fair_queue.fairness_victim``: one request of a tenant over its share is preempted). A new request reuses the longest cached prefix of its
-     tokens and computes only the rest. The head of the queue is never skipped for a smaller
-     request behind it, and a new arrival never preempts a running request to run sooner itself,
-    only to give its tenant its fair share against another's (no starvation). An
+     (``fair_queue.fairness_victim``: one request of a tenant over its share is preempted, and the
+     step computes only the prompts it made room for). A new request reuses the longest cached
+     prefix of its tokens and computes only the rest. The head of the queue is never skipped for a
+     smaller request behind it, and a new arrival never preempts a running request to run sooner
+     itself, only to give its tenant its fair share against another's (no starvation). An
      n > 1 sibling (``add_group``, ``Request.prompt_leader``) waits at the head until its leader
      has computed the shared prompt, then takes those blocks from the prefix cache.
 
