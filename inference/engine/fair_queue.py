@@ -140,7 +140,7 @@ class FairWaitingQueue:
         they would start in if nobody were served meanwhile."""
         for by_tenant in self._qs.values():
             for tenant in self._tenant_order(by_tenant):
-                yield from list(by_tenant[tenant])
+                yield from by_tenant[tenant]
 
 
 def fairness_victim(head: Request, running: list[Request], counters: TenantCounters,
