@@ -179,13 +179,17 @@ class GroupReader:
         partition after ``pause``)."""
         self._consumer.seek(TopicPartition(topic, partition, offset))
 
-    def commit_offsets(self, offsets: dict[tuple[str, int], int], *, asynchronous: bool = True) -> None:
-        """Commit ``{(topic, partition): next offset to read}``. Asynchronous: the broker's answer
-        comes to ``on_commit`` inside a later poll. Synchronous: returns once every partition is
-        committed, else raises ``TransportError``."""
+    def commit_offsets(self, offsets: dict[tuple[str, int], int], *, asynchronous: bool = True,
+                       metadata: dict[tuple[str, int], str] | None = None) -> None:
+        """Commit ``{(topic, partition): next offset to read}``, each with its ``metadata`` string (the
+        broker keeps it with the offset; a commit without one stores ""). Asynchronous: the broker's
+        answer comes to ``on_commit`` inside a later poll. Synchronous: returns once every partition
+        is committed, else raises ``TransportError``."""
         if not offsets:
             return
-        tps = [TopicPartition(t, p, off) for (t, p), off in offsets.items()]
+        metadata = metadata or {}
+        tps = [TopicPartition(t, p, off, **({"metadata": m} if (m := metadata.get((t, p))) else {}))
+               for (t, p), off in offsets.items()]
         try:
             result = self._consumer.commit(offsets=tps, asynchronous=asynchronous)
         except KafkaException as exc:
@@ -194,6 +198,17 @@ class GroupReader:
         if failed:
             raise TransportError("commit failed for " + ", ".join(
                 f"{tp.topic}[{tp.partition}]@{tp.offset}: {tp.error.str()}" for tp in failed))
+
+    def committed_metadata(self, partition: tuple[str, int], timeout_s: float = 10.0) -> str:
+        """The metadata string stored with ``partition``'s committed offset ("" when none); asks the
+        group's coordinator (a round trip). Raises ``TransportError`` when it cannot answer."""
+        try:
+            [tp] = self._consumer.committed([TopicPartition(*partition)], timeout=timeout_s)
+        except KafkaException as exc:
+            raise TransportError(f"reading the committed offset of {partition} failed: {exc}") from exc
+        if tp.error is not None:
+            raise TransportError(f"reading the committed offset of {partition} failed: {tp.error.str()}")
+        return tp.metadata or ""
 
     def close(self, revoke_timeout_s: float = 10.0) -> None:
         """Leave the group (partitions move at once instead of after the session timeout).

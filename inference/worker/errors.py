@@ -66,6 +66,14 @@ class TooManyDeliveriesError(BadRequestError):
     error_code = "too_many_deliveries"
 
 
+class PoisonRecordError(BadRequestError):
+    """partition intake: serving the record made the worker crash (an exception that is a bug, not
+    the record's known fault) ``max_record_crashes`` times; it is dead-lettered with the last
+    crash's reason instead of crashing the worker again (``crash_counts.py``)."""
+
+    error_code = "poison_record"
+
+
 class WorkerFailed(WorkerError):
     """A part of the worker that it cannot serve without (an intake or cancel thread, the engine)
     has died: the worker stops, hands its requests back and exits non-zero."""

@@ -88,6 +88,11 @@ class Intake(abc.ABC):
     def close(self) -> None:
         """Stop, hand back what is not finished (blocking: run it off the event loop)."""
 
+    def record_crash(self, item: WorkItem, reason: str) -> None:
+        """``item``'s own handling raised a bug (the worker stops now): count it against the record,
+        durably, so that the record is dead-lettered once it has crashed the worker too often
+        (``crash_counts.py``). Here: nothing, for share mode, whose broker counts every delivery."""
+
     def stop_taking(self) -> None:
         self.taking = False
         self.capacity.notify()

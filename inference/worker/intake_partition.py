@@ -6,7 +6,8 @@ prefetched into memory), so memory stays bounded however deep the backlog. The b
 partitions are paused whenever ``Capacity`` gives batch work no room (interactive first).
 
 Offsets: each partition commits up to its lowest unfinished offset (``OffsetTracker``), only for
-items whose Response is durable; a position counts as committed once the broker confirms it
+items whose Response is durable, with the crash counts of its records not finished yet as the
+commit's metadata (``CrashCounts``: a record that crashed the worker too often is dead-lettered); a position counts as committed once the broker confirms it
 (``on_commit``), and a failed commit is sent again. On revoke, finished work is committed, then
 the items of the revoked partitions are flagged and handed to the worker to stop, uncommitted:
 the new owner serves them again. Both consumers (one group per priority class) are owned by one
@@ -22,6 +23,8 @@ import threading
 import time
 
 from inference.worker.capacity import Capacity
+from inference.worker.crash_counts import CrashCounts
+from inference.worker.errors import PoisonRecordError
 from inference.worker.intake import Intake, Outcome, WorkItem, decode_item, request_topics
 from inference.worker.offsets import OffsetTracker
 from inference.worker.settings import WorkerSettings
@@ -53,7 +56,9 @@ class PartitionIntake(Intake):
         super().__init__(kafka, settings, capacity, codec)
         self.topics = request_topics(kafka)
         self.tracker = OffsetTracker()
+        self.crashes = CrashCounts()
         self._finished: queue.SimpleQueue[tuple[WorkItem, Outcome]] = queue.SimpleQueue()
+        self._crashed: queue.SimpleQueue[tuple[WorkItem, str]] = queue.SimpleQueue()
         self._items: dict[tuple[str, int, int], WorkItem] = {}
         self._paused: set[tuple[str, int]] = set()
         self._unknown: set[tuple[str, int]] = set()  # assigned; pause state to be set
@@ -96,6 +101,10 @@ class PartitionIntake(Intake):
         self._finished.put((item, outcome))
         self.capacity.notify()
 
+    def record_crash(self, item: WorkItem, reason: str) -> None:
+        self._crashed.put((item, reason))
+        self.capacity.notify()
+
     def close(self) -> None:
         """Commit what is finished, leave the group (blocking: run it off the event loop)."""
         self._stop.set()
@@ -111,6 +120,7 @@ class PartitionIntake(Intake):
         interactive, batch = self._consumers[Priority.INTERACTIVE], self._consumers[Priority.BATCH]
         try:
             while not self._stop.is_set():
+                self._apply_crashes()
                 self._apply_finished()
                 self._commit_finished()
                 plan = self.capacity.plan()
@@ -132,9 +142,10 @@ class PartitionIntake(Intake):
                 polled = batch.poll_messages(room_b, 0) if room_b > 0 else batch.poll_messages(1, 0)
                 for message in self._outside_window(batch, Priority.BATCH, polled):
                     self._take(message, Priority.BATCH)
+            self._apply_crashes()
             self._apply_finished()
             for consumer in self._consumers.values():
-                self._commit(consumer, asynchronous=False)
+                self._commit(consumer, asynchronous=False, also=self.crashes.unsaved())
         except BaseException as exc:  # reported to the worker now, raised again by close()
             log.exception("partition intake failed")
             self._error = exc
@@ -146,14 +157,19 @@ class PartitionIntake(Intake):
 
     # -- commits (intake thread) -------------------------------------------------------------------
 
-    def _commit(self, consumer: GroupReader, *, asynchronous: bool) -> None:
-        """Commit the positions of ``consumer``'s partitions that moved. Synchronous: marked committed
+    def _commit(self, consumer: GroupReader, *, asynchronous: bool, also: set[tuple[str, int]] = frozenset()) -> None:
+        """Commit the positions of ``consumer``'s partitions that moved, and of those in ``also`` (crash
+        counts to save) where they did not, each with its crash counts. Synchronous: marked committed
         on return; asynchronous: when the broker's answer comes (``_on_commit``, inside a poll)."""
         offsets = self.tracker.committable(consumer.topics)
+        for tp in also:
+            if tp[0] in consumer.topics and tp not in offsets and (position := self.tracker.position(tp)) is not None:
+                offsets[tp] = position
         if not offsets:
             return
+        metadata = {tp: self.crashes.metadata(tp, offset) for tp, offset in offsets.items()}
         try:
-            consumer.commit_offsets(offsets, asynchronous=asynchronous)
+            consumer.commit_offsets(offsets, asynchronous=asynchronous, metadata=metadata)
         except TransportError:
             for tp, offset in offsets.items():
                 self.tracker.commit_failed(tp, offset)
@@ -161,6 +177,28 @@ class PartitionIntake(Intake):
         if not asynchronous:
             for tp, offset in offsets.items():
                 self.tracker.commit_succeeded(tp, offset)
+                self.crashes.saved(tp)
+
+    def _apply_crashes(self) -> None:
+        """Count the crashes the worker reported and save them at once (a synchronous commit): the
+        worker is about to stop, and a count lost now would let the record crash it once more."""
+        counted = False
+        while not self._crashed.empty():  # the intake thread is its only reader
+            item, reason = self._crashed.get_nowait()
+            if item.revoked:  # its partition is someone else's now: they serve it (and count) again
+                continue
+            crash = self.crashes.add(item.partition, item.message.offset, reason)
+            counted = True
+            log.warning("%s[%d]@%d made the worker crash (%d of %d before it is dead-lettered): %s", item.message.topic,
+                        item.message.partition, item.message.offset, crash.count, self.settings.max_record_crashes,
+                        reason)
+        if not counted:
+            return
+        for consumer in self._consumers.values():
+            try:
+                self._commit(consumer, asynchronous=False, also=self.crashes.unsaved())
+            except TransportError:  # saved by a later commit, or the worker's last one as it stops
+                log.warning("could not save the crash count now; trying again with the next commit", exc_info=True)
 
     def _commit_finished(self) -> None:
         if time.monotonic() < self._commit_after:
@@ -181,6 +219,14 @@ class PartitionIntake(Intake):
     def _take(self, message, priority: Priority) -> None:
         log.debug("took %s[%s]@%s", message.topic, message.partition, message.offset)
         item = decode_item(self.codec, message, priority, now_ms())
+        tp = (message.topic, message.partition)
+        if not self.crashes.known(tp):  # first record of the partition since it was assigned
+            self.crashes.load(tp, self._consumers[priority].committed_metadata(tp))
+        crash = self.crashes.get(tp, message.offset)
+        limit = self.settings.max_record_crashes
+        if crash is not None and crash.count >= limit and item.error is None:
+            item.error = PoisonRecordError(f"it made the worker crash {crash.count} times (limit {limit}); the "
+                                           f"last time: {crash.reason}")
         key = (message.topic, message.partition, message.offset)
         item.handle = key
         window = self._windows.get(priority)
@@ -276,7 +322,7 @@ class PartitionIntake(Intake):
         consumer = next(c for c in self._consumers.values() if partitions[0][0] in c.topics) if partitions else None
         try:
             if consumer is not None:
-                self._commit(consumer, asynchronous=False)
+                self._commit(consumer, asynchronous=False, also=self.crashes.unsaved())
         except Exception:  # the group moved on; the new owner re-serves them
             log.warning("commit on revoke failed; the new owner will serve those requests again", exc_info=True)
         stopped = [item for key, item in self._items.items() if (key[0], key[1]) in gone]
@@ -284,6 +330,7 @@ class PartitionIntake(Intake):
             item.revoked = True
             del self._items[item.handle]
         self.tracker.forget(partitions)
+        self.crashes.forget(partitions)
         self._paused.difference_update(partitions)
         if stopped:
             self._loop.call_soon_threadsafe(self._revoked_cb, stopped)

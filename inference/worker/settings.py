@@ -35,6 +35,13 @@ class WorkerSettings(BaseSettings):
     max_delivery_attempts: int = Field(8, ge=1, le=8,
                                        description="share: REJECT (and dead-letter) after this many deliveries "
                                        "(at most 8: the broker's own limit, kept 2 above, caps at 10)")
+    max_record_crashes: int = Field(3, ge=1, description="partition: a record whose own handling raised a bug (an "
+                                    "exception the failure policy gives to neither the record nor an outage) this "
+                                    "many times, each a crash of the worker, is dead-lettered the next time; share: "
+                                    "max_delivery_attempts does it (the broker counts every delivery)")
+    drill_crash_on: str = Field("", description="Fault drills only (tests/faults): a request whose last message is "
+                                "exactly this text makes the worker raise RuntimeError while serving it, as a bug "
+                                "would; empty = off")
     share_hold_s: float = Field(3.0, ge=0, description="share: how long over-delivered records wait here for a "
                                 "free slot before they are RELEASEd to other workers")
     share_record_lock_ms: int = Field(

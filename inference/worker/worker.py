@@ -15,7 +15,10 @@ Failure policy (docs/worker.md), decided in ``_serve``:
   worker goes on;
 - anything else (engine, broker past librdkafka's retries, a thread of ours that died) is the
   infrastructure's: the request is handed back uncommitted, the worker reports FAILED, stops at
-  once and exits 1, for a supervisor to restart it.
+  once and exits 1, for a supervisor to restart it. When that exception is a bug (FATAL) raised
+  by one request's own handling, the crash is also counted against its record (partition mode:
+  ``crash_counts.py``), which is dead-lettered once it has crashed the worker
+  ``max_record_crashes`` times (``PoisonRecordError``) instead of crash-looping its partition.
 
 Choices (issue 23): a request with ``n`` > 1 runs n generations of its prompt at once, each
 streaming its own chunks (``choice_index``); when all have ended, each choice's last text, then
@@ -38,6 +41,7 @@ import uuid
 from typing import Any
 
 from inference.engine.engine import Engine
+from inference.engine.errors import EngineFailed
 from inference.engine.request import FinishReason as EngineFinish
 from inference.engine.streaming import AsyncEngine
 from inference.worker.cancels import CancelListener, RecentCancels
@@ -61,6 +65,7 @@ from schemas.codec import default_codec
 from schemas.records import Cancel, Deletion, FinishReason, InferenceRequest, WorkerState, now_ms
 from schemas.topics import DELETIONS_AUDIT, WORKERS_STATUS
 from transport.acked_writer import AckedWriter
+from transport.failures import Fault, classify
 from transport.admin import TopicAdmin
 from transport.reply_address import ReplyAddresses
 from transport.settings import KafkaSettings
@@ -265,13 +270,23 @@ class Worker:
                 return
             outcome, label = await self._answer(item, started)
         except Exception as exc:  # noqa: BLE001 - not the request's fault (those are answered in _answer)
-            # Engine or broker failure: another worker, or this one restarted, serves it again.
+            # Engine or broker failure, or a bug: another worker, or this one restarted, serves it again.
             outcome, label = Outcome.HAND_BACK, "failed"
+            if self._raised_by_the_record(item, exc):
+                self.intake.record_crash(item, f"{type(exc).__name__}: {exc}")
             self._fail(f"serving {item.message}", exc)
         finally:
             self.capacity.release(item.priority, started[0])
             self.intake.finish(item, outcome)
             self.metrics.requests.labels(label).inc()
+
+    def _raised_by_the_record(self, item: WorkItem, exc: Exception) -> bool:
+        """Whether ``exc`` is a crash to count against ``item``'s record: a bug (FATAL: no outage, no
+        known fault of the record) raised by its own handling, the first failure of this worker. Not
+        the engine's failure (its step thread serves every request: any of them, or none, may be the
+        cause), nor a part of the worker that died."""
+        return (self.failure is None and item.record is not None and self.aengine.failure is None
+                and not isinstance(exc, (EngineFailed, WorkerFailed)) and classify(exc) is Fault.FATAL)
 
     async def _answer(self, item: WorkItem, started: list[bool]) -> tuple[Outcome, str]:
         """Serve or answer ``item``; a ``BadRequestError`` anywhere is answered by ``_reject``."""
@@ -310,6 +325,9 @@ class Worker:
             if cancelled is not None:
                 return await self._answer_cancelled(req, cancelled, attempt, trace), "cancelled"
             prepared = prepare(req, self.tokenizer, self.max_seq_len)
+            drill = self.settings.drill_crash_on
+            if drill and req.messages and req.messages[-1].content == drill:
+                raise RuntimeError("fault drill: the request's last message is CHATPIPE_WORKER_DRILL_CRASH_ON")
             return await self._generate(item, prepared, started, started_at, attempt, span)
         except BadRequestError as exc:
             label = "expired" if isinstance(exc, RequestExpiredError) else "bad_request"

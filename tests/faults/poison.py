@@ -89,6 +89,18 @@ def poisons() -> list[Poison]:
     return out
 
 
+# The fault stack's worker raises RuntimeError, as a bug would, on a request whose last message is this
+# (CHATPIPE_WORKER_DRILL_CRASH_ON, stack.py): the record that crash-loops the worker until it is dead-lettered.
+CRASH_DRILL_TEXT = "fault drill: crash the worker"
+
+
+def crash_drill() -> Poison:
+    """A request the worker crashes on (an unclassified exception, not the record's fault by any rule)."""
+    record = _request("crash-drill", messages=[ChatMessage("user", CRASH_DRILL_TEXT)])
+    return Poison("chat.inference.requests", "crashes the worker", default_codec().encode(record),
+                  record.conversation_id.encode(), record.request_id)
+
+
 def produce(bootstrap: str, records: list[Poison]) -> list[Poison]:
     """Produce each and wait until the broker has it; fills in partition and offset."""
     producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random"})

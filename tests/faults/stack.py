@@ -19,6 +19,7 @@ from chatpipe.testing.ports import free_port
 from chatpipe.testing.processes import wait_until
 from chatpipe.testing.qdrant import QdrantPeer
 from infra.services import alive
+from tests.faults.poison import CRASH_DRILL_TEXT
 
 SERVICES = ("kafka", "streams", "inference", "gateway")
 ARCHIVE_TMPFS_SIZE = "24m"
@@ -33,6 +34,8 @@ SERVICE_ENV = {
     # The reply reader's budget before the gateway exits to be restarted (its topic deleted): shorter
     # than the default 60 s so the scenario does not wait a minute; longer than a broker restart.
     "CHATPIPE_GATEWAY_REPLY_ERROR_BUDGET_S": "20",
+    # The worker's fault drill: a request with this last message makes it raise RuntimeError (poison.py).
+    "CHATPIPE_WORKER_DRILL_CRASH_ON": CRASH_DRILL_TEXT,
 }
 
 

@@ -30,7 +30,7 @@ from chatpipe.testing.qdrant import QDRANT_TOOL
 from schemas.codec import default_codec
 from schemas.records import ConversationTurn
 from tests.faults.ledger import Load, Observer, error_kinds
-from tests.faults.poison import poisons, produce
+from tests.faults.poison import crash_drill, poisons, produce
 from tests.faults.stack import FaultStack
 from transport import clients
 from transport.admin import TopicAdmin
@@ -204,6 +204,29 @@ def test_poison_records_on_every_input_topic(harness):
             final = harness.observer.final_of(p.reply_request_id)
             assert final.error, f"{p.topic} {p.kind}: final chunk without an error: {final}"
         assert dead[(p.topic, p.partition, p.offset)].error_message, f"{p.topic} {p.kind}: dead letter without a reason"
+
+
+def test_a_record_that_crashes_the_worker(harness):
+    """A request whose handling raises an exception no rule calls the record's fault (the worker's fault
+    drill: RuntimeError, as a bug would) used to crash-loop its tier forever. Now the worker exits unacked
+    and is restarted, crashes on it again, and after ``max_record_crashes`` (3) crashes the record is
+    dead-lettered with the reason and answered with an error; the worker serves again and none of the load
+    is lost."""
+    drill = crash_drill()
+    row = run_scenario(harness, "record crashing the worker", lambda: produce(harness.stack.bootstrap, [drill]))
+    assert "inference 3" in row["restarts"], f"expected 3 crashes of the worker, then the dead letter: {row}"
+    deadline, letters, final = time.monotonic() + 60, [], None
+    while not (letters and final) and time.monotonic() < deadline:  # both are durable before the commit
+        time.sleep(1)
+        final = harness.observer.final_of(drill.reply_request_id)
+        with harness.observer.lock:
+            letters = [d for d in harness.observer.seen.dead_letters
+                       if (d.source_topic, d.source_partition, d.source_offset) == (drill.topic, drill.partition,
+                                                                                    drill.offset)]
+    assert final is not None and final.error_code == "poison_record", final
+    assert letters, "the record that crashed the worker has no dead letter"
+    assert letters[0].error_type == "PoisonRecordError", letters[0]
+    assert "3 times (limit 3)" in letters[0].error_message and "RuntimeError: fault drill" in letters[0].error_message
 
 
 def test_inference_worker_sigkilled(harness):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -116,6 +117,47 @@ def test_a_record_rejected_after_too_many_deliveries_gets_a_final_chunk_and_a_re
                         "the dead letter")
         letter = next(d for d in reader.seen.dead_letters if d.error_type == "TooManyDeliveriesError")
         assert {h.key: h.value for h in letter.headers}.get("chatpipe-delivery-count") == b"2"
+        assert worker.terminate() == 0, worker.log()[-3000:]
+    finally:
+        worker.kill()
+
+
+def test_a_record_that_crashes_the_worker_is_dead_lettered_after_max_record_crashes(worker_kafka, reader, tmp_path):
+    """Guards against a poison record crash-looping its partition forever: a request whose handling raises
+    a bug (the fault drill's RuntimeError) stops the worker unacked, its restarted self crashes on it again,
+    and after ``max_record_crashes`` crashes the next worker dead-letters it with the crash's reason and
+    serves the rest. The requests in flight beside it are answered (handed back uncounted, not blamed).
+    Restarts are this test's (a supervisor's job); the count lives in the partition's commit metadata."""
+    kafka = worker_kafka
+    marker = f"crash-drill-{uuid.uuid4().hex[:6]}"
+    # One conversation: the same partition, in this order, so the neighbours are in flight with the poison.
+    before = make_request(1, conversation="poisoned", reply_to=kafka.topic(REPLIES))
+    poison = make_request(2, conversation="poisoned", reply_to=kafka.topic(REPLIES), text=marker)
+    after = make_request(3, conversation="poisoned", reply_to=kafka.topic(REPLIES))
+    send_requests(kafka, [before, poison, after])
+    env = {"CHATPIPE_WORKER_DRILL_CRASH_ON": marker, "CHATPIPE_WORKER_MAX_RECORD_CRASHES": "2"}
+    for crash in (1, 2):
+        worker = start_worker(kafka, tmp_path, worker_id=f"crashing-{crash}", **env)
+        try:
+            code = worker.proc.wait(180)
+            log = worker.log()
+            assert code == 1, f"crash {crash}: exit code {code}:\n{log[-3000:]}"
+            assert f"made the worker crash ({crash} of 2" in log, log[-3000:]
+        finally:
+            worker.kill()
+    worker = start_worker(kafka, tmp_path, worker_id="survivor", **env)
+    try:
+        reader.wait_responses([before.request_id, poison.request_id, after.request_id], 180)
+        response = reader.seen.first_response(poison.request_id)[0]
+        assert response.finish_reason is FinishReason.ERROR and "PoisonRecordError" in response.error, response
+        assert "crash 2 times (limit 2)" in response.error and "RuntimeError: fault drill" in response.error
+        for neighbour in (before, after):
+            assert reader.seen.first_response(neighbour.request_id)[0].finish_reason is not FinishReason.ERROR
+        reader.wait_for(lambda s: poison.request_id in s.final_chunks, 30, "the poison's final chunk")
+        assert reader.seen.final_chunks[poison.request_id][0].error_code == "poison_record"
+        reader.wait_for(lambda s: any(d.error_type == "PoisonRecordError" for d in s.dead_letters), 30, "the dead letter")
+        letter = next(d for d in reader.seen.dead_letters if d.error_type == "PoisonRecordError")
+        assert "RuntimeError: fault drill" in letter.error_message
         assert worker.terminate() == 0, worker.log()[-3000:]
     finally:
         worker.kill()
