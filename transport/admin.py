@@ -356,6 +356,13 @@ class TopicAdmin:
         resource = _setting(ConfigResource.Type.GROUP, group_id, config)
         self._wait(self._admin.incremental_alter_configs([resource]), "set config of share group")
 
+    def set_topic_config(self, topic: str, config: dict[str, str]) -> None:
+        """Set configs of ``topic`` (its real name), leaving the others as they are (an operator's
+        change, or a fault drill's: ``message.timestamp.before.max.ms`` 0 refuses every write with
+        INVALID_TIMESTAMP). ``apply`` sets the catalog's back."""
+        resource = _setting(ConfigResource.Type.TOPIC, topic, config)
+        self._wait(self._admin.incremental_alter_configs([resource]), "set config of")
+
     def describe(self, names: list[str] | None = None) -> list[TopicInfo]:
         """Topics with their partition count and end offsets (all non-internal topics by default)."""
         partitions = self.topic_partitions()

@@ -46,6 +46,7 @@ SETTLE_S = 200  # > the gateway's 150 s timeout: by then every request has had i
 # on: a librdkafka consumer that stalled across a broker restart cost one CI run the whole SETTLE_S (238 s).
 OBSERVER_TRUSTED_S = 30
 QDRANT_AWAY_S = 20
+TURNS_REFUSED_S = 20
 DISK_FULL_S = 15
 
 
@@ -279,6 +280,30 @@ def test_archive_disk_full(harness):
     run_scenario(harness, f"archive disk full {DISK_FULL_S} s", inject)
     # The fault was real: the archiver's writes failed for want of space, and were retried.
     assert "No space left on device" in harness.stack.log_since("streams", log_from)
+
+
+def test_turn_writes_refused_for_20_s(harness):
+    """Every write to chat.turns refused for 20 s (the broker's INVALID_TIMESTAMP: the topic's
+    ``message.timestamp.before.max.ms`` set to 0 accepts no record stamped before it arrives), while the
+    record agent has turns to deliver. Record used to write
+    "recorded" into the conversation's state before its turn was on the broker: a produce that failed then
+    left the state saying so, the response read again was skipped as a duplicate, and the turn never
+    reached chat.turns, the archive or the datasets. Now the state follows the delivery: every answered
+    request's turn is on chat.turns once and archived once."""
+    admin = TopicAdmin(KafkaSettings(bootstrap_servers=harness.stack.bootstrap))
+    log_from = harness.stack.log_offset("streams")
+
+    def inject():
+        admin.set_topic_config("chat.turns", {"message.timestamp.before.max.ms": "0"})
+        try:
+            time.sleep(TURNS_REFUSED_S)
+        finally:  # Kafka's default: no limit
+            admin.set_topic_config("chat.turns", {"message.timestamp.before.max.ms": str(2**63 - 1)})
+
+    run_scenario(harness, f"turn writes refused {TURNS_REFUSED_S} s", inject)
+    # The fault was real: the record agent's deliveries were refused (retried, or the process exited unacked).
+    logged = harness.stack.log_since("streams", log_from)
+    assert "InvalidTimestamp" in logged or "INVALID_TIMESTAMP" in logged, logged[-3000:]
 
 
 def test_gateway_reply_topic_deleted(harness):
