@@ -152,7 +152,9 @@ class InferenceRequest:
     # template) and ``messages`` is empty. None: the chat template over ``messages``.
     raw_prompt: str | None = None
     share_weight: float = 1.0  # v4: PromptRequest v6's, carried over
-    schema_version: int = 4  # v4: share_weight; v3: the sampling fields of PromptRequest v5, carried over
+    # v5: recall did not answer in time (Qdrant slow or away): the context has the recent turns only
+    memory_degraded: bool = False
+    schema_version: int = 5  # v5: memory_degraded; v4: share_weight; v3: the sampling fields of PromptRequest v5
 
 
 @dataclass(slots=True)
@@ -254,7 +256,11 @@ class ConversationTurn:
     finish_reason: FinishReason
     created_at: int
     completed_at: int
-    schema_version: int = 3
+    # v4: whether memory keeps the turn (streams' memory writer upserts it from chat.turns), and whether its
+    # prompt was answered without recalled memory (recall late: InferenceRequest v5 memory_degraded).
+    remembered: bool = False
+    memory_degraded: bool = False
+    schema_version: int = 4
 
 
 @dataclass(slots=True, kw_only=True)

@@ -6,9 +6,13 @@ fan-out, and ``chat.turns``/``chat.feedback`` for the archive) has 6 partitions 
 conversation id with Kafka's murmur2 rule, so Faust's assignor gives partition ``p`` of all of them
 to one worker, and the table writes each key to its conversation's partition (``table.py``).
 
+Memory's writes are not an agent's: the memory writer (``memory_writer.py``, a thread and a consumer
+group of its own, ``<app id>.memory``) embeds and upserts the turns from ``chat.turns``, the durable
+outbox, so a slow Qdrant delays memory and nothing else.
+
 The erasure registry (``erasures.py``) is read from ``chat.deletions`` before the app is built
-(and followed after) and shared by record, forget and the archiver: a record of an erased user that
-arrives late is neither remembered nor archived. The forget agent fans each deletion out to every
+(and followed after) and shared by intake, record, forget, the memory writer and the archiver: a
+record of an erased user that arrives late is neither recalled, remembered nor archived. The forget agent fans each deletion out to every
 conversation partition; the partition's owner erases memory, its table entries and its archive
 files through the same ``Archiver`` the archive agent writes with (one lock) (``forget.py``).
 
@@ -64,6 +68,7 @@ from streams.faust_runtime.watchdog import (
 )
 from streams.forget import Forget, ForgetPartition
 from streams.intake import Intake
+from streams.memory_writer import MemoryWriter, memory_writer_group
 from streams.metrics import AgentCounters, StreamsMetrics
 from streams.record import Record
 from streams.recorded import BrokerEndOffsets, RecordedOffsets
@@ -173,7 +178,11 @@ class StreamsApp:
         self.intake = Intake(settings, services, self.table,
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
                              intake_letters, self.refusals, retrier, recorded=self.recorded,
-                             partitions=spec(RESPONSES).partitions, metrics=self.metrics)
+                             partitions=spec(RESPONSES).partitions, metrics=self.metrics, erasures=self.erasures)
+        # Memory's writes: from chat.turns, in a thread and a group of its own (memory_writer.py); started by
+        # run_worker, so that building the app (tests, `chatpipe streams --check`) starts no consumer.
+        self.memory_writer = MemoryWriter(kafka, settings, services, self.erasures,
+                                          memory_writer_group(app_id(kafka, settings)))
         self.record = Record(settings, services, self.table, topic(TURNS),
                              DeadLetters(dlq, codec, "streams.record"), retrier, self.erasures,
                              recorded=self.recorded)
@@ -207,7 +216,8 @@ class StreamsApp:
         sources = {kafka.topic(t) for t in (PROMPTS, RESPONSES, DELETIONS, TURNS, FEEDBACK, DELETIONS_FANOUT,
                                             EMBEDDING_REQUESTS)}
         self.metrics.registry.register(AgentCounters(self))  # the agents' counters, read at every scrape
-        self.lag_groups = [GroupTopics(app_id(kafka, settings), tuple(sorted(sources)))]  # Faust's one group
+        self.lag_groups = [GroupTopics(app_id(kafka, settings), tuple(sorted(sources))),  # Faust's one group
+                           GroupTopics(self.memory_writer.group_id, (kafka.topic(TURNS),))]  # memory's outbox
         self.watchdog = ProgressWatchdog(lambda tps: admin.backlogs(app_id(kafka, settings), tps), settings.stall_s)
 
         # Idle conversations leave the table (expiry.py): each worker sweeps its own keys.
@@ -261,9 +271,11 @@ def run_worker(streams: StreamsApp) -> None:
     spans.configure("streams")  # CHATPIPE_TRACING_*: where spans go (docs/observability.md)
     s = streams.settings
     streams.metrics.serve(s.metrics_port, streams.kafka, streams.lag_groups, s.lag_interval_s, host=s.metrics_host)
+    streams.memory_writer.start(lambda exc: exit_without_ack("streams.memory_writer", exc))
     try:
         worker.execute_from_commandline()
     finally:
+        streams.memory_writer.close()
         streams.metrics.close()
         spans.shutdown()
         streams.reply_producer.close(timeout_s=10)

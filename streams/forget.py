@@ -17,10 +17,12 @@ several streams workers over several workers' tables; so a deletion is carried o
    a. the deletion goes into this worker's registry first: from then on its record agent does not
       remember, and its archive does not archive, a record it erases that is still on its way (a
       response in flight, turns the archive has not read yet);
-   b. under the shared state lock (so no agent writes a forgotten conversation back): the Qdrant points
-      (``ConversationMemory.forget``, by filter: the first partition's step finds them, the others
-      0, and any a worker remembered meanwhile) and the table entries of partition ``p`` (recent turns,
-      pending requests, counters); a ``DeletionAudit`` with component ``streams.forget`` says how many;
+   b. the Qdrant points (``ConversationMemory.forget``, by filter: the first partition's step finds
+      them, the others 0, and any a worker remembered meanwhile; no lock held: the memory writer
+      deletes what it upserts for a subject the registry erased meanwhile), then, under the shared
+      state lock (so no agent writes a forgotten conversation back), the table entries of partition
+      ``p`` (recent turns, pending requests, counters); a ``DeletionAudit`` with component
+      ``streams.forget`` says how many;
    c. the archive files of partition ``p`` of ``chat.turns`` and ``chat.feedback`` holding the subject's
       records are rewritten without them (``Archiver.erase``: atomically, the archiver's lock taken per
       file); a second ``DeletionAudit``, component ``streams.archive`` (``conversations_cleared`` =
@@ -168,11 +170,15 @@ class ForgetPartition(_DeletionAgent):
         partition = m.partition
         conversation = deletion.conversation_id if deletion.scope == DeletionScope.CONVERSATION else None
         self.erasures.add(deletion)  # first: whatever is written after this is checked against it
+        # Not under the state lock: a slow Qdrant must not stop intake and record. Nothing can write the
+        # subject's points back after this: the memory writer checks the registry again after each upsert
+        # and deletes what it wrote for a subject erased meanwhile (memory_writer.py).
+        points = await self.retrier.call(
+            "memory forget", self.services.in_memory_thread, self.services.memory.forget,
+            tenant=deletion.tenant, user_id=deletion.user_id, conversation_id=conversation)
+        # The table, under the lock: no agent writes a forgotten conversation back. The keys of the
+        # partition this worker holds (streams/table.py) that the deletion covers; no await inside.
         async with self.services.state_lock:
-            points = await self.retrier.call(
-                "memory forget", self.services.in_memory_thread, self.services.memory.forget,
-                tenant=deletion.tenant, user_id=deletion.user_id, conversation_id=conversation)
-            # the keys of the partition this worker holds (streams/table.py) that the deletion covers
             keys = [key for key in list(self.table.keys()) if key_partition(key, self.partitions) == partition
                     and (value := self.table.get(key)) is not None and matches(value, deletion)]
             for key in keys:

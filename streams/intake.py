@@ -4,7 +4,8 @@ Per batch (``batching``: adaptive, up to n prompts while they keep arriving, clo
 more came within ``intake_batch_idle_s``, at most the window, taken by ``streams/faust_runtime/``;
 then split by prompt tokens, see ``batching.py``):
 decode and validate every prompt (a bad one is dead-lettered and the rest go on), embed all
-prompts of the run in one call, recall memory for all of them in one call (from every
+prompts of the run in one call, recall memory for all of them in one call, outside the state lock
+and within ``recall_timeout_s`` (from every
 conversation of the tenant's user for ``MemoryScope.USER``, from the prompt's own conversation
 only for ``CONVERSATION``: docs/memory.md "Memory scoping"; a raw prompt, PromptRequest v5
 ``raw_prompt`` from POST /v1/completions, is neither embedded nor recalled for), assemble each
@@ -18,10 +19,19 @@ A prompt of a conversation with a request still pending waits, before its batch 
 the record agent to record every response already on ``chat.responses`` (read-your-writes: a
 follow-up sent right after its answer's final chunk sees that answer, ``recorded.py``).
 
+Memory is an enhancement, not a dependency (the seeds: availability over strict consistency,
+slightly stale context is fine). Recall gets one retry budget, ``recall_timeout_s`` (2 s), and no
+lock is held meanwhile; when memory has not answered by then (Qdrant slow, stopped or away) the
+prompts are served with their recent turns only and marked ``memory_degraded`` (on the
+InferenceRequest, on the pending request and so on the turn, and in
+``chatpipe_streams_memory_degraded_prompts_total``). What recall returns is checked again under the
+lock against the state as it is then (a turn recorded meanwhile is in the recent window: not twice)
+and against the erasure registry (a user forgotten meanwhile: none of theirs).
+
 Before that, a prompt whose reply address cannot be answered or whose deadline has passed is
 refused (``refusals.py``). The batch is acked only once every record it produced (requests, dead
-letters, error chunks) is on the broker; Qdrant and broker faults are retried, and past the
-retry budget the batch stays unacked and the process exits (``faults.py``), so it is read again.
+letters, error chunks) is on the broker; broker faults are retried, and past the retry budget the
+batch stays unacked and the process exits (``faults.py``), so it is read again.
 
 No Faust here: ``Intake.handle`` takes the batch's messages and an outbox (``streams/ports.py``), the
 table is a mapping; the Faust agent that feeds it is ``faust_runtime.agents.faust_agent``.
@@ -30,6 +40,7 @@ Tests without Faust: tests/streams/test_agent_logic.py.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -44,6 +55,7 @@ from schemas.topics import inference_requests_topic
 from streams.batching import split_by_tokens
 from streams.context import Segment, assemble_context
 from streams.dead_letters import DeadLetters, event_headers, receive_batch
+from streams.erasures import ErasureRegistry
 from streams.errors import InvalidPromptError, PromptTooLongError
 from streams.faults import Retrier
 from streams.metrics import StreamsMetrics
@@ -55,6 +67,7 @@ from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.state import ConversationState, PendingRequest, state_key
 from transport import tracing
+from transport.failures import Fault, OutageError, classify
 from transport.partitioning import partition_of
 from transport import spans
 from transport.spans import Span
@@ -81,7 +94,7 @@ class Intake:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any,
                  out_topics: dict[str, Any], dead_letters: DeadLetters, refusals: Refusals,
                  retrier: Retrier, recorded: RecordedOffsets | None = None, partitions: int = 1,
-                 metrics: StreamsMetrics | None = None) -> None:
+                 metrics: StreamsMetrics | None = None, erasures: ErasureRegistry | None = None) -> None:
         self.settings = settings
         self.batching = BatchRule(settings.intake_batch_size, settings.intake_batch_window_s,
                                   settings.intake_batch_idle_s)
@@ -93,11 +106,15 @@ class Intake:
         self.dead_letters = dead_letters
         self.refusals = refusals
         self.retrier = retrier
+        # Recall's one budget: a few quick tries (the next Qdrant peer may answer), never past recall_timeout_s.
+        self.recall_retrier = Retrier(settings.recall_timeout_s, backoff_s=0.05, max_backoff_s=0.5)
+        self.erasures = erasures if erasures is not None else ErasureRegistry()
         self.metrics = metrics or StreamsMetrics()  # observed here; served by the app (streams/metrics.py)
         self.served = 0
         self.batches = 0
         self.repeats = 0  # prompts read again whose request was answered already (not served twice)
         self.unrecorded = 0  # batches assembled after recorded_wait_s with answers still unrecorded
+        self.memory_degraded = 0  # prompts served without recall: memory did not answer within recall_timeout_s
 
     async def handle(self, messages: Sequence[Message], outbox: Outbox) -> None:
         """Serve or refuse every prompt of ``messages``; returns once all they produced is durable."""
@@ -181,19 +198,19 @@ class Intake:
         chat = [i for i, p in enumerate(run) if not p.parsed.raw]
         vectors = await services.embedder.aencode([run[i].parsed.prompt for i in chat]) if chat else []
         embedded, embedded_ns = time.perf_counter(), time.time_ns()
+        # What recall skips (the recent window, offered anyway) is read without the lock: no await in between.
+        queries = [RecallQuery(tenant=run[i].request.tenant, user_id=run[i].request.user_id, vector=vectors[j],
+                               exclude_turn_ids=[t.turn_id for t in self._state(run[i].request, {}).recent],
+                               conversation_id=recall_conversation(run[i].request))
+                   for j, i in enumerate(chat)]
+        chat_hits, degraded = await self._recall(queries)
+        recalled_at, recalled_ns = time.perf_counter(), time.time_ns()
         async with services.state_lock:
             by_key: dict[str, ConversationState] = {}  # two prompts of one conversation share its state
             states = [self._state(p.request, by_key) for p in run]
-            queries = [RecallQuery(tenant=run[i].request.tenant, user_id=run[i].request.user_id, vector=vectors[j],
-                                   exclude_turn_ids=[t.turn_id for t in states[i].recent],
-                                   conversation_id=recall_conversation(run[i].request))
-                       for j, i in enumerate(chat)]
-            chat_hits = await self.retrier.call("memory recall", services.in_memory_thread,
-                                                services.memory.recall_many, queries) if queries else []
             recalled: list[list[Any]] = [[] for _ in run]
             for i, hits in zip(chat, chat_hits):
-                recalled[i] = hits
-            recalled_at, recalled_ns = time.perf_counter(), time.time_ns()
+                recalled[i] = self._still_recallable(hits, states[i])
             self.metrics.embed_seconds.observe(embedded - started)
             self.metrics.recall_seconds.observe(recalled_at - embedded)
             batch = {"chatpipe.batch.size": len(run)}
@@ -202,9 +219,10 @@ class Intake:
                     continue
                 prompt.span.child("embed", start_ns=started_ns, attributes=batch).end(embedded_ns)
                 prompt.span.child("recall", start_ns=embedded_ns,
-                                  attributes={**batch, "chatpipe.recall.hits": len(hits)}).end(recalled_ns)
+                                  attributes={**batch, "chatpipe.recall.hits": len(hits),
+                                              "chatpipe.memory_degraded": degraded}).end(recalled_ns)
             ready = [(prompt, state, out) for prompt, state, hits in zip(run, states, recalled)
-                     if (out := await self._prepare(prompt, state, hits, outbox)) is not None]
+                     if (out := await self._prepare(prompt, state, hits, outbox, degraded)) is not None]
             # State first, then the requests: a response can never find its conversation without its
             # pending entry. One changelog write per conversation per batch, not one per prompt (each
             # write serialises the whole state, pending requests included, to the changelog).
@@ -216,6 +234,35 @@ class Intake:
         log.debug("intake batch of %d: embed %.1f ms, recall %.1f ms, assemble+produce %.1f ms", len(run),
                   (embedded - started) * 1e3, (recalled_at - embedded) * 1e3, (time.perf_counter() - recalled_at) * 1e3)
 
+    async def _recall(self, queries: list[Any]) -> tuple[list[list[Any]], bool]:
+        """Memory's hits for ``queries`` and whether recall was given up (degraded): one budget,
+        ``recall_timeout_s``, for the tries and the wait. An outage or a late answer degrades; a bug
+        (FATAL) is raised, never hidden as a degraded context."""
+        services, budget = self.services, self.settings.recall_timeout_s
+        if not queries:
+            return [], False
+        try:
+            return await asyncio.wait_for(self.recall_retrier.call(
+                "memory recall", services.in_memory_thread, services.memory.recall_many, queries), budget), False
+        except asyncio.TimeoutError:  # a call queued behind a hung one is cancelled before it starts
+            why = f"no answer within {budget:g} s"
+        except OutageError as exc:
+            why = str(exc)
+        except Exception as exc:  # classified: an outage degrades, anything else is raised
+            if classify(exc) is not Fault.TRANSIENT:
+                raise
+            why = f"{type(exc).__name__}: {exc}"
+        self.memory_degraded += len(queries)  # chatpipe_streams_memory_degraded_prompts (metrics.py)
+        log.warning("memory did not answer (%s): %d prompt(s) served with their recent turns only", why, len(queries))
+        return [[] for _ in queries], True
+
+    def _still_recallable(self, hits: list[Any], state: ConversationState) -> list[Any]:
+        """``hits`` without turns that reached the recent window while recall ran (they are offered
+        anyway) and without turns of a user or conversation forgotten meanwhile."""
+        recent = {t.turn_id for t in state.recent}
+        return [h for h in hits if h.turn.turn_id not in recent and not self.erasures.erased(
+            h.turn.tenant, h.turn.user_id, h.turn.conversation_id, h.turn.created_at)]
+
     def _state(self, request: PromptRequest, by_key: dict[str, ConversationState]) -> ConversationState:
         key = state_key(request.tenant, request.user_id, request.conversation_id)
         if key not in by_key:
@@ -225,7 +272,7 @@ class Intake:
         return by_key[key]
 
     async def _prepare(self, prompt: _Prompt, state: ConversationState, hits: list[Any],
-                       outbox: Outbox) -> InferenceRequest | None:
+                       outbox: Outbox, memory_degraded: bool = False) -> InferenceRequest | None:
         """The request's context, and its pending entry in ``state`` (not yet written to the table);
         None when the prompt cannot fit the context (it is dead-lettered) or was answered already."""
         request, parsed = prompt.request, prompt.parsed
@@ -258,12 +305,13 @@ class Intake:
             await self.refusals.refuse(prompt.message, request, InvalidPromptError(str(exc)), "invalid_request",
                                        outbox)
             return None
-        pending = PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at)
+        pending = PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at,
+                                 memory_degraded=memory_degraded)
         return self._request(prompt, state, pending, assembling_ns,
                              {"chatpipe.context.messages": len(context.messages),
                               "chatpipe.context.recalled_turns": len(context.recalled_turn_ids)},
                              messages=context.messages, context_tokens=context.tokens,
-                             recalled_turn_ids=context.recalled_turn_ids)
+                             recalled_turn_ids=context.recalled_turn_ids, memory_degraded=memory_degraded)
 
     async def _prepare_raw(self, prompt: _Prompt, state: ConversationState, outbox: Outbox,
                            assembling_ns: int) -> InferenceRequest | None:

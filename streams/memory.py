@@ -222,6 +222,18 @@ class ConversationMemory:
                        points_selector=models.FilterSelector(filter=flt), wait=True)
         return found
 
+    def delete_turns(self, turns: Sequence[StoredTurn]) -> None:
+        """Delete these turns' points (by id; those never stored are no error)."""
+        groups: dict[str, list[str]] = defaultdict(list)
+        for turn in turns:
+            self._check_keys(turn.tenant, turn.user_id)
+            groups[self._collection_of(turn.tenant, turn.user_id)].append(point_id(turn.turn_id))
+        for name, ids in groups.items():
+            if self.local and name not in self._partitions:
+                continue
+            self._call("delete", "delete", collection_name=name, points_selector=models.PointIdsList(points=ids),
+                       wait=True)
+
     # -- reading ---------------------------------------------------------------------------------
 
     def recall_many(self, queries: Sequence[RecallQuery]) -> list[list[RecalledTurn]]:

@@ -25,7 +25,7 @@ from transport.lag import GroupTopics, LagMonitor, TopicLag
 from transport.settings import KafkaSettings
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# Recall retries Qdrant for up to retry_budget_s (60 s): a slow call lands in a bucket past 60 s.
+# Recall waits at most recall_timeout_s (2 s); the buckets past it are for slow embedding calls.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                    60.0, 120.0, 300.0)
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -97,9 +97,17 @@ class AgentCounters:
             ("archive", "erased", s.archiver.erased),
             ("archive", "skipped", s.archiver.skipped),  # offsets archived already (a redelivery)
             ("table", "expired", s.expiry.expired),  # idle conversations removed (expiry.py)
+            ("memory_writer", "ok", s.memory_writer.upserted),  # turns embedded and upserted into memory
+            ("memory_writer", "not_remembered", s.memory_writer.not_remembered),  # failed answers, raw prompts
+            ("memory_writer", "erased", s.memory_writer.erased),  # of a user or conversation forgotten meanwhile
+            ("memory_writer", "undecodable", s.memory_writer.undecodable),
         ):
             records.add_metric([agent, outcome], value)
         yield records
+        degraded = CounterMetricFamily("chatpipe_streams_memory_degraded_prompts", "Prompts served without recalled "
+                                       "memory: recall did not answer within recall_timeout_s (Qdrant slow or away)")
+        degraded.add_metric([], s.intake.memory_degraded)
+        yield degraded
         letters = CounterMetricFamily("chatpipe_streams_dead_letters", "Dead letters sent, by component and reason",
                                       labels=["component", "reason"])
         for dead in {id(d): d for d in (intake_letters, s.record.dead_letters, s.forget.dead_letters)}.values():
@@ -110,6 +118,7 @@ class AgentCounters:
                                       "the archive's disk), by retry budget", labels=["budget"])
         retries.add_metric(["records"], s.intake.retrier.retries)
         retries.add_metric(["archive"], s.archive.retrier.retries)
+        retries.add_metric(["memory_writer"], s.memory_writer.retrier.retries)
         yield retries
         held = GaugeMetricFamily("chatpipe_streams_conversations", "Conversation states held in the table (this "
                                  "worker's partitions)")

@@ -3,20 +3,24 @@
 Per batch of responses (adaptive like intake's, ``batching``: a lone response is recorded at
 once, since a follow-up of its conversation may be waiting for it, ``recorded.py``): join each
 with its pending request (kept in the conversation's state by intake), drop a response whose request id was already recorded (a response delivered twice
-makes one turn), embed the batch's answered turns in one call and upsert them into Qdrant,
-send a ``ConversationTurn`` per response to ``chat.turns``, and only once the broker has them
-write the conversation states back to the table (under the state lock again, onto each state as
-it is then: intake may have added a pending request meanwhile).
+makes one turn), send a ``ConversationTurn`` per response to ``chat.turns``, and only once the
+broker has them write the conversation states back to the table (under the state lock again, onto
+each state as it is then: intake may have added a pending request meanwhile).
+
+Memory is not written here: a turn says whether memory keeps it (ConversationTurn v4
+``remembered``), and the memory writer embeds and upserts it from ``chat.turns``
+(``memory_writer.py``): the topic is the durable outbox of memory's writes, so a slow or stopped
+Qdrant delays memory, never a turn, and no network call waits under the state lock.
 
 That order makes a crash or a failed delivery anywhere in between safe: the redelivered
 responses find the state as it was (the request still pending, not "recorded") and produce the
-same turns again, and the turn id is derived from the request id (uuid5), so the Qdrant upsert
-and the ``chat.turns`` record (same ``event_id``) are repeats of the same facts, not new ones.
+same turns again, and the turn id is derived from the request id (uuid5), so the ``chat.turns``
+record (same ``event_id``) and the memory point made from it are repeats of the same facts.
 Had the state been written first, a delivery that failed would have left it saying "recorded"
 and the redelivered response would be skipped as a duplicate: a turn never on ``chat.turns``, in
 the archive or the datasets. The batch is acked only after every turn and dead letter is on the
-broker; a Qdrant or broker fault is retried, and past the retry budget the batch stays unacked
-and the process exits (``faults.py``).
+broker; a broker fault is retried, and past the retry budget the batch stays unacked and the
+process exits (``faults.py``).
 
 A request with ``n`` > 1 choices is answered by n Responses (v2 ``choice_index``); its turn is
 choice 0's, the others are skipped (counted in ``other_choices``): a conversation has one history,
@@ -39,7 +43,6 @@ tests/streams/test_agent_logic.py.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -129,17 +132,12 @@ class Record:
 
     async def _handle_locked(self, messages: Sequence[Message], outbox: Outbox, spans: list[Span],
                              start_ns: int) -> list[StateChange]:
-        """Decode, join, embed and upsert, and send each turn; returns what the conversation states
-        will say once the turns are delivered (``_write_states``). The states here are copies."""
-        from streams.embeddings import turn_text
-        from streams.memory import StoredTurn
-
+        """Decode, join and send each turn; returns what the conversation states will say once the
+        turns are delivered (``_write_states``). The states here are copies."""
         services, settings = self.services, self.settings
         states: dict[str, ConversationState] = {}
         changes: list[StateChange] = []
         turns: list[tuple[ConversationTurn, Span]] = []
-        stored: list[Any] = []
-        stored_spans: list[Span] = []
         for m in messages:
             try:
                 response = services.codec.decode(m.value, Response, topic=m.topic, partition=m.partition,
@@ -197,24 +195,10 @@ class Record:
                 total_ms=response.total_ms, finish_reason=response.finish_reason,
                 created_at=pending.created_at, completed_at=response.completed_at,
                 trace_id=span.trace_id,  # lineage: the turn, its archive row and dataset rows lead to this trace
+                remembered=remembered, memory_degraded=pending.memory_degraded,
             )
             span.set("chatpipe.outcome", "recorded")
             turns.append((turn, span))
-            if remembered:
-                stored_spans.append(span)
-                stored.append(StoredTurn(turn_id=turn_id, tenant=turn.tenant, user_id=turn.user_id,
-                                         conversation_id=turn.conversation_id, turn_index=index,
-                                         prompt=turn.prompt, answer=turn.answer, created_at=turn.created_at))
-        if stored:
-            embed_ns = time.time_ns()
-            vectors = await services.embedder.aencode([turn_text(t) for t in stored])
-            upsert_ns = time.time_ns()
-            await self.retrier.call("memory upsert", services.in_memory_thread, services.memory.upsert, stored,
-                                    vectors)
-            done_ns, batch = time.time_ns(), {"chatpipe.batch.size": len(stored)}
-            for span in stored_spans:
-                span.child("embed", start_ns=embed_ns, attributes=batch).end(upsert_ns)
-                span.child("memory upsert", start_ns=upsert_ns, attributes=batch).end(done_ns)
         for turn, span in turns:
             await outbox.send(self.turns_topic, key=turn.conversation_id.encode(), value=services.codec.encode(turn),
                               parent_trace=span.traceparent)

@@ -2,8 +2,10 @@
 
 Qdrant's local-mode client is not meant for concurrent use, so every memory call runs on one
 dedicated thread (off the event loop, one at a time). ``state_lock`` serialises the
-read-modify-write of conversation state and memory across agents: a ``forget`` can never land
-between ``record`` reading a conversation and writing it back (which would resurrect it).
+read-modify-write of conversation state across agents: a ``forget`` can never land between
+``record`` reading a conversation and writing it back (which would resurrect it). No network call
+is made under it (intake's recall, forget's Qdrant delete and the memory writer run outside it), so
+a slow Qdrant holds up no agent's state.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class StreamsServices:
     async def in_memory_thread(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    def in_memory_thread_blocking(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """``fn`` on the memory thread, waited for in the calling thread (the memory writer's)."""
+        return self._executor.submit(fn, *args, **kwargs).result()
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -78,8 +78,11 @@ class StreamsSettings(BaseSettings):
                            "with nothing reaching its agent before the process exits to be restarted "
                            "(streams/faust_runtime/watchdog.py)")
     stall_check_s: float = Field(5.0, gt=0, description="How often the consumer's progress is checked")
-    retry_budget_s: float = Field(60.0, gt=0, description="How long intake, record and forget retry Qdrant "
-                                                          "or the broker before the process exits unacked")
+    recall_timeout_s: float = Field(2.0, gt=0, description="Longest intake waits for memory's recall (tries "
+                                    "included); past it the prompts are served with their recent turns only, "
+                                    "marked memory_degraded: memory is an enhancement, never a reason to wait")
+    retry_budget_s: float = Field(60.0, gt=0, description="How long the agents retry the broker, and forget "
+                                                          "and the memory writer Qdrant, before the process exits unacked")
     retry_backoff_s: float = Field(0.5, gt=0, description="First wait between retries; doubles per retry")
     retry_max_backoff_s: float = Field(5.0, gt=0, description="Longest wait between retries")
     archive_retry_budget_s: float = Field(

@@ -37,6 +37,8 @@ class PendingRequest:
     # False for a raw prompt (PromptRequest v5 raw_prompt): its turn is emitted, never remembered
     # (no memory point, not in the recent window). States written before it read as True.
     remember: bool = True
+    # True when intake served it without recalled memory (recall late: intake.py); the turn says so too.
+    memory_degraded: bool = False
 
 
 @dataclass(slots=True)

@@ -256,7 +256,8 @@ class Load:
 
 def table(rows: list[dict]) -> str:
     """The per-scenario table the fault tests print (and docs/testing.md copies)."""
-    columns = ["scenario", "sent", "answered", "errored", "lost", "stuck", "turns", "archived", "restarts", "seconds"]
+    columns = ["scenario", "sent", "answered", "errored", "lost", "stuck", "turns", "archived", "degraded", "restarts",
+               "seconds"]
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
     line = lambda values: "| " + " | ".join(str(v).ljust(widths[c]) for c, v in zip(columns, values)) + " |"
     out = [line(columns), "|" + "|".join("-" * (widths[c] + 2) for c in columns) + "|"]

@@ -18,6 +18,7 @@ into docs/testing.md: sent, answered, errored, lost, stuck, restarts.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections import Counter
@@ -164,6 +165,8 @@ def run_scenario(h: Harness, name: str, inject, *, before_s: float = 4, after_s:
         "stuck": sum(1 for s in sent if s.outcome == "stuck") + sum(1 for s in unsettled if s.route == "gateway"),
         "turns": sum(1 for r in answered if len({t.event_id for t in turns[r]}) == 1),
         "archived": sum(1 for r in answered if archived[r] == 1),
+        # answered without recalled memory (recall late: Qdrant slow or away), as their turns say
+        "degraded": sum(1 for r in answered if turns[r] and turns[r][0].memory_degraded),
         "restarts": ", ".join(f"{k} {v}" for k, v in restarts.items() if v) or "0",
         "seconds": round(time.monotonic() - started),
         "errors": error_kinds(sent),
@@ -265,6 +268,46 @@ def test_qdrant_server_away_for_20_s(harness):
         harness.stack.qdrant.wait_ready()
 
     run_scenario(harness, f"Qdrant SIGKILL {QDRANT_AWAY_S} s", inject)
+
+
+def test_qdrant_server_stopped_for_20_s(harness):
+    """Memory's server SIGSTOPped for 20 s under load: a hung peer, connections open and nothing answered.
+    Intake used to retry recall for up to a minute under the lock every agent takes, so one slow Qdrant
+    held up every prompt and every turn. Memory is an enhancement: the prompts of the window are answered
+    with their recent turns only (``memory_degraded`` on their turns, counted), none errs, and after SIGCONT
+    the memory writer catches up from chat.turns: every turn of the scenario that memory keeps is in it."""
+    from qdrant_client import QdrantClient
+
+    from streams.memory import point_id
+    from streams.memory_settings import MemorySettings
+
+    pid = harness.stack.qdrant.proc.pid
+
+    def inject():
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(QDRANT_AWAY_S)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    name = f"Qdrant SIGSTOP {QDRANT_AWAY_S} s"
+    row = run_scenario(harness, name, inject)
+    assert row["errored"] == 0, f"a prompt was refused while memory was stopped: {row}"
+    answered = [s.request_id for s in harness.load.of(name) if s.outcome == "answered"]
+    with harness.observer.lock:
+        turns = [harness.observer.seen.turns[r][0] for r in answered]
+    degraded = row["degraded"]
+    assert degraded > 0, "no prompt of the window was served without memory: was Qdrant stopped?"
+    kept = {point_id(t.event_id) for t in turns if t.remembered}
+    client = QdrantClient(url=harness.stack.qdrant.url, timeout=10)
+    deadline, missing = time.monotonic() + 120, kept
+    while missing and time.monotonic() < deadline:  # the writer's backlog drains within seconds
+        found = {str(p.id) for p in client.retrieve(MemorySettings().collection, ids=sorted(missing))}
+        missing = missing - found
+        time.sleep(1)
+    client.close()
+    assert not missing, f"{len(missing)} of {len(kept)} kept turns never reached memory after SIGCONT"
+    print(f"{name}: {degraded} of {len(turns)} prompts served without recall; {len(kept)} turns in memory after")
 
 
 def test_archive_disk_full(harness):

@@ -69,9 +69,9 @@ def test_turn_keeps_its_trace_id_and_v2_turns_read_without_one():
     from dataclasses import replace
 
     turn = next(r for r in sample_records() if isinstance(r, records.ConversationTurn))
-    assert turn.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" and turn.schema_version == 3
+    assert turn.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" and turn.schema_version == 4
     data = codec.encode(turn)
-    assert data[2:HEADER_LEN] == default_registry().version("ConversationTurn", 3).fingerprint
+    assert data[2:HEADER_LEN] == default_registry().version("ConversationTurn", 4).fingerprint
     assert codec.decode(data, expected=records.ConversationTurn).trace_id == turn.trace_id
     assert codec.decode(codec.encode(replace(turn, trace_id=None))).trace_id is None
 
@@ -82,6 +82,21 @@ def test_turn_keeps_its_trace_id_and_v2_turns_read_without_one():
     assert data[2:HEADER_LEN] == default_registry().version("ConversationTurn", 2).fingerprint
     decoded = codec.decode(data, expected=records.ConversationTurn)
     assert decoded == replace(turn, trace_id=None, schema_version=2)
+
+
+def test_turn_v4_says_whether_memory_keeps_it_and_older_turns_read_as_not_kept_by_the_writer():
+    """ConversationTurn v4: ``remembered`` and ``memory_degraded`` read back as written; a v3 turn reads
+    both False (its record agent had upserted it itself: the memory writer must not do it again)."""
+    from dataclasses import replace
+
+    turn = replace(next(r for r in sample_records() if isinstance(r, records.ConversationTurn)),
+                   remembered=True, memory_degraded=True)
+    decoded = codec.decode(codec.encode(turn), expected=records.ConversationTurn)
+    assert decoded.remembered and decoded.memory_degraded
+    v3_fields = {f["name"] for f in json.loads((SCHEMA_DIR / "ConversationTurn.v3.avsc").read_text())["fields"]}
+    old = {k: v for k, v in to_avro_dict(turn).items() if k in v3_fields} | {"schema_version": 3}
+    decoded = codec.decode(codec.encode_dict("ConversationTurn", old, version=3), expected=records.ConversationTurn)
+    assert decoded == replace(turn, remembered=False, memory_degraded=False, schema_version=3)
 
 
 def test_prompt_request_v1_gets_default_priority():

@@ -219,7 +219,7 @@ def test_intake_refuses_a_prompt_the_chat_template_refuses():
     assert served.conversation_id == "c3"
 
 
-def test_record_turns_an_answer_into_one_turn_and_a_memory_point_once():
+def test_record_turns_an_answer_into_one_turn_that_memory_keeps_once():
     table: dict = {}
     out = FakeOutbox()
     asyncio.run(intake(table).handle(messages(PROMPTS, CODEC.encode(prompt("What is the capital of France?"))), out))
@@ -231,7 +231,8 @@ def test_record_turns_an_answer_into_one_turn_and_a_memory_point_once():
     (turn,) = turns.records("chat.turns")
     assert isinstance(turn, ConversationTurn) and turn.event_id == turn_id_for(request.request_id)
     assert (turn.prompt, turn.answer, turn.turn_index) == ("What is the capital of France?", "Paris.", 0)
-    assert [t.turn_id for t in svc.memory.upserts] == [turn.event_id]
+    # memory is written from chat.turns by the memory writer (memory_writer.py), not by record
+    assert turn.remembered and not turn.memory_degraded and svc.memory.upserts == []
     state = ConversationState.from_value(table[state_key("acme", "ada", "c1")])
     assert not state.pending and [t.answer for t in state.recent] == ["Paris."] and agent.duplicates == 1
     # the next prompt's context holds the answer
@@ -239,6 +240,87 @@ def test_record_turns_an_answer_into_one_turn_and_a_memory_point_once():
     asyncio.run(intake(table).handle(messages(PROMPTS, CODEC.encode(prompt("And of Spain?"))), out))
     (follow_up,) = out.records(INFERENCE_REQUESTS)
     assert [m.content for m in follow_up.messages][1:] == ["What is the capital of France?", "Paris.", "And of Spain?"]
+
+
+def test_a_failed_answer_is_a_turn_memory_does_not_keep():
+    table: dict = {}
+    out = FakeOutbox()
+    asyncio.run(intake(table).handle(messages(PROMPTS, CODEC.encode(prompt("What is the capital of France?"))), out))
+    (request,) = out.records(INFERENCE_REQUESTS)
+    failed = response(request, text="")
+    failed.finish_reason = FinishReason.ERROR
+    turns = FakeOutbox()
+    asyncio.run(record(table).handle(messages(RESPONSES, CODEC.encode(failed)), turns))
+    (turn,) = turns.records("chat.turns")
+    assert not turn.remembered
+
+
+class StoppedMemory(FakeMemory):
+    """Memory that does not answer (a Qdrant server SIGSTOPped, faked: the real one is tests/faults) until
+    ``release`` is set, or that refuses at once like a server away (``error``)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__()
+        import threading
+
+        self.release, self.error, self.calls = threading.Event(), error, 0
+
+    def recall_many(self, queries):
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        self.release.wait(10)
+        return super().recall_many(queries)
+
+
+@pytest.mark.parametrize("away", ["hung", "refusing"])
+def test_a_prompt_is_served_with_its_recent_turns_when_memory_does_not_answer(away):
+    """Intake used to retry recall for up to retry_budget_s (60 s), under the lock every agent takes: a
+    slow Qdrant stopped every prompt. Now recall has recall_timeout_s; past it the prompt is served with
+    its recent turns only, marked memory_degraded on the request, and its turn says so too."""
+    import httpx
+
+    table: dict = {}
+    out = FakeOutbox()
+    asyncio.run(intake(table).handle(messages(PROMPTS, CODEC.encode(prompt("What is the capital of France?"))), out))
+    (first,) = out.records(INFERENCE_REQUESTS)
+    asyncio.run(record(table).handle(messages(RESPONSES, CODEC.encode(response(first))), FakeOutbox()))
+
+    memory = StoppedMemory(httpx.ConnectError("connection refused") if away == "refusing" else None)
+    svc = StreamsServices(memory=memory, embedder=FakeEmbedder(), counter=TokenCounter(lambda t: t.split()))
+    letters = DeadLetters(Topic("chat.dlq"), CODEC, "streams.intake")
+    topics = {INFERENCE_REQUESTS: Topic(INFERENCE_REQUESTS), INFERENCE_REQUESTS_BATCH: Topic(INFERENCE_REQUESTS_BATCH)}
+    agent = Intake(settings().model_copy(update={"recall_timeout_s": 0.3}), svc, table, topics, letters,
+                   Refusals(letters, RETRIER, None, None), RETRIER)
+    out = FakeOutbox()
+    started = asyncio.run(_timed(agent.handle(messages(PROMPTS, CODEC.encode(prompt("And of Spain?"))), out)))
+    memory.release.set()
+    (follow_up,) = out.records(INFERENCE_REQUESTS)
+    assert started < 3, f"intake waited {started:.1f} s for memory"
+    assert follow_up.memory_degraded and agent.memory_degraded == 1 and memory.calls >= 1
+    assert [m.content for m in follow_up.messages][1:] == ["What is the capital of France?", "Paris.", "And of Spain?"]
+    turns = FakeOutbox()
+    asyncio.run(record(table).handle(messages(RESPONSES, CODEC.encode(response(follow_up, "Madrid."))), turns))
+    assert turns.records("chat.turns")[0].memory_degraded
+
+
+async def _timed(coroutine) -> float:
+    import time
+
+    started = time.monotonic()
+    await coroutine
+    return time.monotonic() - started
+
+
+def test_a_bug_in_recall_is_raised_not_hidden_as_a_degraded_context():
+    table: dict = {}
+    memory = StoppedMemory(KeyError("a bug"))
+    svc = StreamsServices(memory=memory, embedder=FakeEmbedder(), counter=TokenCounter(lambda t: t.split()))
+    letters = DeadLetters(Topic("chat.dlq"), CODEC, "streams.intake")
+    topics = {INFERENCE_REQUESTS: Topic(INFERENCE_REQUESTS), INFERENCE_REQUESTS_BATCH: Topic(INFERENCE_REQUESTS_BATCH)}
+    agent = Intake(settings(), svc, table, topics, letters, Refusals(letters, RETRIER, None, None), RETRIER)
+    with pytest.raises(KeyError):
+        asyncio.run(agent.handle(messages(PROMPTS, CODEC.encode(prompt("hi"))), FakeOutbox()))
 
 
 class FailingOutbox(FakeOutbox):
