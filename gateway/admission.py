@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from gateway.fleet import Fleet, Work
+from transport.fleet import Fleet, Work
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import OpenAIError
 from gateway.settings import GatewaySettings

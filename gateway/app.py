@@ -105,7 +105,7 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         status = "ok" if service.ready else "failed" if service.failure is not None else "starting"
         body = {"status": status, "gateway_id": service.gateway_id,
                 "reply_topic": service.reply_topic, "pending": len(service.pending),
-                # serving workers per model, as their reports say (admission's view: gateway/fleet.py)
+                # serving workers per model, as their reports say (admission's view: transport/fleet.py)
                 "workers": {model: len(service.fleet.serving(model)) for model in settings.models}}
         return JSONResponse(body, status_code=200 if service.ready else 503)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from gateway.admission import Admission, total, work_of
-from gateway.fleet import Fleet, Work
+from transport.fleet import Fleet, Work
 from gateway.keys import Principal, owns_request, resolve_user
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import ChatCompletionRequest, CompletionRequest, OpenAIError, service_tier_served

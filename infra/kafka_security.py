@@ -193,7 +193,7 @@ def _topic_rules(service: str) -> list[tuple[str, str, tuple[str, ...]]]:
     replies = ("PREFIXED", t.REPLIES, _WRITE)  # chat.replies and every gateway's chat.replies.<id>
     if service == "gateway":
         return [*write(t.PROMPTS, t.CANCELS, t.FEEDBACK, t.DELETIONS, t.EMBEDDING_REQUESTS),
-                *read(t.WORKERS_STATUS),  # the workers' load: admission estimates from it (gateway/fleet.py)
+                *read(t.WORKERS_STATUS),  # the workers' load: admission estimates from it (transport/fleet.py)
                 ("PREFIXED", f"{t.REPLIES}.", _OWN)]
     if service == "inference":
         return [*read(t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.CANCELS, t.DELETIONS),

@@ -299,7 +299,7 @@ class WorkerStatus:
     kv_cache_used_tokens: int
     kv_cache_total_tokens: int
     tokens_per_s: float
-    # v3: what an estimate of a new request's wait needs (gateway/fleet.py): the batch, the work queued
+    # v3: what an estimate of a new request's wait needs (transport/fleet.py): the batch, the work queued
     # and running in tokens (budgets: prompt + max_tokens), the throughput measured while saturated.
     max_running: int = 0
     queued_prompt_tokens: int = 0

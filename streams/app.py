@@ -66,6 +66,7 @@ from streams.faust_runtime.watchdog import (
     commit_acked_before_exit,
     faust_assignment,
 )
+from streams.fleet_follower import FleetFollower
 from streams.forget import Forget, ForgetPartition
 from streams.intake import Intake
 from streams.memory_writer import MemoryWriter, memory_writer_group
@@ -79,6 +80,7 @@ from streams.settings import StreamsSettings
 from transport.acked_writer import AckedWriter
 from transport.admin import TopicAdmin
 from transport.errors import TransportError
+from transport.fleet import Fleet
 from transport.lag import GroupTopics
 from transport import spans
 from transport.logs import faust_logging_config
@@ -175,10 +177,14 @@ class StreamsApp:
         self.recorded = RecordedOffsets(lambda p: offsets.committed_position(app.consumer, TP(responses, p)),
                                         self.response_ends, owned=lambda p: TP(responses, p) in app.consumer.assignment())
         self.metrics = StreamsMetrics()  # /metrics (streams/metrics.py), served by run_worker
+        # The workers' reports, for intake's deadline estimate (fleet_follower.py; followed from run_worker).
+        self.fleet = Fleet(settings.worker_stale_s)
+        self.fleet_follower = FleetFollower(kafka, services.codec)
         self.intake = Intake(settings, services, self.table,
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
                              intake_letters, self.refusals, retrier, recorded=self.recorded,
-                             partitions=spec(RESPONSES).partitions, metrics=self.metrics, erasures=self.erasures)
+                             partitions=spec(RESPONSES).partitions, metrics=self.metrics, erasures=self.erasures,
+                             fleet=self.fleet)
         # Memory's writes: from chat.turns, in a thread and a group of its own (memory_writer.py); started by
         # run_worker, so that building the app (tests, `chatpipe streams --check`) starts no consumer.
         self.memory_writer = MemoryWriter(kafka, settings, services, self.erasures,
@@ -272,9 +278,13 @@ def run_worker(streams: StreamsApp) -> None:
     s = streams.settings
     streams.metrics.serve(s.metrics_port, streams.kafka, streams.lag_groups, s.lag_interval_s, host=s.metrics_host)
     streams.memory_writer.start(lambda exc: exit_without_ack("streams.memory_writer", exc))
+    streams.fleet_follower.start(None, streams.fleet.update,
+                                 on_failure=lambda exc: exit_without_ack("streams.fleet_follower", exc))
+    streams.fleet.listening()
     try:
         worker.execute_from_commandline()
     finally:
+        streams.fleet_follower.close()
         streams.memory_writer.close()
         streams.metrics.close()
         spans.shutdown()

@@ -49,6 +49,12 @@ class ExpiredRequestError(StreamsError):
     """A PromptRequest taken after its ``deadline_at``: the asker has stopped waiting."""
 
 
+class DeadlineUnreachableError(StreamsError):
+    """A PromptRequest whose ``deadline_at`` the inference fleet cannot meet by its own estimate
+    (``transport/fleet.py``): refused at once with the estimate and when to retry, instead of queued
+    to expire (the gateway's 429 ``deadline_unreachable``, for a producer without a gateway)."""
+
+
 class InfrastructureUnavailableError(StreamsError, OutageError):
     """Qdrant, the broker or the archive's disk kept failing for the whole retry budget.
 

@@ -29,7 +29,13 @@ lock against the state as it is then (a turn recorded meanwhile is in the recent
 and against the erasure registry (a user forgotten meanwhile: none of theirs).
 
 Before that, a prompt whose reply address cannot be answered or whose deadline has passed is
-refused (``refusals.py``). The batch is acked only once every record it produced (requests, dead
+refused (``refusals.py``); once its context is assembled, a prompt with a ``deadline_at`` whose first
+token the inference fleet cannot deliver by then (the gateway's estimate, ``transport/fleet.py``, from
+the workers' reports: ``fleet_follower.py``) is refused at once with the estimate (a dead letter
+``DeadlineUnreachableError`` and a final chunk, finish reason OVERLOADED, ``error_code``
+``deadline_unreachable``, "retry after N s") instead of waiting in the queue to expire: the gateway's
+429 for a producer that writes to ``chat.prompts`` itself. No report, no serving worker or no measured
+rate refuses nothing: the topic is the queue, and a worker that comes back serves it. The batch is acked only once every record it produced (requests, dead
 letters, error chunks) is on the broker; broker faults are retried, and past the retry budget the
 batch stays unacked and the process exits (``faults.py``), so it is read again.
 
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -50,13 +57,13 @@ from confluent_kafka import KafkaException
 
 from formats.chat_tokens import ChatTemplateError
 from schemas.errors import DecodeError
-from schemas.records import InferenceRequest, MemoryScope, PromptRequest
+from schemas.records import FinishReason, InferenceRequest, MemoryScope, PromptRequest, now_ms
 from schemas.topics import inference_requests_topic
 from streams.batching import split_by_tokens
 from streams.context import Segment, assemble_context
 from streams.dead_letters import DeadLetters, event_headers, receive_batch
 from streams.erasures import ErasureRegistry
-from streams.errors import InvalidPromptError, PromptTooLongError
+from streams.errors import DeadlineUnreachableError, InvalidPromptError, PromptTooLongError
 from streams.faults import Retrier
 from streams.metrics import StreamsMetrics
 from streams.ports import BatchRule, Message, Outbox
@@ -68,6 +75,7 @@ from streams.settings import StreamsSettings
 from streams.state import ConversationState, PendingRequest, state_key
 from transport import tracing
 from transport.failures import Fault, OutageError, classify
+from transport.fleet import Fleet, Work
 from transport.partitioning import partition_of
 from transport import spans
 from transport.spans import Span
@@ -94,7 +102,8 @@ class Intake:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any,
                  out_topics: dict[str, Any], dead_letters: DeadLetters, refusals: Refusals,
                  retrier: Retrier, recorded: RecordedOffsets | None = None, partitions: int = 1,
-                 metrics: StreamsMetrics | None = None, erasures: ErasureRegistry | None = None) -> None:
+                 metrics: StreamsMetrics | None = None, erasures: ErasureRegistry | None = None,
+                 fleet: Fleet | None = None) -> None:
         self.settings = settings
         self.batching = BatchRule(settings.intake_batch_size, settings.intake_batch_window_s,
                                   settings.intake_batch_idle_s)
@@ -109,12 +118,14 @@ class Intake:
         # Recall's one budget: a few quick tries (the next Qdrant peer may answer), never past recall_timeout_s.
         self.recall_retrier = Retrier(settings.recall_timeout_s, backoff_s=0.05, max_backoff_s=0.5)
         self.erasures = erasures if erasures is not None else ErasureRegistry()
+        self.fleet = fleet  # the workers' reports (fleet_follower.py); None: no deadline is estimated
         self.metrics = metrics or StreamsMetrics()  # observed here; served by the app (streams/metrics.py)
         self.served = 0
         self.batches = 0
         self.repeats = 0  # prompts read again whose request was answered already (not served twice)
         self.unrecorded = 0  # batches assembled after recorded_wait_s with answers still unrecorded
         self.memory_degraded = 0  # prompts served without recall: memory did not answer within recall_timeout_s
+        self.unreachable = 0  # prompts refused: the fleet's estimate of their first token is past their deadline
 
     async def handle(self, messages: Sequence[Message], outbox: Outbox) -> None:
         """Serve or refuse every prompt of ``messages``; returns once all they produced is durable."""
@@ -305,6 +316,8 @@ class Intake:
             await self.refusals.refuse(prompt.message, request, InvalidPromptError(str(exc)), "invalid_request",
                                        outbox)
             return None
+        if await self._refused_for_load(prompt, context.tokens, outbox):
+            return None
         pending = PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at,
                                  memory_degraded=memory_degraded)
         return self._request(prompt, state, pending, assembling_ns,
@@ -327,10 +340,33 @@ class Intake:
                                      "(context window minus the request's max_tokens)")
             await self.refusals.refuse(prompt.message, request, exc, "context_length_exceeded", outbox)
             return None
+        if await self._refused_for_load(prompt, tokens, outbox):
+            return None
         pending = PendingRequest(request.request_id, text, None, request.created_at, remember=False)
         return self._request(prompt, state, pending, assembling_ns,
                              {"chatpipe.context.messages": 0, "chatpipe.context.raw": True},
                              messages=[], context_tokens=tokens, raw_prompt=text)
+
+    async def _refused_for_load(self, prompt: _Prompt, prompt_tokens: int, outbox: Outbox) -> bool:
+        """Refuse ``prompt`` (True) when the fleet's measured estimate of its first token is past its
+        ``deadline_at``; the answer says when a retry would fit."""
+        request = prompt.request
+        if self.fleet is None or request.deadline_at is None:
+            return False
+        estimate = self.fleet.estimate(request.model, Work(), prompt_tokens)
+        left_s = (request.deadline_at - now_ms()) / 1000
+        if estimate is None or not estimate.measured or estimate.first_token_s <= left_s:
+            return False
+        retry = max(1, math.ceil(estimate.first_token_s - left_s))
+        exc = DeadlineUnreachableError(
+            f"the estimated wait for a first token is {estimate.first_token_s:.0f} s (work queued ahead on "
+            f"{estimate.workers} worker(s) at their measured rate), longer than this request's {max(0.0, left_s):.0f} s "
+            f"to its deadline; retry after {retry} s, when the queue ahead will have drained that far")
+        self.unreachable += 1
+        await self.refusals.refuse(prompt.message, request, exc, "deadline_unreachable", outbox,
+                                   finish=FinishReason.OVERLOADED)
+        prompt.span.set("chatpipe.outcome", "deadline_unreachable")
+        return True
 
     def _request(self, prompt: _Prompt, state: ConversationState, pending: PendingRequest, assembling_ns: int,
                  assembled: dict[str, Any], **context: Any) -> InferenceRequest:

@@ -81,6 +81,9 @@ class StreamsSettings(BaseSettings):
     recall_timeout_s: float = Field(2.0, gt=0, description="Longest intake waits for memory's recall (tries "
                                     "included); past it the prompts are served with their recent turns only, "
                                     "marked memory_degraded: memory is an enhancement, never a reason to wait")
+    worker_stale_s: float = Field(30.0, gt=0, description="A worker whose last report (chat.workers.status) is "
+                                  "older than this is not counted when intake estimates whether a prompt's "
+                                  "deadline can be met (as the gateway's setting of that name)")
     retry_budget_s: float = Field(60.0, gt=0, description="How long the agents retry the broker, and forget "
                                                           "and the memory writer Qdrant, before the process exits unacked")
     retry_backoff_s: float = Field(0.5, gt=0, description="First wait between retries; doubles per retry")

@@ -1,7 +1,7 @@
 """What the engine can do, measured: tokens per second while it had more work than its batch.
 
 The gateway estimates a new request's wait from the work queued ahead of it divided by this rate
-(``gateway/fleet.py``), so the rate must be the engine's capacity, not its current output: an engine
+(``transport/fleet.py``), so the rate must be the engine's capacity, not its current output: an engine
 with two short requests running makes few tokens per second and could make many more. Only steps
 taken while requests were waiting (or every batch slot was taken) count for the output rate, each with
 the wall time since the step before it: the effective rate under the real mix (prompt chunks and

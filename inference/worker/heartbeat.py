@@ -1,6 +1,6 @@
 """``WorkerStatus`` heartbeats to ``chat.workers.status`` (compacted, keyed by worker_id): what a
 router or autoscaler reads to see each worker's load, and what the gateway's admission estimates a new
-request's wait from (gateway/fleet.py): the queued and running work in tokens, the measured throughput.
+request's wait from (transport/fleet.py): the queued and running work in tokens, the measured throughput.
 
 Work taken from Kafka but not handed to the engine yet (being prepared) counts in ``waiting`` but
 not in the token sums; the gateway counts its own not-started requests itself."""

@@ -7,7 +7,7 @@ Prompts of conversations the test does not know (other tests share the session's
 ignored by the test's ``answer``.
 
 Like a worker it reports on ``chat.workers.status`` every second (SERVING the default model), so the
-gateway's admission has a worker to send to (gateway/fleet.py); the report has no batch size, so no
+gateway's admission has a worker to send to (transport/fleet.py); the report has no batch size, so no
 estimate refuses anything.
 """
 

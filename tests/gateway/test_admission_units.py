@@ -1,4 +1,4 @@
-"""Admission by estimated wait (gateway/fleet.py, gateway/admission.py), in this process: worker reports in,
+"""Admission by estimated wait (transport/fleet.py, gateway/admission.py), in this process: worker reports in,
 a decision out. The running pipeline's answers to the same questions are test_admission.py's."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gateway.admission import Admission, work_of
-from gateway.fleet import Fleet, Work
+from transport.fleet import Fleet, Work
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import OpenAIError
 from gateway.settings import GatewaySettings

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from gateway.fleet import Work
+from transport.fleet import Work
 from gateway.keys import KeysFileError, KeyStore
 from gateway.openai_api import SERVICE_TIERS, ChatCompletionRequest, OpenAIError, service_tier_served
 from gateway.responses import chunk, completion

@@ -381,7 +381,7 @@ def test_a_failed_worker_status_round_trips_and_v1_statuses_still_read():
 
 
 def test_worker_status_v3_carries_the_load_in_tokens_and_v2_reports_read_as_unknown():
-    """v3 adds what the gateway's wait estimate needs (gateway/fleet.py); a v2 worker's report reads with
+    """v3 adds what the gateway's wait estimate needs (transport/fleet.py); a v2 worker's report reads with
     0 for each, which the estimate takes as "not reported" (it admits rather than guess)."""
     from schemas.codec import to_avro_dict
 

@@ -323,6 +323,38 @@ def test_a_bug_in_recall_is_raised_not_hidden_as_a_degraded_context():
         asyncio.run(agent.handle(messages(PROMPTS, CODEC.encode(prompt("hi"))), FakeOutbox()))
 
 
+def test_a_prompt_straight_to_chat_prompts_whose_deadline_the_fleet_cannot_meet_is_refused_at_once():
+    """A producer without a gateway had no admission: a prompt whose deadline the workers could not meet
+    waited in the queue to expire. Intake now asks the gateway's estimate (transport/fleet.py) from the
+    workers' reports: past the deadline, refused at once with when to retry; in time or without a deadline,
+    served; and a fleet that has measured nothing refuses nothing."""
+    from schemas.records import WorkerState, WorkerStatus, now_ms
+    from transport.fleet import Fleet
+
+    fleet = Fleet(stale_s=30)
+    agent = intake({})
+    agent.fleet = fleet
+    out = FakeOutbox()
+    soon = prompt("What is the capital of France?", "c1", deadline_at=now_ms() + 5_000)
+    asyncio.run(agent.handle(messages(PROMPTS, CODEC.encode(soon)), out))
+    assert [r.request_id for r in out.records(INFERENCE_REQUESTS)] == [soon.request_id]  # nothing measured yet
+
+    # one worker, its batch of 4 full, 1,200 output tokens ahead at 10 tokens/s: ~120 s to a free slot
+    fleet.update(WorkerStatus(worker_id="w1", model="smollm2", state=WorkerState.SERVING, running=4, waiting=10,
+                              kv_cache_used_tokens=0, kv_cache_total_tokens=4096, tokens_per_s=10.0, max_running=4,
+                              queued_output_tokens=1_000, running_output_tokens=200, decode_tokens_per_s=10.0,
+                              prefill_tokens_per_s=1_000.0))
+    out = FakeOutbox()
+    late = prompt("And of Spain?", "c2", deadline_at=now_ms() + 5_000)
+    in_time = prompt("And of Italy?", "c3", deadline_at=now_ms() + 600_000)
+    no_deadline = prompt("And of Peru?", "c4")
+    asyncio.run(agent.handle(messages(PROMPTS, *(CODEC.encode(p) for p in (late, in_time, no_deadline))), out))
+    assert {r.request_id for r in out.records(INFERENCE_REQUESTS)} == {in_time.request_id, no_deadline.request_id}
+    (letter,) = out.records("chat.dlq")
+    assert letter.error_type == "DeadlineUnreachableError" and "retry after 11" in letter.error_message
+    assert agent.unreachable == 1
+
+
 class FailingOutbox(FakeOutbox):
     """A broker that takes the records and then does not acknowledge them (a delivery timeout)."""
 

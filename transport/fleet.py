@@ -1,13 +1,13 @@
 """The inference workers' load as they report it, and how long a new request would wait for its first token.
 
-Admission asks one question (``GatewayService.admit``): can this request get its first token before its
-deadline? The answer is an estimate from what every worker heartbeats to ``chat.workers.status``
+Admission asks one question (the gateway's ``GatewayService.admit``, and streams intake for prompts
+produced straight to ``chat.prompts``): can this request get its first token before its deadline? The answer is an estimate from what every worker heartbeats to ``chat.workers.status``
 (``inference/worker/heartbeat.py``, every 2 s): its batch (``max_running``), what runs and waits, the
 work waiting in tokens (budgets: ``max_tokens`` of each request) and the throughput it measured while it
 had more work than its batch (``inference/engine/throughput.py``).
 
 The fleet of one model is taken as one pool (records reach a worker by partition or share group; the
-gateway cannot pick one):
+asker cannot pick one):
 
 * a free batch slot: the request starts at once, it waits only for its own prompt (prefill);
 * none free: it starts once the work ahead of it, queued and running, is done, at the fleet's measured
@@ -24,6 +24,8 @@ left instead of the batch's admits a retry that then misses its deadline behind 
 What the reports cannot show yet is the gateway's own latest work (in Kafka, in streams, taken but not
 reported for up to a heartbeat), so the queue ahead is never taken as less than this gateway's own
 requests without a first token. Several gateways: each sees the others' work through the reports.
+Streams intake asks with no work of its own (``Work()``): what it produced is the gateways' or a direct
+producer's, and the reports show it within a heartbeat.
 
 Unknowns do not refuse: no report yet since the gateway started (``stale_s``: reports arrive every
 heartbeat), a worker that reports no batch (a v2 writer) or no throughput measured yet: the request is
@@ -33,6 +35,7 @@ admitted, as before any estimate existed. No worker of the model reporting at al
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -57,13 +60,16 @@ class Estimate:
 
 
 class Fleet:
-    """Latest ``WorkerStatus`` per worker, fed by the gateway's reader (``replies.py``) on the event loop."""
+    """Latest ``WorkerStatus`` per worker, fed by the gateway's reader (``gateway/replies.py``) on its event
+    loop, or by streams' follower thread (``streams/fleet_follower.py``) while intake estimates on its loop
+    (the lock: a report may land while an estimate reads)."""
 
     def __init__(self, stale_s: float, clock=time.monotonic) -> None:
         self.stale_s = stale_s
         self._clock = clock
         self._started = clock()
         self._latest: dict[str, tuple[WorkerStatus, float]] = {}  # worker_id -> (status, received at)
+        self._lock = threading.Lock()
 
     def listening(self) -> None:
         """The reader is positioned: reports can come from now on (the first report period starts)."""
@@ -71,9 +77,10 @@ class Fleet:
 
     def update(self, status: WorkerStatus) -> None:
         now = self._clock()
-        self._latest[status.worker_id] = (status, now)
-        if len(self._latest) > 64:  # worker ids of restarted processes (host-pid): forget the long silent
-            self._latest = {w: (s, at) for w, (s, at) in self._latest.items() if now - at <= 10 * self.stale_s}
+        with self._lock:
+            self._latest[status.worker_id] = (status, now)
+            if len(self._latest) > 64:  # worker ids of restarted processes (host-pid): forget the long silent
+                self._latest = {w: (s, at) for w, (s, at) in self._latest.items() if now - at <= 10 * self.stale_s}
 
     @property
     def warming_up(self) -> bool:
@@ -83,8 +90,9 @@ class Fleet:
     def serving(self, model: str) -> list[WorkerStatus]:
         """Workers of ``model`` whose latest report, fresher than ``stale_s``, says SERVING."""
         now = self._clock()
-        return [s for s, at in self._latest.values()
-                if s.model == model and s.state is WorkerState.SERVING and now - at <= self.stale_s]
+        with self._lock:
+            return [s for s, at in self._latest.values()
+                    if s.model == model and s.state is WorkerState.SERVING and now - at <= self.stale_s]
 
     def estimate(self, model: str, own: Work, prompt_tokens: int) -> Estimate | None:
         """The first-token time of a request of ``prompt_tokens`` with ``own`` (this gateway's requests of
