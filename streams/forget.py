@@ -20,9 +20,9 @@ several streams workers over several workers' tables; so a deletion is carried o
    b. the Qdrant points (``ConversationMemory.forget``, by filter: the first partition's step finds
       them, the others 0, and any a worker remembered meanwhile; no lock held: the memory writer
       deletes what it upserts for a subject the registry erased meanwhile), then, under the shared
-      state lock (so no agent writes a forgotten conversation back), the table entries of partition
-      ``p`` (recent turns, pending requests, counters); a ``DeletionAudit`` with component
-      ``streams.forget`` says how many;
+      state lock a chunk of keys at a time (so no agent writes a forgotten conversation back), the
+      table entries of partition ``p`` (recent turns, pending requests, counters); a
+      ``DeletionAudit`` with component ``streams.forget`` says how many;
    c. the archive files of partition ``p`` of ``chat.turns`` and ``chat.feedback`` holding the subject's
       records are rewritten without them (``Archiver.erase``: atomically, the archiver's lock taken per
       file); a second ``DeletionAudit``, component ``streams.archive`` (``conversations_cleared`` =
@@ -72,6 +72,7 @@ COMPONENT = "streams.forget"
 ARCHIVE_COMPONENT = "streams.archive"
 #: Deletions are rare: small batches, a short wait. Handled one after another within a batch.
 BATCH, WITHIN_S = 16, 0.05
+SCAN_CHUNK = 1000  # table keys scanned per hold of the state lock (as the idle sweep, expiry.py)
 
 
 def matches(value: dict, deletion: Deletion) -> bool:
@@ -176,13 +177,20 @@ class ForgetPartition(_DeletionAgent):
         points = await self.retrier.call(
             "memory forget", self.services.in_memory_thread, self.services.memory.forget,
             tenant=deletion.tenant, user_id=deletion.user_id, conversation_id=conversation)
-        # The table, under the lock: no agent writes a forgotten conversation back. The keys of the
-        # partition this worker holds (streams/table.py) that the deletion covers; no await inside.
-        async with self.services.state_lock:
-            keys = [key for key in list(self.table.keys()) if key_partition(key, self.partitions) == partition
-                    and (value := self.table.get(key)) is not None and matches(value, deletion)]
-            for key in keys:
-                del self.table[key]
+        # The table: the keys of the partition this worker holds (streams/table.py) that the deletion
+        # covers, under the lock a chunk at a time (no agent writes a forgotten conversation back: record
+        # writes only a state still in the table), so a table of a million conversations holds intake and
+        # record up for one chunk's scan at a time, not the whole table's.
+        keys, table = [], self.table
+        every = list(table.keys())
+        for start in range(0, len(every), SCAN_CHUNK):
+            async with self.services.state_lock:
+                for key in every[start:start + SCAN_CHUNK]:
+                    if key_partition(key, self.partitions) == partition and (value := table.get(key)) is not None \
+                            and matches(value, deletion):
+                        del table[key]
+                        keys.append(key)
+            await asyncio.sleep(0)  # intake and record take the lock between chunks
         await self._audit(deletion, m, outbox, COMPONENT, conversation, points, len(keys))
         log.info("forgot %s %s/%s%s on partition %d: %d memory points, %d conversations (deletion %s)",
                  deletion.scope, deletion.tenant, deletion.user_id, f"/{conversation}" if conversation else "",
