@@ -43,14 +43,21 @@ class FakeMessage:
 
 
 class FakeGroupReader:
+    """The group's committed offsets with their metadata, kept here as the broker keeps them."""
+
     def __init__(self) -> None:
         self.topics = [TOPIC]
         self.assignment: set = set()
         self.commits: list[tuple[dict, bool]] = []
+        self.metadata: dict = {}  # (topic, partition) -> the last committed metadata string
 
-    def commit_offsets(self, offsets, *, asynchronous=True):
+    def commit_offsets(self, offsets, *, asynchronous=True, metadata=None):
         if offsets:
             self.commits.append((dict(offsets), asynchronous))
+            self.metadata.update({tp: (metadata or {}).get(tp, "") for tp in offsets})
+
+    def committed_metadata(self, partition):
+        return self.metadata.get(partition, "")
 
 
 @pytest.fixture
@@ -105,6 +112,37 @@ def test_a_failed_async_commit_is_sent_again(intake):
     intake._on_commit({P: 6}, {})
     intake._commit_finished()
     assert len(consumer.commits) == 2 and uncommitted(intake.tracker) == {}
+
+
+def test_a_record_that_crashed_the_worker_too_often_is_taken_as_a_poison_record(intake):
+    """Guards against a record that crashes the worker on every delivery crash-looping its partition: each
+    crash is saved at once with the partition's committed position (a synchronous commit, the position
+    unchanged), survives the next owner's start (read with the offset), and the record taken with
+    max_record_crashes (3) behind it carries PoisonRecordError (answered as a record fault, committed)."""
+    consumer = intake._consumers[Priority.INTERACTIVE]
+    intake._on_assign([P])
+    for crash in range(1, 4):
+        neighbour, poison = _take(intake, 5), _take(intake, 6)
+        assert poison.error is None
+        intake.record_crash(poison, "RuntimeError: boom")
+        intake.finish(poison, Outcome.HAND_BACK)
+        intake.finish(neighbour, Outcome.HAND_BACK)  # in flight beside it: handed back, not blamed
+        intake._apply_crashes()
+        intake._apply_finished()
+        assert consumer.commits[-1] == ({P: 5}, False)  # the position stays: nothing is skipped
+        intake._on_revoke([P])  # the worker stops; its restarted self (or another) is assigned the partition
+        intake._on_assign([P])
+        assert intake.crashes.get(P, 6) is None and intake.crashes.get(P, 5) is None  # read again from the broker
+    again = _take(intake, 5)
+    poison = _take(intake, 6)
+    assert again.error is None
+    assert type(poison.error).__name__ == "PoisonRecordError"
+    assert "crash 3 times (limit 3)" in str(poison.error) and "RuntimeError: boom" in str(poison.error)
+    intake.finish(again, Outcome.DONE)
+    intake.finish(poison, Outcome.DEAD)
+    intake._apply_finished()
+    intake._commit_finished()
+    assert consumer.commits[-1] == ({P: 7}, True) and consumer.metadata[P] == ""  # past it: the count goes
 
 
 def test_a_dying_partition_intake_thread_tells_the_worker(intake):
