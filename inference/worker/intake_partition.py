@@ -7,8 +7,9 @@ partitions are paused whenever ``Capacity`` gives batch work no room (interactiv
 
 Offsets: each partition commits up to its lowest unfinished offset (``OffsetTracker``), only for
 items whose Response is durable, with the crash counts of its records not finished yet as the
-commit's metadata (``CrashCounts``: a record that crashed the worker too often is dead-lettered); a position counts as committed once the broker confirms it
-(``on_commit``), and a failed commit is sent again. On revoke, finished work is committed, then
+commit's metadata (``CrashCounts``: a record that crashed the worker too often is dead-lettered);
+a position counts as committed once the broker confirms it (``on_commit``), and a failed commit is
+sent again. On revoke, finished work is committed, then
 the items of the revoked partitions are flagged and handed to the worker to stop, uncommitted:
 the new owner serves them again. Both consumers (one group per priority class) are owned by one
 thread; rebalance hooks run inside their polls. If that thread dies, ``failed`` tells the worker,
