@@ -211,7 +211,7 @@ class Intake:
         embedded, embedded_ns = time.perf_counter(), time.time_ns()
         # What recall skips (the recent window, offered anyway) is read without the lock: no await in between.
         queries = [RecallQuery(tenant=run[i].request.tenant, user_id=run[i].request.user_id, vector=vectors[j],
-                               exclude_turn_ids=[t.turn_id for t in self._state(run[i].request, {}).recent],
+                               exclude_turn_ids=self._recent_turn_ids(run[i].request),
                                conversation_id=recall_conversation(run[i].request))
                    for j, i in enumerate(chat)]
         chat_hits, degraded = await self._recall(queries)
@@ -266,6 +266,11 @@ class Intake:
         self.memory_degraded += len(queries)  # chatpipe_streams_memory_degraded_prompts (metrics.py)
         log.warning("memory did not answer (%s): %d prompt(s) served with their recent turns only", why, len(queries))
         return [[] for _ in queries], True
+
+    def _recent_turn_ids(self, request: PromptRequest) -> list[str]:
+        """The turn ids of the conversation's recent window as the table holds it now (no state decoded)."""
+        value = self.table.get(state_key(request.tenant, request.user_id, request.conversation_id))
+        return [t["turn_id"] for t in value.get("recent", ())] if value else []
 
     def _still_recallable(self, hits: list[Any], state: ConversationState) -> list[Any]:
         """``hits`` without turns that reached the recent window while recall ran (they are offered

@@ -81,11 +81,13 @@ class MemoryWriter:
         self._thread = threading.Thread(target=self._run, name="chatpipe-memory-writer", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """Stop after the batch in hand (written and committed), leave the group."""
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop after the batch in hand (written and committed) and leave the group; a batch still
+        retrying an absent Qdrant after ``timeout_s`` is left uncommitted (read again at the next
+        start: the writes are idempotent), so a SIGTERM is not held up for the whole retry budget."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.settings.retry_budget_s + 30)
+            self._thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
         reader = None

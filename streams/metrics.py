@@ -119,6 +119,7 @@ class AgentCounters:
         retries.add_metric(["records"], s.intake.retrier.retries)
         retries.add_metric(["archive"], s.archive.retrier.retries)
         retries.add_metric(["memory_writer"], s.memory_writer.retrier.retries)
+        retries.add_metric(["recall"], s.intake.recall_retrier.retries)
         yield retries
         held = GaugeMetricFamily("chatpipe_streams_conversations", "Conversation states held in the table (this "
                                  "worker's partitions)")
