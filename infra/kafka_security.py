@@ -201,6 +201,7 @@ def _topic_rules(service: str) -> list[tuple[str, str, tuple[str, ...]]]:
     if service == "streams":
         return [*read(t.PROMPTS, t.RESPONSES, t.DELETIONS, t.TURNS, t.FEEDBACK, t.DELETIONS_FANOUT,
                       t.EMBEDDING_REQUESTS),
+                *read(t.WORKERS_STATUS),  # intake's deadline estimate for direct prompts (streams/fleet_follower.py)
                 *write(t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.TURNS, t.DLQ, t.DELETIONS_FANOUT,
                        t.DELETIONS_AUDIT, t.CANCELS),
                 replies, ("PREFIXED", _STREAMS_APP, _OWN)]

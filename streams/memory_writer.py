@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 from schemas.errors import DecodeError
@@ -45,6 +46,7 @@ from streams.settings import StreamsSettings
 from transport.group_reader import GroupReader
 from transport.message import ConsumedMessage
 from transport.settings import IDLE_FETCH_WAIT_MS, KafkaSettings
+from transport.spans import Span
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +118,9 @@ class MemoryWriter:
         from streams.embeddings import turn_text
         from streams.memory import StoredTurn
 
+        tracer = self.services.tracer
         stored: list[Any] = []
+        spans: list[Span] = []  # "process chat.turns" of each turn written: its request's trace goes on here
         for m in messages:
             try:
                 turn = self.services.codec.decode(m.value, ConversationTurn, topic=m.topic, partition=m.partition,
@@ -133,12 +137,17 @@ class MemoryWriter:
                 stored.append(StoredTurn(turn_id=turn.event_id, tenant=turn.tenant, user_id=turn.user_id,
                                          conversation_id=turn.conversation_id, turn_index=turn.turn_index,
                                          prompt=turn.prompt, answer=turn.answer, created_at=turn.created_at))
+                spans.append(tracer.process(m.topic, m.traceparent, group=self.group_id, partition=m.partition,
+                                            offset=m.offset, attributes={"chatpipe.request_id": turn.request_id}))
         if not stored:
             return
         memory = self.services.memory
+        embed_ns = time.time_ns()
         vectors = self.services.embedder.encode([turn_text(t) for t in stored])
+        upsert_ns = time.time_ns()
         self.retrier.call_blocking("memory upsert", self.services.in_memory_thread_blocking, memory.upsert,
                                    stored, vectors)
+        done_ns, batch = time.time_ns(), {"chatpipe.batch.size": len(stored)}
         erased_meanwhile = [t for t in stored if self._erased(t)]  # the second look (module docstring)
         if erased_meanwhile:
             self.retrier.call_blocking("memory delete", self.services.in_memory_thread_blocking,
@@ -147,6 +156,10 @@ class MemoryWriter:
                      len(erased_meanwhile))
         self.erased += len(erased_meanwhile)
         self.upserted += len(stored) - len(erased_meanwhile)
+        for span in spans:
+            span.child("embed", start_ns=embed_ns, attributes=batch).end(upsert_ns)
+            span.child("memory upsert", start_ns=upsert_ns, attributes=batch).end(done_ns)
+            span.end()
 
     def _erased(self, turn: Any) -> bool:
         return self.erasures.erased(turn.tenant, turn.user_id, turn.conversation_id, turn.created_at)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import random
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from schemas.codec import AvroCodec
 from schemas.records import ConversationTurn, Feedback, FeedbackKind, FinishReason
@@ -204,17 +204,21 @@ def generate(n_turns: int = 2000, seed: int = 7, planted: bool = True, v1_share:
     return log
 
 
+CURRENT_TURN_VERSION = next(f.default for f in fields(ConversationTurn) if f.name == "schema_version")
+
+
 def writer_version(t: ConversationTurn, v1: bool) -> int:
-    """The ConversationTurn version :func:`encode_turn` writes ``t`` with: 1 when asked, 3 with a
-    trace id, else 2."""
-    return 1 if v1 else 3 if t.trace_id is not None else 2
+    """The ConversationTurn version :func:`encode_turn` writes ``t`` with: 1 when asked, the current one
+    (``CURRENT_TURN_VERSION``, 4: trace ids since 3) with a trace id, else 2."""
+    return 1 if v1 else CURRENT_TURN_VERSION if t.trace_id is not None else 2
 
 
 def encode_turn(codec: AvroCodec, t: ConversationTurn, v1: bool) -> bytes:
     version = writer_version(t, v1)
-    if version == 3:
+    if version == CURRENT_TURN_VERSION:
         return codec.encode(t)
-    left_out = ("trace_id",) if version == 2 else ("trace_id", "system_prompt", "ttft_ms")
+    v4 = ("remembered", "memory_degraded")
+    left_out = ("trace_id", *v4) if version == 2 else ("trace_id", "system_prompt", "ttft_ms", *v4)
     d = {k: getattr(t, k) for k in t.__slots__ if k not in left_out}
     d["finish_reason"], d["schema_version"] = str(t.finish_reason), version
     return codec.encode_dict("ConversationTurn", d, version=version)

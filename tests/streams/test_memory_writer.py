@@ -103,7 +103,8 @@ def test_a_turn_whose_user_is_forgotten_while_it_is_written_is_deleted_again(kaf
     from schemas.codec import default_codec
 
     # what a consumed record offers the writer (transport.message.ConsumedMessage wraps a librdkafka one)
-    message = SimpleNamespace(topic=kafka.topic(TURNS), partition=0, offset=7, value=default_codec().encode(t))
+    message = SimpleNamespace(topic=kafka.topic(TURNS), partition=0, offset=7, value=default_codec().encode(t),
+                              traceparent=None)
     writer.write([message])
     assert services.memory.count(tenant="acme", user_id="ada") == 0 and writer.erased == 1 and writer.upserted == 0
     assert next_positions([message]) == {(kafka.topic(TURNS), 0): 8}

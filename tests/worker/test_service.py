@@ -191,9 +191,12 @@ def test_flood_of_ten_times_capacity_keeps_memory_bounded_and_loses_nothing(serv
 
 
 def test_interactive_request_is_not_stuck_behind_a_batch_backlog(service, svc_reader):
-    """Guards against priority being lost on the Kafka hop (FIFO would answer it last)."""
+    """Guards against priority being lost on the Kafka hop (FIFO would answer it last). The batch answers are
+    long enough (48 tokens) that the urgent request's own trip (produce, take, one free slot, its 8 tokens,
+    the reader's poll) spans a few of them, not a dozen, on a machine loaded by the rest of the suite: with
+    8-token answers two CI runs counted 14 of 24 done meanwhile, for a bound of 12, although it was served first."""
     kafka, _, _ = service
-    backlog = [make_request(200 + i, max_tokens=8, priority=Priority.BATCH) for i in range(24)]
+    backlog = [make_request(200 + i, max_tokens=48, priority=Priority.BATCH) for i in range(24)]
     send_requests(kafka, backlog)
     batch_ids = [r.request_id for r in backlog]
     svc_reader.wait_for(lambda s: any(rid in s.responses for rid in batch_ids), 120, "the first batch answer")
