@@ -35,9 +35,11 @@ the workers' reports: ``fleet_follower.py``) is refused at once with the estimat
 ``DeadlineUnreachableError`` and a final chunk, finish reason OVERLOADED, ``error_code``
 ``deadline_unreachable``, "retry after N s") instead of waiting in the queue to expire: the gateway's
 429 for a producer that writes to ``chat.prompts`` itself. No report, no serving worker or no measured
-rate refuses nothing: the topic is the queue, and a worker that comes back serves it. The batch is acked only once every record it produced (requests, dead
-letters, error chunks) is on the broker; broker faults are retried, and past the retry budget the
-batch stays unacked and the process exits (``faults.py``), so it is read again.
+rate refuses nothing: the topic is the queue, and a worker that comes back serves it.
+
+The batch is acked only once every record it produced (requests, dead letters, error chunks) is on
+the broker; broker faults are retried, and past the retry budget the batch stays unacked and the
+process exits (``faults.py``), so it is read again.
 
 No Faust here: ``Intake.handle`` takes the batch's messages and an outbox (``streams/ports.py``), the
 table is a mapping; the Faust agent that feeds it is ``faust_runtime.agents.faust_agent``.
