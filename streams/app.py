@@ -12,9 +12,11 @@ outbox, so a slow Qdrant delays memory and nothing else.
 
 The erasure registry (``erasures.py``) is read from ``chat.deletions`` before the app is built
 (and followed after) and shared by intake, record, forget, the memory writer and the archiver: a
-record of an erased user that arrives late is neither recalled, remembered nor archived. The forget agent fans each deletion out to every
-conversation partition; the partition's owner erases memory, its table entries and its archive
-files through the same ``Archiver`` the archive agent writes with (one lock) (``forget.py``).
+record of an erased user that arrives late is neither recalled, remembered nor archived. The forget
+agent fans each deletion out to every conversation partition; the partition's owner erases memory,
+its table entries and its archive files through the same ``Archiver`` the archive agent writes with
+(one lock) (``forget.py``). The workers' reports on ``chat.workers.status`` are followed too
+(``fleet_follower.py``): intake's deadline estimate for prompts produced straight to ``chat.prompts``.
 
 Built by a factory from explicit settings (no module-level app, nothing read from the
 environment). Every topic carries raw bytes (``value_serializer="raw"``): the agents decode
