@@ -278,8 +278,7 @@ class Intake:
         """``hits`` without turns that reached the recent window while recall ran (they are offered
         anyway) and without turns of a user or conversation forgotten meanwhile."""
         recent = {t.turn_id for t in state.recent}
-        return [h for h in hits if h.turn.turn_id not in recent and not self.erasures.erased(
-            h.turn.tenant, h.turn.user_id, h.turn.conversation_id, h.turn.created_at)]
+        return [h for h in hits if h.turn.turn_id not in recent and not self.erasures.erases_record(h.turn)]
 
     def _state(self, request: PromptRequest, by_key: dict[str, ConversationState]) -> ConversationState:
         key = state_key(request.tenant, request.user_id, request.conversation_id)

@@ -131,7 +131,7 @@ class MemoryWriter:
                 continue
             if not turn.remembered:
                 self.not_remembered += 1
-            elif self._erased(turn):
+            elif self.erasures.erases_record(turn):
                 self.erased += 1
             else:
                 stored.append(StoredTurn(turn_id=turn.event_id, tenant=turn.tenant, user_id=turn.user_id,
@@ -148,7 +148,7 @@ class MemoryWriter:
         self.retrier.call_blocking("memory upsert", self.services.in_memory_thread_blocking, memory.upsert,
                                    stored, vectors)
         done_ns, batch = time.time_ns(), {"chatpipe.batch.size": len(stored)}
-        erased_meanwhile = [t for t in stored if self._erased(t)]  # the second look (module docstring)
+        erased_meanwhile = [t for t in stored if self.erasures.erases_record(t)]  # the second look (docstring)
         if erased_meanwhile:
             self.retrier.call_blocking("memory delete", self.services.in_memory_thread_blocking,
                                        memory.delete_turns, erased_meanwhile)
@@ -160,9 +160,6 @@ class MemoryWriter:
             span.child("embed", start_ns=embed_ns, attributes=batch).end(upsert_ns)
             span.child("memory upsert", start_ns=upsert_ns, attributes=batch).end(done_ns)
             span.end()
-
-    def _erased(self, turn: Any) -> bool:
-        return self.erasures.erased(turn.tenant, turn.user_id, turn.conversation_id, turn.created_at)
 
 
 def next_positions(messages: list[ConsumedMessage]) -> dict[tuple[str, int], int]:
