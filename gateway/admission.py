@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from transport.fleet import Fleet, Work
+from transport.fleet import Fleet, Work, deadline_shortfall
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import OpenAIError
 from gateway.settings import GatewaySettings
@@ -75,16 +75,11 @@ class Admission:
                                    f"{self.fleet.stale_s:g} s (chat.workers.status); nothing could answer this "
                                    "request. Retry once a worker is up", type="server_error", code="no_worker",
                               headers={"Retry-After": str(max(1, math.ceil(self.fleet.stale_s)))})
-        left_s = (prompt.deadline_at - now_ms()) / 1000 if prompt.deadline_at is not None else math.inf
-        if estimate.first_token_s <= left_s:
+        shortfall = deadline_shortfall(estimate, prompt.deadline_at, now_ms())
+        if shortfall is None:
             self._flex_room(prompt, estimate.wait_s)
             return
-        retry = max(1, math.ceil(estimate.first_token_s - left_s))
-        raise self._too_many("rejected_wait", "deadline_unreachable", retry,
-                             f"the estimated wait for a first token is {estimate.first_token_s:.0f} s (work queued "
-                             f"ahead on {estimate.workers} worker(s) at their measured rate), longer than this "
-                             f"request's {max(0.0, left_s):.0f} s to its deadline; retry after {retry} s, when the "
-                             "queue ahead will have drained that far")
+        raise self._too_many("rejected_wait", "deadline_unreachable", shortfall.retry_s, shortfall.reason)
 
     def _flex_room(self, prompt: PromptRequest, wait_s: float) -> None:
         limit = self.settings.flex_max_wait_s

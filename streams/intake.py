@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -77,7 +76,7 @@ from streams.settings import StreamsSettings
 from streams.state import ConversationState, PendingRequest, state_key
 from transport import tracing
 from transport.failures import Fault, OutageError, classify
-from transport.fleet import Fleet, Work
+from transport.fleet import Fleet, Work, deadline_shortfall
 from transport.partitioning import partition_of
 from transport import spans
 from transport.spans import Span
@@ -360,14 +359,12 @@ class Intake:
         if self.fleet is None or request.deadline_at is None:
             return False
         estimate = self.fleet.estimate(request.model, Work(), prompt_tokens)
-        left_s = (request.deadline_at - now_ms()) / 1000
-        if estimate is None or not estimate.measured or estimate.first_token_s <= left_s:
+        if estimate is None or not estimate.measured:
             return False
-        retry = max(1, math.ceil(estimate.first_token_s - left_s))
-        exc = DeadlineUnreachableError(
-            f"the estimated wait for a first token is {estimate.first_token_s:.0f} s (work queued ahead on "
-            f"{estimate.workers} worker(s) at their measured rate), longer than this request's {max(0.0, left_s):.0f} s "
-            f"to its deadline; retry after {retry} s, when the queue ahead will have drained that far")
+        shortfall = deadline_shortfall(estimate, request.deadline_at, now_ms())
+        if shortfall is None:
+            return False
+        exc = DeadlineUnreachableError(shortfall.reason)
         self.unreachable += 1
         await self.refusals.refuse(prompt.message, request, exc, "deadline_unreachable", outbox,
                                    finish=FinishReason.OVERLOADED)

@@ -35,6 +35,7 @@ admitted, as before any estimate existed. No worker of the model reporting at al
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -57,6 +58,27 @@ class Estimate:
     wait_s: float  # until a batch slot takes it
     workers: int  # serving workers of the model that reported
     measured: bool  # False: a report lacked what the estimate needs (the request is admitted)
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """A deadline the estimate says cannot be met: when a retry would, and the reason to give."""
+
+    retry_s: int
+    reason: str
+
+
+def deadline_shortfall(estimate: Estimate, deadline_at: int | None, now_ms: int) -> Shortfall | None:
+    """None when ``estimate``'s first token comes by ``deadline_at`` (epoch ms; None: no deadline), else
+    the shortfall: the gateway's 429 ``deadline_unreachable`` and streams intake's refusal say the same."""
+    left_s = (deadline_at - now_ms) / 1000 if deadline_at is not None else math.inf
+    if estimate.first_token_s <= left_s:
+        return None
+    retry = max(1, math.ceil(estimate.first_token_s - left_s))
+    return Shortfall(retry, f"the estimated wait for a first token is {estimate.first_token_s:.0f} s (work queued "
+                            f"ahead on {estimate.workers} worker(s) at their measured rate), longer than this "
+                            f"request's {max(0.0, left_s):.0f} s to its deadline; retry after {retry} s, when the "
+                            "queue ahead will have drained that far")
 
 
 class Fleet:
