@@ -192,7 +192,7 @@ class StreamsApp:
         self.memory_writer = MemoryWriter(kafka, settings, services, self.erasures,
                                           memory_writer_group(app_id(kafka, settings)))
         self.record = Record(settings, services, self.table, topic(TURNS),
-                             DeadLetters(dlq, codec, "streams.record"), retrier, self.erasures,
+                             DeadLetters(dlq, codec, "streams.record"), self.erasures,
                              recorded=self.recorded)
         archive_retrier = Retrier(settings.archive_retry_budget_s, settings.retry_backoff_s,
                                   settings.retry_max_backoff_s)

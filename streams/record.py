@@ -52,7 +52,6 @@ from schemas.records import ConversationTurn, FinishReason, Response
 from streams.dead_letters import DeadLetters, event_headers, receive_batch
 from streams.erasures import ErasureRegistry
 from streams.errors import UnknownRequestError
-from streams.faults import Retrier
 from streams.ports import BatchRule, Message, Outbox
 from streams.recorded import RecordedOffsets
 from streams.services import StreamsServices
@@ -96,7 +95,7 @@ def turn_id_for(request_id: str) -> str:
 
 class Record:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any, turns_topic: Any,
-                 dead_letters: DeadLetters, retrier: Retrier, erasures: ErasureRegistry | None = None,
+                 dead_letters: DeadLetters, erasures: ErasureRegistry | None = None,
                  recorded: RecordedOffsets | None = None) -> None:
         self.settings = settings
         self.batching = BatchRule(settings.record_batch_size, settings.record_batch_window_s,
@@ -104,7 +103,6 @@ class Record:
         self.recorded_offsets = recorded  # what intake waits on for a follow-up (recorded.py)
         self.erasures = erasures if erasures is not None else ErasureRegistry()
         self.erased = 0  # responses dropped because a deletion erased their user or conversation
-        self.retrier = retrier
         self.services = services
         self.table = table
         self.turns_topic = turns_topic

@@ -128,7 +128,7 @@ def intake(table: dict) -> Intake:
 
 def record(table: dict, svc: StreamsServices | None = None) -> Record:
     return Record(settings(), svc or services(), table, Topic("chat.turns"),
-                  DeadLetters(Topic("chat.dlq"), CODEC, "streams.record"), RETRIER)
+                  DeadLetters(Topic("chat.dlq"), CODEC, "streams.record"))
 
 
 def prompt(text: str, conversation: str = "c1", **kw) -> PromptRequest:
