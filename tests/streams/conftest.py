@@ -33,3 +33,19 @@ def qdrant_server(tmp_path_factory):
     finally:
         peer.stop()
 
+
+# --- the broker ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kafka(kafka_stack):
+    """KafkaSettings with a topic prefix of this test's own (its consumer groups and topics start empty), the
+    catalog applied under it. test_pipeline.py shares one prefix per module instead (its own fixture)."""
+    import uuid
+
+    from transport.admin import TopicAdmin
+    from transport.settings import KafkaSettings
+
+    settings = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers, topic_prefix=f"f{uuid.uuid4().hex[:8]}.")
+    TopicAdmin(settings).apply()
+    return settings

@@ -23,16 +23,8 @@ from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.tokens import TokenCounter
 from transport.admin import TopicAdmin
-from transport.settings import KafkaSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
-
-
-@pytest.fixture
-def kafka(kafka_stack):
-    settings = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers, topic_prefix=f"m{uuid.uuid4().hex[:8]}.")
-    TopicAdmin(settings).apply()
-    return settings
 
 
 @pytest.fixture

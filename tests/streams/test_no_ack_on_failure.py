@@ -12,7 +12,6 @@ the records were lost.
 from __future__ import annotations
 
 import time
-import uuid
 from collections import Counter
 from datetime import datetime, timezone
 
@@ -27,23 +26,11 @@ from schemas.topics import deletion_key
 from streams.faults import EXIT_INFRASTRUCTURE
 from tests.streams.stand_in import Conversation, answer, prompt
 from transport.archive import hour_dir, read_messages
-from transport.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration
 
 # Short enough to keep the tests quick; the defaults are 60 s and 300 s.
 FAST_FAULTS = dict(retry_budget_s=3, retry_backoff_s=0.2, retry_max_backoff_s=1, archive_retry_budget_s=3)
-
-
-@pytest.fixture
-def kafka(kafka_stack):
-    """A topic prefix of this test's own (so its consumer group and topics start empty), catalog applied."""
-    from transport.admin import TopicAdmin
-
-    settings = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers,
-                             topic_prefix=f"f{uuid.uuid4().hex[:8]}.")
-    TopicAdmin(settings).apply()
-    return settings
 
 
 @pytest.fixture
