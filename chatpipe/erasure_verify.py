@@ -21,6 +21,9 @@ Per store, read-only, while the pipeline runs:
 - **topics**: the request, response, turn, feedback and dead-letter topics, the subject's
   records on each and when retention removes the oldest (reported, not a failure: documented in
   docs/privacy.md).
+- **response cache**: the Redis of streams' response cache (``--cache-url`` / ``CHATPIPE_CACHE_URL``),
+  every entry of the tenant read (SCAN, not the user's index: what is there is what counts); an entry
+  the subject owns made by the deletion remains. No URL: not checked.
 - **audits**: ``chat.deletions.audit`` for the subject's deletions: which stores acknowledged.
 
 ``failed`` is true when something remains that should not: memory, state or archive hold data
@@ -160,6 +163,31 @@ def check_audits(kafka: Any, deletions: list[Deletion], newest: Deletion | None,
             report.details.append("no inference worker acknowledged the newest deletion (prefix cache); workers "
                                   "started after it begin with an empty cache")
     return report
+
+
+# -- response cache -------------------------------------------------------------------------------
+
+def check_cache(cache: Any, subject: Subject, until_ms: int) -> StoreReport:
+    """``cache``: the streams worker's ``CacheSettings`` (``url`` None: no response cache, not checked)."""
+    if not cache.url:
+        return StoreReport("cache", checked=False, details=["no response cache URL (--cache-url / CHATPIPE_CACHE_URL)"])
+    from streams.response_cache import CacheServer
+
+    # a scan of the tenant's entries: give each call more than the serving path's 100 ms
+    server = CacheServer(cache.model_copy(update={"timeout_s": max(cache.timeout_s, 10.0)}))
+    try:
+        entries = [e for e in server.entries_of(subject.tenant, subject.user_id)
+                   if subject.conversation_id is None or e.conversation_id == subject.conversation_id]
+    finally:
+        server.close()
+    remaining = sum(1 for e in entries if e.created_at <= until_ms)
+    return StoreReport("cache", remaining, len(entries) - remaining, details=[f"Redis {_redacted(cache.url)}"])
+
+
+def _redacted(url: str) -> str:
+    """``url`` without a password."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
 
 
 # -- memory ---------------------------------------------------------------------------------------
@@ -356,7 +384,8 @@ def _counting(progress: Progress | None, what: str) -> Callable[[int], None] | N
 # -- all together ---------------------------------------------------------------------------------
 
 def verify(kafka: Any, subject: Subject, *, memory: Any, archive_dir: Path | None, datasets_dir: Path | None,
-           changelog: str, codec: AvroCodec | None = None, progress: Progress | None = None) -> VerifyReport:
+           changelog: str, codec: AvroCodec | None = None, progress: Progress | None = None,
+           cache: Any = None) -> VerifyReport:
     codec = codec or default_codec()
     say = progress or (lambda _: None)
     say("reading chat.deletions")
@@ -375,6 +404,9 @@ def verify(kafka: Any, subject: Subject, *, memory: Any, archive_dir: Path | Non
                                 until, codec, progress))
     say("datasets")
     stores.append(check_datasets(datasets_dir, subject, until))
+    if cache is not None:
+        say("response cache")
+        stores.append(check_cache(cache, subject, until))
     say("topics")
     stores.append(check_topics(kafka, subject, codec, superseded, changelog, progress))
     say(kafka.topic(DELETIONS_AUDIT))

@@ -128,7 +128,10 @@ class PromptRequest:
     # v6: the sender's weight in the fair share when tenants compete (the keys file's ``weight``):
     # the worker's engine orders tenants by tokens served / weight (inference/engine/fair_queue.py).
     share_weight: float = 1.0
-    schema_version: int = 6  # v6: share_weight; v5: the sampling fields of issue 23 (penalties, logprobs, n, ...)
+    # v7: False opts this request out of streams' response cache (streams/response_cache.py): the gateway's
+    # X-Chatpipe-Cache: off, extra_body {"cache": false}, or its key's default in the keys file.
+    response_cache: bool = True
+    schema_version: int = 7  # v7: response_cache; v6: share_weight; v5: the sampling fields of issue 23
 
 
 @dataclass(slots=True, kw_only=True)
@@ -196,7 +199,12 @@ class TokenChunk:
     # sampling.logprobs one TokenLogprob per token of token_ids, in order (None without).
     choice_index: int = 0
     logprobs: list[TokenLogprob] | None = None
-    schema_version: int = 3
+    # v4, final chunk: prompt tokens taken from the engine's prefix cache (OpenAI's
+    # usage.prompt_tokens_details.cached_tokens; every prompt token on a response-cache hit); and whether
+    # the answer came from streams' response cache (no worker ran).
+    cached_tokens: int | None = None
+    response_cached: bool = False
+    schema_version: int = 4
 
 
 @dataclass(slots=True, kw_only=True)
@@ -219,7 +227,11 @@ class Response:
     completed_at: int = field(default_factory=now_ms)
     # v2: a request with n > 1 is answered by one Response per choice; streams records choice 0's.
     choice_index: int = 0
-    schema_version: int = 2
+    # v3: prompt tokens the engine's prefix cache held (every one on a response-cache hit), and whether the
+    # answer came from streams' response cache (worker_id "streams.response-cache", no worker ran).
+    cached_tokens: int = 0
+    response_cached: bool = False
+    schema_version: int = 3
 
 
 @dataclass(slots=True, kw_only=True)
@@ -260,7 +272,9 @@ class ConversationTurn:
     # prompt was answered without recalled memory (recall late: InferenceRequest v5 memory_degraded).
     remembered: bool = False
     memory_degraded: bool = False
-    schema_version: int = 4
+    cached_tokens: int = 0  # v5: the Response's (prefix-cache hits; every prompt token on a response-cache hit)
+    response_cached: bool = False  # v5: answered from streams' response cache
+    schema_version: int = 5
 
 
 @dataclass(slots=True, kw_only=True)

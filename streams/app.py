@@ -53,6 +53,8 @@ from schemas.topics import (
     spec,
 )
 from streams.archive import ArchiveAgent, Archiver
+from streams.cache_answers import CachedAnswers
+from streams.cache_settings import CacheSettings
 from streams.dead_letters import DeadLetters
 from streams.embedding_requests import EmbeddingRequests
 from streams.erasures import ErasureFollower, ErasureRegistry
@@ -76,6 +78,7 @@ from streams.metrics import AgentCounters, StreamsMetrics
 from streams.record import Record
 from streams.recorded import BrokerEndOffsets, RecordedOffsets
 from streams.refusals import Refusals
+from streams.response_cache import CacheServer, ResponseCache
 from transport.reply_address import ReplyAddresses
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
@@ -113,7 +116,7 @@ class StreamsApp:
     """The app and its agents' objects (their counters are what tests and the bench read)."""
 
     def __init__(self, kafka: KafkaSettings, settings: StreamsSettings, services: StreamsServices,
-                 erasures: ErasureRegistry | None = None) -> None:
+                 erasures: ErasureRegistry | None = None, cache: CacheSettings | None = None) -> None:
         import faust
         from faust.types import TP
 
@@ -182,24 +185,31 @@ class StreamsApp:
         # The workers' reports, for intake's deadline estimate (fleet_follower.py; followed from run_worker).
         self.fleet = Fleet(settings.worker_stale_s)
         self.fleet_follower = FleetFollower(kafka, services.codec)
+        # The response cache (response_cache.py): looked up by intake, written by record, erased by forget.
+        self.cache = ResponseCache(cache) if cache is not None and cache.url else None
+        self.cache_server = CacheServer(cache) if self.cache is not None else None  # /metrics: bytes, evictions
+        self.cache_info = self.cache_server.info if self.cache_server is not None else None
+        cached_answers = (CachedAnswers(self.reply_producer, replies, retrier, topic(RESPONSES), codec)
+                          if self.cache is not None else None)
         self.intake = Intake(settings, services, self.table,
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
                              intake_letters, self.refusals, retrier, recorded=self.recorded,
                              partitions=spec(RESPONSES).partitions, metrics=self.metrics, erasures=self.erasures,
-                             fleet=self.fleet)
+                             fleet=self.fleet, cache=self.cache, cached_answers=cached_answers)
         # Memory's writes: from chat.turns, in a thread and a group of its own (memory_writer.py); started by
         # run_worker, so that building the app (tests, `chatpipe streams --check`) starts no consumer.
         self.memory_writer = MemoryWriter(kafka, settings, services, self.erasures,
                                           memory_writer_group(app_id(kafka, settings)))
         self.record = Record(settings, services, self.table, topic(TURNS),
                              DeadLetters(dlq, codec, "streams.record"), self.erasures,
-                             recorded=self.recorded)
+                             recorded=self.recorded, cache=self.cache)
         archive_retrier = Retrier(settings.archive_retry_budget_s, settings.retry_backoff_s,
                                   settings.retry_max_backoff_s)
         self.archiver = Archiver(settings.archive_dir, codec, settings.archive_dedupe_window, self.erasures)
         forget_letters = DeadLetters(dlq, codec, "streams.forget")
         self.forget = Forget(services, self.forget_topic, partitions, forget_letters, retrier, archiver=self.archiver,
-                             archive_retrier=archive_retrier, erasures=self.erasures)
+                             archive_retrier=archive_retrier, erasures=self.erasures, cache=self.cache,
+                             audit_topic=topic(DELETIONS_AUDIT))
         self.forget_partition = ForgetPartition(
             services, self.table, partitions, topic(DELETIONS_AUDIT), forget_letters, retrier,
             archiver=self.archiver, archive_topics=[kafka.topic(TURNS), kafka.topic(FEEDBACK)],
@@ -292,6 +302,8 @@ def run_worker(streams: StreamsApp) -> None:
         spans.shutdown()
         streams.reply_producer.close(timeout_s=10)
         streams.response_ends.close()
+        if streams.cache_server is not None:
+            streams.cache_server.close()
         if streams.erasure_follower is not None:
             streams.erasure_follower.close()
         streams.services.close()

@@ -31,6 +31,13 @@ several streams workers over several workers' tables; so a deletion is carried o
    So a deletion has one ``streams.forget`` and one ``streams.archive`` audit per partition (6 each):
    their sums are the deletion's counts, and all 6 present means every partition carried it out.
 
+The response cache (``response_cache.py``) is not partitioned: ``Forget`` erases the user's entries
+once per deletion (every entry the user owns, for a conversation's deletion too: an entry's context
+may hold turns recalled from any of their conversations), before the fan-out, within the retry
+budget (Redis away: the batch is not acked), and audits it once, component
+``streams.response-cache``, ``conversations_cleared`` = entries removed. Intake never serves an entry
+of a user erased after it was written, deleted yet or not (the registry's second look).
+
 Every worker also follows ``chat.deletions`` in full (``streams/app.py``, the registry's follower), so
 a partition taken over after a rebalance is guarded against deletions another worker carried out.
 
@@ -64,12 +71,14 @@ from streams.erasures import ErasureRegistry, Subject
 from streams.errors import InvalidDeletionError
 from streams.faults import Retrier
 from streams.ports import BatchRule, Message, Outbox
+from streams.response_cache import ResponseCache
 from streams.services import StreamsServices
 from streams.table import key_partition
 
 log = logging.getLogger(__name__)
 COMPONENT = "streams.forget"
 ARCHIVE_COMPONENT = "streams.archive"
+CACHE_COMPONENT = "streams.response-cache"
 #: Deletions are rare: small batches, a short wait. Handled one after another within a batch.
 BATCH, WITHIN_S = 16, 0.05
 SCAN_CHUNK = 1000  # table keys scanned per hold of the state lock (as the idle sweep, expiry.py)
@@ -123,20 +132,35 @@ class _DeletionAgent:
     async def carry_out(self, deletion: Deletion, message: Message, outbox: Outbox) -> None:
         raise NotImplementedError
 
+    async def _audit(self, deletion: Deletion, message: Any, outbox: Outbox, component: str,
+                     conversation_id: str | None, points: int, conversations: int) -> None:
+        """The ``DeletionAudit`` of what ``component`` erased for ``deletion`` on this partition."""
+        audit = DeletionAudit(deletion_event_id=deletion.event_id, scope=deletion.scope, user_id=deletion.user_id,
+                              tenant=deletion.tenant, conversation_id=conversation_id, memory_points_deleted=points,
+                              conversations_cleared=conversations, component=component,
+                              requested_at=deletion.created_at)
+        await outbox.send(self.audit_topic, key=deletion.user_id.encode(), value=self.services.codec.encode(audit),
+                          headers=child_headers(message))
+
     async def after_batch(self, messages: Sequence[Message]) -> None:
         """Before the batch's records are delivered and it is acked."""
 
 
 class Forget(_DeletionAgent):
-    """``chat.deletions`` -> one copy per conversation partition on the fan-out topic; deletions archived."""
+    """``chat.deletions`` -> the user's response-cache entries erased (audited); one copy per conversation
+    partition on the fan-out topic; deletions archived."""
 
     def __init__(self, services: StreamsServices, fanout_topic: Any, partitions: int, dead_letters: DeadLetters,
                  retrier: Retrier, *, archiver: Archiver | None = None, archive_retrier: Retrier | None = None,
-                 erasures: ErasureRegistry | None = None) -> None:
-        # archiver None: the deletions are not archived
+                 erasures: ErasureRegistry | None = None, cache: ResponseCache | None = None,
+                 audit_topic: Any = None) -> None:
+        # archiver None: the deletions are not archived; cache None: no response cache
         super().__init__(services, partitions, dead_letters, retrier, archiver, archive_retrier, erasures)
         self.fanout_topic = fanout_topic
+        self.cache = cache
+        self.audit_topic = audit_topic  # for the cache's audit
         self.fanned_out = 0
+        self.cache_entries_erased = 0
 
     async def after_batch(self, messages: Sequence[Message]) -> None:
         if self.archiver is not None:  # the deletion log itself, for the dataset job (never rewritten)
@@ -145,6 +169,13 @@ class Forget(_DeletionAgent):
 
     async def carry_out(self, deletion: Deletion, m: Any, outbox: Outbox) -> None:
         self.erasures.add(deletion)  # first: whatever this worker writes after this is checked against it
+        if self.cache is not None:
+            entries = await self.retrier.call("response cache erase", self.cache.erase_user, deletion.tenant,
+                                              deletion.user_id)
+            self.cache_entries_erased += entries
+            await self._audit(deletion, m, outbox, CACHE_COMPONENT, deletion.conversation_id, 0, entries)
+            log.info("erased %d response-cache entr%s of %s/%s (deletion %s)", entries, "y" if entries == 1 else "ies",
+                     deletion.tenant, deletion.user_id, deletion.event_id)
         for partition in range(self.partitions):
             await outbox.send(self.fanout_topic, key=m.key, value=m.value, headers=child_headers(m),
                               partition=partition)
@@ -212,13 +243,3 @@ class ForgetPartition(_DeletionAgent):
                  f"/{subject.conversation_id}" if subject.conversation_id else "", message.partition,
                  erased.records_removed, len(erased.conversations), erased.files_rewritten, erased.files_scanned,
                  erased.seconds, deletion.event_id)
-
-    async def _audit(self, deletion: Deletion, message: Any, outbox: Outbox, component: str,
-                     conversation_id: str | None, points: int, conversations: int) -> None:
-        """The ``DeletionAudit`` of what ``component`` erased for ``deletion`` on this partition."""
-        audit = DeletionAudit(deletion_event_id=deletion.event_id, scope=deletion.scope, user_id=deletion.user_id,
-                              tenant=deletion.tenant, conversation_id=conversation_id, memory_points_deleted=points,
-                              conversations_cleared=conversations, component=component,
-                              requested_at=deletion.created_at)
-        await outbox.send(self.audit_topic, key=deletion.user_id.encode(), value=self.services.codec.encode(audit),
-                          headers=child_headers(message))

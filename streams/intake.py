@@ -28,6 +28,14 @@ InferenceRequest, on the pending request and so on the turn, and in
 lock against the state as it is then (a turn recorded meanwhile is in the recent window: not twice)
 and against the erasure registry (a user forgotten meanwhile: none of theirs).
 
+The response cache (``response_cache.py``): once a prompt's context is assembled, its key (tenant,
+model version, the assembled messages, every sampling field) is looked up, one pipelined round trip
+for the batch; a hit is answered here through the normal reply path (``cache_answers.py``: a final
+chunk and a Response flagged ``response_cached``, recorded as a turn as usual) and never reaches a
+worker; a miss goes on with its key on its pending entry, under which the record agent stores the
+answer. A request whose output is not a function of its key (sampled without a seed, n > 1,
+logprobs, opted out) bypasses it, counted by reason; so does every request while Redis is away.
+
 Before that, a prompt whose reply address cannot be answered or whose deadline has passed is
 refused (``refusals.py``); once its context is assembled, a prompt with a ``deadline_at`` whose first
 token the inference fleet cannot deliver by then (the gateway's estimate, ``transport/fleet.py``, from
@@ -61,6 +69,7 @@ from schemas.errors import DecodeError
 from schemas.records import FinishReason, InferenceRequest, MemoryScope, PromptRequest, now_ms
 from schemas.topics import inference_requests_topic
 from streams.batching import split_by_tokens
+from streams.cache_answers import CachedAnswers
 from streams.context import Segment, assemble_context
 from streams.dead_letters import DeadLetters, event_headers, receive_batch
 from streams.erasures import ErasureRegistry
@@ -71,6 +80,7 @@ from streams.ports import BatchRule, Message, Outbox
 from streams.prompts import ParsedPrompt, parse_prompt
 from streams.recorded import RecordedOffsets
 from streams.refusals import Refusals
+from streams.response_cache import CacheKey, CachedAnswer, ResponseCache
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.state import ConversationState, PendingRequest, state_key
@@ -104,7 +114,8 @@ class Intake:
                  out_topics: dict[str, Any], dead_letters: DeadLetters, refusals: Refusals,
                  retrier: Retrier, recorded: RecordedOffsets | None = None, partitions: int = 1,
                  metrics: StreamsMetrics | None = None, erasures: ErasureRegistry | None = None,
-                 fleet: Fleet | None = None) -> None:
+                 fleet: Fleet | None = None, cache: ResponseCache | None = None,
+                 cached_answers: CachedAnswers | None = None) -> None:
         self.settings = settings
         self.batching = BatchRule(settings.intake_batch_size, settings.intake_batch_window_s,
                                   settings.intake_batch_idle_s)
@@ -120,6 +131,11 @@ class Intake:
         self.recall_retrier = Retrier(settings.recall_timeout_s, backoff_s=0.05, max_backoff_s=0.5)
         self.erasures = erasures if erasures is not None else ErasureRegistry()
         self.fleet = fleet  # the workers' reports (fleet_follower.py); None: no deadline is estimated
+        # The response cache (response_cache.py) and how a hit is answered (cache_answers.py); None: no cache.
+        self.cache = cache if cached_answers is not None else None
+        self.cached_answers = cached_answers
+        self._cache_keys: dict[str, CacheKey] = {}  # request id -> key, for the batch being assembled
+        self._taken = time.perf_counter()  # when the batch in hand was taken (handle)
         self.metrics = metrics or StreamsMetrics()  # observed here; served by the app (streams/metrics.py)
         self.served = 0
         self.batches = 0
@@ -132,6 +148,7 @@ class Intake:
         """Serve or refuse every prompt of ``messages``; returns once all they produced is durable."""
         self.metrics.intake_batch_size.observe(len(messages))
         tracer = self.services.tracer
+        self._taken = time.perf_counter()  # a cached answer's time is counted from here
         start_ns = receive_batch(tracer, self.settings.app_id, messages)
         prompts: list[_Prompt] = []
         for m in messages:
@@ -233,18 +250,42 @@ class Intake:
                 prompt.span.child("recall", start_ns=embedded_ns,
                                   attributes={**batch, "chatpipe.recall.hits": len(hits),
                                               "chatpipe.memory_degraded": degraded}).end(recalled_ns)
+            self._cache_keys = {}
             ready = [(prompt, state, out) for prompt, state, hits in zip(run, states, recalled)
                      if (out := await self._prepare(prompt, state, hits, outbox, degraded)) is not None]
+            cached = await self._cached(ready)
             # State first, then the requests: a response can never find its conversation without its
             # pending entry. One changelog write per conversation per batch, not one per prompt (each
             # write serialises the whole state, pending requests included, to the changelog).
             for key in dict.fromkeys(state.key for _, state, _ in ready):
                 self.table[key] = by_key[key].to_value()
-            for prompt, _, out in ready:
-                await self._send(prompt, out, outbox)
+            for (prompt, _, out), entry in zip(ready, cached):
+                if entry is None:
+                    await self._send(prompt, out, outbox)
+                else:  # a hit: answered here, its Response recorded as a worker's would be (cache_answers.py)
+                    await self.cached_answers.answer(prompt.message, out, entry, outbox, prompt.span.traceparent,
+                                                     self._taken)
+                    self.metrics.cache_hit_seconds.observe(time.perf_counter() - self._taken)
         self.batches += 1
         log.debug("intake batch of %d: embed %.1f ms, recall %.1f ms, assemble+produce %.1f ms", len(run),
                   (embedded - started) * 1e3, (recalled_at - embedded) * 1e3, (time.perf_counter() - recalled_at) * 1e3)
+
+    async def _cached(self, ready: list[tuple[_Prompt, ConversationState, InferenceRequest]]) -> list[CachedAnswer | None]:
+        """The cached answer of each prompt of ``ready`` (None: a miss, a bypass, no cache). The one network
+        call made under the state lock, on purpose: the pending entries of hits and misses are written
+        together right after it, and it is bounded (one pipelined round trip per batch within the cache's
+        ``timeout_s``, 100 ms, skipped for ``retry_after_s`` after a failure: response_cache.py)."""
+        if self.cache is None:
+            return [None] * len(ready)
+        asked = [(i, key) for i, (_, _, out) in enumerate(ready) if (key := self._cache_keys.get(out.request_id))]
+        found = await self.cache.lookup([key for _, key in asked], erased=self.erasures.erased)
+        cached: list[CachedAnswer | None] = [None] * len(ready)
+        for (i, _), entry in zip(asked, found):
+            cached[i] = entry
+        for (prompt, _, out), entry in zip(ready, cached):
+            outcome = "hit" if entry is not None else "miss" if out.request_id in self._cache_keys else "bypass"
+            prompt.span.set("chatpipe.response_cache", outcome)
+        return cached
 
     async def _recall(self, queries: list[Any]) -> tuple[list[list[Any]], bool]:
         """Memory's hits for ``queries`` and whether recall was given up (degraded): one budget,
@@ -380,16 +421,20 @@ class Intake:
         prompt.span.child("assemble", start_ns=assembling_ns, attributes={
             "chatpipe.context.tokens": context["context_tokens"], **assembled,
             "gen_ai.request.max_tokens": request.sampling.max_tokens}).end()
-        evicted = state.add_pending(pending, self.settings.pending_limit)
-        if evicted is not None:
-            log.warning("conversation %s: no response for request %s among the last %d; forgetting it",
-                        request.conversation_id, evicted.request_id, self.settings.pending_limit)
-        return InferenceRequest(
+        out = InferenceRequest(
             request_id=request.request_id, conversation_id=request.conversation_id, user_id=request.user_id,
             tenant=request.tenant, created_at=request.created_at, model=request.model, sampling=request.sampling,
             priority=request.priority, reply_to=request.reply_to, reply_partition=request.reply_partition,
             deadline_at=request.deadline_at, share_weight=request.share_weight, **context,
         )
+        if self.cache is not None and (key := self.cache.key_for(request, out)) is not None:
+            self._cache_keys[out.request_id] = key
+            pending.cache_key = key.digest  # a miss's answer is stored under it by the record agent
+        evicted = state.add_pending(pending, self.settings.pending_limit)
+        if evicted is not None:
+            log.warning("conversation %s: no response for request %s among the last %d; forgetting it",
+                        request.conversation_id, evicted.request_id, self.settings.pending_limit)
+        return out
 
     async def _send(self, prompt: _Prompt, out: InferenceRequest, outbox: Outbox) -> None:
         # Handed to the producer here; the batch is acked only after outbox.deliver(), so a prompt

@@ -45,6 +45,9 @@ class StreamsMetrics:
         self.assembled_tokens = Histogram("chatpipe_streams_assembled_prompt_tokens",
                                           "Tokens of each assembled prompt (InferenceRequest.context_tokens)",
                                           buckets=TOKEN_BUCKETS, registry=r)
+        self.cache_hit_seconds = Histogram("chatpipe_streams_response_cache_hit_seconds",
+                                           "From intake taking the batch to a cached answer's chunk on the "
+                                           "broker", buckets=LATENCY_BUCKETS, registry=r)
         self.lag_records = Gauge("chatpipe_consumer_lag_records", "Records of the topic not yet done by the group "
                                  "(end - committed)", ["group", "topic"], registry=r)
         self.lag_seconds = Gauge("chatpipe_consumer_lag_seconds", "Age of the oldest record not yet done by the "
@@ -121,10 +124,45 @@ class AgentCounters:
         retries.add_metric(["memory_writer"], s.memory_writer.retrier.retries)
         retries.add_metric(["recall"], s.intake.recall_retrier.retries)
         yield retries
+        if s.intake.cache is not None:
+            yield from cache_metrics(s.intake.cache, s.cache_info)
         held = GaugeMetricFamily("chatpipe_streams_conversations", "Conversation states held in the table (this "
                                  "worker's partitions)")
         held.add_metric([], _size(s.table))
         yield held
+
+
+def cache_metrics(cache: Any, info: Any) -> Iterable[Any]:
+    """The response cache's counters (streams/response_cache.py), per tenant; and from the server (``info``,
+    Redis INFO read at scrape time, None when it did not answer) its bytes used and keys evicted."""
+    hits = CounterMetricFamily("chatpipe_streams_response_cache_hits", "Prompts answered from the response cache",
+                               labels=["tenant"])
+    misses = CounterMetricFamily("chatpipe_streams_response_cache_misses", "Cacheable prompts not in the "
+                                 "response cache (sent to a worker; their answers are stored)", labels=["tenant"])
+    for family, counts in ((hits, cache.hits), (misses, cache.misses)):
+        for tenant, n in sorted(counts.items()):
+            family.add_metric([tenant], n)
+    bypasses = CounterMetricFamily("chatpipe_streams_response_cache_bypasses", "Prompts that did not use the "
+                                   "response cache, by reason: sampled (temperature > 0, no seed), n, logprobs, "
+                                   "opted_out, unavailable (Redis away)", labels=["tenant", "reason"])
+    for (tenant, reason), n in sorted(cache.bypasses.items()):
+        bypasses.add_metric([tenant, reason], n)
+    stores = CounterMetricFamily("chatpipe_streams_response_cache_stores", "Answers written to the response "
+                                 "cache, by outcome", labels=["outcome"])
+    stores.add_metric(["ok"], cache.stored)
+    stores.add_metric(["failed"], cache.store_failures)
+    hidden = CounterMetricFamily("chatpipe_streams_response_cache_hidden", "Entries found but not served: a "
+                                 "retired model version, or an owner erased since")
+    hidden.add_metric([], cache.hidden)
+    yield from (hits, misses, bypasses, stores, hidden)
+    server = info() if info is not None else None
+    if server is not None:
+        used = GaugeMetricFamily("chatpipe_response_cache_bytes", "Memory the cache's Redis uses (INFO used_memory)")
+        used.add_metric([], server.get("used_memory", 0))
+        evicted = CounterMetricFamily("chatpipe_response_cache_evictions", "Keys Redis evicted for maxmemory "
+                                      "(INFO evicted_keys; the whole server's, allkeys-lru)")
+        evicted.add_metric([], server.get("evicted_keys", 0))
+        yield from (used, evicted)
 
 
 def _size(table: Any) -> int:

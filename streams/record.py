@@ -48,12 +48,13 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from schemas.errors import DecodeError
-from schemas.records import ConversationTurn, FinishReason, Response
+from schemas.records import ConversationTurn, FinishReason, Response, now_ms
 from streams.dead_letters import DeadLetters, event_headers, receive_batch
 from streams.erasures import ErasureRegistry
 from streams.errors import UnknownRequestError
 from streams.ports import BatchRule, Message, Outbox
 from streams.recorded import RecordedOffsets
+from streams.response_cache import CACHED, CacheKey, CachedAnswer, ResponseCache
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.state import ConversationState, RecentTurn, state_key
@@ -96,8 +97,9 @@ def turn_id_for(request_id: str) -> str:
 class Record:
     def __init__(self, settings: StreamsSettings, services: StreamsServices, table: Any, turns_topic: Any,
                  dead_letters: DeadLetters, erasures: ErasureRegistry | None = None,
-                 recorded: RecordedOffsets | None = None) -> None:
+                 recorded: RecordedOffsets | None = None, cache: ResponseCache | None = None) -> None:
         self.settings = settings
+        self.cache = cache  # the response cache a miss's answer is stored in (response_cache.py); None: none
         self.batching = BatchRule(settings.record_batch_size, settings.record_batch_window_s,
                                   settings.record_batch_idle_s)
         self.recorded_offsets = recorded  # what intake waits on for a follow-up (recorded.py)
@@ -116,22 +118,26 @@ class Record:
         tracer = self.services.tracer
         start_ns = receive_batch(tracer, self.settings.app_id, messages)
         spans: list[Span] = []  # one "process chat.responses" per response, ended once its turn is durable
+        to_cache: list[tuple[CacheKey, CachedAnswer]] = []
         async with self.services.state_lock:
-            changes = await self._handle_locked(messages, outbox, spans, start_ns)
+            changes = await self._handle_locked(messages, outbox, spans, start_ns, to_cache)
         await outbox.deliver()  # a delivery that fails raises here: no state says "recorded" yet
         async with self.services.state_lock:
             self._write_states(changes)
             if self.recorded_offsets is not None:  # the table holds these responses' effects now
                 for m in messages:
                     self.recorded_offsets.applied(m.partition, m.offset)
+        if to_cache and self.cache is not None:  # outside the lock; a store Redis refuses is only a later miss
+            await self.cache.store(to_cache)
         for span in spans:
             span.end()
         deactivate()
 
     async def _handle_locked(self, messages: Sequence[Message], outbox: Outbox, spans: list[Span],
-                             start_ns: int) -> list[StateChange]:
+                             start_ns: int, to_cache: list[tuple[CacheKey, CachedAnswer]]) -> list[StateChange]:
         """Decode, join and send each turn; returns what the conversation states will say once the
-        turns are delivered (``_write_states``). The states here are copies."""
+        turns are delivered (``_write_states``). The states here are copies. Answers the response cache
+        should keep (a miss's, ended STOP or LENGTH) are added to ``to_cache``."""
         services, settings = self.services, self.settings
         states: dict[str, ConversationState] = {}
         changes: list[StateChange] = []
@@ -194,9 +200,16 @@ class Record:
                 created_at=pending.created_at, completed_at=response.completed_at,
                 trace_id=span.trace_id,  # lineage: the turn, its archive row and dataset rows lead to this trace
                 remembered=remembered, memory_degraded=pending.memory_degraded,
+                cached_tokens=response.cached_tokens, response_cached=response.response_cached,
             )
             span.set("chatpipe.outcome", "recorded")
             turns.append((turn, span))
+            if pending.cache_key and not response.response_cached and response.finish_reason in CACHED:
+                to_cache.append((CacheKey(response.tenant, pending.cache_key, response.model), CachedAnswer(
+                    text=response.text, finish_reason=str(response.finish_reason), tokens_in=response.tokens_in,
+                    tokens_out=response.tokens_out, model=response.model, tenant=response.tenant,
+                    user_id=response.user_id, conversation_id=response.conversation_id,
+                    created_at=pending.created_at, request_id=response.request_id, stored_at=now_ms())))
         for turn, span in turns:
             await outbox.send(self.turns_topic, key=turn.conversation_id.encode(), value=services.codec.encode(turn),
                               parent_trace=span.traceparent)

@@ -39,6 +39,9 @@ class PendingRequest:
     remember: bool = True
     # True when intake served it without recalled memory (recall late: intake.py); the turn says so too.
     memory_degraded: bool = False
+    # The response cache's key digest (streams/response_cache.py) when its answer may be cached: the record
+    # agent stores the answer under it. None: bypassed, or a state written before the cache.
+    cache_key: str | None = None
 
 
 @dataclass(slots=True)

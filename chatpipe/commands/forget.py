@@ -21,6 +21,7 @@ import typer
 
 from chatpipe.commands.common import BootstrapServers, TopicPrefix, build_settings, console, err_console
 from chatpipe.options import option
+from streams.cache_settings import CacheSettings  # pydantic only: the flags are made from its fields
 from streams.memory_settings import MemorySettings  # pydantic only: the flags are made from its fields
 from streams.settings import StreamsSettings
 
@@ -36,6 +37,7 @@ def forget(
     memory_path: Annotated[Optional[Path], option(MemorySettings, "path", "--memory-path")] = None,
     qdrant_url: Annotated[Optional[str], option(MemorySettings, "url", "--qdrant-url")] = None,
     datasets_dir: Annotated[Optional[Path], typer.Option("--datasets-dir", help="Folder the dataset builds are under (checked with --verify)")] = None,
+    cache_url: Annotated[Optional[str], option(CacheSettings, "url", "--cache-url")] = None,
     bootstrap_servers: BootstrapServers = None,
     topic_prefix: TopicPrefix = None,
 ) -> None:
@@ -50,7 +52,7 @@ def forget(
     kafka = build_settings(KafkaSettings, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix)
     TopicAdmin(kafka).check_reachable()
     if verify:
-        _verify(kafka, user, tenant, conversation, archive_dir, memory_path, qdrant_url, datasets_dir)
+        _verify(kafka, user, tenant, conversation, archive_dir, memory_path, qdrant_url, datasets_dir, cache_url)
     else:
         _produce(kafka, user, tenant, conversation, reason)
 
@@ -82,7 +84,8 @@ def _produce(kafka, user: str, tenant: str, conversation: str | None, reason: st
 
 
 def _verify(kafka, user: str, tenant: str, conversation: str | None, archive_dir: Path | None,
-            memory_path: Path | None, qdrant_url: str | None, datasets_dir: Path | None) -> None:
+            memory_path: Path | None, qdrant_url: str | None, datasets_dir: Path | None,
+            cache_url: str | None = None) -> None:
     from streams.app import changelog_topic
     from chatpipe.erasure_verify import verify
     from streams.erasures import Subject
@@ -91,6 +94,7 @@ def _verify(kafka, user: str, tenant: str, conversation: str | None, archive_dir
     memory = build_settings(MemorySettings, path=memory_path, url=qdrant_url)
     report = verify(kafka, Subject(tenant, user, conversation), memory=memory, archive_dir=streams.archive_dir,
                     datasets_dir=datasets_dir, changelog=changelog_topic(kafka, streams),
+                    cache=build_settings(CacheSettings, url=cache_url),
                     progress=lambda line: err_console.print(f"[dim]… {line}[/]"))
     name = f"{tenant}/{user}{f'/{conversation}' if conversation else ''}"
     if report.until_ms is None:

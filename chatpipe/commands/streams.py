@@ -21,6 +21,7 @@ import typer
 
 from chatpipe.commands.common import with_kafka_flags
 from chatpipe.options import option
+from streams.cache_settings import CacheSettings  # pydantic only: the flags are made from its fields
 from streams.memory_settings import MemorySettings  # pydantic only: the flags are made from its fields
 from streams.settings import StreamsSettings
 from transport.settings import KafkaSettings
@@ -33,6 +34,7 @@ def streams(
     archive_dir: Annotated[Optional[Path], option(StreamsSettings, "archive_dir")] = None,
     memory_path: Annotated[Optional[Path], option(MemorySettings, "path", "--memory-path")] = None,
     qdrant_url: Annotated[Optional[str], option(MemorySettings, "url", "--qdrant-url")] = None,
+    cache_url: Annotated[Optional[str], option(CacheSettings, "url", "--cache-url")] = None,
     tokenizer: Annotated[Optional[Path], option(StreamsSettings, "tokenizer_path", "--tokenizer")] = None,
     log_level: Annotated[Optional[str], option(StreamsSettings, "log_level")] = None,
     metrics_port: Annotated[Optional[int], option(StreamsSettings, "metrics_port")] = None,
@@ -63,7 +65,7 @@ def streams(
     # untrusted certificate ends the start in one line (code 78), not in a 75 and a restart loop.
     check_kafka(kafka, "streams")
     services = StreamsServices.open(memory, folder)
-    run_worker(StreamsApp(kafka, settings, services))
+    run_worker(StreamsApp(kafka, settings, services, cache=build_settings(CacheSettings, url=cache_url)))
 
 
 def register(app: typer.Typer) -> None:

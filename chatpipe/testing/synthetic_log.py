@@ -209,7 +209,7 @@ CURRENT_TURN_VERSION = next(f.default for f in fields(ConversationTurn) if f.nam
 
 def writer_version(t: ConversationTurn, v1: bool) -> int:
     """The ConversationTurn version :func:`encode_turn` writes ``t`` with: 1 when asked, the current one
-    (``CURRENT_TURN_VERSION``, 4: trace ids since 3) with a trace id, else 2."""
+    (``CURRENT_TURN_VERSION``, 5: trace ids since 3) with a trace id, else 2."""
     return 1 if v1 else CURRENT_TURN_VERSION if t.trace_id is not None else 2
 
 
@@ -217,8 +217,8 @@ def encode_turn(codec: AvroCodec, t: ConversationTurn, v1: bool) -> bytes:
     version = writer_version(t, v1)
     if version == CURRENT_TURN_VERSION:
         return codec.encode(t)
-    v4 = ("remembered", "memory_degraded")
-    left_out = ("trace_id", *v4) if version == 2 else ("trace_id", "system_prompt", "ttft_ms", *v4)
+    since_v4 = ("remembered", "memory_degraded", "cached_tokens", "response_cached")
+    left_out = ("trace_id", *since_v4) if version == 2 else ("trace_id", "system_prompt", "ttft_ms", *since_v4)
     d = {k: getattr(t, k) for k in t.__slots__ if k not in left_out}
     d["finish_reason"], d["schema_version"] = str(t.finish_reason), version
     return codec.encode_dict("ConversationTurn", d, version=version)

@@ -69,9 +69,9 @@ def test_turn_keeps_its_trace_id_and_v2_turns_read_without_one():
     from dataclasses import replace
 
     turn = next(r for r in sample_records() if isinstance(r, records.ConversationTurn))
-    assert turn.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" and turn.schema_version == 4
+    assert turn.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" and turn.schema_version == 5
     data = codec.encode(turn)
-    assert data[2:HEADER_LEN] == default_registry().version("ConversationTurn", 4).fingerprint
+    assert data[2:HEADER_LEN] == default_registry().version("ConversationTurn", 5).fingerprint
     assert codec.decode(data, expected=records.ConversationTurn).trace_id == turn.trace_id
     assert codec.decode(codec.encode(replace(turn, trace_id=None))).trace_id is None
 
@@ -97,6 +97,30 @@ def test_turn_v4_says_whether_memory_keeps_it_and_older_turns_read_as_not_kept_b
     old = {k: v for k, v in to_avro_dict(turn).items() if k in v3_fields} | {"schema_version": 3}
     decoded = codec.decode(codec.encode_dict("ConversationTurn", old, version=3), expected=records.ConversationTurn)
     assert decoded == replace(turn, remembered=False, memory_degraded=False, schema_version=3)
+
+
+def test_cache_fields_round_trip_and_older_versions_read_as_computed_by_a_worker():
+    """TokenChunk v4, Response v3, ConversationTurn v5: ``cached_tokens`` and ``response_cached`` read back as
+    written; a record of the version before reads 0 / False (a worker computed it, cache unknown).
+    PromptRequest v7 ``response_cache``: a v6 prompt reads True (the cache may answer it)."""
+    from dataclasses import replace
+
+    older = {"TokenChunk": 3, "Response": 2, "ConversationTurn": 4}
+    samples = {type(r).__name__: r for r in sample_records()}
+    for name, version in older.items():
+        record = replace(samples[name], cached_tokens=17, response_cached=True)
+        decoded = codec.decode(codec.encode(record), expected=type(record))
+        assert (decoded.cached_tokens, decoded.response_cached) == (17, True)
+        old_fields = {f["name"] for f in json.loads((SCHEMA_DIR / f"{name}.v{version}.avsc").read_text())["fields"]}
+        old = {k: v for k, v in to_avro_dict(record).items() if k in old_fields} | {"schema_version": version}
+        decoded = codec.decode(codec.encode_dict(name, old, version=version), expected=type(record))
+        zero = None if name == "TokenChunk" else 0
+        assert (decoded.cached_tokens, decoded.response_cached, decoded.schema_version) == (zero, False, version)
+    prompt = replace(samples["PromptRequest"], response_cache=False)
+    assert codec.decode(codec.encode(prompt), expected=records.PromptRequest).response_cache is False
+    v6_fields = {f["name"] for f in json.loads((SCHEMA_DIR / "PromptRequest.v6.avsc").read_text())["fields"]}
+    old = {k: v for k, v in to_avro_dict(prompt).items() if k in v6_fields} | {"schema_version": 6}
+    assert codec.decode(codec.encode_dict("PromptRequest", old, version=6)).response_cache is True
 
 
 def test_prompt_request_v1_gets_default_priority():

@@ -51,7 +51,7 @@ def test_the_new_sampling_fields_round_trip_in_both_requests():
     for record in (prompt(), inference()):
         decoded = codec.decode(codec.encode(record))
         assert decoded.sampling == FULL and decoded.schema_version == record.schema_version
-    assert (prompt().schema_version, inference().schema_version) == (6, 5)
+    assert (prompt().schema_version, inference().schema_version) == (7, 5)
     assert json.loads(FULL.response_format) == JSON_SCHEMA  # key order kept: the schema's property order
 
 
@@ -74,7 +74,7 @@ def test_a_chunk_carries_its_choice_and_one_logprob_per_token():
     logprobs = [TokenLogprob("\ufffd", -0.25, b"\xc3", [TopLogprob("\ufffd", -0.25, b"\xc3"), TopLogprob("e", -2.0, b"e")]),
                 TokenLogprob("\ufffd", -0.01, b"\xa9", [])]
     decoded = codec.decode(codec.encode(chunk(choice_index=1, logprobs=logprobs)))
-    assert decoded.choice_index == 1 and decoded.logprobs == logprobs and decoded.schema_version == 3
+    assert decoded.choice_index == 1 and decoded.logprobs == logprobs and decoded.schema_version == 4
     assert b"".join(lp.bytes for lp in decoded.logprobs).decode() == "é"  # bytes of a split character join up
     assert codec.decode(codec.encode(chunk())).logprobs is None
 
