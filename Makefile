@@ -20,12 +20,21 @@ PYTEST_WORKERS ?= 4
 
 .PHONY: setup prerequisites run test test-prerequisites test-unit bench-quick down clean
 
+# Java and Maven for the broker; redis-server for the stack's response cache (infra/redis_server.py). Debian's
+# package starts its own redis-server.service on 6379 where systemd runs: only one installed here is stopped
+# and disabled (`chatpipe up` runs the stack's own Redis on that port); one that was there is left alone.
 prerequisites:
 	@command -v java >/dev/null && command -v mvn >/dev/null || { \
 	  echo "Java 17 and Maven are needed (the Kafka broker runs on the JVM, its jars come from Maven Central)."; \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -q && apt-get install -y -q openjdk-17-jdk-headless maven; \
 	  else echo "install them (e.g. apt-get install openjdk-17-jdk-headless maven) and rerun"; exit 1; fi; }
+	@command -v redis-server >/dev/null || { \
+	  echo "Redis is needed (redis-server: the local stack's response cache, and its tests)."; \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && apt-get install -y -q redis-server && \
+	    { ! command -v systemctl >/dev/null || systemctl disable --now redis-server >/dev/null 2>&1 || true; }; \
+	  else echo "install it (e.g. apt-get install redis-server) and rerun"; exit 1; fi; }
 
 # uv installs the packages (from its cache, ~/.cache/uv, once they are there): 53 s here where pip
 # took 107 s from its own cache, most of it unpacking torch's CUDA wheels again for every new venv.

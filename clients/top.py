@@ -251,6 +251,12 @@ def _notes(kind: str, old: Scrape | None, new: Scrape) -> str:
         held = new.total("chatpipe_streams_conversations")
         if held is not None:
             parts.append(f"{held:.0f} conversations")
+        cache = ("chatpipe_streams_response_cache_hits_total", "chatpipe_streams_response_cache_misses_total")
+        hits, misses = (_rate(n, old, new) for n in cache)
+        if not (hits or misses):  # no cacheable prompt in the window: since the start
+            hits, misses = (new.total(n) for n in cache)
+        if hits or misses:  # the response cache's hit ratio (streams/response_cache.py): of cacheable prompts
+            parts.append(f"cache hit {100 * (hits or 0) / ((hits or 0) + (misses or 0)):.0f}%")
         recall, _ = _percentiles("chatpipe_streams_recall_seconds", old, new)
         if recall is not None and recall[0] is not None:
             parts.append(f"recall p50 {recall[0] * 1000:.1f} ms")

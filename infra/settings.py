@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # value an error). The worker counts name none: `up` with another count adds or stops instances.
 _EVERY_SERVICE = ("kafka", "streams", "inference", "gateway")
 PERSISTED_FIELDS: dict[str, tuple[str, ...]] = {
-    "host": (*_EVERY_SERVICE, "jaeger", "prometheus"), "topic_prefix": _EVERY_SERVICE,
+    "host": (*_EVERY_SERVICE, "jaeger", "prometheus", "redis"), "topic_prefix": _EVERY_SERVICE,
     "kafka_port": ("kafka",), "controller_port": ("kafka",), "kafka_heap": ("kafka",), "brokers": ("kafka",),
     "gateway_port": ("gateway",), "worker_metrics_port": ("inference",), "qdrant_url": ("streams",),
     "streams_metrics_port": ("streams",),
@@ -29,6 +29,11 @@ PERSISTED_FIELDS: dict[str, tuple[str, ...]] = {
     # The observability backends (infra.observability): `up --no-observability` stops them, like a count.
     "observability": (), "otlp_grpc_port": ("jaeger",), "otlp_http_port": ("jaeger",),
     "jaeger_port": ("jaeger",), "jaeger_grpc_port": ("jaeger",), "prometheus_port": ("prometheus",),
+    # The response cache's Redis (infra.redis_server): the streams workers' command line carries its URL
+    # (--cache-url), so the switch and the port may not change under running workers; `up
+    # --no-response-cache` with the workers stopped stops Redis, like a count.
+    "response_cache": ("streams",), "redis_port": ("redis", "streams"), "redis_maxmemory": ("redis",),
+    "redis_maxmemory_policy": ("redis",),
 }
 
 
@@ -97,6 +102,17 @@ class StackSettings(BaseSettings):
     jaeger_ui_source: Path | None = Field(None, description="A jaeger-ui checkout (tag matching Jaeger) or its "
                                                             "built assets, for the Jaeger UI; none: the query "
                                                             "API only, the UI page is Jaeger's placeholder")
+    # The response cache (issue 43, infra.redis_server): a Redis in front of the GPUs, used by the streams
+    # workers; only a cache (no persistence), evicting by maxmemory_policy once maxmemory is full.
+    response_cache: bool = Field(True, description="Run Redis (the streams workers' response cache) and hand "
+                                                   "each streams worker its URL; off: no Redis, no cache")
+    redis_port: int = Field(6379, ge=1, le=65535, description="Redis port (the response cache)")
+    redis_maxmemory: str = Field("256mb", description="Redis maxmemory: most memory the cache takes (Redis's "
+                                                      "notation: 256mb, 2gb)")
+    redis_maxmemory_policy: str = Field("allkeys-lru", description="Redis maxmemory-policy: which keys go once "
+                                        "maxmemory is reached (allkeys-lru: the least recently used)")
+    redis_server: str = Field("redis-server", description="Redis server executable (Debian's redis-server "
+                                                          "package) the stack runs")
     start_timeout_s: float = Field(120.0, gt=0, description="How long starting Kafka waits for the broker (every "
                                    "node of a cluster) to answer")
     service_start_timeout_s: float = Field(

@@ -1,8 +1,9 @@
-"""The whole local stack of one state folder: Kafka, the streams workers, the inference workers, the gateway.
+"""The whole local stack of one state folder: Kafka, Redis, the streams workers, the inference workers, the gateway.
 
 ``LocalStack.up`` asks the stack's supervisor (``infra.supervisor``, a detached ``chatpipe supervise``)
 to run what is not running (Kafka first, then the three services side by side, each a ``chatpipe
-<cmd>`` process with its log under ``<state>/logs``) and waits until every one is healthy; the
+<cmd>`` process with its log under ``<state>/logs``; Redis, and Jaeger and Prometheus with observability,
+between Kafka and them) and waits until every one is healthy; the
 supervisor starts again any that exits, with backoff. ``down`` sends the supervisor away first (so
 nothing is restarted), then stops the services in reverse dependency order; ``restart`` and ``stop``
 act on one service through the supervisor; ``status`` probes each and adds its restarts and last exit.
@@ -14,6 +15,8 @@ the extra ones.
 
 Health, per service (``probe``):
 - kafka: its process runs and the broker answers a metadata request;
+- redis (the streams workers' response cache, ``response_cache`` on; ``infra.redis_server``): a ``PING``
+  is answered ``+PONG``;
 - streams (each instance): its process runs and its Faust consumer group has at least as many members
   as streams workers run (every one has joined; the group splits the partitions between them);
 - inference (each instance): its process runs, its ``/metrics`` answers (the model is loaded) and its
@@ -40,7 +43,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from infra import stack_state
+from infra import redis_server, stack_state
 from infra.instances import (INFERENCE, STREAMS, found_instances, instance_dir, instance_env, instance_names,
                              kind_of, metrics_port, parse_instance, streams_metrics_port)
 from infra.kafka_security import ADMIN_USER, MECHANISM, PROTOCOL, SERVICE_USERS
@@ -48,6 +51,7 @@ from infra.local_kafka import LocalKafka, PortInUseError, StackError, http_statu
 from infra.local_keys import ensure_keys_file
 from infra.observability import backends, binaries
 from infra.observability.backends import BACKENDS, JAEGER, PROMETHEUS
+from infra.redis_server import REDIS
 from infra.services import ServiceProcess, StopResult, tail
 from infra.settings import StackSettings
 from infra.supervision import (ExitRecord, ServiceSpec, ServiceState, Spec, SupervisorClient, SupervisorState,
@@ -55,8 +59,12 @@ from infra.supervision import (ExitRecord, ServiceSpec, ServiceState, Spec, Supe
 
 KAFKA = "kafka"
 SERVICES = ("streams", "inference", "gateway")  # kinds started after Kafka; stopped before it, in reverse
-# The kinds (`--only` takes these; jaeger and prometheus with --observability); names: `service_names`
-ALL = (KAFKA, *SERVICES, *BACKENDS)
+# The kinds (`--only` takes these; redis with the response cache, jaeger and prometheus with
+# --observability); names: `service_names`
+ALL = (KAFKA, REDIS, *SERVICES, *BACKENDS)
+# Kinds a setting turns on or off (observability, response_cache): one found running while its setting
+# is off is a surplus that `up` stops, like a worker beyond the count.
+OPTIONAL = (*BACKENDS, REDIS)
 
 # The groups the services join with their default settings (streams: the Faust app id;
 # inference: the worker's consumer group). Literal here so `up` does not import either service.
@@ -83,10 +91,11 @@ class Health:
 
 
 def service_names(settings: StackSettings) -> tuple[str, ...]:
-    """Every service of a stack in start order: kafka, (jaeger, prometheus with observability), streams,
-    streams-2, ..., inference, inference-2, ..., gateway (stopped in reverse: the trace store after the
-    services that send it spans)."""
-    return (KAFKA, *(BACKENDS if settings.observability else ()), *instance_names(STREAMS, settings.streams_workers),
+    """Every service of a stack in start order: kafka, (jaeger, prometheus with observability), (redis with
+    the response cache), streams, streams-2, ..., inference, inference-2, ..., gateway (stopped in reverse:
+    the trace store after the services that send it spans, Redis after the streams workers that use it)."""
+    return (KAFKA, *(BACKENDS if settings.observability else ()), *((REDIS,) if settings.response_cache else ()),
+            *instance_names(STREAMS, settings.streams_workers),
             *instance_names(INFERENCE, settings.inference_workers), "gateway")
 
 
@@ -138,7 +147,7 @@ class LocalStack:
         """The stack's services, then instances beyond its counts that have a pid file (an earlier `up`
         with a larger count, a stack whose stack.json is gone)."""
         extra = found_instances(self.settings.run_dir) - set(self.names)
-        extra |= {b for b in BACKENDS if (self.settings.run_dir / f"{b}.pid").exists()} - set(self.names)
+        extra |= {b for b in OPTIONAL if (self.settings.run_dir / f"{b}.pid").exists()} - set(self.names)
         return [*self.names, *sorted(extra, key=_rank)]
 
     def _process(self, name: str) -> ServiceProcess:
@@ -163,8 +172,11 @@ class LocalStack:
             # written by the one worker that owns it), and so is the Qdrant server (more than one
             # worker needs one: `_check_scale`).
             memory = ["--qdrant-url", s.qdrant_url] if s.qdrant_url else ["--memory-path", str(state / "qdrant")]
+            # The response cache: every worker the one Redis of the stack (a prompt answered by one worker
+            # is a hit for all); none without the cache.
+            cache = ["--cache-url", redis_server.url(s)] if s.response_cache else []
             return ["streams", *kafka, "--state-dir", str(instance_dir(s, name)), "--archive-dir",
-                    str(state / "archive"), *memory, "--metrics-port", str(streams_metrics_port(s, index))]
+                    str(state / "archive"), *memory, *cache, "--metrics-port", str(streams_metrics_port(s, index))]
         if kind == INFERENCE:
             # Partition intake (a consumer group) always: its members are how `up` sees the worker
             # serving; a share group is not listed by the admin API (run `chatpipe inference
@@ -187,7 +199,7 @@ class LocalStack:
             tracing["CHATPIPE_TRACING_OTLP_ENDPOINT"] = backends.otlp_endpoint(self.settings)
         # A child's environment: _service_spec starts every service with os.environ, whose own value is kept.
         env.update({k: v for k, v in tracing.items() if k not in os.environ})
-        if name != KAFKA and self.broker_security is not None:
+        if kind_of(name) in SERVICE_USERS and self.broker_security is not None:  # Redis, Jaeger: no Kafka client
             env.update(self.broker_security.client_env(SERVICE_USERS[kind_of(name)]))
         return env
 
@@ -208,6 +220,9 @@ class LocalStack:
         if name in BACKENDS:
             argv, cwd = backends.command(self.settings, name, binaries.installed(self.settings))
             return ServiceSpec(name, tuple(argv), env, str(proc.log_file), str(proc.pid_file), cwd=str(cwd))
+        if name == REDIS:
+            argv, cwd = redis_server.command(self.settings, redis_server.executable(self.settings))
+            return ServiceSpec(name, tuple(argv), env, str(proc.log_file), str(proc.pid_file), cwd=str(cwd))
         return ServiceSpec(name, (sys.executable, "-m", "chatpipe.cli", *self.command(name)), env,
                            str(proc.log_file), str(proc.pid_file))
 
@@ -220,6 +235,8 @@ class LocalStack:
         kind, index = parse_instance(name) or (name, 1)
         if kind in BACKENDS:
             return backends.address(s, kind, self._installed())
+        if kind == REDIS:
+            return redis_server.address(s)
         return {KAFKA: kafka,
                 STREAMS: f"http://{s.host}:{streams_metrics_port(s, index)}/metrics, group {s.topic_prefix}{STREAMS_GROUP}"
                          + (f", qdrant {s.qdrant_url}" if s.qdrant_url else ""),
@@ -327,6 +344,8 @@ class LocalStack:
             return "Kafka is not running"  # no group to ask about (and no 5 s admin timeout per probe)
         if kind in BACKENDS:
             return backends.not_ready(s, kind)
+        if kind == REDIS:
+            return redis_server.not_ready(s)
         if kind == "gateway":
             code = http_status(f"{s.gateway_url}/healthz")
             return "" if code == 200 else f"/healthz answers {code or 'nothing'}"
@@ -354,17 +373,26 @@ class LocalStack:
         Instances beyond the counts (an earlier ``up`` had more) are stopped first. With observability,
         Jaeger and Prometheus are built first if they are not (``on_build(message)`` says what is built).
 
+        With the response cache, Redis is started with the streams workers (``only`` naming streams
+        includes it); a missing ``redis-server`` is one line before anything starts.
+
         ``on_ready(health, started_now, seconds)`` once per service; ``on_topics(changes)`` after the
         catalog is applied; ``on_wait({name: why}, seconds)`` while some are not healthy yet;
         ``on_stopped(result)`` per surplus instance stopped.
         """
         backend_kinds = BACKENDS if self.settings.observability else ()
-        kinds = [k for k in (*backend_kinds, *SERVICES) if only is None or k in only]
+        cache_kinds = (REDIS,) if self.settings.response_cache else ()
+        kinds = [k for k in (*backend_kinds, *cache_kinds, *SERVICES)
+                 if only is None or k in only or (k == REDIS and STREAMS in only)]  # the workers' cache with them
         self._check_scale(kinds)
         if only is not None and not self.settings.observability and set(only) & set(BACKENDS):
             raise StackError(f"--only {','.join(only)}: jaeger and prometheus run with --observability only")
+        if only is not None and not self.settings.response_cache and REDIS in only:
+            raise StackError(f"--only {','.join(only)}: redis runs with the response cache only (drop "
+                             "--no-response-cache)")
         wanted = [n for n in self.names if n != KAFKA and kind_of(n) in kinds]
         self._prepare_backends(wanted, on_build)
+        self._prepare_redis(wanted)
         began, asked_at = time.monotonic(), time.time()
         started = self._up_kafka(asked_at)
         surplus = self._surplus()
@@ -406,6 +434,13 @@ class LocalStack:
         if backends.write_config(self.settings, PROMETHEUS) and pid is not None:
             os.kill(pid, signal.SIGHUP)
 
+    def _prepare_redis(self, wanted: list[str]) -> None:
+        """Before anything starts: ``redis-server`` is there (else one line saying what to install), and
+        its folder."""
+        if REDIS in wanted and self._pid(REDIS) is None:
+            redis_server.executable(self.settings)
+            redis_server.folder(self.settings).mkdir(parents=True, exist_ok=True)
+
     def _check_scale(self, kinds: list[str]) -> None:
         """One line for worker counts that cannot work: several streams workers on Qdrant local mode (a
         folder one process opens), the workers' /metrics ports (inference and streams) out of range or on
@@ -433,6 +468,8 @@ class LocalStack:
             raise StackError(f"{count_flag} {count} from {port_flag} {first} needs ports up to {last}, past 65535; "
                              f"choose a lower {port_flag}")
         taken = {s.gateway_port: "the gateway's (--gateway-port)", **(also_taken or {})}
+        if s.response_cache:
+            taken[s.redis_port] = "Redis's (--redis-port)"
         if s.brokers == 1:
             taken |= {s.kafka_port: "Kafka's (--kafka-port)", s.controller_port: "the controller's (--controller-port)"}
         for port, whose in taken.items():
@@ -444,7 +481,7 @@ class LocalStack:
         """Instances beyond the stack's counts that run or that the supervisor has in hand, highest first."""
         held = {s.name for s in self.supervisor.spec().services}
         extra = [n for n in self._known() if n not in self.names and self._pid(n) is not None]
-        extra += [n for n in held if (parse_instance(n) is not None or n in BACKENDS) and n not in self.names
+        extra += [n for n in held if (parse_instance(n) is not None or n in OPTIONAL) and n not in self.names
                   and n not in extra]
         return sorted(extra, key=_rank, reverse=True)
 
@@ -478,6 +515,8 @@ class LocalStack:
             kind, index = parse_instance(name) or (name, 1)
             if kind in BACKENDS:
                 ports = backends.ports(s, kind)  # port -> the setting that chooses it
+            elif kind == REDIS:
+                ports = redis_server.ports(s)
             elif kind == "gateway":
                 ports = {s.gateway_port: "--gateway-port"}
             else:  # an inference or a streams worker
@@ -525,7 +564,8 @@ class LocalStack:
     def down(self, on_stopped: Callable[[StopResult], None] = lambda r: None,
              on_released: Callable[[int | None], None] = lambda pid: None) -> list[StopResult]:
         """Send the supervisor away (nothing is restarted from here on), then stop every service
-        (gateway, the inference workers, the streams workers: each instance, the last first), then Kafka:
+        (gateway, the inference workers, the streams workers: each instance, the last first; then Redis and
+        the observability backends), then Kafka:
         SIGTERM, SIGKILL after the timeout."""
         on_released(self.supervisor.release())
         results = []

@@ -20,7 +20,7 @@ from k8s.common import MANAGED_BY, labels
 from k8s.values import Values
 
 #: The order of the files, which is the order of ``kubectl apply -k``'s resources list.
-ORDER = ("namespace", "kafka", "secrets", "storage", "qdrant", "streams", "inference", "gateway", "keda", "spark")
+ORDER = ("namespace", "kafka", "secrets", "storage", "qdrant", "redis", "streams", "inference", "gateway", "keda", "spark")
 #: Rendered and validated, but not in the kustomization (applied by hand, each apply starts a run).
 ON_DEMAND = ("spark-run",)
 

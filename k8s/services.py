@@ -11,6 +11,7 @@ object those variables build (``common.settings_from_env``), never written twice
 | streams | Deployment (its table lives in memory and is restored from the changelog at every start; the data folder is scratch) | ``StreamsSettings.metrics_port``: ``/metrics`` | ``streams.termination_grace_s`` (Faust's stop, archive flush, reply producer close) |
 | inference | Deployment on the GPU node pool | ``WorkerSettings.metrics_port``: ``/metrics`` (served once the model is loaded) | ``WorkerSettings.grace_s`` + ``inference.grace_margin_s`` |
 | qdrant | StatefulSet (official image; cluster mode from 2 peers) | 6333: ``/readyz``, ``/livez`` | Qdrant's default |
+| redis | Deployment + Service (official image; a cache: maxmemory + policy from ``StackSettings``, no persistence) | 6379: ``PING`` (ready), the port open (alive) | Redis's default |
 
 The workers' ``/metrics`` listen on loopback by default; here ``metrics_host`` is ``0.0.0.0`` so that the
 kubelet's probes and Prometheus reach them.
@@ -34,6 +35,8 @@ QDRANT_SECRET = "chatpipe-qdrant"
 QDRANT_SECRET_KEY = "api-key"
 QDRANT_KEY_REF = {"secretKeyRef": {"name": QDRANT_SECRET, "key": QDRANT_SECRET_KEY}}  # Qdrant's and streams' key
 QDRANT_HTTP, QDRANT_GRPC, QDRANT_P2P = 6333, 6334, 6335  # Qdrant's own ports
+REDIS_PORT = 6379  # Redis's own port (the Service's too)
+REDIS_UID = 999  # the `redis` user of the official image
 STREAMS_STATE = "/var/lib/chatpipe/streams"
 ARCHIVE_MOUNT = "/data/archive"
 DATASETS_MOUNT = "/data/datasets"
@@ -200,19 +203,22 @@ def streams_env(values: Values) -> dict[str, str]:
     from streams.settings import StreamsSettings
 
     metrics_port = StackSettings.model_fields["streams_metrics_port"].default  # the stack's port, here too
+    from streams.cache_settings import CacheSettings
+
     return {**env_of(StreamsSettings, state_dir=STREAMS_STATE, archive_dir=ARCHIVE_MOUNT, metrics_port=metrics_port,
                        metrics_host="0.0.0.0"),
-            **env_of(MemorySettings, url=qdrant_url(values)), **model_env(values), **kafka_env(values, "streams"),
-            **tracing_env(values), **values.streams.env}
+            **env_of(MemorySettings, url=qdrant_url(values)), **env_of(CacheSettings, url=redis_url(values)),
+            **model_env(values), **kafka_env(values, "streams"), **tracing_env(values), **values.streams.env}
 
 
 def streams(values: Values) -> list[dict[str, Any]]:
     from inference.engine.settings import EngineSettings
+    from streams.cache_settings import CacheSettings
     from streams.memory_settings import MemorySettings
     from streams.settings import StreamsSettings
 
     env = streams_env(values)
-    check_env(env, [StreamsSettings, MemorySettings, EngineSettings, *_kafka_classes()], "streams")
+    check_env(env, [StreamsSettings, MemorySettings, CacheSettings, EngineSettings, *_kafka_classes()], "streams")
     s = settings_from_env(StreamsSettings, env)
     if not s.metrics_port:
         raise RenderError("streams: CHATPIPE_STREAMS_METRICS_PORT 0 turns /metrics off, which the probes need")
@@ -226,6 +232,9 @@ def streams(values: Values) -> list[dict[str, Any]]:
                       {"name": "model", "mountPath": values.model.mount_path, "readOnly": True}, *kafka_mounts])
     if values.qdrant.api_key and values.qdrant.enabled:
         container["env"].append({"name": env_var(MemorySettings, "api_key"), "valueFrom": QDRANT_KEY_REF})
+    if values.redis.password_secret:  # an external Redis's AUTH password, never a value in the manifest
+        container["env"].append({"name": env_var(CacheSettings, "password"), "valueFrom": {"secretKeyRef": {
+            "name": values.redis.password_secret, "key": values.redis.password_key}}})
     pod = _worker_pod(values, values.streams.termination_grace_s, container,
                       [{"name": "state", "emptyDir": {}}, volume_source(values.archive, "archive"),
                        volume_source(values.model.volume, "model"), *kafka_vols])
@@ -350,6 +359,63 @@ def qdrant(values: Values) -> list[dict[str, Any]]:
     ]
 
 
+# --- Redis (the response cache) -------------------------------------------------------------------------
+def redis_url(values: Values) -> str | None:
+    """The streams workers' CHATPIPE_CACHE_URL: the Service of the Redis run here, else ``redis.url`` (None:
+    no response cache)."""
+    if not values.redis.enabled:
+        return values.redis.url or None
+    return f"redis://{name('redis')}.{values.namespace}.svc:{REDIS_PORT}/0"
+
+
+def redis_args(values: Values) -> list[str]:
+    """redis-server's flags: a cache only, with the local stack's limits unless the values give others."""
+    from infra.settings import StackSettings
+
+    fields = StackSettings.model_fields
+    r = values.redis
+    return ["--port", str(REDIS_PORT), "--maxmemory", r.maxmemory or fields["redis_maxmemory"].default,
+            "--maxmemory-policy", r.maxmemory_policy or fields["redis_maxmemory_policy"].default,
+            "--save", "", "--appendonly", "no", "--dir", "/data",
+            # No password on the Redis run here: only the streams workers in the namespace use it; a Redis
+            # reachable from elsewhere is an external one (redis.url, a password from a Secret).
+            "--protected-mode", "no"]
+
+
+def redis(values: Values) -> list[dict[str, Any]]:
+    r = values.redis
+    if not r.enabled:
+        return []
+    # redis-server itself (not the image's entrypoint, which would switch user as root): the pod runs as the
+    # image's redis user from the start, its only writable folder an emptyDir (nothing is written there: no
+    # snapshots, no append-only file).
+    container: dict[str, Any] = {
+        "name": "redis", "image": r.image, "imagePullPolicy": values.image_pull_policy,
+        "command": ["redis-server"], "args": redis_args(values),
+        "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"exec": {"command": ["sh", "-c", f"redis-cli -p {REDIS_PORT} ping | grep -q PONG"]},
+                           "periodSeconds": 5, "failureThreshold": 2, "timeoutSeconds": 3},
+        "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 10, "failureThreshold": 6,
+                          "timeoutSeconds": 3},
+        "resources": resources(r.resources),
+        "securityContext": {**container_security(), "readOnlyRootFilesystem": True},
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}]}
+    pod = {**pod_spec_common(values), "containers": [container],
+           "securityContext": {"runAsNonRoot": True, "runAsUser": REDIS_UID, "runAsGroup": REDIS_UID,
+                               "fsGroup": REDIS_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+           "volumes": [{"name": "data", "emptyDir": {}}]}
+    return [
+        # One pod: a second would be a second, separate cache. A new one is ready before the old goes (its
+        # cache starts empty either way: a miss costs GPU time, never an answer).
+        _deployment(values, "redis", pod, replicas=1,
+                    strategy={"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                    annotations={}),
+        {"apiVersion": "v1", "kind": "Service", "metadata": meta(values, name("redis"), "redis"),
+         "spec": {"selector": selector("redis"),
+                  "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis", "protocol": "TCP"}]}},
+    ]
+
+
 # --- Secrets and volumes --------------------------------------------------------------------------------
 def secrets(values: Values) -> tuple[list[dict[str, Any]], list[str]]:
     """(Secrets rendered from the files the values name, lines saying how to create the others)."""
@@ -378,6 +444,10 @@ def secrets(values: Values) -> tuple[list[dict[str, Any]], list[str]]:
         else:
             todo.append(f"kubectl -n {values.namespace} create secret generic {QDRANT_SECRET} "
                         f"--from-literal={QDRANT_SECRET_KEY}=\"$(openssl rand -hex 32)\"   # Qdrant's API key")
+    if values.redis.password_secret:
+        todo.append(f"kubectl -n {values.namespace} create secret generic {values.redis.password_secret} "
+                    f"--from-literal={values.redis.password_key}=PASSWORD   # the external Redis's AUTH password "
+                    "(docs/deploy.md \"Redis\")")
     return out, todo
 
 
@@ -393,4 +463,4 @@ def storage(values: Values) -> list[dict[str, Any]]:
 
 def render(values: Values) -> dict[str, list[dict[str, Any]]]:
     return {"gateway": gateway(values), "streams": streams(values), "inference": inference(values),
-            "qdrant": qdrant(values), "storage": [*storage(values), *model_pull_job(values)]}
+            "qdrant": qdrant(values), "redis": redis(values), "storage": [*storage(values), *model_pull_job(values)]}

@@ -171,6 +171,29 @@ class QdrantValues(_Model):
                           "chatpipe-qdrant")
 
 
+class RedisValues(_Model):
+    """The streams workers' response cache (CHATPIPE_CACHE_URL, streams/cache_settings.py): a Redis run here,
+    or any Redis or Valkey named by ``url``, or none."""
+
+    enabled: bool = Field(True, description="Run Redis here (Deployment + Service; a cache: no volume, no "
+                          "persistence); false: url names one (or, empty, no response cache)")
+    url: str | None = Field(None, description="When not run here: CHATPIPE_CACHE_URL of the streams workers, "
+                            "redis://host:6379/0 or rediss://host:6380/0 (TLS); empty: no response cache")
+    password_secret: str | None = Field(None, description="With url: a Secret whose key password_key the streams "
+                                        "workers get as CHATPIPE_CACHE_PASSWORD (Redis AUTH); create it yourself")
+    password_key: str = Field("password", description="The key of password_secret that holds the password")
+    # Redis 7.2: the last Redis line under the BSD licence (7.4 moved to RSALv2/SSPL), with the commands and
+    # flags of the 7.0 the local stack runs from Debian (the tests' server); alpine: a small image. Pinned
+    # to a patch release so that a render always means the same server.
+    image: str = Field("redis:7.2.10-alpine", description="The official Redis image (7.2: the last BSD-licensed "
+                       "line, the commands of the local stack's Debian Redis 7.0)")
+    maxmemory: str | None = Field(None, description="Redis maxmemory; empty: the local stack's "
+                                  "(StackSettings.redis_maxmemory, 256mb). Keep the memory limit above it")
+    maxmemory_policy: str | None = Field(None, description="Redis maxmemory-policy; empty: the local stack's "
+                                         "(StackSettings.redis_maxmemory_policy, allkeys-lru)")
+    resources: Resources = _resources("100m", "320Mi", "512Mi")
+
+
 class SparkValues(_Model):
     enabled: bool = Field(True, description="Render the Spark jobs")
     schedule_with: Literal["operator", "cronjob"] = Field(
@@ -219,6 +242,8 @@ class Values(_Model):
     model: ModelValues = Field(default_factory=ModelValues, description="The chat model's volume (workers; the "
                                "streams tier reads its tokenizer)")
     qdrant: QdrantValues = Field(default_factory=QdrantValues, description="Conversation memory (StatefulSet)")
+    redis: RedisValues = Field(default_factory=RedisValues, description="The streams workers' response cache "
+                               "(Deployment + Service, or an external Redis / Valkey)")
     archive: Volume = Field(default_factory=lambda: Volume(size="50Gi"),
                             description="The Avro archive the streams workers write and the jobs read")
     datasets: Volume = Field(default_factory=lambda: Volume(size="50Gi"),
@@ -239,6 +264,14 @@ class Values(_Model):
         if self.streams.replicas > 1 and self.archive.kind == "emptyDir":
             raise ValueError("archive.kind emptyDir with several streams workers: each would keep part of the "
                              "archive in its own pod; use a ReadWriteMany pvc")
+        r = self.redis
+        if r.enabled and (r.url or r.password_secret):
+            raise ValueError("redis.enabled is true: Redis runs here without a password; redis.url and "
+                             "redis.password_secret are for an external one (set redis.enabled false)")
+        if r.url and not r.url.startswith(("redis://", "rediss://")):
+            raise ValueError(f"redis.url {r.url!r}: a redis:// or rediss:// (TLS) URL")
+        if r.password_secret and not r.url:
+            raise ValueError("redis.password_secret needs redis.url (the Redis it is the password of)")
         for key, scaler in (("inference.keda", self.inference.keda), ("gateway.hpa", self.gateway.hpa)):
             if scaler.min_replicas > scaler.max_replicas:
                 raise ValueError(f"{key}.min_replicas is above max_replicas")

@@ -18,6 +18,9 @@ its table entries and its archive files through the same ``Archiver`` the archiv
 (one lock) (``forget.py``). The workers' reports on ``chat.workers.status`` are followed too
 (``fleet_follower.py``): intake's deadline estimate for prompts produced straight to ``chat.prompts``.
 
+With a cache URL (``CacheSettings.url``) the response cache (``response_cache.py``) is looked up by
+intake, written by record and erased by forget; its figures are on /metrics.
+
 Built by a factory from explicit settings (no module-level app, nothing read from the
 environment). Every topic carries raw bytes (``value_serializer="raw"``): the agents decode
 with ``schemas.codec`` themselves so a bad record becomes a dead letter with its reason instead

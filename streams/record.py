@@ -22,6 +22,11 @@ the archive or the datasets. The batch is acked only after every turn and dead l
 broker; a broker fault is retried, and past the retry budget the batch stays unacked and the
 process exits (``faults.py``).
 
+A response to a request that missed the response cache (its pending entry has the cache key) and ended
+STOP or LENGTH is stored in the cache once its turn is on the broker, outside the state lock
+(``response_cache.py``); a Redis that refuses costs a later miss, nothing else. A response answered from
+the cache (``response_cached``, ``cache_answers.py``) is recorded like any other.
+
 A request with ``n`` > 1 choices is answered by n Responses (v2 ``choice_index``); its turn is
 choice 0's, the others are skipped (counted in ``other_choices``): a conversation has one history,
 and the turn the next prompt continues from is the first choice, as OpenAI clients show it.

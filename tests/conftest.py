@@ -62,7 +62,7 @@ LONG_FILES = {
     "tests/security/test_client_security.py": 77, "tests/gateway/test_deadlines_and_outages.py": 73,
     "tests/engine/test_engine_matches_hf.py": 70, "tests/gateway/test_embeddings.py": 54,
     "tests/worker/test_share_lock.py": 46, "tests/engine/test_paged_kernel.py": 40,
-    "tests/gateway/test_through_the_pipeline.py": 36, "tests/engine/test_generate_cli.py": 36,
+    "tests/gateway/test_through_the_pipeline.py": 36, "tests/cache/test_response_cache_stack.py": 120, "tests/engine/test_generate_cli.py": 36,
     "tests/clients/test_tail.py": 35, "tests/engine/test_sampling_features.py": 33,
 }
 FILE_S = 10

@@ -37,7 +37,8 @@ def forget(
     memory_path: Annotated[Optional[Path], option(MemorySettings, "path", "--memory-path")] = None,
     qdrant_url: Annotated[Optional[str], option(MemorySettings, "url", "--qdrant-url")] = None,
     datasets_dir: Annotated[Optional[Path], typer.Option("--datasets-dir", help="Folder the dataset builds are under (checked with --verify)")] = None,
-    cache_url: Annotated[Optional[str], option(CacheSettings, "url", "--cache-url")] = None,
+    cache_url: Annotated[Optional[str], option(CacheSettings, "url", "--cache-url", help="The response cache's Redis "
+                                               "(checked with --verify); empty = the local stack's, when it runs")] = None,
     bootstrap_servers: BootstrapServers = None,
     topic_prefix: TopicPrefix = None,
 ) -> None:
@@ -87,6 +88,7 @@ def _verify(kafka, user: str, tenant: str, conversation: str | None, archive_dir
             memory_path: Path | None, qdrant_url: str | None, datasets_dir: Path | None,
             cache_url: str | None = None) -> None:
     from streams.app import changelog_topic
+    from chatpipe.commands.cache import local_cache
     from chatpipe.erasure_verify import verify
     from streams.erasures import Subject
 
@@ -94,7 +96,7 @@ def _verify(kafka, user: str, tenant: str, conversation: str | None, archive_dir
     memory = build_settings(MemorySettings, path=memory_path, url=qdrant_url)
     report = verify(kafka, Subject(tenant, user, conversation), memory=memory, archive_dir=streams.archive_dir,
                     datasets_dir=datasets_dir, changelog=changelog_topic(kafka, streams),
-                    cache=build_settings(CacheSettings, url=cache_url),
+                    cache=local_cache(cache_url) or CacheSettings(url=None),
                     progress=lambda line: err_console.print(f"[dim]… {line}[/]"))
     name = f"{tenant}/{user}{f'/{conversation}' if conversation else ''}"
     if report.until_ms is None:

@@ -36,16 +36,22 @@ StreamsWorkers = Annotated[Optional[int], option(StackSettings, "streams_workers
 InferenceWorkers = Annotated[Optional[int], option(StackSettings, "inference_workers", "--inference-workers", help=(
     "Inference worker processes (inference, inference-2, ...), one consumer group; worker n's /metrics on "
     "--worker-metrics-port + n - 1; kept with the state folder"))]
-Names = Annotated[list[str], typer.Argument(help="Services: kafka, streams, streams-2, ..., inference, inference-2, ..., gateway", show_default=False)]
+Names = Annotated[list[str], typer.Argument(help="Services: kafka, redis, streams, streams-2, ..., inference, inference-2, ..., gateway", show_default=False)]
 KafkaSecurity = Annotated[Optional[str], option(StackSettings, "kafka_security", "--kafka-security", help=(
     "The broker's client listener: plaintext, or sasl_ssl (SCRAM-SHA-512 over TLS: a CA, the broker's certificate "
     "and one user per service made under <state>/kafka/security; every service gets its own login; "
     "docs/security_broker.md); kept with the state folder"))]
-Only = Annotated[Optional[str], typer.Option("--only", help="Start only these, comma-separated: kafka (broker + topics), streams, inference, gateway (jaeger, prometheus with --observability); Kafka always [default: all]")]
+Only = Annotated[Optional[str], typer.Option("--only", help="Start only these, comma-separated: kafka (broker + topics), redis (the response cache; with streams too), streams, inference, gateway (jaeger, prometheus with --observability); Kafka always [default: all]")]
 Observability = Annotated[Optional[bool], option(StackSettings, "observability", "--observability/--no-observability", help=(
     "Also run Jaeger (traces, UI on :16686, OTLP on :4317/:4318) and Prometheus (scrapes every service, :9090), "
     "built once with Go and npm into ~/.cache/chatpipe/bin (docs/observability.md); kept with the state folder, "
     "--no-observability stops them"))]
+ResponseCache = Annotated[Optional[bool], option(StackSettings, "response_cache", "--response-cache/--no-response-cache", help=(
+    "Run Redis (redis-server, maxmemory with allkeys-lru, no persistence) as the streams workers' response cache "
+    "and give each streams worker its URL; kept with the state folder, --no-response-cache runs the stack without "
+    "Redis and without a cache (docs/stack.md)"))]
+RedisPort = Annotated[Optional[int], option(StackSettings, "redis_port", "--redis-port",
+                                            help="Redis port (the response cache)")]
 
 
 def _open(**flags):
@@ -96,7 +102,8 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
        gateway_port: GatewayPort = None, worker_metrics_port: MetricsPort = None, only: Only = None,
        brokers: Brokers = None, qdrant_url: QdrantUrl = None, streams_workers: StreamsWorkers = None,
        inference_workers: InferenceWorkers = None, kafka_security: KafkaSecurity = None,
-       observability: Observability = None, streams_metrics_port: StreamsMetricsPort = None) -> None:
+       observability: Observability = None, streams_metrics_port: StreamsMetricsPort = None,
+       response_cache: ResponseCache = None, redis_port: RedisPort = None) -> None:
     """Start the stack in the background (what is not running yet) under its supervisor, which starts a
     service again when it exits; wait until each service is healthy. A worker count smaller than the
     running stack's stops the surplus workers; a larger one starts the extra ones."""
@@ -107,7 +114,7 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
                   gateway_port=gateway_port, worker_metrics_port=worker_metrics_port, brokers=brokers,
                   qdrant_url=qdrant_url, streams_workers=streams_workers, inference_workers=inference_workers,
                   kafka_security=kafka_security, observability=observability,
-                  streams_metrics_port=streams_metrics_port)
+                  streams_metrics_port=streams_metrics_port, response_cache=response_cache, redis_port=redis_port)
     s = stack.settings
     began = time.monotonic()
     with console.status(f"starting Kafka on {stack.bootstrap_servers} (first run fetches jars with mvn)...") as spinner:
@@ -172,7 +179,7 @@ def _on_stopped(result):
 
 def down(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port: ControllerPort = None,
          gateway_port: GatewayPort = None, worker_metrics_port: MetricsPort = None, brokers: Brokers = None) -> None:
-    """Stop the supervisor (nothing is restarted), then gateway, inference, streams, then Kafka (SIGTERM;
+    """Stop the supervisor (nothing is restarted), then gateway, inference, streams, Redis, then Kafka (SIGTERM;
     SIGKILL only after the stop timeout)."""
     stack = _open(state_dir=state_dir, kafka_port=kafka_port, controller_port=controller_port,
                   gateway_port=gateway_port, worker_metrics_port=worker_metrics_port, brokers=brokers)

@@ -91,18 +91,19 @@ class Pipeline:
 
 
 def start_pipeline(kafka: KafkaSettings, root: Path, *, tracing: bool = True, worker_env: Mapping[str, str] = {},
-                   gateway_env: Mapping[str, str] = {}) -> Pipeline:
+                   gateway_env: Mapping[str, str] = {}, streams_env: Mapping[str, str] = {}) -> Pipeline:
     """Streams, one inference worker and one gateway, started together and waited for. Each writes
     its spans under ``root/traces`` (as ``chatpipe up`` has them write under the state folder), so
     every gateway test runs with tracing on; with ``tracing`` off none records any (bench/e2e.py).
-    ``worker_env`` and ``gateway_env``: more CHATPIPE_* settings of those two processes."""
+    ``worker_env``, ``gateway_env`` and ``streams_env``: more CHATPIPE_* variables of those processes (the
+    streams worker's response cache: ``CHATPIPE_CACHE_URL``)."""
     from unittest import mock
 
     with mock.patch.dict(os.environ, {"CHATPIPE_TRACING_FILE_DIR": str(root / "traces")}):
         if not tracing:
             os.environ.pop("CHATPIPE_TRACING_FILE_DIR")
             os.environ.pop("CHATPIPE_TRACING_OTLP_ENDPOINT", None)
-        streams = StreamsWorker(kafka, root / "streams", context_tokens=CONTEXT_TOKENS, recent_turns=4)
+        streams = StreamsWorker(kafka, root / "streams", env=streams_env, context_tokens=CONTEXT_TOKENS, recent_turns=4)
         (root / "streams").mkdir(parents=True, exist_ok=True)
         worker = start_worker(kafka, root, worker_id="gw-test-worker", **{
             "CHATPIPE_MAX_SEQ_LEN": str(CONTEXT_TOKENS), "CHATPIPE_KV_CACHE_TOKENS": str(8 * CONTEXT_TOKENS),

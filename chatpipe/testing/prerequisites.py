@@ -8,6 +8,7 @@ each says before it starts what it builds, about how long it takes and where its
 is done. The tests then only find them (tests/infra/test_observability_backends.py fails naming this
 command when they are missing).
 
+    redis           redis-server on PATH (apt, `make prerequisites`)     infra/redis_server.py
     kafka jars      the broker's classpath, from Maven Central (mvn)     infra/local_kafka.py
     spark jars      Spark's Kafka and Avro connectors (mvn)              spark_jobs/jars.py
     kubeconform     from the Go module proxy (go; seconds)               k8s/kubeconform.py
@@ -37,6 +38,22 @@ def _step(name: str, cached: Callable[[], Path | None], build: Callable[[], obje
     began = time.monotonic()
     build()
     say(f"{name}: done in {time.monotonic() - began:.0f} s ({cached() or ''})")
+
+
+def redis() -> None:
+    """Nothing to build: Debian's redis-server, installed by `make prerequisites` (apt, as root) like Java.
+    Checked here so that a machine without it fails in one line, not in each test that starts one."""
+    import shutil
+
+    from infra.settings import StackSettings
+
+    program = StackSettings().redis_server
+    found = shutil.which(program)
+    if found is None:
+        raise RuntimeError(f"{program!r} not found on PATH: the local stack's response cache and its tests "
+                           "(chatpipe/testing/redis.py) run a real Redis; install it: apt-get install redis-server "
+                           "(`make prerequisites` does as root), or name one with CHATPIPE_REDIS_SERVER")
+    say(f"redis-server: found ({found})")
 
 
 def kafka_jars() -> None:
@@ -77,7 +94,7 @@ def observability() -> None:
     build_all(StackSettings(), lambda m: say(f"observability: {m}"))
 
 
-STEPS = {"kafka": kafka_jars, "spark": spark_jars, "kubeconform": kubeconform, "observability": observability}
+STEPS = {"redis": redis, "kafka": kafka_jars, "spark": spark_jars, "kubeconform": kubeconform, "observability": observability}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,7 +29,9 @@ from transport.settings import KafkaSettings
 class StreamsWorker:
     """``chatpipe streams`` in a subprocess; its output goes to ``log``."""
 
-    def __init__(self, kafka: KafkaSettings, root: Path, **streams_env: Any) -> None:
+    def __init__(self, kafka: KafkaSettings, root: Path, *, env: Mapping[str, str] = {}, **streams_env: Any) -> None:
+        """``streams_env``: StreamsSettings fields (CHATPIPE_STREAMS_<NAME>); ``env``: any other variables
+        (CHATPIPE_CACHE_URL, CHATPIPE_MEMORY_*)."""
         self.log = root / "worker.log"
         self.archive_dir = root / "archive"
         self.memory_dir = root / "qdrant"
@@ -36,7 +39,8 @@ class StreamsWorker:
                     "CHATPIPE_TOPIC_PREFIX": kafka.topic_prefix, "CHATPIPE_STREAMS_STATE_DIR": str(root / "faust"),
                     "CHATPIPE_STREAMS_ARCHIVE_DIR": str(self.archive_dir), "CHATPIPE_STREAMS_ARCHIVE_FLUSH_S": "0.5",
                     "CHATPIPE_STREAMS_COMMIT_INTERVAL_S": "0.5", "CHATPIPE_MEMORY_PATH": str(self.memory_dir),
-                    "HF_HUB_OFFLINE": "1", **{f"CHATPIPE_STREAMS_{k.upper()}": str(v) for k, v in streams_env.items()}}
+                    "HF_HUB_OFFLINE": "1", **{f"CHATPIPE_STREAMS_{k.upper()}": str(v) for k, v in streams_env.items()},
+                    **env}
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.stall_restarts = 0

@@ -114,3 +114,28 @@ def test_two_scrapes_give_rates_window_percentiles_and_each_groups_largest_lag()
     screen = console.export_text()
     for text in ("inference-2", "no /metrics", "TTFT p95", "100.0", "50%", "consumer lag", "chat.inference.requests"):
         assert text in screen, text
+
+
+def test_a_streams_row_shows_the_response_cache_hit_ratio_of_the_window_else_since_the_start():
+    """Guards against the ratio of the whole life shown for the window, and a ratio over bypassed prompts
+    (they are not cacheable: hits / (hits + misses) only)."""
+    def page(hits: float, misses: float) -> str:
+        return ("# TYPE chatpipe_streams_response_cache_hits counter\n"
+                f'chatpipe_streams_response_cache_hits_total{{tenant="acme"}} {hits}\n'
+                f'chatpipe_streams_response_cache_hits_total{{tenant="globex"}} {hits}\n'
+                "# TYPE chatpipe_streams_response_cache_misses counter\n"
+                f'chatpipe_streams_response_cache_misses_total{{tenant="acme"}} {misses}\n'
+                "# TYPE chatpipe_streams_response_cache_bypasses counter\n"
+                'chatpipe_streams_response_cache_bypasses_total{tenant="acme",reason="sampled"} 500\n')
+
+    def note(first: str, second: str) -> str:
+        now, pages = [0.0], iter([first, second])
+        sampler = Sampler([Target("streams", "streams", "http://s")], fetch=lambda url: next(pages),
+                          clock=lambda: now[0])
+        sampler.sample()
+        now[0] += 1.0
+        sampler.sample()
+        return sampler.frame().rows[0].notes
+
+    assert "cache hit 75%" in note(page(10, 100), page(13, 102))  # 6 hits, 2 misses in the window
+    assert "cache hit 20%" in note(page(1, 8), page(1, 8))  # nothing in the window: 2 of 10 since the start

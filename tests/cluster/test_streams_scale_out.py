@@ -160,7 +160,7 @@ def scaled_stack(tmp_path_factory):
         up = chatpipe("up", "--brokers", "3", "--streams-workers", "2", "--inference-workers", "2",
                       "--qdrant-url", qdrant.url, "--gateway-port", str(gateway_port),
                       "--worker-metrics-port", str(free_port_block(2)), "--streams-metrics-port", str(free_port_block(2)),
-                      env=env, timeout=900)
+                      "--redis-port", str(free_port()), env=env, timeout=900)
         assert up.returncode == 0, up.stdout + up.stderr
         yield {"env": env, "state": state, "bootstrap": ",".join(f"127.0.0.1:{p}" for p in client_ports),
                "gateway_url": f"http://127.0.0.1:{gateway_port}",

@@ -21,7 +21,7 @@ from chatpipe.testing.qdrant import QdrantPeer
 from infra.services import alive
 from tests.faults.poison import CRASH_DRILL_TEXT
 
-SERVICES = ("kafka", "streams", "inference", "gateway")
+SERVICES = ("kafka", "redis", "streams", "inference", "gateway")
 ARCHIVE_TMPFS_SIZE = "24m"
 
 # Small enough for the broker, Qdrant, streams (two models), one worker and the gateway on 2 cores.
@@ -55,7 +55,8 @@ class FaultStack:
         self.kafka_port = free_port()
         self.flags = ["--state-dir", str(self.state), "--kafka-port", str(self.kafka_port),
                       "--controller-port", str(free_port()), "--gateway-port", str(self.gateway_port),
-                      "--worker-metrics-port", str(free_port()), "--streams-metrics-port", str(free_port())]
+                      "--worker-metrics-port", str(free_port()), "--streams-metrics-port", str(free_port()),
+                      "--redis-port", str(free_port())]
         self._mounted = False
 
     @property

@@ -80,12 +80,12 @@ def test_every_service_gets_a_trace_folder_and_the_otlp_endpoint_only_with_obser
     monkeypatch.delenv("CHATPIPE_TRACING_FILE_DIR", raising=False)
     monkeypatch.delenv("CHATPIPE_TRACING_OTLP_ENDPOINT", raising=False)
     plain = LocalStack(StackSettings(state_dir=tmp_path))
-    assert plain.names == ("kafka", "streams", "inference", "gateway")
+    assert plain.names == ("kafka", "redis", "streams", "inference", "gateway")
     env = plain._service_spec("gateway").env
     assert env["CHATPIPE_TRACING_FILE_DIR"] == str(tmp_path.resolve() / "traces")
     assert "CHATPIPE_TRACING_OTLP_ENDPOINT" not in env
     observed = LocalStack(StackSettings(state_dir=tmp_path, observability=True, otlp_http_port=14318))
-    assert observed.names == ("kafka", "jaeger", "prometheus", "streams", "inference", "gateway")
+    assert observed.names == ("kafka", "jaeger", "prometheus", "redis", "streams", "inference", "gateway")
     for name in ("streams", "inference", "gateway"):
         assert observed._service_spec(name).env["CHATPIPE_TRACING_OTLP_ENDPOINT"] == "http://127.0.0.1:14318"
     monkeypatch.setenv("CHATPIPE_TRACING_FILE_DIR", "/elsewhere")

@@ -34,7 +34,8 @@ def test_each_instance_gets_its_own_name_folder_and_port_and_shares_the_rest(tmp
     settings = StackSettings(state_dir=tmp_path, streams_workers=3, inference_workers=2, qdrant_url=QDRANT,
                              worker_metrics_port=9500)
     stack = LocalStack(settings)
-    assert stack.names == ("kafka", "streams", "streams-2", "streams-3", "inference", "inference-2", "gateway")
+    assert stack.names == ("kafka", "redis", "streams", "streams-2", "streams-3", "inference", "inference-2",
+                           "gateway")
 
     streams = [stack.command(n) for n in ("streams", "streams-2", "streams-3")]
     assert [_arg(c, "--state-dir") for c in streams] == [str(tmp_path.resolve() / n)
@@ -54,7 +55,7 @@ def test_each_instance_gets_its_own_name_folder_and_port_and_shares_the_rest(tmp
     assert stack.address("streams").split(", ", 1)[1] == stack.address("streams-3").split(", ", 1)[1]
 
     single = LocalStack(StackSettings(state_dir=tmp_path))
-    assert single.names == ("kafka", "streams", "inference", "gateway")
+    assert single.names == ("kafka", "redis", "streams", "inference", "gateway")
     assert _arg(single.command("streams"), "--state-dir") == str(tmp_path.resolve() / "streams")
 
 
@@ -136,7 +137,8 @@ def test_an_instance_beyond_the_count_is_listed_found_and_stopped(tmp_path):
         stack = LocalStack(settings)
         assert found_instances(settings.run_dir) == {"inference-3", "streams-2"}
         assert stack.running_services() == {"inference-3"}
-        assert [h.name for h in stack.status()] == ["kafka", "streams", "inference", "gateway", "inference-3"]
+        assert [h.name for h in stack.status()] == ["kafka", "redis", "streams", "inference", "gateway",
+                                                    "inference-3"]
         assert stack._surplus() == ["inference-3"]
         stopped = []
         stack._retire(stack._surplus(), stopped.append)

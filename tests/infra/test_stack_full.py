@@ -34,8 +34,8 @@ from infra.services import alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
-SERVICES = ("kafka", "streams", "inference", "gateway")
-SCALED = ("kafka", "streams", "inference", "inference-2", "gateway")
+SERVICES = ("kafka", "redis", "streams", "inference", "gateway")
+SCALED = ("kafka", "redis", "streams", "inference", "inference-2", "gateway")
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -72,7 +72,7 @@ def stack(tmp_path_factory):
     stack = Stack(state, f"http://127.0.0.1:{gateway_port}", metrics)
     flags = ["--state-dir", str(state), "--kafka-port", str(free_port()), "--controller-port", str(free_port()),
              "--gateway-port", str(gateway_port), "--worker-metrics-port", str(metrics),
-             "--streams-metrics-port", str(free_port()), "--inference-workers", "2"]
+             "--streams-metrics-port", str(free_port()), "--redis-port", str(free_port()), "--inference-workers", "2"]
     try:
         stack.up = _cli("up", *flags, timeout=600)
         assert stack.up.returncode == 0, stack.up.stdout + stack.up.stderr

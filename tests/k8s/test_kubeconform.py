@@ -40,12 +40,15 @@ def _variants(secret_files) -> dict[str, Values]:
             "inference": {"intake": "share", "gpus": 2}, "qdrant": {"api_key_file": str(qkey), "replicas": 3},
             "model": {"volume": {"kind": "hostPath", "host_path": "/var/lib/models"}},
             "spark": {"source": "archive", "jars": ["local:///opt/jars/a.jar"]},
+            "redis": {"enabled": False, "url": "rediss://cache.example:6380/0", "password_secret": "chatpipe-redis"},
             "otlp_endpoint": "http://otel:4318", "image_pull_secrets": ["registry"]}),
         "small-cpu-cronjob": Values.model_validate({
             "kafka": {"nodes": 1}, "streams": {"replicas": 1}, "inference": {"gpus": 0, "keda": {"enabled": False}},
             "gateway": {"hpa": {"enabled": False}}, "model": {"volume": {"kind": "emptyDir"}},
             "qdrant": {"enabled": False, "url": "http://qdrant.example:6333"},
-            "spark": {"schedule_with": "cronjob"}, "prometheus": {"annotations": False}}),
+            "spark": {"schedule_with": "cronjob"}, "prometheus": {"annotations": False},
+            "redis": {"maxmemory": "1gb", "maxmemory_policy": "allkeys-lfu",
+                      "resources": {"requests": {"memory": "1200Mi"}, "limits": {"memory": "1500Mi"}}}}),
     }
 
 

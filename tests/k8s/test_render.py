@@ -262,14 +262,15 @@ def _known_variables() -> set[str]:
     from gateway.settings import GatewaySettings
     from inference.worker.settings import WorkerSettings
     from k8s.common import env_names
+    from streams.cache_settings import CacheSettings
     from streams.memory_settings import MemorySettings
     from streams.settings import StreamsSettings
     from transport.settings import KafkaSettings
     from transport.spans import TracingSettings
 
     out = set()
-    for cls in (GatewaySettings, WorkerSettings, EngineSettings, StreamsSettings, MemorySettings, KafkaSettings,
-                TracingSettings):
+    for cls in (GatewaySettings, WorkerSettings, EngineSettings, StreamsSettings, MemorySettings, CacheSettings,
+                KafkaSettings, TracingSettings):
         out |= {n for field_name in cls.model_fields for n in env_names(cls, field_name)}
     return out
 

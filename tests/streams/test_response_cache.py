@@ -261,3 +261,38 @@ def test_state_values_written_before_the_cache_still_read(redis_server):
     del value["pending"][0]["cache_key"]
     assert ConversationState.from_value(value).pending[0].cache_key is None
     assert replace(state.pending[0]).cache_key is None
+
+
+def test_metrics_count_hits_misses_bypasses_per_tenant_and_read_bytes_and_lru_evictions_from_redis(tmp_path):
+    """/metrics (streams/metrics.py ``cache_metrics``): the cache's counters per tenant, and from the server its
+    bytes used and the keys allkeys-lru evicted once maxmemory is reached (a 2 MB server filled with 4 MB)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from streams.metrics import cache_metrics
+    from streams.response_cache import CachedAnswer, CacheKey
+
+    with RedisServer(tmp_path, name="small", maxmemory="2mb") as server:
+        p = Pipeline(server.url)
+        p.ask("What is the capital of Kenya?", user="ada", answer="Nairobi.")
+        p.ask("What is the capital of Kenya?", user="bob")
+        p.ask("What is the capital of Kenya?", user="bob", temperature=0.9)
+        filler = [(CacheKey("globex", f"{i:064x}", "m"), CachedAnswer("x" * 1000, "STOP", 1, 1, "m", "globex", "u",
+                                                                       "c", 1, f"r{i}", 1)) for i in range(4000)]
+        for start in range(0, len(filler), 500):
+            p.loop.run_until_complete(p.cache.store(filler[start:start + 500]))
+        info = CacheServer(p.cache.settings)
+
+        class Collector:
+            def collect(self):
+                return cache_metrics(p.cache, info.info)
+
+        registry = CollectorRegistry()
+        registry.register(Collector())
+        text = generate_latest(registry).decode()
+    assert 'chatpipe_streams_response_cache_hits_total{tenant="acme"} 1.0' in text
+    assert 'chatpipe_streams_response_cache_misses_total{tenant="acme"} 1.0' in text
+    assert 'chatpipe_streams_response_cache_bypasses_total{reason="sampled",tenant="acme"} 1.0' in text
+    used = float(next(line.split()[-1] for line in text.splitlines() if line.startswith("chatpipe_response_cache_bytes ")))
+    evicted = float(next(line.split()[-1] for line in text.splitlines()
+                         if line.startswith("chatpipe_response_cache_evictions_total ")))
+    assert 0 < used <= 2.5 * 2**20 and evicted > 0, (used, evicted)
