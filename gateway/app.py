@@ -30,8 +30,9 @@ from gateway.openai_api import ChatCompletionRequest, OpenAIError
 from gateway.responses import choice, chunk, completion, sse, usage
 from gateway.service import Delta, GatewayService, Submitted
 from gateway.settings import GatewaySettings
-from gateway.translate import TIMEOUT_HEADER, client_timeout_s
-from gateway.streaming import CONVERSATION_HEADER, REQUEST_HEADER, ClientGone, outcome_of, wait_for_answer
+from gateway.translate import CACHE_HEADER, TIMEOUT_HEADER, cache_header, client_timeout_s
+from gateway.streaming import (CONVERSATION_HEADER, REQUEST_HEADER, ClientGone, cache_headers, outcome_of,
+                               wait_for_answer)
 from schemas.records import FeedbackKind
 from transport.settings import KafkaSettings
 
@@ -146,7 +147,8 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         received = time.perf_counter()
         sub = await service.submit(principal, body, request.headers.get(CONVERSATION_HEADER), received,
                                    traceparent=request.headers.get("traceparent"),
-                                   timeout_s=client_timeout_s(request.headers.get(TIMEOUT_HEADER)))
+                                   timeout_s=client_timeout_s(request.headers.get(TIMEOUT_HEADER)),
+                                   cache=cache_header(request.headers.get(CACHE_HEADER)))
         headers = {CONVERSATION_HEADER: sub.conversation_id, REQUEST_HEADER: sub.request_id}
         deltas = service.replies(sub)
         try:
@@ -157,12 +159,13 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         except OpenAIError as exc:
             service.finish(sub, outcome_of(exc))
             raise
+        headers |= cache_headers([sub])  # streamed: as the chunks up to the first event say
         if not body.stream:
             service.finish(sub, "ok")
             choices = [choice(c.index, c.message()[0], c.finish_reason, c.logprobs, c.message()[1])
                        for c in sub.choices]
             return JSONResponse(completion(sub.request_id, sub.model, choices, sub.tokens_in, sub.tokens_out,
-                                           sub.created, sub.service_tier), headers=headers)
+                                           sub.created, sub.service_tier, sub.cached_tokens), headers=headers)
         return StreamingResponse(events(service, sub, first, deltas, body.include_usage), media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -196,7 +199,7 @@ async def events(service: GatewayService, sub: Submitted, first: Delta | None, d
             for text in event(delta):
                 yield text
         if include_usage:
-            yield sub_chunk(usage_=usage(sub.tokens_in, sub.tokens_out))
+            yield sub_chunk(usage_=usage(sub.tokens_in, sub.tokens_out, sub.cached_tokens))
         yield sse("[DONE]")
         finished = True
         service.finish(sub, "ok")

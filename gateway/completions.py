@@ -37,8 +37,8 @@ from gateway.keys import Principal
 from gateway.openai_api import CompletionRequest, OpenAIError
 from gateway.responses import json_logprob, sse, usage
 from gateway.service import Delta, GatewayService, Submitted
-from gateway.streaming import REQUEST_HEADER, ClientGone, outcome_of, wait_for_answer
-from gateway.translate import TIMEOUT_HEADER, client_timeout_s
+from gateway.streaming import REQUEST_HEADER, ClientGone, cache_headers, outcome_of, wait_for_answer
+from gateway.translate import CACHE_HEADER, TIMEOUT_HEADER, cache_header, client_timeout_s
 from schemas.records import TokenLogprob
 
 
@@ -75,7 +75,7 @@ def legacy_logprobs(entries: list[TokenLogprob] | None, offsets: Offsets) -> dic
 
 
 def text_completion(subs: list[Submitted], choices: list[dict[str, Any]] | None, *,
-                    usage_: dict[str, int] | None = None) -> dict[str, Any]:
+                    usage_: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"id": f"cmpl-{subs[0].request_id}", "object": "text_completion", "created": subs[0].created,
                             "model": subs[0].model, "choices": choices if choices is not None else []}
     if usage_ is not None:
@@ -87,8 +87,9 @@ def text_choice(index: int, text: str, finish_reason: str | None, logprobs: dict
     return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def total_usage(subs: list[Submitted]) -> dict[str, int]:
-    return usage(sum(s.tokens_in for s in subs), sum(s.tokens_out for s in subs))
+def total_usage(subs: list[Submitted]) -> dict[str, Any]:
+    """Usage summed over the prompts (each prompt's tokens once, its choices' completions all)."""
+    return usage(sum(s.tokens_in for s in subs), sum(s.tokens_out for s in subs), sum(s.cached_tokens for s in subs))
 
 
 # -- many prompts' replies as one ---------------------------------------------------------------------
@@ -149,7 +150,8 @@ def add_completion_routes(app: FastAPI, authenticate: Callable, service: Gateway
         received = time.perf_counter()
         subs = await service.submit_completion(principal, body, received,
                                                traceparent=request.headers.get("traceparent"),
-                                               timeout_s=client_timeout_s(request.headers.get(TIMEOUT_HEADER)))
+                                               timeout_s=client_timeout_s(request.headers.get(TIMEOUT_HEADER)),
+                                               cache=cache_header(request.headers.get(CACHE_HEADER)))
         headers = {REQUEST_HEADER: ",".join(s.request_id for s in subs)}
         merged = Merged(service, subs)
 
@@ -172,6 +174,7 @@ def add_completion_routes(app: FastAPI, authenticate: Callable, service: Gateway
         except OpenAIError as exc:
             fail(exc)
             raise prompt_error(exc) from None
+        headers |= cache_headers(subs)  # streamed: every prompt's answer known to be a hit by the first event
         n = body.choices
         echo = body.prompts() if body.echo else [""] * len(subs)
         if not body.stream:

@@ -4,11 +4,18 @@
      "sk-multi": {"tenant": "acme", "users": "any", "namespace": "shop"}, # multi-user: "user": "bob" -> "shop:bob"
      "sk-plain": {"tenant": "acme"},                                       # plain: names nobody
      "sk-other": "globex",                                                 # a plain string: the tenant, a plain key
-     "sk-big":   {"tenant": "initech", "weight": 3}}                       # 3x the share when tenants compete
+     "sk-big":   {"tenant": "initech", "weight": 3},                       # 3x the share when tenants compete
+     "sk-fresh": {"tenant": "acme", "response_cache": false}}              # its requests skip the response cache
 
 ``weight`` is the tenant's weight in the fair share of the inference workers (inference/engine/fair_queue.py):
 when tenants compete for a batch, each gets tokens in proportion to it; alone, a tenant gets all. It is a
 tenant's, so its keys that give one must agree; those that do not take it (default 1).
+
+``response_cache`` (a boolean, default true) is the key's default for streams' response cache
+(streams/response_cache.py): false makes each of its requests opt out (PromptRequest v7
+``response_cache``) unless the request itself asks for the cache (``X-Chatpipe-Cache: on`` or a body
+``"cache": true``: ``translate.response_cache_of``). It is the key's, not the tenant's: one
+application of a tenant may want fresh answers while another of the same tenant takes cached ones.
 
 Who a request belongs to (``resolve_user``; docs/gateway.md "Who may name a user"):
 
@@ -63,6 +70,7 @@ class Principal:
     multi_user: bool = False  # keys file "users": "any": may name any user, under `namespace`
     namespace: str = ""  # prefix of the users a multi-user key names
     share_weight: float = 1.0  # the tenant's weight in the fair share (keys file "weight")
+    response_cache: bool = True  # the key's default for streams' response cache (keys file "response_cache")
     mac_secret: bytes = field(default=b"", repr=False)  # derived from the key: request-id MACs
 
 
@@ -143,12 +151,15 @@ def principal_of(key: str, value: object, where: str = "keys file") -> Principal
         check_share_weight(weight, field='"weight"')
     except RequestRuleError as exc:
         raise KeysFileError(f"{name}: {exc}") from None
+    response_cache = value.get("response_cache", True)
+    if not isinstance(response_cache, bool):  # a JSON true / false: "false" or 0 would read as something else
+        raise KeysFileError(f'{name}: "response_cache" must be true or false, got {response_cache!r}')
     namespace = str(value.get("namespace") or default_user(key))
     if users is not None and (":" in namespace or not namespace.strip()):
         raise KeysFileError(f'{name}: "namespace" must be non-empty and without ":" (got {namespace!r})')
     return Principal(tenant, str(user) if user is not None else default_user(key), bound=user is not None,
                      multi_user=users is not None, namespace=namespace if users is not None else "",
-                     share_weight=float(weight),
+                     share_weight=float(weight), response_cache=response_cache,
                      # the MAC secret, HMAC(key, label): the key itself never keys anything else
                      mac_secret=hmac.new(key.encode(), _SECRET_LABEL, hashlib.sha256).digest())
 

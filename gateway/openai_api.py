@@ -10,8 +10,8 @@ nothing here calls it or builds a record.
   request is named here, and each is honoured, refused with a 400 naming it (``check_supported``:
   audio, a ``logit_bias``, the deprecated ``functions`` ...), or accepted and ignored for a reason
   docs/gateway.md ("Request fields") gives (and a comment at the field): nothing is ignored silently.
-  A field that is not OpenAI's (nor chatpipe's ``top_k``) is refused as OpenAI's own server refuses it
-  ("Unrecognized request argument supplied", ``app.py``'s handler).
+  A field that is not OpenAI's (nor chatpipe's ``top_k`` and ``cache``) is refused as OpenAI's own
+  server refuses it ("Unrecognized request argument supplied", ``app.py``'s handler).
 - ``CompletionRequest`` (POST /v1/completions, docs/gateway.md "Completions"), ``EmbeddingsBody``
   (POST /v1/embeddings, "Embeddings").
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, field_validator
 
 from schemas.embeddings import check_inputs
 from schemas.records import Priority
@@ -127,6 +127,9 @@ class SamplingFields(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     user: str | None = None
+    # Not OpenAI's: chatpipe's (extra_body {"cache": false}): false opts the request out of streams' response
+    # cache, true opts in against its key's default (translate.response_cache_of). Strict: "no" or 0 is a 400.
+    cache: StrictBool | None = None
 
     @property
     def choices(self) -> int:

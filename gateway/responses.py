@@ -44,11 +44,11 @@ _MAX_HEAD_CHARS = 256  # a head that is not a call by then is text
 # -- chat completions -------------------------------------------------------------------------------
 
 def completion(request_id: str, model: str, choices: list[dict[str, Any]], tokens_in: int, tokens_out: int,
-               created: int, service_tier: str = "default") -> dict[str, Any]:
+               created: int, service_tier: str = "default", cached_tokens: int = 0) -> dict[str, Any]:
     """A ``chat.completion``; ``choices`` from ``choice`` (index order); ``service_tier``: the tier
-    that served it (``openai_api.service_tier_served``)."""
+    that served it (``openai_api.service_tier_served``); ``cached_tokens``: ``usage``'s."""
     return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created, "model": model,
-            "service_tier": service_tier, "choices": choices, "usage": usage(tokens_in, tokens_out)}
+            "service_tier": service_tier, "choices": choices, "usage": usage(tokens_in, tokens_out, cached_tokens)}
 
 
 def choice(index: int, text: str | None, finish_reason: str, logprobs: list[Any] | None = None,
@@ -79,13 +79,17 @@ def json_logprob(value: float) -> float:
     return value if math.isfinite(value) else -9999.0
 
 
-def usage(tokens_in: int, tokens_out: int) -> dict[str, int]:
-    return {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}
+def usage(tokens_in: int, tokens_out: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's ``usage``. ``prompt_tokens_details.cached_tokens``: of the prompt tokens, those the
+    engine took from its prefix cache (the final chunk's ``cached_tokens``; every one on an answer from
+    streams' response cache); always present, 0 when none, as OpenAI sends it."""
+    return {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def chunk(request_id: str, model: str, created: int, *, index: int = 0, delta: dict[str, Any] | None = None,
           logprobs: list[Any] | None = None, finish_reason: str | None = None,
-          usage_: dict[str, int] | None = None, service_tier: str = "default") -> str:
+          usage_: dict[str, Any] | None = None, service_tier: str = "default") -> str:
     """One SSE event of a streamed completion (``chat.completion.chunk``) for choice ``index``;
     ``logprobs``: the ``TokenLogprob``s of this event's tokens (None: not asked)."""
     body: dict[str, Any] = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": created,

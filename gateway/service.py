@@ -138,6 +138,9 @@ class Submitted:
     span: Span | None = None  # the HTTP request's span: the PromptRequest is produced as its child
     read_span: Span | None = None  # reading the answer's chunks from the reply topic
     chunks: int = 0
+    # A chunk said the answer came from streams' response cache (TokenChunk v4: every chunk of a hit says so;
+    # the X-Chatpipe-Cache: hit answer header, set from the chunks read before the headers are sent).
+    response_cached: bool = False
 
     @property
     def complete(self) -> bool:
@@ -148,6 +151,15 @@ class Submitted:
     def tokens_in(self) -> int:
         """The prompt's tokens (each choice's final says the same; the largest, should one differ)."""
         return max((c.final.tokens_in or 0 for c in self.choices if c.final), default=0)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Of ``tokens_in``, those taken from the engine's prefix cache (OpenAI's
+        ``usage.prompt_tokens_details.cached_tokens``; a final chunk before TokenChunk v4 says None: 0).
+        Like ``tokens_in`` the prompt counts once, as the choice that computed it read it: the smallest
+        of the choices' (choice 0's: its n > 1 siblings start after it and take the prompt's blocks it
+        just computed from the cache, which is no hit of earlier work)."""
+        return min((c.final.cached_tokens or 0 for c in self.choices if c.final), default=0)
 
     @property
     def tokens_out(self) -> int:
@@ -228,25 +240,27 @@ class GatewayService:
         self.admission.check(prompt, len(self.pending), held, not_started, guard_retry_s=retry, work=work)
 
     async def submit(self, principal: Principal, body: ChatCompletionRequest, conversation_id: str | None,
-                     received_at: float, traceparent: str | None = None, timeout_s: float | None = None) -> Submitted:
+                     received_at: float, traceparent: str | None = None, timeout_s: float | None = None,
+                     cache: bool | None = None) -> Submitted:
         """A chat request: its PromptRequest (``translate.chat_request_to_prompt``: 400 / 404 / 403
         before anything else), its slot of the backlog (429), the record produced. ``conversation_id``:
         the one the client named in the header (None: the body's metadata, or a new conversation);
         ``traceparent`` (the HTTP header, when the client sent one) makes the request's span part of
-        the client's trace."""
+        the client's trace; ``cache``: what the X-Chatpipe-Cache header asked (``translate.cache_header``)."""
         prompt = chat_request_to_prompt(body, principal, self.settings, conversation_id=conversation_id,
-                                        reply_to=self.reply_topic, timeout_s=timeout_s)
+                                        reply_to=self.reply_topic, timeout_s=timeout_s, cache=cache)
         return await self._produce(prompt, received_at, "/v1/chat/completions", "chat", traceparent, param="messages")
 
     async def submit_completion(self, principal: Principal, body: CompletionRequest, received_at: float,
-                                traceparent: str | None = None, timeout_s: float | None = None) -> list[Submitted]:
+                                traceparent: str | None = None, timeout_s: float | None = None,
+                                cache: bool | None = None) -> list[Submitted]:
         """A text-completions request (``completions.py``): one PromptRequest per prompt
         (``translate.completion_request_to_prompts``: raw_prompt, no messages; streams passes it
         through without a chat template or memory), each taking its slot of the backlog and produced;
         ``replies``, ``cancel`` and ``finish`` serve each as they serve a chat request. When one cannot
         be produced, those already produced are cancelled."""
         prompts = completion_request_to_prompts(body, principal, self.settings, reply_to=self.reply_topic,
-                                                timeout_s=timeout_s)
+                                                timeout_s=timeout_s, cache=cache)
         subs: list[Submitted] = []
         try:
             for prompt in prompts:
@@ -335,6 +349,7 @@ class GatewayService:
                 continue
             new_logprobs = choice.shown.feed(chunk, reply.attempt) if choice.logprobs is not None else None
             self._read(sub, reply)
+            sub.response_cached = sub.response_cached or chunk.response_cached
             if chunk.is_final and chunk.error_code:
                 raise error_for_chunk(chunk.error_code, chunk.error)
             if sub.first_token_at is None:

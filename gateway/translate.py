@@ -66,17 +66,21 @@ from schemas.requests import (
 log = logging.getLogger(__name__)
 
 TIMEOUT_HEADER = "X-Chatpipe-Timeout-S"  # the client's own first-token deadline, in seconds (``client_timeout_s``)
+# Asked: whether streams' response cache may answer the request (``cache_header``); answered: ``hit`` when it did.
+CACHE_HEADER = "X-Chatpipe-Cache"
+CACHE_HEADER_VALUES = {"off": False, "no-store": False, "on": True, "default": None}
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat's: settings.default_max_tokens)
 
 
 # -- the records ------------------------------------------------------------------------------------
 
 def chat_request_to_prompt(body: ChatCompletionRequest, principal: Principal, settings: GatewaySettings, *,
-                           conversation_id: str | None, reply_to: str, timeout_s: float | None = None) -> PromptRequest:
+                           conversation_id: str | None, reply_to: str, timeout_s: float | None = None,
+                           cache: bool | None = None) -> PromptRequest:
     """The ``PromptRequest`` of a chat request. ``conversation_id``: the one the client named in the
     X-Chatpipe-Conversation-Id header (None: the body's ``metadata.conversation_id``, else a new
-    conversation). Raises OpenAIError: 400 naming the field, 404 for a model not served, 403 for a
-    user the key may not name."""
+    conversation); ``cache``: what the X-Chatpipe-Cache header asked (``cache_header``). Raises
+    OpenAIError: 400 naming the field, 404 for a model not served, 403 for a user the key may not name."""
     content = chat_content(body, context_tokens=settings.context_tokens, default_max_tokens=settings.default_max_tokens)
     check_model(body.model, settings.models)
     conversation = conversation_id_of(conversation_id, body.metadata)
@@ -87,17 +91,20 @@ def chat_request_to_prompt(body: ChatCompletionRequest, principal: Principal, se
         user_id=user.user_id, memory_scope=memory_scope(user), tenant=principal.tenant, created_at=created_at,
         model=body.model, messages=content.messages, sampling=content.sampling, stream=body.stream,
         reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings, timeout_s),
-        priority=SERVICE_TIERS[body.service_tier], share_weight=principal.share_weight)
+        priority=SERVICE_TIERS[body.service_tier], share_weight=principal.share_weight,
+        response_cache=response_cache_of(cache, body.cache, principal))
 
 
 def completion_request_to_prompts(body: CompletionRequest, principal: Principal, settings: GatewaySettings, *,
-                                  reply_to: str, timeout_s: float | None = None) -> list[PromptRequest]:
+                                  reply_to: str, timeout_s: float | None = None,
+                                  cache: bool | None = None) -> list[PromptRequest]:
     """One ``PromptRequest`` per prompt of a text-completions request: ``raw_prompt`` set, no
     messages, each in a conversation of its own (streams passes it through without a chat template
     or memory). Raises OpenAIError as ``chat_request_to_prompt``."""
     prompts = body.check(settings.context_tokens)
     check_model(body.model, settings.models)
     user = resolve_user(principal, body.user)
+    response_cache = response_cache_of(cache, body.cache, principal)
     created_at = now_ms()
     records = []
     for text in prompts:
@@ -109,7 +116,7 @@ def completion_request_to_prompts(body: CompletionRequest, principal: Principal,
             user_id=user.user_id, memory_scope=memory_scope(user), tenant=principal.tenant, created_at=created_at,
             model=body.model, messages=[], raw_prompt=text, sampling=sampling, stream=body.stream,
             reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings, timeout_s),
-            share_weight=principal.share_weight))
+            share_weight=principal.share_weight, response_cache=response_cache))
     return records
 
 
@@ -260,3 +267,27 @@ def client_timeout_s(header: str | None) -> float | None:
         raise OpenAIError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds, got {header!r}",
                           param=TIMEOUT_HEADER, code="invalid_value")
     return seconds
+
+
+def cache_header(header: str | None) -> bool | None:
+    """The ``X-Chatpipe-Cache`` request header: ``off`` / ``no-store`` False (streams' response cache
+    neither answers nor keeps this request), ``on`` True, ``default`` or absent None (the key's
+    default). Any other value is a 400 naming the header: a misspelt opt-out must not pass as "cache"."""
+    if header is None:
+        return None
+    value = header.strip().lower()
+    if value not in CACHE_HEADER_VALUES:
+        raise OpenAIError(400, f"{CACHE_HEADER} must be one of {', '.join(CACHE_HEADER_VALUES)}, got {header[:40]!r}",
+                          param=CACHE_HEADER, code="invalid_value")
+    return CACHE_HEADER_VALUES[value]
+
+
+def response_cache_of(header: bool | None, body: bool | None, principal: Principal) -> bool:
+    """``PromptRequest.response_cache``: whether streams' response cache may answer the request. What the
+    request says (the ``X-Chatpipe-Cache`` header, the body's ``cache``) wins over its key's default
+    (keys file ``response_cache``); when the two disagree the opt-out wins, since a request one of
+    them keeps out of the cache must not be answered from it."""
+    asked = [a for a in (header, body) if a is not None]
+    if asked:
+        return all(asked)
+    return principal.response_cache

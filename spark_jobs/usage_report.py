@@ -4,9 +4,13 @@ Figures per (day of ``created_at``, model): requests, tokens in and out, TTFT an
 latency p50/p95/p99 (exact percentiles; TTFT only from turns written with schema v2 or later,
 v1 did not record it), errors (finish reason ERROR/TIMEOUT/OVERLOADED), cancelled, active
 users (distinct (tenant, user_id)). Per day: dead letters by component (chat.dlq) and undecodable
-turns. Outputs: ``usage.parquet``, ``dlq.parquet``, ``usage_report.md``, and PNG charts
-(requests, tokens, p95 latency per day and model) when there is data to chart; the Markdown
-links only the charts written, and says "no data" otherwise.
+turns. Per tenant, over the whole range: requests, tokens in and out, prompt tokens the engine took
+from its prefix cache (ConversationTurn v5 ``cached_tokens``: OpenAI's ``cached_tokens``) and their
+share of the tokens in; a turn written before v5 decodes with the field's default 0 (its cache use
+was not recorded), so the share over such a range is a lower bound. Outputs: ``usage.parquet``,
+``tenants.parquet``, ``dlq.parquet``, ``usage_report.md``, and PNG charts (requests, tokens, p95
+latency per day and model) when there is data to chart; the Markdown links only the charts written,
+and says "no data" otherwise.
 
 A turn or dead letter delivered more than once (at-least-once producers, a redelivery after a
 crash) is counted once: one row per ``event_id``, the earliest by ``created_at`` (the dataset
@@ -17,6 +21,7 @@ Also runnable as ``spark-submit spark_jobs/usage_report.py --out DIR [--source .
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -63,6 +68,15 @@ def usage_table(turns: DataFrame) -> DataFrame:
     return turns.groupBy(_day(F.col("created_at")).alias("day"), "model").agg(*aggs)
 
 
+def tenant_table(turns: DataFrame) -> DataFrame:
+    """Per tenant: requests, tokens in and out, ``cached_tokens`` and ``cached_share`` (cached / tokens
+    in; null for a tenant with no tokens in)."""
+    tokens_in, cached = F.sum("tokens_in"), F.sum("cached_tokens")
+    return turns.groupBy("tenant").agg(
+        F.count("*").alias("requests"), tokens_in.alias("tokens_in"), F.sum("tokens_out").alias("tokens_out"),
+        cached.alias("cached_tokens"), F.when(tokens_in > 0, cached / tokens_in).alias("cached_share"))
+
+
 def dlq_table(dead: DataFrame, undecodable_turns: DataFrame) -> DataFrame:
     a = dead.groupBy(_day(F.col("created_at")).alias("day"), "component").count()
     b = undecodable_turns.groupBy(_day(F.col("source_timestamp")).alias("day")).count() \
@@ -70,7 +84,7 @@ def dlq_table(dead: DataFrame, undecodable_turns: DataFrame) -> DataFrame:
     return a.unionByName(b).withColumnRenamed("count", "dead_letters")
 
 
-def _markdown(usage, dlq, charts: list[str]) -> str:
+def _markdown(usage, dlq, charts: list[str], tenants=None) -> str:
     """The report; links exactly the ``charts`` written (names without .png)."""
     lines = ["# Usage report", "", "Per UTC day and model (latencies in ms).", ""]
     if len(usage):
@@ -80,6 +94,14 @@ def _markdown(usage, dlq, charts: list[str]) -> str:
                   for _, r in usage.iterrows()]
     else:
         lines.append("No data: no turns in the time range.")
+    if tenants is not None and len(tenants):
+        lines += ["", "## Per tenant", "",
+                  "cached_tokens: prompt tokens taken from the engine's prefix cache (turns before "
+                  "ConversationTurn v5 count 0); cached_share: of tokens_in.", "",
+                  "| tenant | requests | tokens_in | tokens_out | cached_tokens | cached_share |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r.tenant} | {r.requests} | {r.tokens_in} | {r.tokens_out} | {r.cached_tokens} | "
+                  f"{_share(r.cached_share)} |" for r in tenants.itertuples()]
     lines += ["", "## Dead letters per day", ""]
     if len(dlq):
         lines += ["| day | component | dead_letters |", "|---|---|---:|"]
@@ -91,6 +113,11 @@ def _markdown(usage, dlq, charts: list[str]) -> str:
                  "No charts: " + ("no data to chart." if not len(usage) else "not asked for (--no-charts)."))
     lines.append("")
     return "\n".join(lines)
+
+
+def _share(value) -> str:
+    """A share as a percentage; "-" for none (a tenant with no tokens in: null, NaN in pandas)."""
+    return f"{value:.1%}" if value is not None and math.isfinite(value) else "-"
 
 
 def _charts(usage, folder: Path) -> list[str]:
@@ -125,14 +152,17 @@ def run(spark: SparkSession, s: UsageReportSettings, kafka, timer: StepTimer | N
             t = decode_records(read_topic(spark, s, kafka, s.turns_topic), "ConversationTurn")
             d = decode_records(read_topic(spark, s, kafka, s.dlq_topic), "DeadLetter")
         with timer.step("aggregate"):
-            usage = usage_table(one_per_event(t.kept)).orderBy("day", "model")
+            turns = one_per_event(t.kept)
+            usage = usage_table(turns).orderBy("day", "model")
+            tenants = tenant_table(turns).orderBy("tenant")
             dlq = dlq_table(one_per_event(d.kept), t.dropped).orderBy("day", "component")
-            usage_pd, dlq_pd = usage.toPandas(), dlq.toPandas()
+            usage_pd, tenants_pd, dlq_pd = usage.toPandas(), tenants.toPandas(), dlq.toPandas()
         with timer.step("write"):
             write_parquet(usage, ["day", "model"], tmp / "usage.parquet")
+            write_parquet(tenants, ["tenant"], tmp / "tenants.parquet")
             write_parquet(dlq, ["day", "component"], tmp / "dlq.parquet")
             charts = _charts(usage_pd, tmp) if s.charts and len(usage_pd) else []
-            (tmp / "usage_report.md").write_text(_markdown(usage_pd, dlq_pd, charts), encoding="utf-8")
+            (tmp / "usage_report.md").write_text(_markdown(usage_pd, dlq_pd, charts, tenants_pd), encoding="utf-8")
     return Path(s.out).resolve()
 
 

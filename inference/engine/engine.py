@@ -52,6 +52,7 @@ class TokenEvent:
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] | None = None
     error: str | None = None  # finish_reason ERROR: why
+    num_cached_tokens: int = 0  # finishing event: prompt tokens its first admission took from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -372,5 +373,5 @@ class Engine:
             req.request_id, token, finished=True, finish_reason=req.finish_reason,
             timings=dataclasses.replace(req.timings),
             num_prompt_tokens=len(req.prompt_token_ids), num_output_tokens=len(req.output_token_ids), text=text,
-            logprob=logprob, top_logprobs=top_logprobs, error=req.error,
+            logprob=logprob, top_logprobs=top_logprobs, error=req.error, num_cached_tokens=req.num_cached_tokens,
         )  # fmt: skip

@@ -142,7 +142,12 @@ class Request:
     timings: RequestTimings = field(default_factory=lambda: RequestTimings(arrival=0.0))
     admit_seq: int | None = None  # order of first admission; kept across preemptions (victim order)
     num_preemptions: int = 0
-    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache (last admission)
+    # Prompt tokens taken from the prefix cache at its first admission: what the caller reports as
+    # OpenAI's usage.prompt_tokens_details.cached_tokens. Not overwritten when a preempted request is
+    # admitted again: that hit is the engine recomputing its own work (its prompt and output so far,
+    # often its own blocks), not the prompt being served from the cache; reported, it could even
+    # exceed the prompt.
+    num_cached_tokens: int = 0
     block_hashes: list[bytes] = field(default_factory=list)  # hash chain of its full blocks (allocator)
     # Whose request it is: the tenant salts its prefix hashes (its blocks serve only that tenant),
     # the (tenant, user_id) pair owns the blocks it computes (``Engine.forget_prefixes``).
@@ -154,7 +159,7 @@ class Request:
     share_weight: float = 1.0
     num_charged: int = 0
     register_blocks: bool = True  # False once its user was forgotten: computes, caches nothing more
-    num_cross_tenant_cached_tokens: int = 0  # of num_cached_tokens, from blocks of other tenants (unsalted only)
+    num_cross_tenant_cached_tokens: int = 0  # from blocks of other tenants at its last admission (unsalted only)
     # Text edge (``text.TextStream``): fed each sampled token in the engine's step; when it reports
     # a stop string the request ends in that same step. None = token ids only.
     text_stream: Any = None

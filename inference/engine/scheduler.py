@@ -295,10 +295,10 @@ class Scheduler:
         if alloc.prefix_caching:
             alloc.queried_tokens += req.num_tokens  # of an admission, like the hits allocate_slots counts
         req.num_computed_tokens = start
-        req.num_cached_tokens = start
         req.num_cross_tenant_cached_tokens = alloc.note_reuse(cached, req.owner) * alloc.block_size if cached else 0
         req.status = RequestStatus.RUNNING
-        if req.admit_seq is None:
+        if req.admit_seq is None:  # first admission: what its prompt took from the cache (Request.num_cached_tokens)
+            req.num_cached_tokens = start
             req.admit_seq = self._admissions
             self._admissions += 1
             req.timings.admitted = self.clock()

@@ -279,6 +279,7 @@ class TextDelta:
     timings: RequestTimings | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # final one: prompt tokens taken from the prefix cache (Request.num_cached_tokens)
 
 
 async def stream_text(
@@ -301,7 +302,8 @@ async def stream_text(
             # The engine's step built the text and ended the request at the token completing a stop string.
             text = ev.text or ""
             if ev.finished:
-                yield TextDelta(text, True, ev.finish_reason, ev.timings, ev.num_prompt_tokens, ev.num_output_tokens)
+                yield TextDelta(text, True, ev.finish_reason, ev.timings, ev.num_prompt_tokens, ev.num_output_tokens,
+                                ev.num_cached_tokens)
                 return
             if text:
                 yield TextDelta(text)

@@ -50,6 +50,9 @@ class Delta:
     tpot_s: float | None = None
     logprob: TokenLogprob | None = None  # of token_id, when the request asked for logprobs
     error: str | None = None  # why the engine ended it with FinishReason.ERROR
+    # final one: prompt tokens the engine took from its prefix cache (its first admission's:
+    # ``Request.num_cached_tokens``); the final chunk's and Response's ``cached_tokens``
+    num_cached_tokens: int = 0
 
 
 class Generation:
@@ -122,7 +125,7 @@ class Generation:
         return Delta(text, ev.token_id, True, ev.finish_reason, ev.num_prompt_tokens or len(self.prepared.prompt_ids),
                      n_out, queue_s=t.queue_time if t is not None else None,
                      tpot_s=t.tpot(n_out) if t is not None else None, logprob=logprob,
-                     error=getattr(ev, "error", None))
+                     error=getattr(ev, "error", None), num_cached_tokens=getattr(ev, "num_cached_tokens", 0))
 
     def _logprob(self, ev: Any) -> TokenLogprob | None:
         """The event's token as a TokenLogprob (text, bytes, alternatives), when logprobs are on."""

@@ -92,9 +92,11 @@ class ReplyStream:
 
     def send(self, text: str, token_id: int | None, *, final: bool = False, finish_reason: FinishReason | None = None,
              tokens_in: int | None = None, tokens_out: int | None = None, error_code: str | None = None,
-             error: str | None = None, ack: bool = False, logprob: TokenLogprob | None = None) -> None:
-        """One chunk; the final one carries how the request ended (finish reason, usage, error).
-        ``delivered()`` then waits for the final chunk, or for the last one sent with ``ack``."""
+             error: str | None = None, ack: bool = False, logprob: TokenLogprob | None = None,
+             cached_tokens: int | None = None) -> None:
+        """One chunk; the final one carries how the request ended (finish reason, usage with the prompt
+        tokens taken from the prefix cache, error). ``delivered()`` then waits for the final chunk, or
+        for the last one sent with ``ack``."""
         self.text_parts.append(text)
         self.hold(token_id, logprob)
         token_ids, logprobs = self.held_ids, self.held_logprobs
@@ -104,8 +106,8 @@ class ReplyStream:
         chunk = TokenChunk(request_id=self.request.request_id, conversation_id=self.request.conversation_id,
                            index=self.index, text=text, token_ids=token_ids,
                            is_final=final, worker_id=self.worker_id, finish_reason=finish_reason,
-                           tokens_in=tokens_in, tokens_out=tokens_out, error_code=error_code, error=error,
-                           choice_index=self.choice_index, logprobs=logprobs if self.request.sampling.logprobs else None)
+                           tokens_in=tokens_in, tokens_out=tokens_out, cached_tokens=cached_tokens,
+                           error_code=error_code, error=error, choice_index=self.choice_index, logprobs=logprobs if self.request.sampling.logprobs else None)
         try:
             delivery = self.producer.send(self.request.reply_to, chunk, key=self.request.request_id,
                                           partition=self.request.reply_partition, headers=self.headers(),
@@ -143,20 +145,20 @@ class ReplyStream:
 
     def send_error(self, error_code: str, error: str, finish_reason: FinishReason = FinishReason.ERROR) -> None:
         """A lone final chunk for a request that is not served, so the asker is not left waiting."""
-        self.send("", None, final=True, finish_reason=finish_reason, tokens_in=0, tokens_out=0,
+        self.send("", None, final=True, finish_reason=finish_reason, tokens_in=0, tokens_out=0, cached_tokens=0,
                   error_code=error_code, error=error)
 
 
 def response_for(req: InferenceRequest, *, text: str, worker_id: str, model: str, tokens_in: int, tokens_out: int,
                  queue_ms: float, ttft_ms: float, finish_reason: FinishReason, error: str | None = None,
-                 choice_index: int = 0) -> Response:
+                 choice_index: int = 0, cached_tokens: int = 0) -> Response:
     completed = now_ms()
     return Response(
         request_id=req.request_id, conversation_id=req.conversation_id, user_id=req.user_id, tenant=req.tenant,
         text=text, model=model, worker_id=worker_id, tokens_in=tokens_in, tokens_out=tokens_out,
         queue_ms=max(0.0, queue_ms), ttft_ms=max(0.0, ttft_ms), total_ms=float(max(0, completed - req.enqueued_at)),
         finish_reason=finish_reason, error=error, created_at=req.created_at, completed_at=completed,
-        choice_index=choice_index,
+        choice_index=choice_index, cached_tokens=cached_tokens,
     )
 
 

@@ -426,12 +426,14 @@ class Worker:
             responses.append(response_for(req, text=stream.text, worker_id=self.settings.worker_id,
                                           model=self.model_name, tokens_in=final.num_prompt_tokens,
                                           tokens_out=final.num_output_tokens, queue_ms=queue_ms, ttft_ms=ttft_ms,
-                                          finish_reason=reason, error=error, choice_index=i))
+                                          finish_reason=reason, error=error, choice_index=i,
+                                          cached_tokens=final.num_cached_tokens))
         await asyncio.gather(*(send_response(self.producer, response, attempt=attempt, parent_trace=trace)
                                for response in responses))
         for final, reason, error_code, stream in zip(finals, reasons, errors, replies):
             stream.send("", None, final=True, finish_reason=reason, tokens_in=final.num_prompt_tokens,
-                        tokens_out=final.num_output_tokens, error_code=error_code)
+                        tokens_out=final.num_output_tokens, cached_tokens=final.num_cached_tokens,
+                        error_code=error_code)
         await asyncio.gather(*(stream.delivered() for stream in replies))
         response = responses[0]
         self.metrics.finished(response.finish_reason.value, queue_s=response.queue_ms / 1000,

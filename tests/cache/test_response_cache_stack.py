@@ -19,7 +19,7 @@ import pytest
 
 from chatpipe.testing.streams import REPO, Tap
 from schemas.records import ConversationTurn
-from schemas.topics import TURNS
+from schemas.topics import INFERENCE_REQUESTS, TURNS
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 MODEL = "smollm2-135m-instruct"
@@ -88,7 +88,7 @@ def test_a_second_user_of_the_tenant_is_answered_from_the_cache_without_a_worker
     assert body["usage"]["prompt_tokens"] == first.json()["usage"]["prompt_tokens"]
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == body["usage"]["prompt_tokens"]
     turn = turn_of(stack, second)  # recorded as bob's turn, as usual, by no worker
-    assert (turn.worker_id, turn.response_cached, turn.user_id) == (CACHE_WORKER, True, f"bob-{run}")
+    assert (turn.worker_id, turn.response_cached) == (CACHE_WORKER, True) and turn.user_id.endswith(f":bob-{run}")
     assert not hit(ask(stack, question, "any", tenant="globex")), "another tenant never gets acme's entry"
     assert not hit(ask(stack, question, f"carl-{run}", seed=7)), "another seed is another key"
     assert not hit(ask(stack, question, f"dan-{run}", temperature=0.9)), "sampled without a seed: bypassed"
@@ -106,6 +106,14 @@ def test_two_users_whose_memories_differ_do_not_share_an_answer(stack):
     assert not hit(ask(stack, question, ada))
     answer = ask(stack, question, bob)
     assert not hit(answer), "bob's context recalls his own dog, not ada's: another key"
+    request_id = answer.json()["id"].removeprefix("chatcmpl-")
+    requests = Tap(stack.kafka, INFERENCE_REQUESTS)
+    try:
+        (request,) = requests.records(1, timeout_s=60, where=lambda r: getattr(r, "request_id", None) == request_id)
+    finally:
+        requests.close()
+    context = " ".join(m.content for m in request.messages)
+    assert f"Max{run}" in context and f"Rex{run}" not in context, "the premise: the contexts differ by memory"
 
 
 def test_an_erased_users_entries_are_gone_and_forget_verify_checks_the_cache(stack):
@@ -115,22 +123,30 @@ def test_an_erased_users_entries_are_gone_and_forget_verify_checks_the_cache(sta
     ask(stack, question, ada)
     assert hit(ask(stack, question, f"bob-{run}"))
     from chatpipe.testing.gateway import API_KEY
+    from gateway.keys import default_user
 
+    # before the deletion the verifier finds ada's entry (and says it remains: no deletion yet)
+    assert cache_line_of(stack, f"{default_user(API_KEY)}:{ada}")[:3] == ["cache", "REMAINS:", "1"]
     gone = httpx.delete(f"{stack.url}/v1/users/{ada}", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
-    assert gone.status_code in (200, 202), gone.text
-    verify = [sys.executable, "-m", "chatpipe.cli", "forget", "--verify", ada, "--tenant", "acme", "--cache-url",
+    assert gone.status_code == 202, gone.text
+    ada_id = gone.json()["user_id"]  # as stored: a multi-user key's users are namespaced by the key
+    deadline = time.monotonic() + 90
+    while (line := cache_line_of(stack, ada_id))[:2] != ["cache", "clean"] and time.monotonic() < deadline:
+        time.sleep(2)
+    assert line[:2] == ["cache", "clean"], line
+    assert not hit(ask(stack, question, f"carl-{run}")), "ada's entry is gone"
+
+
+def cache_line_of(stack, user_id: str) -> list[str]:
+    """The words of `chatpipe forget --verify`'s cache line for ``user_id`` of acme."""
+    verify = [sys.executable, "-m", "chatpipe.cli", "forget", "--verify", user_id, "--tenant", "acme", "--cache-url",
               stack.redis.url, "--bootstrap-servers", stack.kafka.bootstrap_servers, "--topic-prefix",
               stack.kafka.topic_prefix, "--archive-dir", str(stack.streams.archive_dir), "--memory-path",
               str(stack.streams.memory_dir)]
-    deadline = time.monotonic() + 90
-    while True:
-        out = subprocess.run(verify, cwd=REPO, capture_output=True, text=True, timeout=120)
-        cache_line = next((line for line in out.stdout.splitlines() if line.startswith("cache")), "")
-        if "clean" in cache_line or time.monotonic() > deadline:
-            break
-        time.sleep(2)
-    assert cache_line.split()[:2] == ["cache", "clean"], out.stdout + out.stderr
-    assert not hit(ask(stack, question, f"carl-{run}")), "ada's entry is gone"
+    out = subprocess.run(verify, cwd=REPO, capture_output=True, text=True, timeout=120)
+    line = next((line for line in out.stdout.splitlines() if line.startswith("cache")), "")
+    assert line, out.stdout + out.stderr
+    return line.split()
 
 
 def test_redis_killed_requests_are_still_answered_and_redis_back_is_used_again(stack):

@@ -94,3 +94,26 @@ def test_preempted_request_keeps_its_place_and_is_not_starved():
         if "b" in finished:
             break
     assert b_preempted and finished[:2] == ["a", "b"]
+
+
+def test_cached_tokens_are_what_the_first_admission_took_from_the_cache(engine_factory):
+    """Guards against a preempted request reporting the hit of its re-admission (its own prompt and
+    output recomputed from blocks it computed itself) as its prompt's cached tokens: the finishing
+    event (the final chunk's ``cached_tokens``, OpenAI's usage) says what the prompt took when it was
+    first admitted."""
+    engine = engine_factory(kv_block_size=4, kv_cache_tokens=56, max_batch=3, max_seq_len=56)
+    shared = prompts_of([8], seed=9)[0]
+    engine.generate([shared + [5]], SamplingParams(max_new_tokens=1, ignore_eos=True))  # 2 blocks of it cached
+    reqs = [engine.add_request(shared + q, SamplingParams(max_new_tokens=24, ignore_eos=True))[1]
+            for q in prompts_of([1, 2, 3], seed=5)]
+    first: dict[str, int] = {}
+    reported: dict[str, int] = {}
+    while engine.has_work():
+        reported |= {ev.request_id: ev.num_cached_tokens for ev in engine.step() if ev.finished}
+        first |= {r.request_id: r.num_cached_tokens for r in reqs
+                  if r.admit_seq is not None and r.request_id not in first}
+    assert first == {r.request_id: 8 for r in reqs}
+    assert any(r.num_preemptions for r in reqs)
+    # the re-admissions did hit the cache, for more than the prompts' 8 tokens each
+    assert engine.stats().prefix_cache_hit_tokens > sum(first.values())
+    assert reported == first and all(r.num_cached_tokens == 8 for r in reqs)

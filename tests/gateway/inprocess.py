@@ -67,15 +67,17 @@ class QueueReader:
         pass
 
 
-def app_client(tmp_path: Path, answer: Answer, attempts: dict[int, str] | None = None, **settings) -> TestClient:
-    """A TestClient of the gateway's app (lifespan not run: no Kafka); ``.producer`` is its producer."""
+def app_client(tmp_path: Path, answer: Answer, attempts: dict[int, str] | None = None, *, keys: dict | None = None,
+               **settings) -> TestClient:
+    """A TestClient of the gateway's app (lifespan not run: no Kafka); ``.producer`` is its producer.
+    ``keys``: more entries of the keys file (the client sends ``API_KEY``, a multi-user key of acme)."""
     from gateway.app import create_app
     from gateway.keys import KeyStore
     from gateway.settings import GatewaySettings
     from transport.settings import KafkaSettings
 
     keys_file = tmp_path / "keys.json"
-    keys_file.write_text(json.dumps({API_KEY: {"tenant": "acme", "users": "any"}}))
+    keys_file.write_text(json.dumps({API_KEY: {"tenant": "acme", "users": "any"}, **(keys or {})}))
     app = create_app(KafkaSettings(), GatewaySettings(keys_file=keys_file, **settings), KeyStore.load(keys_file))
     service = app.state.service
     service.reply_topic, service.reader = "chat.replies.gw", QueueReader()

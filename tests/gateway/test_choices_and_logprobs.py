@@ -47,7 +47,8 @@ def test_n_choices_each_with_its_text_finish_and_logprobs(tmp_path):
     assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
     assert [c["message"]["content"] for c in answer["choices"]] == [f"c{i}-a c{i}-b" for i in range(3)]
     assert [c["finish_reason"] for c in answer["choices"]] == ["stop", "stop", "length"]
-    assert answer["usage"] == {"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13}
+    assert answer["usage"] == {"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13,
+                               "prompt_tokens_details": {"cached_tokens": 0}}  # chunks without it: 0
     content = answer["choices"][1]["logprobs"]["content"]
     assert answer["choices"][1]["logprobs"]["refusal"] is None
     assert [e["token"] for e in content] == ["c1-a", " c1-b"]

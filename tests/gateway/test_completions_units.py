@@ -133,7 +133,8 @@ def test_a_list_of_prompts_with_n_choices(tmp_path):
     assert [(c["index"], c["text"]) for c in answer["choices"]] == [
         (0, "one|c0"), (1, "one|c1"), (2, "two|c0"), (3, "two|c1")]
     assert {c["finish_reason"] for c in answer["choices"]} == {"length"}
-    assert answer["usage"] == {"prompt_tokens": 14, "completion_tokens": 8, "total_tokens": 22}
+    assert answer["usage"] == {"prompt_tokens": 14, "completion_tokens": 8, "total_tokens": 22,
+                               "prompt_tokens_details": {"cached_tokens": 0}}
     assert all(c["logprobs"] is None for c in answer["choices"])
 
 

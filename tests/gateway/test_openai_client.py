@@ -6,6 +6,8 @@ Guards: the gateway speaks OpenAI's API as the official client parses it (SSE ch
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 import openai
 import pytest
@@ -59,6 +61,32 @@ def test_flex_runs_in_the_batch_class_and_each_answer_names_its_tier(client):
     stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
                                             max_tokens=4, temperature=0, service_tier="priority", stream=True)
     assert {c.service_tier for c in stream} == {"default"}  # no class above interactive: served as default
+
+
+def test_a_conversations_next_turn_reports_its_cached_prompt_tokens(client):
+    """Issue 43, OpenAI's ``usage.prompt_tokens_details.cached_tokens`` end to end: the second turn's
+    prompt starts with the first turn's (streams puts the history before the new message, the
+    conversation goes to the same worker), so the engine takes those blocks from its prefix cache and
+    the answer says so; the first turn's is present too (a number, 0 or more: the chat template's
+    system prompt may already be cached). Guards against the count lost between the engine, the
+    worker's final chunk and the gateway's usage (streamed or not)."""
+    conversation = {"X-Chatpipe-Conversation-Id": f"cached-{uuid.uuid4().hex[:12]}"}
+    first = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a large animal that lives in the sea."}],
+        max_tokens=8, temperature=0, extra_headers=conversation)
+    cached_first = first.usage.prompt_tokens_details.cached_tokens
+    assert isinstance(cached_first, int) and 0 <= cached_first < first.usage.prompt_tokens
+    second = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "How big does it grow?"}], max_tokens=8, temperature=0,
+        extra_headers=conversation)
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the history came with it
+    assert 0 < second.usage.prompt_tokens_details.cached_tokens < second.usage.prompt_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens > cached_first
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "And what does it eat?"}], max_tokens=4, temperature=0,
+        stream=True, stream_options={"include_usage": True}, extra_headers=conversation)
+    usage = list(stream)[-1].usage
+    assert usage is not None and 0 < usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
 
 
 def test_models_lists_the_default_model(client):

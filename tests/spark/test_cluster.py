@@ -133,7 +133,7 @@ def test_usage_report_submitted_to_cluster_matches_local(spark, planted_run, spa
     proc = _chatpipe("spark", "submit", "usage-report", "--master", spark_cluster.master_url(), "--",
                      "--out", str(out), "--source", "archive", "--archive-dir", str(archive), "--shuffle-partitions", "2", "--quiet")
     assert f"wrote {out}" in proc.stdout
-    for table in ("usage.parquet", "dlq.parquet"):
+    for table in ("usage.parquet", "tenants.parquet", "dlq.parquet"):
         a, b = pd.read_parquet(local / table), pd.read_parquet(out / table)
         assert len(a) > 0
         pd.testing.assert_frame_equal(a, b)

@@ -1,7 +1,8 @@
 """Issue 23 on the worker: the sampling fields of InferenceRequest v3 reach the engine; logprobs
 arrive on the chunks (one per token, with the token's real bytes); n = 2 streams two choices and
 the request is committed after both; a json_schema answer parses as JSON; a response_format the
-worker cannot compile is answered invalid_request with a dead letter.
+worker cannot compile is answered invalid_request with a dead letter. Issue 43: the prompt tokens the
+engine's prefix cache held reach the final chunk and the Response (``cached_tokens``), per choice.
 
 The broker tests run one real worker process (the real default model, CPU) on the real broker.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -172,6 +174,9 @@ def test_n_2_streams_two_choices_and_commits_once_both_are_answered(service, rd)
     for i, chunks in streams.items():
         assert responses[i].text == "".join(c.text for c in chunks)
         assert responses[i].tokens_out == chunks[-1].tokens_out
+        assert responses[i].cached_tokens == chunks[-1].cached_tokens  # each choice's own
+    # choice 1 started once choice 0 had computed the prompt, from its blocks in the prefix cache
+    assert 0 < responses[1].cached_tokens < responses[1].tokens_in
     assert committed_to_the_end(kafka), "the request was not committed after both choices"
 
 
@@ -203,3 +208,34 @@ def test_a_response_format_the_worker_cannot_compile_is_answered_invalid_request
     assert letter.error_type == "InvalidRequestError" and "response_format" in letter.error_message
     good = ask(kafka, 5, text="hi", max_tokens=4)  # and the worker goes on
     rd.wait_responses([good.request_id], 60)
+
+
+@pytest.mark.integration
+@pytest.mark.model
+def test_a_repeated_prompt_prefix_is_reported_as_cached_tokens(service, rd):
+    """A conversation's second turn resends the first turn's prompt (streams' context): the engine takes
+    its whole blocks from the prefix cache, and the final chunk and the Response say how many tokens
+    (OpenAI's usage.prompt_tokens_details.cached_tokens). A tenant of its own: nothing of another
+    test's requests is in its cache (the cache is salted per tenant), so the first turn's is 0."""
+    kafka, _ = service
+    tenant = f"cache-{uuid.uuid4().hex[:8]}"
+    text = "Describe the colour of the sky on a clear summer afternoon, in one short sentence."
+    first = ask(kafka, 6, text=text, max_tokens=8, tenant=tenant)
+    rd.wait_responses([first.request_id], 120)
+    answer = rd.seen.first_response(first.request_id)[0]
+    second = replace(make_request(7, conversation=first.conversation_id, max_tokens=4, tenant=tenant,
+                                  reply_to=kafka.topic(REPLIES)),
+                     messages=[*first.messages, ChatMessage("assistant", answer.text), ChatMessage("user", "Why?")])
+    send_requests(kafka, [second])
+    rd.wait_responses([second.request_id], 120)
+    rd.wait_for(lambda s: finals_of(s, second.request_id) == 1, 30, "the final chunk")
+    block = 16  # EngineSettings.kv_block_size
+    for req, cached in ((first, lambda n, tokens_in: n == 0), (second, lambda n, tokens_in: 0 < n < tokens_in)):
+        (final,) = rd.seen.final_chunks[req.request_id]
+        response = rd.seen.first_response(req.request_id)[0]
+        assert final.cached_tokens == response.cached_tokens, (final, response)
+        assert response.cached_tokens % block == 0 and cached(response.cached_tokens, response.tokens_in), response
+        assert final.schema_version == 4 and response.schema_version == 3
+    # at least the first turn's prompt, but its last token, in whole blocks
+    first_prompt = rd.seen.first_response(first.request_id)[0].tokens_in
+    assert rd.seen.first_response(second.request_id)[0].cached_tokens >= (first_prompt - 1) // block * block
