@@ -63,7 +63,7 @@ from streams.embedding_requests import EmbeddingRequests
 from streams.erasures import ErasureFollower, ErasureRegistry
 from streams.expiry import IdleExpiry
 from streams.faults import EXIT_INFRASTRUCTURE, Retrier, exit_without_ack
-from streams.faust_runtime import offsets
+from streams.faust_runtime import fetch_wait, offsets
 from streams.faust_runtime.agents import faust_agent
 from streams.faust_runtime.outbox import Outbox
 from streams.faust_runtime.table import conversation_table
@@ -124,6 +124,7 @@ class StreamsApp:
         from faust.types import TP
 
         offsets.install()  # partitions never committed are read again from their start after a rebalance
+        fetch_wait.install(settings.fetch_max_wait_ms)  # not Faust's fixed 1500 ms (faust_runtime/fetch_wait.py)
         self.kafka, self.settings, self.services = kafka, settings, services
         # Before any agent runs: every deletion ever made (the log is kept forever), then the forget
         # agent adds the new ones.

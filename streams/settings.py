@@ -63,6 +63,10 @@ class StreamsSettings(BaseSettings):
                                                             "torch's default (all cores). 1 keeps a busy shared "
                                                             "machine from stalling on thread barriers")
     commit_interval_s: float = Field(1.0, gt=0, description="How often Faust commits consumed offsets")
+    fetch_max_wait_ms: int = Field(100, ge=1, le=1500, description="Longest the broker holds a fetch of Faust's "
+                                   "consumer with nothing to return: a record on a partition the fetch in flight "
+                                   "left out waits up to this long (streams/faust_runtime/fetch_wait.py; Faust's "
+                                   "own is 1500)")
     # 0 by default: with the in-memory store a standby does not shorten a takeover (Faust restores an
     # assigned partition from the changelog's start whatever a standby held, MemoryStore.persisted_offset
     # is None) and costs a second read of the changelog; it pays with a persistent store (RocksDB).

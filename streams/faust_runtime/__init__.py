@@ -30,6 +30,10 @@ Each module, the upstream behaviour it works around, and the test that proves th
   seeks only ``if offset and offset > 0``, so what Faust dropped before its seek back never came.
   Tests: tests/streams/test_faust_offsets.py ``test_a_partition_nobody_committed_is_read_again_from_its_start``,
   ``test_the_seek_is_patched_into_fausts_consumer_thread_once``.
+- ``fetch_wait.py``: the monkeypatch (``install``) of ``AIOKafkaConsumerThread._create_worker_consumer``: the
+  consumer fetches with ``StreamsSettings.fetch_max_wait_ms`` (100 ms). Upstream: Faust fixes 1500 ms, and
+  a record on a partition the fetch in flight left out waited for it (prompts taken 1.6 s late). Test:
+  tests/streams/test_faust_offsets.py ``test_fausts_consumer_fetches_with_the_configured_wait``.
 - ``watchdog.py``: ``ProgressWatchdog`` and ``LoopHeartbeat``: records waiting that reach no agent, or
   an event loop that stopped turning, end the process (75). Upstream: after a restart Faust's fetcher
   can stop handing out a partition's records (cause not found; cf. faust-streaming#216). Tests:

@@ -122,3 +122,26 @@ def test_the_seek_is_patched_into_fausts_consumer_thread_once():
     patched = AIOKafkaConsumerThread.seek_to_committed
     offsets.install()
     assert AIOKafkaConsumerThread.seek_to_committed is patched and patched.covers_uncommitted
+
+
+async def test_fausts_consumer_fetches_with_the_configured_wait(kafka_settings, group_id):
+    """``fetch_wait.install``: a real Faust consumer's aiokafka fetcher holds fetches for the configured
+    time, not Faust's fixed 1500 ms (faust_runtime/fetch_wait.py); installing twice keeps one patch and the
+    last value."""
+    import faust
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    from streams.faust_runtime import fetch_wait
+
+    fetch_wait.install(250)
+    patched = AIOKafkaConsumerThread._create_worker_consumer
+    fetch_wait.install(100)
+    assert AIOKafkaConsumerThread._create_worker_consumer is patched
+    app = faust.App(group_id, broker=f"kafka://{kafka_settings.bootstrap_servers}", autodiscover=False,
+                    web_enabled=False)
+    thread = app.consumer._thread
+    await thread.start()
+    try:
+        assert thread._consumer._fetcher._fetch_max_wait_ms == 100
+    finally:
+        await thread.stop()
