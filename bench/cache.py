@@ -149,6 +149,8 @@ def main() -> None:
     parser.add_argument("--sampled", type=float, default=0.2, help="share of sampled requests (bypass the cache)")
     parser.add_argument("--follow-ups", type=float, default=0.2, help="share of second turns")
     parser.add_argument("--clients", type=int, default=4, help="requests in flight at once")
+    parser.add_argument("--streams-torch-threads", type=int, default=None,
+                        help="CHATPIPE_STREAMS_TORCH_THREADS of the streams worker (default: torch's, all cores)")
     args = parser.parse_args()
     n, users, max_tokens = (40, 20, 16) if args.quick else (200, 80, 48)
     from chatpipe.testing.gateway import API_KEY, start_pipeline
@@ -160,7 +162,9 @@ def main() -> None:
         worker_env = {f"CHATPIPE_{k.upper()}": str(v) for k, v in {"device": "cpu", **ENGINE}.items()}
         started = time.perf_counter()
         stack = start_pipeline(kafka, root, tracing=False, worker_env=worker_env,
-                               streams_env={"CHATPIPE_CACHE_URL": redis.url})
+                               streams_env={"CHATPIPE_CACHE_URL": redis.url, **(
+                                   {"CHATPIPE_STREAMS_TORCH_THREADS": str(args.streams_torch_threads)}
+                                   if args.streams_torch_threads else {})})
         print(f"pipeline with a response cache up in {time.perf_counter() - started:.0f} s (logs in {root})")
         try:
             warm = [Turn("w", f"w{i}", ({"role": "user", "content": f"Warm up {i}."},), True) for i in range(2)]
@@ -182,7 +186,7 @@ def report(answers: list[Answered], wall: float, n: int, users: int, max_tokens:
     if not hits or not misses:
         raise SystemExit(f"{len(hits)} hits and {len(misses)} misses: nothing to compare")
     def ms(xs: list[Answered], q: float) -> float:
-        return 1000 * percentile([a.ttft_s for a in xs], q)
+        return 1000 * percentile([a.ttft_s for a in xs], q / 100)
 
     saved_tokens = sum(a.prompt_tokens + a.completion_tokens for a in hits)
     saved_out = sum(a.completion_tokens for a in hits)

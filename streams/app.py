@@ -272,7 +272,13 @@ def _follow_erasures(kafka: KafkaSettings, services: StreamsServices, registry: 
 
     follower = ErasureFollower(kafka, services.codec)
     try:
-        follower.start(None, registry.add, on_failure=lambda exc: exit_without_ack("streams.erasures", exc))
+        def take(deletion) -> None:
+            registry.add(deletion)
+            forget_recent = getattr(services.embedder, "forget_recent", None)
+            if forget_recent is not None:  # intake's recent prompt vectors: no vector of an erased text is reused
+                forget_recent()
+
+        follower.start(None, take, on_failure=lambda exc: exit_without_ack("streams.erasures", exc))
         if not follower.ready.wait(FOLLOWER_READY_S):
             raise TimeoutError(f"no first fetch from chat.deletions within {FOLLOWER_READY_S:g} s")
         loaded = ErasureRegistry.load(kafka, services.codec)

@@ -12,11 +12,13 @@ environment says; the CLI also sets ``HF_HUB_OFFLINE=1`` for the libraries under
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from cachetools import TTLCache
 
 from schemas.errors import ChatpipeError
 from streams.memory import StoredTurn
@@ -86,19 +88,50 @@ class Embedder:
         self.dim: int = int(self.model.get_embedding_dimension())
         # One forward pass at a time: concurrent passes on 2 cores only fight over the same threads.
         self._lock = threading.Lock()
+        # Prompts embedded lately, by sha256 of the text (LRU within a TTL, cachetools): a prompt asked again
+        # (a popular first question, a greeting) is not embedded again. Measured why: under load the
+        # embedding is most of a response-cache hit's time (118 of 180 ms p50, docs/streams.md).
+        self.recent: TTLCache | None = (TTLCache(settings.embedding_cache_size, settings.embedding_cache_ttl_s)
+                                        if settings.embedding_cache_size else None)
+        self._recent_lock = threading.Lock()  # TTLCache is not thread-safe; held for lookups only
+        self.reused = 0  # texts whose vector came from ``recent``
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """[N, dim] float32, each row of L2 norm 1; batches of ``embedding_batch_size`` inside."""
+    def encode(self, texts: Sequence[str], *, reuse: bool = False) -> np.ndarray:
+        """[N, dim] float32, each row of L2 norm 1; batches of ``embedding_batch_size`` inside. With ``reuse``
+        (intake's prompts) a text embedded within ``embedding_cache_ttl_s`` is not embedded again."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        with self._lock:
-            vectors = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
-                                        show_progress_bar=False)
+        if not reuse or self.recent is None:
+            with self._lock:
+                return self._forward(texts)
+        keys = [hashlib.sha256(t.encode()).digest() for t in texts]  # a hash: the cache keeps no text
+        # Not under the model's lock: a prompt whose vector is kept does not wait for the memory writer's pass.
+        with self._recent_lock:
+            found = {k: v for k in dict.fromkeys(keys) if (v := self.recent.get(k)) is not None}
+        todo = {k: t for k, t in zip(keys, texts) if k not in found}
+        if todo:
+            with self._lock:
+                vectors = self._forward(list(todo.values()))
+            with self._recent_lock:
+                for key, vector in zip(todo, vectors):
+                    self.recent[key] = found[key] = vector
+        self.reused += len(texts) - len(todo)
+        return np.ascontiguousarray(np.stack([found[k] for k in keys]))
+
+    def forget_recent(self) -> None:
+        """Drop every kept prompt vector (at each erasure: the keys are hashes, so whose they are is not known)."""
+        if self.recent is not None:
+            with self._recent_lock:
+                self.recent.clear()
+
+    def _forward(self, texts: Sequence[str]) -> np.ndarray:
+        vectors = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+                                    show_progress_bar=False)
         # Normalised here, in float32: normalising in a bfloat16 model leaves norms ~0.3% off 1.
         vectors = np.asarray(vectors, dtype=np.float32)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return np.ascontiguousarray(vectors)
 
-    async def aencode(self, texts: Sequence[str]) -> np.ndarray:
+    async def aencode(self, texts: Sequence[str], *, reuse: bool = False) -> np.ndarray:
         """``encode`` in a worker thread, so the event loop keeps serving while the model runs."""
-        return await asyncio.to_thread(self.encode, texts)
+        return await asyncio.to_thread(self.encode, texts, reuse=reuse)

@@ -225,7 +225,8 @@ class Intake:
         started, started_ns = time.perf_counter(), time.time_ns()
         # A raw prompt (PromptRequest v5 raw_prompt, POST /v1/completions) recalls nothing: not embedded.
         chat = [i for i, p in enumerate(run) if not p.parsed.raw]
-        vectors = await services.embedder.aencode([run[i].parsed.prompt for i in chat]) if chat else []
+        # reuse: a prompt asked again lately (a popular question) is not embedded again (embeddings.py)
+        vectors = await services.embedder.aencode([run[i].parsed.prompt for i in chat], reuse=True) if chat else []
         embedded, embedded_ns = time.perf_counter(), time.time_ns()
         # What recall skips (the recent window, offered anyway) is read without the lock: no await in between.
         queries = [RecallQuery(tenant=run[i].request.tenant, user_id=run[i].request.user_id, vector=vectors[j],
@@ -263,8 +264,10 @@ class Intake:
                 if entry is None:
                     await self._send(prompt, out, outbox)
                 else:  # a hit: answered here, its Response recorded as a worker's would be (cache_answers.py)
-                    await self.cached_answers.answer(prompt.message, out, entry, outbox, prompt.span.traceparent,
+                    answering = prompt.span.child("answer from the response cache")
+                    await self.cached_answers.answer(prompt.message, out, entry, outbox, answering.traceparent,
                                                      self._taken)
+                    answering.end()
                     self.metrics.cache_hit_seconds.observe(time.perf_counter() - self._taken)
         self.batches += 1
         log.debug("intake batch of %d: embed %.1f ms, recall %.1f ms, assemble+produce %.1f ms", len(run),
@@ -278,13 +281,19 @@ class Intake:
         if self.cache is None:
             return [None] * len(ready)
         asked = [(i, key) for i, (_, _, out) in enumerate(ready) if (key := self._cache_keys.get(out.request_id))]
+        looked_ns = time.time_ns()
         found = await self.cache.lookup([key for _, key in asked], erased=self.erasures.erased)
+        found_ns = time.time_ns()
         cached: list[CachedAnswer | None] = [None] * len(ready)
         for (i, _), entry in zip(asked, found):
             cached[i] = entry
         for (prompt, _, out), entry in zip(ready, cached):
             outcome = "hit" if entry is not None else "miss" if out.request_id in self._cache_keys else "bypass"
             prompt.span.set("chatpipe.response_cache", outcome)
+            if outcome != "bypass":
+                prompt.span.child("response cache lookup", start_ns=looked_ns,
+                                  attributes={"chatpipe.response_cache": outcome,
+                                              "chatpipe.batch.size": len(asked)}).end(found_ns)
         return cached
 
     async def _recall(self, queries: list[Any]) -> tuple[list[list[Any]], bool]:

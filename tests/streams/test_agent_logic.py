@@ -94,7 +94,7 @@ class FakeEmbedder:
     dim = 4
     path = None  # the default model's served name
 
-    async def aencode(self, texts):
+    async def aencode(self, texts, reuse=False):
         return np.ones((len(texts), self.dim), dtype="float32") / 2
 
 

@@ -331,3 +331,24 @@ async def test_aencode_runs_off_the_event_loop(embedder):
     task.cancel()
     assert ticks >= 3, "the event loop did not run while the model encoded"
     assert np.allclose(vectors, embedder.encode(texts), atol=1e-5)
+
+
+def test_a_prompt_embedded_lately_is_not_embedded_again_and_only_intakes_prompts_are_kept(embedder):
+    """``encode(reuse=True)`` (intake's prompts): a text seen within the TTL comes from the cache, the same
+    vector, without a forward pass; a repeat inside one batch is embedded once; the memory writer's texts
+    (``reuse`` False) are not kept. The cache keys are hashes: no text is held."""
+    from unittest import mock
+
+    texts = [f"How do I reset my password? ({uuid.uuid4().hex})", f"Where is my order? ({uuid.uuid4().hex})"]
+    first = embedder.encode([texts[0], texts[1], texts[0]], reuse=True)
+    assert np.array_equal(first[0], first[2])
+    with mock.patch.object(embedder.model, "encode", side_effect=AssertionError("embedded again")):
+        again = embedder.encode([texts[1], texts[0]], reuse=True)
+    assert np.array_equal(again, first[[1, 0]]) and embedder.reused >= 3
+    assert not any(isinstance(k, str) for k in embedder.recent)
+    turn = f"user: hi\nassistant: hello ({uuid.uuid4().hex})"
+    before = len(embedder.recent)
+    embedder.encode([turn])
+    assert len(embedder.recent) == before, "the memory writer's texts are not kept"
+    embedder.forget_recent()  # an erasure (streams/app.py's follower): nothing kept is reused after it
+    assert len(embedder.recent) == 0
