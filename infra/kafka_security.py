@@ -204,6 +204,7 @@ def _topic_rules(service: str) -> list[tuple[str, str, tuple[str, ...]]]:
                 *read(t.WORKERS_STATUS),  # intake's deadline estimate for direct prompts (streams/fleet_follower.py)
                 *write(t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.TURNS, t.DLQ, t.DELETIONS_FANOUT,
                        t.DELETIONS_AUDIT, t.CANCELS),
+                *write(t.RESPONSES),  # the response cache's hits (streams/cache_answers.py)
                 replies, ("PREFIXED", _STREAMS_APP, _OWN)]
     if service == "jobs":  # the Spark jobs read the logged topics; they write files, never to Kafka
         return [("PREFIXED", "chat.", _READ)]

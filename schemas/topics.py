@@ -51,7 +51,7 @@ CATALOG: tuple[TopicSpec, ...] = (
               consumers=("gateway", "applications")),
     TopicSpec("chat.responses", 6, "conversation_id", "Response", retention_ms=7 * DAY_MS,
               doc="Final answers, one per request.",
-              producers=("inference worker",), consumers=("streams record",)),
+              producers=("inference worker", "streams intake"), consumers=("streams record",)),
     TopicSpec("chat.turns", 6, "conversation_id", "ConversationTurn", retention_ms=30 * DAY_MS,
               doc="Completed turns for archive, Spark jobs and analytics.",
               producers=("streams record",),
