@@ -14,18 +14,15 @@ batch is acked only once it is on the broker.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
 from schemas.records import FinishReason, InferenceRequest, Response, TokenChunk, now_ms
 from streams.faults import Retrier
-from streams.refusals import send_reply
+from streams.refusals import send_chunk_or_log
 from streams.response_cache import CACHE_WORKER_ID, CachedAnswer
 from transport.acked_writer import AckedWriter
 from transport.reply_address import ReplyAddresses
-
-log = logging.getLogger(__name__)
 
 
 class CachedAnswers:
@@ -48,8 +45,9 @@ class CachedAnswers:
                                text=entry.text, is_final=True, worker_id=CACHE_WORKER_ID, finish_reason=finish,
                                tokens_in=entry.tokens_in, tokens_out=entry.tokens_out,
                                cached_tokens=entry.tokens_in, response_cached=True)
-            await self.retrier.call(f"cached answer for request {out.request_id}", self._send_chunk, message, out,
-                                    chunk)
+            await self.retrier.call(f"cached answer for request {out.request_id}", send_chunk_or_log,
+                                    self.reply_producer, self.replies, message, out, chunk, "the cached answer's chunk",
+                                    "its turn is recorded")
         elapsed_ms = (time.perf_counter() - started) * 1e3
         response = Response(
             request_id=out.request_id, conversation_id=out.conversation_id, user_id=out.user_id, tenant=out.tenant,
@@ -59,10 +57,3 @@ class CachedAnswers:
         await outbox.send(self.responses_topic, key=out.conversation_id.encode(), value=self.codec.encode(response),
                           parent_trace=parent_trace)
         self.answered += 1
-
-    async def _send_chunk(self, message: Any, out: InferenceRequest, chunk: TokenChunk) -> None:
-        gone = await send_reply(self.reply_producer, self.replies, message, out, chunk,
-                                unchecked="unknown: reply addresses are not checked")
-        if gone is not None:
-            log.warning("request %s: the cached answer's chunk was not delivered, the reply address is unusable "
-                        "(%s); its turn is recorded", out.request_id, gone)

@@ -64,6 +64,17 @@ async def send_reply(producer: AckedWriter, replies: ReplyAddresses | None, mess
     return None
 
 
+async def send_chunk_or_log(producer: AckedWriter, replies: ReplyAddresses | None, message: Any, request: Any,
+                            chunk: Any, what: str, stands: str) -> None:
+    """``send_reply`` of a lone chunk; a reply address that vanished is logged (``what`` was not delivered,
+    ``stands`` is the answer that remains) instead of raised. A broker that failed raises, for the retrier."""
+    gone = await send_reply(producer, replies, message, request, chunk, unchecked="unknown: reply addresses are not "
+                            "checked")
+    if gone is not None:
+        log.warning("request %s: %s not delivered, the reply address is unusable (%s); %s", request.request_id,
+                    what, gone, stands)
+
+
 class Refusals:
     def __init__(self, dead_letters: DeadLetters, retrier: Retrier, reply_producer: AckedWriter | None,
                  replies: ReplyAddresses | None) -> None:
@@ -100,12 +111,6 @@ class Refusals:
         chunk = TokenChunk(request_id=request.request_id, conversation_id=request.conversation_id, index=0,
                            text="", is_final=True, worker_id=COMPONENT, finish_reason=finish,
                            tokens_in=0, tokens_out=0, error_code=error_code, error=str(exc))
-        await self.retrier.call(f"error chunk for request {request.request_id}", self._send_chunk, message, request,
-                                chunk)
-
-    async def _send_chunk(self, message: Any, request: PromptRequest, chunk: TokenChunk) -> None:
-        gone = await send_reply(self.reply_producer, self.replies, message, request, chunk,
-                                unchecked="unknown: reply addresses are not checked")
-        if gone is not None:
-            log.warning("request %s: error chunk not delivered, the reply address is unusable (%s); the dead "
-                        "letter stands", request.request_id, gone)
+        await self.retrier.call(f"error chunk for request {request.request_id}", send_chunk_or_log,
+                                self.reply_producer, self.replies, message, request, chunk, "error chunk",
+                                "the dead letter stands")

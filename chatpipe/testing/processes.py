@@ -14,6 +14,7 @@ failure, with the service's own last lines).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -105,3 +106,21 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0, *, sig: int = 
             proc.kill()
             proc.wait()
         raise
+
+
+class ServerProcess:
+    """``kill`` and ``stop`` of a server a test started itself (``self.proc``, its own session): the
+    fixtures of real servers (``qdrant.py``, ``redis.py``) signal only the process they started."""
+
+    proc: subprocess.Popen | None = None
+
+    def kill(self) -> None:
+        """SIGKILL: the server vanishes mid-request, as in a machine failure."""
+        if self.proc is not None:
+            stop_process(self.proc, 10, sig=signal.SIGKILL)
+
+    def stop(self) -> None:
+        """SIGTERM (a clean shutdown); SIGKILL past 15 s."""
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                stop_process(self.proc, 15)

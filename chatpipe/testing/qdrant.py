@@ -10,21 +10,19 @@ started here are ever signalled, by their own pid.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 from pathlib import Path
 
 from chatpipe.testing.ports import free_port
-from chatpipe.testing.processes import REPO, http_ok, start_process, stop_process, wait_until
+from chatpipe.testing.processes import ServerProcess, REPO, http_ok, start_process, wait_until
 from infra.services import tail
 
 QDRANT_TOOL = REPO.parent / "shared" / "tools" / "qdrant"
 SKIP_REASON = f"no Qdrant server at {QDRANT_TOOL}: the server and cluster memory tests need ../shared/tools/qdrant"
 
 
-class QdrantPeer:
+class QdrantPeer(ServerProcess):
     """One ``qdrant`` process on free ports; ``url`` is its REST address."""
 
     def __init__(self, root: Path, name: str, *, cluster: bool = False) -> None:
@@ -53,17 +51,6 @@ class QdrantPeer:
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         wait_until(lambda: http_ok(f"{self.url}/readyz", timeout_s=1.0), timeout_s=timeout_s,
                    what=f"qdrant {self.dir.name}", proc=self.proc, log=self.log_tail)
-
-    def kill(self) -> None:
-        """SIGKILL: the peer vanishes mid-request, as in a machine failure."""
-        if self.proc is not None:
-            stop_process(self.proc, 10, sig=signal.SIGKILL)
-
-    def stop(self) -> None:
-        """SIGTERM; SIGKILL past 15 s."""
-        if self.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                stop_process(self.proc, 15)
 
     def log_tail(self, lines: int = 30) -> str:
         return tail(self.dir / "qdrant.log", lines)

@@ -14,13 +14,11 @@ The server is ``redis-server`` on PATH (Debian's package; ``make prerequisites``
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import subprocess
 from pathlib import Path
 
 from chatpipe.testing.ports import free_port
-from chatpipe.testing.processes import start_process, stop_process, wait_until
+from chatpipe.testing.processes import ServerProcess, start_process, wait_until
 from infra import redis_server
 from infra.services import tail
 from infra.settings import StackSettings
@@ -28,7 +26,7 @@ from infra.settings import StackSettings
 HOST = "127.0.0.1"
 
 
-class RedisServer:
+class RedisServer(ServerProcess):
     """One ``redis-server`` on a free loopback port: ``url``, ``start()``, ``stop()``, ``kill()``."""
 
     def __init__(self, root: Path, *, maxmemory: str = "64mb", policy: str = "allkeys-lru", name: str = "redis") -> None:
@@ -67,17 +65,6 @@ class RedisServer:
     def ping(self) -> str:
         """The server's answer to a PING ("" when nothing answers)."""
         return redis_server.ping(HOST, self.port)
-
-    def kill(self) -> None:
-        """SIGKILL: gone at once, mid-request, with everything it held."""
-        if self.proc is not None:
-            stop_process(self.proc, 10, sig=signal.SIGKILL)
-
-    def stop(self) -> None:
-        """SIGTERM (a clean shutdown; nothing is saved); SIGKILL past 15 s."""
-        if self.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                stop_process(self.proc, 15)
 
     def log_tail(self, lines: int = 30) -> str:
         return tail(self.log_file, lines)

@@ -91,6 +91,11 @@ def test_a_second_user_of_the_tenant_is_answered_from_the_cache_without_a_worker
     assert (turn.worker_id, turn.response_cached) == (CACHE_WORKER, True) and turn.user_id.endswith(f":bob-{run}")
     assert not hit(ask(stack, question, "any", tenant="globex")), "another tenant never gets acme's entry"
     assert not hit(ask(stack, question, f"carl-{run}", seed=7)), "another seed is another key"
+    tool = {"type": "function", "function": {"name": "colour", "description": "Say a colour",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    assert not hit(ask(stack, question, f"cid-{run}", tools=[tool])), "other tools: another context and grammar"
+    assert not hit(ask(stack, question, f"cyd-{run}", response_format={"type": "json_object"})), \
+        "another response_format is another key"
     assert not hit(ask(stack, question, f"dan-{run}", temperature=0.9)), "sampled without a seed: bypassed"
     assert not hit(ask(stack, question, f"eve-{run}", headers={"X-Chatpipe-Cache": "off"})), "opted out"
     assert not hit(ask(stack, question, f"fay-{run}", cache=False)), "opted out in the body (extra_body)"
