@@ -62,7 +62,7 @@ def secured_stack(tmp_path_factory):
     kafka_port, gateway_port = free_port(), free_port()
     flags = ["--state-dir", str(state), "--kafka-port", str(kafka_port), "--controller-port", str(free_port()),
              "--gateway-port", str(gateway_port), "--worker-metrics-port", str(free_port()),
-             "--streams-metrics-port", str(free_port())]
+             "--streams-metrics-port", str(free_port()), "--redis-port", str(free_port())]
     try:
         up = cli("up", *flags, "--kafka-security", "sasl_ssl", timeout=600, env=SERVICE_ENV)
         assert up.returncode == 0, f"chatpipe up failed:\n{up.stdout}\n{up.stderr}"

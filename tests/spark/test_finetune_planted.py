@@ -8,7 +8,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from chatpipe.testing.synthetic_log import LUHN_INVALID, PII, writer_version
+from chatpipe.testing.synthetic_log import CURRENT_TURN_VERSION, LUHN_INVALID, PII, writer_version
 
 pytestmark = pytest.mark.spark
 
@@ -57,7 +57,7 @@ def test_all_schema_versions_are_decoded(planted_run, planted_log):
     """Catches a reader that silently skips records written with an older schema version."""
     card = planted_run[1].card
     versions = Counter(writer_version(t, t.event_id in planted_log.v1_event_ids) for t in planted_log.turns)
-    assert set(versions) == {1, 2, 4}
+    assert set(versions) == {1, 2, CURRENT_TURN_VERSION}
     for v, n in versions.items():
         assert card["input"][f"ConversationTurn v{v}"] == n, v
 
