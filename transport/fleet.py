@@ -27,6 +27,11 @@ requests without a first token. Several gateways: each sees the others' work thr
 Streams intake asks with no work of its own (``Work()``): what it produced is the gateways' or a direct
 producer's, and the reports show it within a heartbeat.
 
+A refusal's ``Retry-After`` is the excess plus ``RETRY_MARGIN`` of the wait: the rate is measured, and
+between two heartbeats of a loaded machine it moved enough that a retry at the bare excess met a second
+429 ("5 s, longer than this request's 5 s"; tests/gateway/test_admission.py on a 2-core VM with three
+other test stacks beside it). A client that waits a little longer gets in at the first retry.
+
 Unknowns do not refuse: no report yet since the gateway started (``stale_s``: reports arrive every
 heartbeat), a worker that reports no batch (a v2 writer) or no throughput measured yet: the request is
 admitted, as before any estimate existed. No worker of the model reporting at all, once the first
@@ -41,6 +46,9 @@ import time
 from dataclasses import dataclass
 
 from schemas.records import WorkerState, WorkerStatus
+
+
+RETRY_MARGIN = 0.2  # of the estimated wait, added to a refusal's Retry-After (above)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +82,7 @@ def deadline_shortfall(estimate: Estimate, deadline_at: int | None, now_ms: int)
     left_s = (deadline_at - now_ms) / 1000 if deadline_at is not None else math.inf
     if estimate.first_token_s <= left_s:
         return None
-    retry = max(1, math.ceil(estimate.first_token_s - left_s))
+    retry = max(1, math.ceil(estimate.first_token_s - left_s + RETRY_MARGIN * estimate.wait_s))
     return Shortfall(retry, f"the estimated wait for a first token is {estimate.first_token_s:.0f} s (work queued "
                             f"ahead on {estimate.workers} worker(s) at their measured rate), longer than this "
                             f"request's {max(0.0, left_s):.0f} s to its deadline; retry after {retry} s, when the "
