@@ -10,6 +10,14 @@ rate is over every step that computed prompt tokens: the cost of one more reques
 
 A window of ``window_s``; when no step of a kind fell in it (the engine idle or unsaturated), the
 last rate measured stands: an idle engine still knows what it did when busy. 0.0 = never measured.
+
+The output rate is taken only from a window of ``MIN_DECODE_STEPS`` saturated steps or more: a wave's
+first step computes the prompts of a whole batch and makes one token per request, so a rate from it
+alone is a fraction of the real one, and on a loaded machine a small fraction: a fresh worker's first
+report said 0.2 tokens/s for a batch that then ran at ~15, and the gateway answered 429 with a
+Retry-After of 4,629 s (tests/gateway/test_admission.py, a CI run with three test stacks beside it;
+after SIGKILL and restart the fault suite's worker refused prompts the same way). Until then the last
+rate stands, and 0.0 (never measured) refuses nothing (``transport/fleet.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import collections
 import threading
 
 MAX_GAP_S = 1.0  # the longest time between two saturated steps that counts as the work's cost
+MIN_DECODE_STEPS = 8  # saturated steps in the window before an output rate is taken from it (above)
 
 
 class Throughput:
@@ -60,6 +69,8 @@ class Throughput:
     def _rate(self, kind: str, steps: collections.deque[tuple[float, float, int]], now: float) -> float:
         while steps and now - steps[0][0] > self.window_s:
             steps.popleft()
+        if kind == "decode" and len(steps) < MIN_DECODE_STEPS:
+            return self._last[kind]
         seconds = sum(s for _, s, _ in steps)
         if seconds > 0:
             self._last[kind] = sum(n for _, _, n in steps) / seconds
