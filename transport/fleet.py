@@ -11,7 +11,8 @@ asker cannot pick one):
 
 * a free batch slot: the request starts at once, it waits only for its own prompt (prefill);
 * none free: it starts once the work ahead of it, queued and running, is done, at the fleet's measured
-  rate: ``(queued output tokens + running requests' output tokens left) / rate``. Exact when the batch
+  rates: ``(queued output tokens + running requests' output tokens left) / output rate + queued prompt
+  tokens / prompt rate`` (the engine measures the two apart: ``inference/engine/throughput.py``). Exact when the batch
   runs in step (requests that started together with the same budget all end together, and only then
   is a slot free); requests in a staggered batch free a slot sooner, by up to what one batch has left.
 
@@ -144,4 +145,6 @@ class Fleet:
             return Estimate(service, 0.0, len(workers), measured=False)
         queued = max(sum(s.queued_output_tokens for s in workers), own.output_tokens)
         wait = (queued + sum(s.running_output_tokens for s in workers)) / decode
+        if prefill > 0:  # the prompts ahead: the output rate leaves their steps out (throughput.py)
+            wait += max(sum(s.queued_prompt_tokens for s in workers), own.prompt_tokens) / prefill
         return Estimate(wait + service, wait, len(workers), measured=True)

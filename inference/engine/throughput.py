@@ -1,23 +1,26 @@
 """What the engine can do, measured: tokens per second while it had more work than its batch.
 
-The gateway estimates a new request's wait from the work queued ahead of it divided by this rate
-(``transport/fleet.py``), so the rate must be the engine's capacity, not its current output: an engine
-with two short requests running makes few tokens per second and could make many more. Only steps
-taken while requests were waiting (or every batch slot was taken) count for the output rate, each with
-the wall time since the step before it: the effective rate under the real mix (prompt chunks and
-decoding share those steps) and with the worker's own work between steps. The prompt
-rate is over every step that computed prompt tokens: the cost of one more request's prefill.
+The gateway estimates a new request's wait from the work queued ahead of it (``transport/fleet.py``):
+its output tokens at the output rate plus its prompt tokens at the prompt rate, so the rates must be the
+engine's capacity, not its current output: an engine with two short requests running makes few tokens
+per second and could make many more. Only steps taken while requests were waiting (or every batch slot
+was taken) and that computed no prompt tokens count for the output rate, each with the wall time since
+the step before it (the worker's own work between steps, sending chunks and taking records, is part of
+what a token costs). The prompt rate is over every step that computed prompt tokens: the cost of one
+more request's prefill.
 
-A window of ``window_s``; when no step of a kind fell in it (the engine idle or unsaturated), the
-last rate measured stands: an idle engine still knows what it did when busy. 0.0 = never measured.
+Why steps with prompt tokens are left out of the output rate: a wave's first step computes the prompts
+of a whole batch and makes one token per request, and the output rate over a window that held it said a
+fraction of the real one, on a loaded machine a small fraction: a fresh worker reported 0.2 tokens/s for a
+batch that then ran at ~15, and the gateway answered 429 with a Retry-After of 4,629 s
+(tests/gateway/test_admission.py in a CI run with three test stacks beside it; after a restart the fault
+suite's worker refused prompts the same way). The prompt work ahead is counted by the prompt rate instead.
+And the output rate is taken only from a window of ``MIN_DECODE_STEPS`` such steps or more: one step alone
+is noise on a loaded machine.
 
-The output rate is taken only from a window of ``MIN_DECODE_STEPS`` saturated steps or more: a wave's
-first step computes the prompts of a whole batch and makes one token per request, so a rate from it
-alone is a fraction of the real one, and on a loaded machine a small fraction: a fresh worker's first
-report said 0.2 tokens/s for a batch that then ran at ~15, and the gateway answered 429 with a
-Retry-After of 4,629 s (tests/gateway/test_admission.py, a CI run with three test stacks beside it;
-after SIGKILL and restart the fault suite's worker refused prompts the same way). Until then the last
-rate stands, and 0.0 (never measured) refuses nothing (``transport/fleet.py``).
+A window of ``window_s``; when too few steps of a kind fell in it (the engine idle or unsaturated), the
+last rate measured stands: an idle engine still knows what it did when busy. 0.0 = never measured, and
+refuses nothing (``transport/fleet.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import collections
 import threading
 
 MAX_GAP_S = 1.0  # the longest time between two saturated steps that counts as the work's cost
-MIN_DECODE_STEPS = 8  # saturated steps in the window before an output rate is taken from it (above)
+MIN_DECODE_STEPS = 8  # saturated decoding steps in the window before an output rate is taken from it (above)
 
 
 class Throughput:
@@ -49,7 +52,7 @@ class Throughput:
             self._record(end, seconds, prompt_tokens, generated, saturated)
 
     def _record(self, end: float, seconds: float, prompt_tokens: int, generated: int, saturated: bool) -> None:
-        if saturated and generated:
+        if saturated and generated and not prompt_tokens:  # prompt work is the prompt rate's (above)
             since_last = end - self._last_saturated_end if self._last_saturated_end is not None else seconds
             # a longer gap is the engine idling (its waiting requests were cancelled), not its cost
             self._decode.append((end, since_last if seconds < since_last <= seconds + MAX_GAP_S else seconds,

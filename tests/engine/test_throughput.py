@@ -7,35 +7,35 @@ import pytest
 from inference.engine.throughput import MIN_DECODE_STEPS, Throughput
 
 
-def test_only_saturated_steps_count_for_the_output_rate_and_an_idle_engine_keeps_its_last():
+def test_only_saturated_decoding_steps_count_for_the_output_rate_and_an_idle_engine_keeps_its_last():
     t = Throughput(window_s=30.0)
     assert t.rates(0.0) == (0.0, 0.0)  # never measured
     t.record(1.0, 0.1, prompt_tokens=0, generated=2, saturated=False)  # two short requests: 20 tokens/s, not capacity
     assert t.rates(1.0) == (0.0, 0.0)
-    t.record(2.0, 0.1, prompt_tokens=40, generated=8, saturated=True)
+    t.record(2.0, 0.1, prompt_tokens=40, generated=8, saturated=True)  # prompt work: the prompt rate's
     # each next step ends 0.2 s after the one before: the 0.1 s between steps (the worker sending chunks) is a cost too
-    for i in range(1, MIN_DECODE_STEPS):
+    for i in range(1, MIN_DECODE_STEPS + 1):
         t.record(2.0 + 0.2 * i, 0.1, prompt_tokens=0, generated=8, saturated=True)
-    decode, prefill = t.rates(2.0 + 0.2 * (MIN_DECODE_STEPS - 1))
-    seconds = 0.1 + 0.2 * (MIN_DECODE_STEPS - 1)
-    assert decode == pytest.approx(8 * MIN_DECODE_STEPS / seconds) and prefill == pytest.approx(40 / 0.1)
-    assert t.rates(100.0) == (pytest.approx(8 * MIN_DECODE_STEPS / seconds), pytest.approx(400.0))  # the last stand
+    decode, prefill = t.rates(2.0 + 0.2 * MIN_DECODE_STEPS)
+    assert decode == pytest.approx(8 / 0.2) and prefill == pytest.approx(40 / 0.1)
+    assert t.rates(100.0) == (pytest.approx(40.0), pytest.approx(400.0))  # the window is empty: the last stand
     for i in range(MIN_DECODE_STEPS):  # after an idle gap: each step its own time only
         t.record(101.0 + 0.2 * i, 0.2, prompt_tokens=0, generated=4, saturated=True)
     assert t.rates(101.0 + 0.2 * (MIN_DECODE_STEPS - 1))[0] == pytest.approx(20.0)  # not the 99 s gap
 
 
-def test_a_wave_first_steps_give_no_output_rate_until_the_window_holds_enough_of_them():
-    """A wave's first step computes a batch of prompts and makes one token per request: a rate from it
-    alone was 0.2 tokens/s for a worker that then ran at ~15, and the gateway's Retry-After 4,629 s."""
+def test_a_wave_prompt_step_is_not_output_work_and_one_step_is_not_a_rate():
+    """A wave's first step computes a batch of prompts and makes one token per request: an output rate
+    over a window that held it was 0.2 tokens/s for a worker that then ran at ~15, and the gateway's
+    Retry-After 4,629 s. Its time is prompt work (the prompt rate); the output rate needs enough steps."""
     t = Throughput(window_s=30.0)
-    t.record(5.0, 5.0, prompt_tokens=800, generated=1, saturated=True)  # a slow prompt step on a loaded machine
-    assert t.rates(5.0)[0] == 0.0  # never measured: refuses nothing
+    t.record(5.0, 5.0, prompt_tokens=800, generated=8, saturated=True)  # a slow prompt step on a loaded machine
+    assert t.rates(5.0) == (0.0, pytest.approx(160.0))  # no output rate yet: refuses nothing
     for i in range(1, MIN_DECODE_STEPS):
         t.record(5.0 + 0.25 * i, 0.25, prompt_tokens=0, generated=8, saturated=True)
-    decode = t.rates(5.0 + 0.25 * (MIN_DECODE_STEPS - 1))[0]
-    assert decode == pytest.approx((1 + 8 * (MIN_DECODE_STEPS - 1)) / (5.0 + 0.25 * (MIN_DECODE_STEPS - 1)))
-    assert decode > 5  # the mix of the steps so far, not the prompt step alone (0.2)
+        assert t.rates(5.0 + 0.25 * i)[0] == 0.0, i  # too few decoding steps for a rate
+    t.record(5.0 + 0.25 * MIN_DECODE_STEPS, 0.25, prompt_tokens=0, generated=8, saturated=True)
+    assert t.rates(5.0 + 0.25 * MIN_DECODE_STEPS)[0] == pytest.approx(32.0)  # 8 tokens a 0.25-s step
 
 
 def test_the_window_stays_bounded_when_nobody_asks_and_threads_can_share_it():
