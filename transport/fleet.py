@@ -11,8 +11,11 @@ asker cannot pick one):
 
 * a free batch slot: the request starts at once, it waits only for its own prompt (prefill);
 * none free: it starts once the work ahead of it, queued and running, is done, at the fleet's measured
-  rates: ``(queued output tokens + running requests' output tokens left) / output rate + queued prompt
-  tokens / prompt rate`` (the engine measures the two apart: ``inference/engine/throughput.py``). Exact when the batch
+  rate: ``(queued output tokens + running requests' output tokens left) / output rate`` (measured over
+  decoding steps: ``inference/engine/throughput.py``). The prompts ahead are left out: counted as queued
+  prompt tokens over the measured prompt rate they made estimates of 1,300 s for schema-constrained
+  requests on a loaded machine (tests/gateway/test_tools.py), whose steps are slow for reasons other
+  than their prompts; the output budgets (below) are the larger part of the work and over-count it. Exact when the batch
   runs in step (requests that started together with the same budget all end together, and only then
   is a slot free); requests in a staggered batch free a slot sooner, by up to what one batch has left.
 
@@ -145,6 +148,4 @@ class Fleet:
             return Estimate(service, 0.0, len(workers), measured=False)
         queued = max(sum(s.queued_output_tokens for s in workers), own.output_tokens)
         wait = (queued + sum(s.running_output_tokens for s in workers)) / decode
-        if prefill > 0:  # the prompts ahead: the output rate leaves their steps out (throughput.py)
-            wait += max(sum(s.queued_prompt_tokens for s in workers), own.prompt_tokens) / prefill
         return Estimate(wait + service, wait, len(workers), measured=True)

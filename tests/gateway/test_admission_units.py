@@ -27,11 +27,11 @@ class Clock:
 
 
 def status(worker="w1", *, running=0, waiting=0, max_running=8, queued_output=0, running_output=0, decode=0.0,
-           prefill=0.0, state=WorkerState.SERVING, model=MODEL, queued_prompt=0) -> WorkerStatus:
+           prefill=0.0, state=WorkerState.SERVING, model=MODEL) -> WorkerStatus:
     return WorkerStatus(worker_id=worker, model=model, state=state, running=running, waiting=waiting,
                         kv_cache_used_tokens=0, kv_cache_total_tokens=1, tokens_per_s=decode, max_running=max_running,
                         queued_output_tokens=queued_output, running_output_tokens=running_output,
-                        decode_tokens_per_s=decode, prefill_tokens_per_s=prefill, queued_prompt_tokens=queued_prompt)
+                        decode_tokens_per_s=decode, prefill_tokens_per_s=prefill)
 
 
 def warm_fleet(*statuses: WorkerStatus, stale_s: float = 10.0) -> tuple[Fleet, Clock]:
@@ -62,18 +62,6 @@ def test_a_full_batch_waits_for_the_work_ahead_queued_and_running_at_the_measure
                                  decode=50.0))
     estimate = fleet.estimate(MODEL, Work(), prompt_tokens=0)
     assert estimate.wait_s == pytest.approx(20.0) and estimate.first_token_s == pytest.approx(20.0)
-
-
-def test_the_prompts_ahead_count_at_the_prompt_rate():
-    """The engine's output rate leaves prompt steps out (inference/engine/throughput.py), so the prompts of the
-    waiting requests are work ahead of their own: 2,000 prompt tokens at 500 tokens/s add 4 s."""
-    fleet, _ = warm_fleet(status(running=8, waiting=4, max_running=8, queued_output=600, running_output=400,
-                                 decode=50.0, prefill=500.0, queued_prompt=2_000))
-    estimate = fleet.estimate(MODEL, Work(), prompt_tokens=100)
-    assert estimate.wait_s == pytest.approx(20.0 + 4.0) and estimate.first_token_s == pytest.approx(24.0 + 0.2)
-    # the gateway's own requests not yet reported: their prompts too
-    behind_own = fleet.estimate(MODEL, Work(requests=20, prompt_tokens=5_000, output_tokens=600), prompt_tokens=100)
-    assert behind_own.wait_s == pytest.approx(20.0 + 10.0)
 
 
 def test_the_gateways_own_unreported_work_counts_when_the_reports_show_less():
