@@ -15,8 +15,8 @@ asker cannot pick one):
   decoding steps: ``inference/engine/throughput.py``). The prompts ahead are left out: counted as queued
   prompt tokens over the measured prompt rate they made estimates of 1,300 s for schema-constrained
   requests on a loaded machine (tests/gateway/test_tools.py), whose steps are slow for reasons other
-  than their prompts; the output budgets (below) are the larger part of the work and over-count it. Exact when the batch
-  runs in step (requests that started together with the same budget all end together, and only then
+  than their prompts; the output budgets (below) are the larger part of the work and over-count it.
+  Exact when the batch runs in step (requests that started together with the same budget all end together, and only then
   is a slot free); requests in a staggered batch free a slot sooner, by up to what one batch has left.
 
 Budgets are ``max_tokens``, so a request that stops early at its end of text makes the real wait shorter

@@ -1,8 +1,9 @@
 """What the engine can do, measured: tokens per second while it had more work than its batch.
 
 The gateway estimates a new request's wait from the output work queued ahead of it at the output rate,
-and its own prefill at the prompt rate (``transport/fleet.py``), so the rates must be the engine's capacity, not its current output: an engine with two short requests running makes few tokens
-per second and could make many more. Only steps taken while requests were waiting (or every batch slot
+and its own prefill at the prompt rate (``transport/fleet.py``), so the rates must be the engine's
+capacity, not its current output: an engine with two short requests running makes few tokens per second
+and could make many more. Only steps taken while requests were waiting (or every batch slot
 was taken) and that computed no prompt tokens count for the output rate, each with the wall time since
 the step before it (the worker's own work between steps, sending chunks and taking records, is part of
 what a token costs). The prompt rate is over every step that computed prompt tokens: the cost of one
@@ -13,9 +14,8 @@ of a whole batch and makes one token per request, and the output rate over a win
 fraction of the real one, on a loaded machine a small fraction: a fresh worker reported 0.2 tokens/s for a
 batch that then ran at ~15, and the gateway answered 429 with a Retry-After of 4,629 s
 (tests/gateway/test_admission.py in a CI run with three test stacks beside it; after a restart the fault
-suite's worker refused prompts the same way).
-And the output rate is taken only from a window of ``MIN_DECODE_STEPS`` such steps or more: one step alone
-is noise on a loaded machine.
+suite's worker refused prompts the same way). And the output rate is taken only from a window of
+``MIN_DECODE_STEPS`` such steps or more: one step alone is noise on a loaded machine.
 
 A window of ``window_s``; when too few steps of a kind fell in it (the engine idle or unsaturated), the
 last rate measured stands: an idle engine still knows what it did when busy. 0.0 = never measured, and
