@@ -16,8 +16,9 @@ asker cannot pick one):
   prompt tokens over the measured prompt rate they made estimates of 1,300 s for schema-constrained
   requests on a loaded machine (tests/gateway/test_tools.py), whose steps are slow for reasons other
   than their prompts; the output budgets (below) are the larger part of the work and over-count it.
-  Exact when the batch runs in step (requests that started together with the same budget all end together, and only then
-  is a slot free); requests in a staggered batch free a slot sooner, by up to what one batch has left.
+  Exact when the batch runs in step (requests that started together with the same budget all end
+  together, and only then is a slot free); requests in a staggered batch free a slot sooner, by up to
+  what one batch has left.
 
 Budgets are ``max_tokens``, so a request that stops early at its end of text makes the real wait shorter
 than the estimate too: the estimate is an upper bound, and errs towards a 429 that a retry after
