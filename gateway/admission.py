@@ -12,8 +12,9 @@ In order, for each prompt (``GatewayService._produce``):
    to first token, with this gateway's own requests that have no first token yet ahead of it, against
    the time left to its deadline (``first_chunk_timeout_s``, or the client's ``X-Chatpipe-Timeout-S``).
    Longer: 429 ``deadline_unreachable`` with ``Retry-After`` = the excess plus a margin (``fleet.py``): the
-   queue ahead drains at the measured rate, so a retry then fits unless more work arrived meanwhile. The estimate uses each
-   request's ``max_tokens``, an upper bound: requests that stop early make the real wait shorter.
+   queue ahead drains at the measured rate, so a retry then fits unless more work arrived meanwhile. The
+   estimate uses each request's ``max_tokens``, an upper bound: requests that stop early make the real
+   wait shorter.
 4. **Flex needs room soon**: ``service_tier: flex`` is the batch class, which runs only where no
    interactive request waits; when the estimated wait for a batch slot is over ``flex_max_wait_s`` it
    gets 429 ``flex_capacity_unavailable`` (OpenAI's flex answers 429 when it has no capacity), with

@@ -66,12 +66,15 @@ class Throughput:
     def rates(self, now: float) -> tuple[float, float]:
         """(output tokens/s while saturated, prompt tokens/s)."""
         with self._lock:
-            return self._rate("decode", self._decode, now), self._rate("prefill", self._prefill, now)
+            return (self._rate("decode", self._decode, now, MIN_DECODE_STEPS),
+                    self._rate("prefill", self._prefill, now, 1))
 
-    def _rate(self, kind: str, steps: collections.deque[tuple[float, float, int]], now: float) -> float:
+    def _rate(self, kind: str, steps: collections.deque[tuple[float, float, int]], now: float,
+              min_steps: int) -> float:
+        """The rate over ``steps`` in the window, once it holds ``min_steps`` of them; else the last one."""
         while steps and now - steps[0][0] > self.window_s:
             steps.popleft()
-        if kind == "decode" and len(steps) < MIN_DECODE_STEPS:
+        if len(steps) < min_steps:
             return self._last[kind]
         seconds = sum(s for _, s, _ in steps)
         if seconds > 0:

@@ -40,12 +40,12 @@ from streams.embedding_requests import DEFAULT_MODEL_NAME, EmbeddingRequests
 from streams.faults import Retrier
 from streams.intake import Intake
 from streams.record import Record, turn_id_for
-from transport.fleet import RETRY_MARGIN
 from streams.refusals import Refusals
 from streams.services import StreamsServices
 from streams.settings import StreamsSettings
 from streams.state import ConversationState, state_key
 from streams.tokens import TokenCounter
+from transport.fleet import RETRY_MARGIN
 
 CODEC = default_codec()
 TP = namedtuple("TP", "topic partition")
