@@ -23,7 +23,10 @@ def test_sigterm_hands_back_unfinished_requests(intake, worker_kafka, reader, tm
     first = start_worker(kafka, tmp_path, intake=intake, worker_id="first", CHATPIPE_WORKER_GRACE_S="0")
     try:
         first.wait_serving()
-        req = make_request(1, max_tokens=96, reply_to=kafka.topic(REPLIES), reply_partition=0,
+        # 64 tokens: long enough to be cut by the SIGTERM, short enough that the second worker finishes it
+        # within the share record lock (60 s less its margin) on a loaded 2-core machine, where one CI run's
+        # second worker made under 96 tokens in those 55 s (finish TIMEOUT).
+        req = make_request(1, max_tokens=64, reply_to=kafka.topic(REPLIES), reply_partition=0,
                            text="Write a long story about a lighthouse keeper.")
         send_requests(kafka, [req])
         reader.wait_for(lambda s: s.chunk_count.get(req.request_id, 0) >= 2, 60, "the generation to start")
