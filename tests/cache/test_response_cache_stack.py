@@ -38,8 +38,12 @@ def stack(kafka_stack, tmp_path_factory):
     TopicAdmin(kafka).apply()
     with RedisServer(root) as redis:
         # retry_after_s short: the kill test sees the cache used again within seconds of Redis coming back
+        # worker_stale_s 120: in two loaded fresh-clone runs (4 test workers on 2 cores) the gateway answered 503
+        # no_worker while the worker's traces show a status sent every second: the gateway's status reader went
+        # 30 s without one (not yet explained; noted for the next session). This file tests the cache.
         pipeline = start_pipeline(kafka, root, streams_env={"CHATPIPE_CACHE_URL": redis.url,
-                                                            "CHATPIPE_CACHE_RETRY_AFTER_S": "1"})
+                                                            "CHATPIPE_CACHE_RETRY_AFTER_S": "1"},
+                                  gateway_env={"CHATPIPE_GATEWAY_WORKER_STALE_S": "120"})
         pipeline.redis = redis
         pipeline.turns = Tap(kafka, TURNS)
         yield pipeline
