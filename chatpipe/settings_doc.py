@@ -21,7 +21,7 @@ from pydantic import AliasChoices, AliasPath
 from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("chatpipe", "k8s", "gateway", "streams", "inference", "spark_jobs", "clients", "capacity", "infra",
+PACKAGES = ("chatpipe", "k8s", "gateway", "streams", "inference", "spark_jobs", "training", "clients", "capacity", "infra",
             "transport", "schemas")
 DOC = ROOT / "docs" / "settings.md"
 REGENERATE = "python -m chatpipe.settings_doc --write"

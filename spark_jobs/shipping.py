@@ -33,8 +33,9 @@ from pathlib import Path
 
 from spark_jobs.errors import SparkJobError
 
-#: Packages an executor may import: the jobs and what they import (schemas, transport).
-PROJECT_PACKAGES = ("spark_jobs", "schemas", "transport")
+#: Packages an executor may import: the jobs and what they import (schemas, transport); training and formats for
+#: the training processes that TorchDistributor starts as barrier tasks on a cluster (`chatpipe train lora --master`).
+PROJECT_PACKAGES = ("spark_jobs", "training", "schemas", "transport", "formats")
 #: ``chatpipe spark submit`` job names -> module run by spark-submit.
 JOB_MODULES = {"finetune-dataset": "spark_jobs.finetune_dataset", "usage-report": "spark_jobs.usage_report"}
 #: A class of each connector: present in the driver's JVM only if its jar was on spark-submit's classpath.

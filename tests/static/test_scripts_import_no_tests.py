@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PRODUCT_PACKAGES = ("chatpipe", "schemas", "formats", "transport", "inference", "gateway", "streams", "spark_jobs",
+PRODUCT_PACKAGES = ("chatpipe", "schemas", "formats", "transport", "inference", "gateway", "streams", "spark_jobs", "training",
                     "clients", "capacity", "infra", "k8s")
 
 
