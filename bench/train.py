@@ -13,6 +13,9 @@ and the final loss. Then the scaling efficiency, 2 processes' tokens/s over 1 pr
 2 cores: each process does the same work per step and LoRA's all-reduce is a few MB), and the overhead,
 the 1-process run's wall time over the plain loop's. The last line is the 2-vs-1 ratio.
 
+Full mode adds a straggler: the 2-process run again with process 1 sleeping in every step as long as a
+step took in the 2-process run (a process at half speed), and prints the seconds per step of both.
+
 ``--quick``: 4 steps each (about 2 minutes on 2 cores, most of it process starts); default 24 steps.
 """
 
@@ -31,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from chatpipe.testing.planted_facts import facts, write_sft
 from inference.engine.settings import EngineSettings
 from training.launch import local_session, new_run, run_training
-from training.loop import train_process
+from training.loop import DRILL_SLOW_RANK, DRILL_SLOW_S, train_process
 from training.settings import TrainSettings
 
 
@@ -49,8 +52,8 @@ def plain(root: Path, dataset: Path, steps: int) -> tuple[dict, float]:
     return metrics, time.perf_counter() - started
 
 
-def distributed(root: Path, dataset: Path, steps: int, processes: int) -> tuple[dict, float]:
-    settings = settings_for(root, dataset, f"ddp{processes}", steps, processes)
+def distributed(root: Path, dataset: Path, steps: int, processes: int, name: str = "") -> tuple[dict, float]:
+    settings = settings_for(root, dataset, name or f"ddp{processes}", steps, processes)
     run = new_run(settings)
     started = time.perf_counter()
     local_session(settings)
@@ -79,7 +82,15 @@ def main() -> None:
             rows[name] = (metrics, wall)
             print(f"{name:30s} {metrics['tokens_per_s']:8.1f} tokens/s  whole run {wall:6.1f} s  "
                   f"(training {metrics['seconds']:.1f} s)  final loss {metrics['train_loss']:.3f}")
-    one, two = rows["TorchDistributor, 1 process"], rows["TorchDistributor, 2 processes"]
+        one, two = rows["TorchDistributor, 1 process"], rows["TorchDistributor, 2 processes"]
+        if not args.quick:
+            step_s = two[0]["loop_seconds"] / two[0]["steps"]
+            os.environ.update({DRILL_SLOW_RANK: "1", DRILL_SLOW_S: f"{step_s:.3f}"})
+            slow, _ = distributed(root, dataset, steps, 2, name="straggler")
+            for key in (DRILL_SLOW_RANK, DRILL_SLOW_S):
+                del os.environ[key]
+            print(f"straggler: process 1 sleeping {step_s:.2f} s a step: {slow['loop_seconds'] / slow['steps']:.2f} s "
+                  f"a step against {step_s:.2f} s ({slow['tokens_per_s']:.1f} tokens/s)")
     overhead = one[1] / rows["plain loop, 1 process"][1]
     print(f"overhead of Spark + torchrun (1 process) over the plain loop, whole run: {overhead:.2f}x")
     print(f"train/2 processes vs 1, tokens/s = {two[0]['tokens_per_s'] / one[0]['tokens_per_s']:.2f}")

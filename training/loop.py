@@ -31,10 +31,13 @@ from training.sft_data import (DatasetError, ShardedExamples, batches, collate, 
 PROGRESS_FILE = "progress.jsonl"
 METRICS_FILE = "metrics.json"
 ADAPTER_DIR = "adapter"
-#: Test hook (tests/training): the process of this rank exits at once (os._exit, as a SIGKILL would) after
-#: writing the step given by CHATPIPE_TRAIN_DRILL_DIE_AFTER.
+#: Drills (tests/training, bench/train.py), off unless set: the process of rank DIE_RANK exits at once (os._exit,
+#: as a SIGKILL would) after step DIE_AFTER; the process of rank SLOW_RANK sleeps SLOW_S seconds in every step
+#: (a straggler).
 DRILL_DIE_RANK = "CHATPIPE_TRAIN_DRILL_DIE_RANK"
 DRILL_DIE_AFTER = "CHATPIPE_TRAIN_DRILL_DIE_AFTER"
+DRILL_SLOW_RANK = "CHATPIPE_TRAIN_DRILL_SLOW_RANK"
+DRILL_SLOW_S = "CHATPIPE_TRAIN_DRILL_SLOW_S"
 
 
 class _Group:
@@ -153,6 +156,7 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
                                    "processes": group.size, "examples": total}) + "\n")
         progress.flush()
     die_after = int(os.environ.get(DRILL_DIE_AFTER, 0)) if os.environ.get(DRILL_DIE_RANK) == str(group.rank) else 0
+    slow_s = float(os.environ.get(DRILL_SLOW_S, 0)) if os.environ.get(DRILL_SLOW_RANK) == str(group.rank) else 0.0
     model.train()
     window_started, window_tokens = time.monotonic(), 0
     while step < total_steps:
@@ -160,6 +164,8 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
         order = epoch_order(len(shard), padded, settings.seed, epoch)
         ids = list(batches(order, settings.batch_size))[in_epoch]
         batch = collate([shard[i] for i in ids], pad_id)
+        if slow_s:
+            time.sleep(slow_s)
         loss = trained(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -174,7 +180,8 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
         if progress:
             elapsed = time.monotonic() - window_started
             progress.write(json.dumps({"event": "step", "step": step, "total_steps": total_steps, "loss": mean_loss,
-                                       "tokens_per_s": window_tokens / elapsed if elapsed > 0 else 0.0}) + "\n")
+                                       "tokens_per_s": window_tokens / elapsed if elapsed > 0 else 0.0,
+                                       "seconds": round(elapsed, 3)}) + "\n")
             progress.flush()
         if step % settings.checkpoint_every == 0 or step == total_steps:
             _checkpoint(run, step, model, optimizer, schedule, history, tokens_seen, settings, group)
@@ -197,6 +204,7 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
         "train_loss": history[-1]["loss"] if history else None, "eval_loss": eval_loss,
         "tokens": tokens_seen, "seconds": round(time.monotonic() - started, 2),
         "tokens_per_s": round(window_tokens / max(time.monotonic() - window_started, 1e-9), 1),
+        "loop_seconds": round(time.monotonic() - window_started, 2),  # the steps of this start (after a resume: since it)
         "resumed_from": resumed_from, "history": history,
     }
     (run / METRICS_FILE).write_text(json.dumps(metrics, indent=1))

@@ -17,7 +17,7 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("chatpipe", "k8s", "gateway", "streams", "inference", "spark_jobs", "clients", "capacity", "infra",
+PACKAGES = ("chatpipe", "k8s", "gateway", "streams", "inference", "spark_jobs", "training", "clients", "capacity", "infra",
             "transport", "formats", "schemas", "bench", "examples", "tests")
 TOP_LEVEL = (*PACKAGES, "docs")
 # A word that starts with a top-level folder; what precedes it must not make it part of a longer path,
