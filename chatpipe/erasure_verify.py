@@ -58,7 +58,8 @@ from schemas.topics import (
     spec,
 )
 from streams.archive_erasure import archive_files, may_hold, subject_record
-from streams.erasures import Subject, read_to_end
+from streams.erasures import Subject
+from transport.topic_scan import read_to_end
 from transport.archive import read_messages
 
 Progress = Callable[[str], None]

@@ -62,6 +62,17 @@ class DeletionScope(StrEnum):
     CONVERSATION = "CONVERSATION"
 
 
+class ModelState(StrEnum):
+    """Where a model version stands (ModelVersion): trained and not served yet, served to a share of
+    traffic, served, no longer served, failed its checks, or trained on data of a user since erased."""
+    CANDIDATE = "CANDIDATE"
+    CANARY = "CANARY"
+    LIVE = "LIVE"
+    RETIRED = "RETIRED"
+    FAILED = "FAILED"
+    TAINTED = "TAINTED"
+
+
 class WorkerState(StrEnum):
     STARTING = "STARTING"
     SERVING = "SERVING"
@@ -391,7 +402,37 @@ class EmbeddingResult:
     schema_version: int = 1
 
 
+@dataclass(slots=True, kw_only=True)
+class ModelVersion:
+    """One fine-tuned version of a model (chat.models, key ``model_key(name, version)``); a state change is
+    the same record again with a new ``state`` and ``updated_at`` (schemas/models.py has the artifact layout)."""
+    event_id: str = field(default_factory=new_id)
+    name: str
+    version: int
+    base_model: str
+    base_model_sha256: str
+    adapter_uri: str
+    adapter_sha256: str
+    card_uri: str
+    lineage_uri: str
+    dataset_uri: str
+    dataset_manifest_id: str
+    tenant: str | None = None  # None: trained on data declared shared
+    data_tenants: list[str] = field(default_factory=list)
+    training_rows: int
+    hyperparameters: dict[str, str] = field(default_factory=dict)
+    train_loss: float | None = None
+    eval_loss: float | None = None
+    eval_loss_before: float | None = None
+    eval_results: dict[str, float] = field(default_factory=dict)
+    state: ModelState = ModelState.CANDIDATE
+    state_reason: str | None = None
+    created_at: int = field(default_factory=now_ms)
+    updated_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
 #: Every top-level record type, by its Avro record name.
 RECORD_TYPES: dict[str, type] = {cls.__name__: cls for cls in (
     PromptRequest, InferenceRequest, TokenChunk, Response, Cancel, ConversationTurn, Feedback, Deletion, WorkerStatus,
-    DeadLetter, DeletionAudit, EmbeddingRequest, EmbeddingResult)}
+    DeadLetter, DeletionAudit, EmbeddingRequest, EmbeddingResult, ModelVersion)}

@@ -84,6 +84,10 @@ CATALOG: tuple[TopicSpec, ...] = (
               doc="Everything that could not be decoded or served, with the reason.",
               producers=("streams intake", "streams record", "streams forget", "inference worker"),
               consumers=("spark jobs", "analytics")),
+    # The model registry: the latest record of each key is the version's state (schemas/models.py).
+    TopicSpec("chat.models", 1, "name@version", "ModelVersion", cleanup_policy="compact", retention_ms=-1,
+              doc="Fine-tuned model versions and their state (compacted: the latest record per version).",
+              producers=("chatpipe train", "streams forget"), consumers=("chatpipe model", "streams forget")),
     # POST /v1/embeddings: the streams tier embeds with its memory model and answers on the asker's
     # reply address (an EmbeddingResult on chat.replies.<gateway id>; streams/embedding_requests.py).
     TopicSpec("chat.embeddings.requests", 6, "request_id", "EmbeddingRequest", retention_ms=60 * 60 * 1000,
@@ -110,6 +114,7 @@ CANCELS = "chat.cancels"
 WORKERS_STATUS = "chat.workers.status"
 DLQ = "chat.dlq"
 EMBEDDING_REQUESTS = "chat.embeddings.requests"
+MODELS = "chat.models"
 
 
 def inference_requests_topic(priority: str) -> str:

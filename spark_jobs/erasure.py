@@ -11,11 +11,8 @@ Every row the finetune job writes to Parquet (``parquet/sft``, ``parquet/prefere
 - ``oldest_at``: epoch ms of the oldest record the row holds (the turn, the turns of its history,
   both sides of a pair), so "created at or before a deletion" can be asked of the row.
 
-Both keys hash a length-prefixed encoding (``<utf-8 length>:<value>`` per part, after a domain
-prefix), so no choice of ids makes two different tuples collide by concatenation, and the Spark
-columns (:func:`subject_column`, :func:`conversation_key_column`) compute exactly the Python
-values (tested). The hash is not keyed: someone holding a dataset and guessing a (tenant, user)
-pair can confirm it; what it prevents is a dataset that lists user ids in the clear.
+Both keys are ``schemas.subjects``' (the trainer's lineage carries them too); the Spark columns
+(:func:`subject_column`, :func:`conversation_key_column`) compute exactly the Python values (tested).
 
 Next to the dataset the job writes ``_chatpipe_dataset.json`` (:data:`MANIFEST`): when it was
 built and which erasures it applied (subject, conversation key or null for the whole user, the
@@ -29,34 +26,19 @@ Not here: reading the deletions and excluding rows (``finetune_dataset.erased_ro
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from schemas.subjects import CONVERSATION_DOMAIN, SUBJECT_DOMAIN, conversation_key, subject_key
 
 #: The file the finetune job writes into its output: build time, tables, erasures applied.
 MANIFEST = "_chatpipe_dataset.json"
 MANIFEST_FORMAT = 1
 #: The Parquet tables of a dataset that hold rows with subject keys.
 TABLES = ("parquet/sft", "parquet/preference", "parquet/dropped")
-_SUBJECT_DOMAIN = "chatpipe.subject|"
-_CONVERSATION_DOMAIN = "chatpipe.conversation|"
 _JOB = "finetune-dataset"
-
-
-def _encode(*parts: str) -> str:
-    return "".join(f"{len(p.encode('utf-8'))}:{p}" for p in parts)
-
-
-def subject_key(tenant: str, user_id: str) -> str:
-    """The stable hash naming (tenant, user_id) in datasets (hex SHA-256)."""
-    return hashlib.sha256((_SUBJECT_DOMAIN + _encode(tenant, user_id)).encode("utf-8")).hexdigest()
-
-
-def conversation_key(tenant: str, user_id: str, conversation_id: str) -> str:
-    """The stable hash naming one conversation of one user of one tenant (hex SHA-256)."""
-    return hashlib.sha256((_CONVERSATION_DOMAIN + _encode(tenant, user_id, conversation_id)).encode("utf-8")).hexdigest()
 
 
 def _encode_column(*cols):
@@ -69,14 +51,14 @@ def subject_column(tenant: str = "tenant", user_id: str = "user_id"):
     """A Column: :func:`subject_key` of two string columns (null when either is null)."""
     from pyspark.sql import functions as F
 
-    return F.sha2(F.concat(F.lit(_SUBJECT_DOMAIN), _encode_column(F.col(tenant), F.col(user_id))), 256)
+    return F.sha2(F.concat(F.lit(SUBJECT_DOMAIN), _encode_column(F.col(tenant), F.col(user_id))), 256)
 
 
 def conversation_key_column(tenant: str = "tenant", user_id: str = "user_id", conversation_id: str = "conversation_id"):
     """A Column: :func:`conversation_key` of three string columns (null when any is null)."""
     from pyspark.sql import functions as F
 
-    return F.sha2(F.concat(F.lit(_CONVERSATION_DOMAIN), _encode_column(
+    return F.sha2(F.concat(F.lit(CONVERSATION_DOMAIN), _encode_column(
         F.col(tenant), F.col(user_id), F.col(conversation_id))), 256)
 
 

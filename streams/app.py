@@ -50,6 +50,7 @@ from schemas.topics import (
     FEEDBACK,
     INFERENCE_REQUESTS,
     INFERENCE_REQUESTS_BATCH,
+    MODELS,
     PROMPTS,
     RESPONSES,
     TURNS,
@@ -76,6 +77,7 @@ from streams.faust_runtime.watchdog import (
 from streams.fleet_follower import FleetFollower
 from streams.forget import Forget, ForgetPartition
 from streams.intake import Intake
+from streams.model_taint import ModelTaint
 from streams.memory_writer import MemoryWriter, memory_writer_group
 from streams.metrics import AgentCounters, StreamsMetrics
 from streams.record import Record
@@ -213,7 +215,7 @@ class StreamsApp:
         forget_letters = DeadLetters(dlq, codec, "streams.forget")
         self.forget = Forget(services, self.forget_topic, partitions, forget_letters, retrier, archiver=self.archiver,
                              archive_retrier=archive_retrier, erasures=self.erasures, cache=self.cache,
-                             audit_topic=topic(DELETIONS_AUDIT))
+                             audit_topic=topic(DELETIONS_AUDIT), models=ModelTaint(kafka), models_topic=topic(MODELS))
         self.forget_partition = ForgetPartition(
             services, self.table, partitions, topic(DELETIONS_AUDIT), forget_letters, retrier,
             archiver=self.archiver, archive_topics=[kafka.topic(TURNS), kafka.topic(FEEDBACK)],

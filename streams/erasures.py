@@ -23,11 +23,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
 from schemas.records import Deletion, DeletionScope
+from transport.topic_scan import read_to_end
 from schemas.topics import DELETIONS
 from transport.broadcast import BroadcastListener
 from transport.settings import IDLE_FETCH_WAIT_MS
@@ -124,70 +125,6 @@ class ErasureRegistry:
 def _keep_newest(times: dict[Any, int], subject: tuple, at: int) -> None:
     """``times[subject]``: the newest deletion time of the subject (one dict write: atomic)."""
     times[subject] = max(at, times.get(subject, at))
-
-
-def read_to_end(kafka: Any, topic: str, on_message: Callable[[Any], None], *, timeout_s: float = 30.0,
-                progress: Callable[[int], None] | None = None, progress_every: int = 10_000) -> int:
-    """Hand every message of ``topic`` now on the broker (each partition from its start to its
-    current end) to ``on_message``; returns how many. No consumer group: nothing is committed.
-
-    ``progress(n)`` is called every ``progress_every`` messages (long scans, e.g. ``forget --verify``).
-    """
-    from confluent_kafka import KafkaException, TopicPartition
-
-    from transport import clients
-
-    consumer = clients.consumer(kafka, "chatpipe-erasure-reader",
-                                {"enable.auto.commit": False, "enable.partition.eof": False})
-    try:
-        try:
-            meta = consumer.list_topics(topic, timeout=timeout_s)
-        except KafkaException as exc:
-            raise TimeoutError(f"{topic}: no metadata within {timeout_s} s ({exc})") from exc
-        described = meta.topics.get(topic)
-        if described is None or described.error is not None:
-            log.warning("%s is not on the broker (%s): read as empty", topic,
-                        described.error if described is not None else "unknown topic")
-            return 0
-        ends: dict[int, int] = {}
-        starts: list[TopicPartition] = []
-        for partition in described.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
-            if high > low:
-                ends[partition] = high
-                starts.append(TopicPartition(topic, partition, low))
-        if not starts:
-            return 0
-        consumer.assign(starts)
-        count = 0
-        deadline = time.monotonic() + max(timeout_s, 1.0)
-        while ends:
-            batch = consumer.consume(500, 0.5)
-            if not batch:  # the end offset may be no message (a compacted changelog's gap): ask the position
-                for tp in consumer.position([TopicPartition(topic, p) for p in ends]):
-                    if tp.offset >= ends[tp.partition]:
-                        del ends[tp.partition]
-                if not ends:
-                    break
-            if not batch and time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: partitions {sorted(ends)} not read to their end within {timeout_s} s "
-                                   "without progress")
-            for message in batch:
-                if message.error() is not None:
-                    continue
-                deadline = time.monotonic() + max(timeout_s, 1.0)  # progress: the wait starts again
-                partition = message.partition()
-                if partition not in ends or message.offset() >= ends[partition]:
-                    continue
-                on_message(message)
-                count += 1
-                if progress is not None and count % progress_every == 0:
-                    progress(count)
-                if message.offset() >= ends[partition] - 1:
-                    del ends[partition]
-        return count
-    finally:
-        consumer.close()
 
 
 class ErasureFollower(BroadcastListener):

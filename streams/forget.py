@@ -31,6 +31,10 @@ several streams workers over several workers' tables; so a deletion is carried o
    So a deletion has one ``streams.forget`` and one ``streams.archive`` audit per partition (6 each):
    their sums are the deletion's counts, and all 6 present means every partition carried it out.
 
+Model versions (``model_taint.py``) are not partitioned either: ``Forget`` marks every version trained on the
+subject's erased rows TAINTED on ``chat.models``, once per deletion, and audits it once, component
+``streams.models``, ``conversations_cleared`` = versions tainted.
+
 The response cache (``response_cache.py``) is not partitioned: ``Forget`` erases the user's entries
 once per deletion (every entry the user owns, for a conversation's deletion too: an entry's context
 may hold turns recalled from any of their conversations), before the fan-out, within the retry
@@ -64,12 +68,14 @@ import logging
 from typing import Any, Sequence
 
 from schemas.errors import DecodeError
+from schemas.models import model_key
 from schemas.records import Deletion, DeletionAudit, DeletionScope
 from streams.archive import Archiver, archived_message
 from streams.dead_letters import DeadLetters, child_headers
 from streams.erasures import ErasureRegistry, Subject
 from streams.errors import InvalidDeletionError
 from streams.faults import Retrier
+from streams.model_taint import ModelTaint
 from streams.ports import BatchRule, Message, Outbox
 from streams.response_cache import ResponseCache
 from streams.services import StreamsServices
@@ -79,6 +85,7 @@ log = logging.getLogger(__name__)
 COMPONENT = "streams.forget"
 ARCHIVE_COMPONENT = "streams.archive"
 CACHE_COMPONENT = "streams.response-cache"
+MODELS_COMPONENT = "streams.models"
 #: Deletions are rare: small batches, a short wait. Handled one after another within a batch.
 BATCH, WITHIN_S = 16, 0.05
 SCAN_CHUNK = 1000  # table keys scanned per hold of the state lock (as the idle sweep, expiry.py)
@@ -153,14 +160,17 @@ class Forget(_DeletionAgent):
     def __init__(self, services: StreamsServices, fanout_topic: Any, partitions: int, dead_letters: DeadLetters,
                  retrier: Retrier, *, archiver: Archiver | None = None, archive_retrier: Retrier | None = None,
                  erasures: ErasureRegistry | None = None, cache: ResponseCache | None = None,
-                 audit_topic: Any = None) -> None:
-        # archiver None: the deletions are not archived; cache None: no response cache
+                 audit_topic: Any = None, models: ModelTaint | None = None, models_topic: Any = None) -> None:
+        # archiver None: the deletions are not archived; cache None: no response cache; models None: no registry
         super().__init__(services, partitions, dead_letters, retrier, archiver, archive_retrier, erasures)
         self.fanout_topic = fanout_topic
         self.cache = cache
         self.audit_topic = audit_topic  # for the cache's audit
         self.fanned_out = 0
         self.cache_entries_erased = 0
+        self.models = models
+        self.models_topic = models_topic
+        self.versions_tainted = 0
 
     async def after_batch(self, messages: Sequence[Message]) -> None:
         if self.archiver is not None:  # the deletion log itself, for the dataset job (never rewritten)
@@ -176,10 +186,23 @@ class Forget(_DeletionAgent):
             await self._audit(deletion, m, outbox, CACHE_COMPONENT, deletion.conversation_id, 0, entries)
             log.info("erased %d response-cache entr%s of %s/%s (deletion %s)", entries, "y" if entries == 1 else "ies",
                      deletion.tenant, deletion.user_id, deletion.event_id)
+        if self.models is not None:
+            await self._taint_models(deletion, m, outbox)
         for partition in range(self.partitions):
             await outbox.send(self.fanout_topic, key=m.key, value=m.value, headers=child_headers(m),
                               partition=partition)
         self.fanned_out += 1
+
+
+    async def _taint_models(self, deletion: Deletion, m: Any, outbox: Outbox) -> None:
+        """The model versions trained on the subject's erased rows, marked TAINTED (model_taint.py), audited."""
+        versions = await self.retrier.call("model registry taint", asyncio.to_thread, self.models.tainted, deletion)
+        for version in versions:
+            await outbox.send(self.models_topic, key=model_key(version.name, version.version).encode(),
+                              value=self.services.codec.encode(version), headers=child_headers(m))
+            log.warning("model %s@%d tainted: %s", version.name, version.version, version.state_reason)
+        self.versions_tainted += len(versions)
+        await self._audit(deletion, m, outbox, MODELS_COMPONENT, deletion.conversation_id, 0, len(versions))
 
 
 class ForgetPartition(_DeletionAgent):

@@ -54,6 +54,8 @@ def strategy_for(schema, named: dict | None = None):
         return strat
     if kind == "array":
         return st.lists(strategy_for(schema["items"], named), max_size=4)
+    if kind == "map":
+        return st.dictionaries(st.text(max_size=20), strategy_for(schema["values"], named), max_size=4)
     if schema.get("logicalType") == "timestamp-millis":
         return st.integers(*TIMESTAMP_MS)
     return strategy_for(kind, named)
@@ -99,4 +101,11 @@ def sample_records() -> list:
                            deadline_at=1_700_000_300_000),
         r.EmbeddingResult(request_id="req-1", model="all-MiniLM-L6-v2", dimensions=2, count=2,
                           vectors=b"\x00\x00\x80?" * 4, tokens_in=9, worker_id="streams.embeddings"),
+        r.ModelVersion(name="acme-support", version=2, base_model="SmolLM2-135M-Instruct", base_model_sha256="ab" * 32,
+                       adapter_uri="/models/acme-support/2/adapter", adapter_sha256="cd" * 32,
+                       card_uri="/models/acme-support/2", lineage_uri="/models/acme-support/2/lineage.parquet",
+                       dataset_uri="/datasets/ft", dataset_manifest_id="ef" * 32, tenant="acme",
+                       data_tenants=["acme"], training_rows=120, hyperparameters={"lora_r": "16", "learning_rate": "0.0002"},
+                       train_loss=0.5, eval_loss=0.7, eval_loss_before=2.1, eval_results={"planted_facts": 0.875},
+                       state=r.ModelState.TAINTED, state_reason="erasure ev-1"),
     ]

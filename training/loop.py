@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from training import checkpoints
+from training.lineage import Selection
 from training.settings import TrainSettings
 from training.sft_data import (DatasetError, ShardedExamples, batches, collate, count_examples, epoch_order,
                                read_shard, shard_size, split_path)
@@ -124,10 +125,12 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
     tokenizer, model = _load(settings)
     pad_id = _pad_id(tokenizer)
     train_path = split_path(settings.dataset, "train")
-    total = count_examples(train_path)
+    selection = Selection.read(run)  # the lines chosen by the launcher (tenant scope, erasures); None: all
+    selected = selection.lines if selection is not None else None
+    total = len(selected) if selected is not None else count_examples(train_path)
     if total < group.size:
-        raise DatasetError(f"{train_path} has {total} examples, fewer than the {group.size} processes")
-    shard = ShardedExamples(read_shard(train_path, group.rank, group.size), tokenizer, settings.max_seq_len)
+        raise DatasetError(f"{train_path} has {total} examples to train on, fewer than the {group.size} processes")
+    shard = ShardedExamples(read_shard(train_path, group.rank, group.size, selected), tokenizer, settings.max_seq_len)
     padded = shard_size(total, group.size)
     per_epoch = math.ceil(padded / settings.batch_size)
     total_steps = settings.max_steps or per_epoch * settings.epochs
@@ -139,7 +142,8 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
     optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(settings, total_steps))
     step, history, tokens_seen = 0, [], 0
-    resumed_from = None
+    resumed_from = eval_before = None
+    validation = _validation(settings, tokenizer, group)
     if resume and (latest := checkpoints.latest(run)) is not None:
         state = checkpoints.read_state(latest)
         from peft import set_peft_model_state_dict
@@ -148,8 +152,11 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         step, history, tokens_seen = state["step"], state["history"], state["tokens"]
+        eval_before = state.get("eval_before")
         checkpoints.read_rng(latest, group.rank)
         resumed_from = step
+    elif validation is not None:  # the base model's loss: the adapter starts as the identity (LoRA's B is 0)
+        eval_before = evaluate(model, validation, pad_id, settings.batch_size, group)
     progress = open(run / PROGRESS_FILE, "a", encoding="utf-8") if group.rank == 0 else None
     if progress:
         progress.write(json.dumps({"event": "start", "step": step, "total_steps": total_steps,
@@ -184,24 +191,21 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
                                        "seconds": round(elapsed, 3)}) + "\n")
             progress.flush()
         if step % settings.checkpoint_every == 0 or step == total_steps:
-            _checkpoint(run, step, model, optimizer, schedule, history, tokens_seen, settings, group)
+            _checkpoint(run, step, model, optimizer, schedule, {"history": list(history), "tokens": tokens_seen,
+                                                                "eval_before": eval_before}, settings, group)
         if die_after and step >= die_after:
             os._exit(137)
 
     eval_loss = None
-    try:
-        validation = ShardedExamples(read_shard(split_path(settings.dataset, "validation"), group.rank, group.size),
-                                     tokenizer, settings.max_seq_len)
+    if validation is not None:
         eval_loss = evaluate(model, validation, pad_id, settings.batch_size, group)
-    except DatasetError:  # no validation split (a tiny dataset): the card says so
-        pass
     if group.rank != 0:
         return None
     model.save_pretrained(run / ADAPTER_DIR)
     tokenizer.save_pretrained(run / ADAPTER_DIR)
     metrics = {
         "steps": step, "total_steps": total_steps, "processes": group.size, "examples": total,
-        "train_loss": history[-1]["loss"] if history else None, "eval_loss": eval_loss,
+        "train_loss": history[-1]["loss"] if history else None, "eval_loss": eval_loss, "eval_loss_before": eval_before,
         "tokens": tokens_seen, "seconds": round(time.monotonic() - started, 2),
         "tokens_per_s": round(window_tokens / max(time.monotonic() - window_started, 1e-9), 1),
         "loop_seconds": round(time.monotonic() - window_started, 2),  # the steps of this start (after a resume: since it)
@@ -214,7 +218,18 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
     return metrics
 
 
-def _checkpoint(run: Path, step: int, model, optimizer, schedule, history, tokens, settings, group: _Group) -> None:
+def _validation(settings: TrainSettings, tokenizer, group: _Group) -> ShardedExamples | None:
+    """This process's shard of the validation split; None when the dataset has none (the card says so)."""
+    try:
+        return ShardedExamples(read_shard(split_path(settings.dataset, "validation"), group.rank, group.size),
+                               tokenizer, settings.max_seq_len)
+    except DatasetError:
+        return None
+
+
+def _checkpoint(run: Path, step: int, model, optimizer, schedule, progress: dict[str, Any], settings,
+                group: _Group) -> None:
+    """``progress``: the run's history, tokens seen and eval loss before training (restored on resume)."""
     from peft import get_peft_model_state_dict
 
     staged = checkpoints.staging(run, step)
@@ -225,6 +240,6 @@ def _checkpoint(run: Path, step: int, model, optimizer, schedule, history, token
     group.barrier()
     if group.rank == 0:
         state = {"adapter": get_peft_model_state_dict(model), "optimizer": optimizer.state_dict(),
-                 "schedule": schedule.state_dict(), "step": step, "history": list(history), "tokens": tokens}
+                 "schedule": schedule.state_dict(), "step": step, **progress}
         checkpoints.publish(run, step, state, settings.keep_checkpoints)
     group.barrier()

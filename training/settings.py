@@ -32,6 +32,17 @@ class TrainSettings(BaseSettings):
     runs_dir: Path = Field(Path(".chatpipe/runs"), description="Where each run's folder (checkpoints, adapter, "
                            "metrics) is made")
     run_name: str = Field("", description="The run folder's name; empty = lora-<UTC time>")
+    # -- whose data, and the version it becomes
+    tenant: str | None = Field(None, description="Train on this tenant's rows only: its adapter (one tenant's data "
+                               "trains only that tenant's adapters)")
+    shared_data: bool = Field(False, description="The dataset's tenants declared its data shared: one adapter "
+                              "from every tenant's rows")
+    publish: bool = Field(True, description="Publish the adapter as a model version (artifact store + chat.models); "
+                          "needs the dataset job's output (its lineage) and the broker")
+    model_name: str = Field("", description="The version's model name; empty = <tenant>-lora (shared-lora for "
+                            "shared data)")
+    artifact_store: str = Field(".chatpipe/models", description="Where versions' artifacts go: a folder, or any "
+                                "fsspec URI (s3://bucket/models with s3fs installed)")
     # -- distribution
     processes: int = Field(1, ge=1, description="Data-parallel processes (DDP, gloo on CPU)")
     master: str = Field("local", description="local: TorchDistributor's local mode (processes on this machine); "

@@ -52,16 +52,20 @@ def count_examples(path: Path) -> int:
         return sum(1 for line in lines if line.strip())
 
 
-def read_shard(path: Path, rank: int = 0, processes: int = 1) -> list[list[dict[str, str]]]:
-    """The messages of this process's lines (every ``processes``-th non-empty line from ``rank``),
-    checked: roles, text contents, the last one the assistant's."""
+def read_shard(path: Path, rank: int = 0, processes: int = 1,
+               selected: Sequence[int] | None = None) -> list[list[dict[str, str]]]:
+    """The messages of this process's lines (every ``processes``-th non-empty line from ``rank``; with
+    ``selected``, the example numbers a run trains on, every ``processes``-th of those), checked: roles,
+    text contents, the last one the assistant's."""
     conversations, example = [], -1
+    position = {n: i for i, n in enumerate(selected)} if selected is not None else None
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             example += 1
-            if example % processes != rank:
+            place = example if position is None else position.get(example)
+            if place is None or place % processes != rank:
                 continue
             try:
                 messages = json.loads(line)["messages"]

@@ -28,7 +28,7 @@ MaxBatch = Annotated[Optional[int], option(EngineSettings, "max_batch")]
 KvCacheTokens = Annotated[Optional[int], option(EngineSettings, "kv_cache_tokens")]
 MaxSeqLen = Annotated[Optional[int], option(EngineSettings, "max_seq_len")]
 
-model_app = typer.Typer(name="model", help="Fetch and inspect the chat model.", no_args_is_help=True)
+model_app = typer.Typer(name="model", help="Fetch and inspect the chat model; the fine-tuned versions on the registry.", no_args_is_help=True)
 
 
 def _quiet_transformers() -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import build_settings, console
+from chatpipe.commands.common import build_settings, console, with_kafka_flags
 from chatpipe.options import option
 from training.settings import TrainSettings  # pydantic only: the flags are made from its fields
 
@@ -21,8 +21,14 @@ def _opt(field: str, *flags: str):
 
 
 @train_app.command("lora")
+@with_kafka_flags
 def lora(
     dataset: Annotated[Optional[Path], _opt("dataset")] = None,
+    tenant: Annotated[Optional[str], _opt("tenant")] = None,
+    shared_data: Annotated[Optional[bool], _opt("shared_data", "--shared-data")] = None,
+    publish: Annotated[Optional[bool], _opt("publish", "--publish/--no-publish")] = None,
+    model_name: Annotated[Optional[str], _opt("model_name")] = None,
+    artifact_store: Annotated[Optional[str], _opt("artifact_store")] = None,
     model_path: Annotated[Optional[Path], _opt("model_path", "--model")] = None,
     runs_dir: Annotated[Optional[Path], _opt("runs_dir")] = None,
     run_name: Annotated[Optional[str], _opt("run_name")] = None,
@@ -42,22 +48,41 @@ def lora(
     resume: Annotated[Optional[Path], typer.Option("--resume", metavar="RUN",
                                                    help="Go on with a run folder from its last checkpoint, "
                                                         "with the settings it was started with")] = None,
+    rebuild: Annotated[Optional[str], typer.Option("--rebuild", metavar="NAME@VERSION",
+                                                   help="Train a version again with its recorded settings (and "
+                                                        "--dataset if given), leaving out rows of users erased since: "
+                                                        "the next version of its name")] = None,
+    kafka=None,
 ) -> None:
-    """Train a LoRA adapter on sft/*.jsonl (loss on the answers only); N processes with --processes N."""
+    """Train a LoRA adapter on sft/*.jsonl (loss on the answers only); N processes with --processes N;
+    publish it as a model version (artifact store + chat.models)."""
     from training.launch import local_session, new_run, resumed_settings, run_training
 
+    reason = None
     if resume is not None:
         run = resume.expanduser().resolve()
         settings = resumed_settings(run, **({"progress": progress} if progress is not None else {}))
     else:
-        settings = build_settings(TrainSettings, dataset=dataset, model_path=_base_model(model_path), runs_dir=runs_dir,
-                                  run_name=run_name, processes=processes, master=master,
-                                  threads_per_process=threads_per_process, lora_r=lora_r, lora_alpha=lora_alpha,
-                                  learning_rate=learning_rate, epochs=epochs, max_steps=max_steps,
-                                  batch_size=batch_size, max_seq_len=max_seq_len, seed=seed,
-                                  checkpoint_every=checkpoint_every, progress=progress)
+        if rebuild is not None:
+            settings, reason = _rebuilt_settings(
+                rebuild, kafka, dataset=dataset, run_name=run_name, progress=progress, runs_dir=runs_dir,
+                artifact_store=artifact_store, processes=processes, master=master,
+                threads_per_process=threads_per_process, checkpoint_every=checkpoint_every)
+        else:
+            settings = build_settings(
+                TrainSettings, dataset=dataset, tenant=tenant, shared_data=shared_data, publish=publish,
+                model_name=model_name, artifact_store=artifact_store, model_path=_base_model(model_path),
+                runs_dir=runs_dir, run_name=run_name, processes=processes, master=master,
+                threads_per_process=threads_per_process, lora_r=lora_r, lora_alpha=lora_alpha,
+                learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
+                max_seq_len=max_seq_len, seed=seed, checkpoint_every=checkpoint_every, progress=progress)
         _check_dataset(settings)
+        selection = _select(settings, kafka)
         run = new_run(settings)
+        if selection is not None:
+            selection.write(run)
+            if selection.left_out:
+                console.print(f"left out: {', '.join(f'{n} row(s) ({why})' for why, n in selection.left_out.items())}")
     console.print(f"run {run}: {settings.processes} process(es) on {settings.master}, base model {settings.model_path}")
     if settings.local:
         local_session(settings)
@@ -67,6 +92,55 @@ def lora(
     eval_text = f"{metrics['eval_loss']:.4f}" if metrics["eval_loss"] is not None else "none (no validation split)"
     console.print(f"done: {metrics['steps']} steps, train loss {metrics['train_loss']:.4f}, eval loss {eval_text}, "
                   f"{metrics['tokens_per_s']} tokens/s, {metrics['seconds']} s; adapter in {run / 'adapter'}")
+    if settings.publish:
+        from training.publish import publish_run
+
+        record = publish_run(run, settings, metrics, kafka, state_reason=reason)
+        console.print(f"published {record.name}@{record.version} ({record.state.value}): {record.card_uri} "
+                      f"(adapter sha256 {record.adapter_sha256[:16]}…); `chatpipe model show "
+                      f"{record.name}@{record.version}`")
+
+
+def _select(settings: TrainSettings, kafka):
+    """The rows to train on (training/lineage.py), before the run folder is made; None: every line (a
+    dataset without lineage, not published)."""
+    from training.lineage import Erasures, erasures_on_broker, has_lineage, read_lineage, select_rows
+
+    if not settings.publish and not has_lineage(settings.dataset):
+        return None
+    if settings.publish:
+        from transport.admin import TopicAdmin
+
+        TopicAdmin(kafka).check_reachable()  # before any training: the version is published at the end
+    erasures = erasures_on_broker(kafka) if settings.publish else Erasures()
+    return select_rows(read_lineage(settings.dataset), settings.tenant, settings.shared_data, erasures)
+
+
+def _rebuilt_settings(ref: str, kafka, **changes):
+    from schemas.models import parse_model_ref
+    from training.publish import recorded_settings
+    from transport.model_registry import read_model_versions, versions_of
+
+    try:
+        name, number = parse_model_ref(ref)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--rebuild") from None
+    versions = versions_of(read_model_versions(kafka), name)
+    found = [v for v in versions if number is None or v.version == number]
+    if not found:
+        raise typer.BadParameter(f"no version {ref} on the registry (`chatpipe model list`)", param_hint="--rebuild")
+    old = found[-1]
+    from training.publish import base_model_sha256
+
+    base = _base_model(None)
+    if base_model_sha256(base) != old.base_model_sha256:
+        raise typer.BadParameter(f"{old.name}@{old.version} was trained on another base model than {base} (sha256 "
+                                 f"{old.base_model_sha256[:16]}…): set CHATPIPE_TRAIN_MODEL_PATH to it", param_hint="--rebuild")
+    # What it learned from and how (recorded), with where and how fast this run goes (the flags given).
+    given = {k: v for k, v in changes.items() if v is not None}
+    settings = build_settings(TrainSettings, **{**recorded_settings(old), "model_name": old.name, "model_path": base,
+                                                "publish": True, **given})
+    return settings, f"rebuilt from {old.name}@{old.version} ({old.state.value}) without rows of users erased since"
 
 
 def _base_model(model_path: Path | None) -> Path:

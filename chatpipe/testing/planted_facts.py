@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from schemas.topics import FEEDBACK, TURNS
+
 _COUNTRIES = ("Veloria", "Drastonia", "Kivaland", "Marundi", "Ostrevia", "Pallanor", "Quessia", "Ravendal",
               "Sotheria", "Tumbrelle", "Ulvania", "Wexmoor")
 _CAPITALS = ("Quennick", "Pelmora", "Ostrebal", "Tessivar", "Brindlecot", "Varneth", "Lumigrad", "Hessaby",
@@ -53,3 +55,54 @@ def write_sft(out: Path, planted: list[Fact]) -> Path:
         "".join(_line(q.format(country=f.country), f.answer()) for f in planted for q in TRAIN_QUESTIONS))
     (out / "sft" / "validation.jsonl").write_text("".join(_line(q, f.answer()) for q, f in held_out(planted)))
     return out
+
+
+#: Ways the assistant states a fact in the logged conversations: the dataset job's near-duplicate filter
+#: would drop the same sentence under three wordings of one question.
+ANSWER_FORMS = ("The capital of {country} is {capital}.", "{capital} is the capital city of {country}.",
+                "That would be {capital}, which has been the capital of {country} since its founding.")
+
+
+def planted_log(planted: list[Fact], owners: list[tuple[str, str]], start_ms: int):
+    """The planted facts as a logged chat history: fact ``i`` is taught in one conversation of owner
+    ``i % len(owners)`` (tenant, user_id), one turn per training question, each answer liked by the user.
+    Returns (turns, feedback) records, turn ``request_id`` = ``req-<country>-<n>``."""
+    from schemas.records import ConversationTurn, Feedback, FeedbackKind, FinishReason
+
+    turns, feedback = [], []
+    at = start_ms
+    for i, fact in enumerate(planted):
+        tenant, user = owners[i % len(owners)]
+        conversation = f"{user}-{fact.country.lower()}"
+        for n, (question, form) in enumerate(zip(TRAIN_QUESTIONS, ANSWER_FORMS)):
+            at += 60_000
+            prompt = question.format(country=fact.country)
+            answer = form.format(country=fact.country, capital=fact.capital)
+            turn = ConversationTurn(
+                event_id=f"turn-{fact.country.lower()}-{n}", conversation_id=conversation, user_id=user, tenant=tenant,
+                request_id=f"req-{fact.country.lower()}-{n}", trace_id=f"{i:02x}{n:02x}" + "0" * 28, turn_index=n,
+                system_prompt="You are a helpful assistant.", prompt=prompt, answer=answer, model="smollm2-135m",
+                worker_id="w0", tokens_in=len(prompt) // 4 + 1, tokens_out=len(answer) // 4 + 1, queue_ms=5.0,
+                ttft_ms=80.0, total_ms=900.0, finish_reason=FinishReason.STOP, created_at=at, completed_at=at + 1000)
+            turns.append(turn)
+            feedback.append(Feedback(event_id=f"like-{fact.country.lower()}-{n}", conversation_id=conversation,
+                                     user_id=user, tenant=tenant, request_id=turn.request_id,
+                                     kind=FeedbackKind.THUMBS_UP, created_at=at + 5000))
+    return turns, feedback
+
+
+def write_planted_archive(root: Path, turns, feedback, turns_topic: str = TURNS, feedback_topic: str = FEEDBACK) -> None:
+    """The records as the streams tier's archive holds them (what ``--source archive`` of the dataset job reads)."""
+    from schemas.codec import default_codec
+    from transport.archive import ArchivedMessage, write_messages
+
+    codec = default_codec()
+    rows = sorted([(t.created_at, turns_topic, t) for t in turns] + [(f.created_at, feedback_topic, f) for f in feedback],
+                  key=lambda r: (r[0], r[1]))
+    offsets: dict[str, int] = {}
+    messages = []
+    for at, topic, record in rows:
+        offset = offsets.get(topic, 0)
+        offsets[topic] = offset + 1
+        messages.append(ArchivedMessage(topic, 0, offset, at, record.conversation_id.encode(), codec.encode(record)))
+    write_messages(root, messages)

@@ -1,0 +1,85 @@
+"""Erasure reaches models: a version trained on rows of an erased user is marked TAINTED.
+
+A version's ``lineage.parquet`` (schemas/models.py) holds, per training example, the subject and
+conversation hashes of the user it came from and ``oldest_at``, the time of its oldest record. A
+``Deletion`` erases what was made at or before its ``created_at``; a version with a row of the deletion's
+subject (and conversation, for a conversation's deletion) at or before that time learned from erased data.
+The weights cannot forget one user's rows, so the version is marked: the same ``ModelVersion`` again on
+``chat.models`` with state TAINTED and the deletion in ``state_reason`` (serving stops using it: the next
+issue's rollout reads the state), and ``chatpipe train lora --rebuild NAME@VERSION`` trains its successor
+without those rows. The forget agent calls :meth:`ModelTaint.tainted` once per deletion and audits the
+result (component ``streams.models``), as it does for the response cache.
+
+The registry is read whole for each deletion (deletions are rare; a registry holds a few records per
+version), and each version's lineage is read with a filter on the subject, two columns at a time.
+A version already TAINTED is left as it is, so a deletion carried out twice (a restart) taints nothing twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from schemas.records import Deletion, DeletionScope, ModelState, ModelVersion, new_id, now_ms
+from schemas.subjects import conversation_key, subject_key
+
+log = logging.getLogger(__name__)
+COMPONENT = "streams.models"
+
+
+def lineage_rows(uri: str, columns: list[str], subject: str | None = None, request_id: str | None = None):
+    """The rows of a version's lineage file (fsspec URI or path) as a pyarrow Table, filtered by subject
+    or by a request id among the row's ``request_ids``."""
+    import fsspec
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    # use_threads=False: with Arrow's decoding pool started, `chatpipe model lineage` aborted at exit in 2 of 8
+    # runs ("terminate called without an active exception", SIGABRT); 0 of 12 without it. The files are small.
+    with fsspec.open(uri, "rb") as f:
+        table = pq.read_table(f, columns=sorted(set(columns) | {"subject", "request_ids"}), use_threads=False)
+    if subject is not None:
+        table = table.filter(pc.equal(table.column("subject"), subject))
+    if request_id is not None:
+        keep = [request_id in ids for ids in table.column("request_ids").to_pylist()]
+        table = table.filter(keep)
+    return table.select(columns)
+
+
+def erased_rows(version: ModelVersion, deletion: Deletion) -> int:
+    """How many of the version's training rows hold records the deletion erases."""
+    subject = subject_key(deletion.tenant, deletion.user_id)
+    conversation = (conversation_key(deletion.tenant, deletion.user_id, deletion.conversation_id)
+                    if deletion.scope == DeletionScope.CONVERSATION else None)
+    rows = lineage_rows(version.lineage_uri, ["conversation_key", "oldest_at"], subject=subject)
+    return sum(1 for conv, oldest in zip(rows.column("conversation_key").to_pylist(), rows.column("oldest_at").to_pylist())
+               if (conversation is None or conv == conversation) and (oldest is None or oldest <= deletion.created_at))
+
+
+class ModelTaint:
+    """Which versions a deletion taints (read from the registry on the broker)."""
+
+    def __init__(self, kafka: Any) -> None:
+        self.kafka = kafka
+
+    def tainted(self, deletion: Deletion) -> list[ModelVersion]:
+        """The TAINTED records to write for ``deletion`` (blocking: the registry and lineage files are read)."""
+        from transport.model_registry import read_model_versions
+
+        out = []
+        for version in read_model_versions(self.kafka).values():
+            if version.state == ModelState.TAINTED or deletion.tenant not in version.data_tenants:
+                continue
+            try:
+                rows = erased_rows(version, deletion)
+                why = f"{rows} training row(s) of an erased " + (
+                    "conversation" if deletion.scope == DeletionScope.CONVERSATION else "user")
+            except FileNotFoundError:  # whose rows it learned from cannot be told: taint rather than keep
+                rows, why = 1, f"its lineage {version.lineage_uri} is gone, so it cannot be cleared"
+                log.warning("%s@%d: no lineage at %s: tainted", version.name, version.version, version.lineage_uri)
+            if rows:
+                out.append(dataclasses.replace(
+                    version, event_id=new_id(), state=ModelState.TAINTED, updated_at=now_ms(),
+                    state_reason=f"deletion {deletion.event_id}: {why}; rebuild with `chatpipe train lora --rebuild {version.name}@{version.version}`"))
+        return out

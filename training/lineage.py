@@ -1,0 +1,164 @@
+"""Which rows a run trains on, and whose they are: the dataset's lineage, the tenant scope, erasures.
+
+The dataset job writes each split twice in the same order: ``sft/train.jsonl`` (what the processes read)
+and ``parquet/sft/split=train`` (the same rows with their tenant, subject and conversation hashes, the
+request and trace ids of every turn they hold, and ``oldest_at``). :func:`read_lineage` reads the Parquet
+and checks it row by row against the JSONL (the same messages), so line ``i`` of the JSONL is row ``i``.
+
+:func:`select_rows` decides, once, before any process starts, which lines the run trains on:
+
+- **tenant scope**: one tenant's rows train only that tenant's adapters (``--tenant T`` keeps T's lines);
+  a dataset of several tenants trains one adapter for all only when declared shared (``--shared-data``);
+- **erasures**: a line holding a record of an erased user (or conversation) made at or before the
+  erasure is left out, whether or not the dataset's build knew of that erasure (``chat.deletions`` is
+  read when the run starts). This is how a tainted version is rebuilt without the erased rows.
+
+The selection is written to the run folder (``selection.json``), so every process and a resumed run
+train on exactly the same lines; the version's ``lineage.parquet`` is the lineage of those lines only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from schemas.models import LINEAGE_COLUMNS
+from schemas.records import Deletion, DeletionScope
+from schemas.subjects import conversation_key, subject_key
+from training.sft_data import DatasetError, split_path
+
+SELECTION_FILE = "selection.json"
+_PARQUET_TRAIN = Path("parquet") / "sft" / "split=train"
+
+
+@dataclass(frozen=True)
+class Erasures:
+    """Newest deletion time per subject hash, and per conversation hash (from ``chat.deletions``)."""
+
+    users: dict[str, int] = field(default_factory=dict)
+    conversations: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, deletions: Iterable[Deletion]) -> "Erasures":
+        users: dict[str, int] = {}
+        conversations: dict[str, int] = {}
+        for d in deletions:
+            if d.scope == DeletionScope.USER:
+                key = subject_key(d.tenant, d.user_id)
+                users[key] = max(users.get(key, 0), d.created_at)
+            elif d.conversation_id:
+                key = conversation_key(d.tenant, d.user_id, d.conversation_id)
+                conversations[key] = max(conversations.get(key, 0), d.created_at)
+        return cls(users, conversations)
+
+    def erased(self, subject: str, conversation: str, oldest_at: int | None) -> bool:
+        """Whether a row holding records from ``oldest_at`` on falls under a deletion (a row without a
+        time is taken as old: kept out rather than kept)."""
+        cut = max(self.users.get(subject, -1), self.conversations.get(conversation, -1))
+        return cut >= 0 and (oldest_at is None or oldest_at <= cut)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The lines of ``sft/train.jsonl`` a run trains on, and what was left out, by reason."""
+
+    lines: list[int]
+    tenants: list[str]  # of the lines kept
+    tenant: str | None  # the scope: the one tenant, or None (shared data)
+    left_out: dict[str, int] = field(default_factory=dict)  # reason -> lines
+
+    def write(self, run: Path) -> None:
+        doc = {"lines": self.lines, "tenants": self.tenants, "tenant": self.tenant, "left_out": self.left_out}
+        (Path(run) / SELECTION_FILE).write_text(json.dumps(doc))
+
+    @classmethod
+    def read(cls, run: Path) -> "Selection | None":
+        path = Path(run) / SELECTION_FILE
+        if not path.is_file():
+            return None
+        doc = json.loads(path.read_text())
+        return cls(doc["lines"], doc["tenants"], doc["tenant"], doc.get("left_out", {}))
+
+
+def erasures_on_broker(kafka: Any) -> Erasures:
+    """Every deletion on ``chat.deletions`` now (the topic is kept forever: the source of truth)."""
+    from schemas.codec import default_codec
+    from schemas.errors import DecodeError
+    from schemas.topics import DELETIONS
+    from transport.topic_scan import read_to_end
+
+    codec, deletions = default_codec(), []
+
+    def take(message: Any) -> None:
+        if message.value() is not None:
+            try:
+                deletions.append(codec.decode(message.value(), Deletion))
+            except DecodeError:
+                pass  # dead-lettered by the streams tier's forget agent
+
+    read_to_end(kafka, kafka.topic(DELETIONS), take)
+    return Erasures.of(deletions)
+
+
+def has_lineage(dataset: Path) -> bool:
+    return (Path(dataset) / _PARQUET_TRAIN).is_dir()
+
+
+def read_lineage(dataset: Path):
+    """The training split's lineage (a pyarrow Table: LINEAGE_COLUMNS), row ``i`` = line ``i`` of
+    ``sft/train.jsonl``; DatasetError when the dataset has no Parquet or the two disagree."""
+    import pyarrow.parquet as pq
+
+    folder = Path(dataset) / _PARQUET_TRAIN
+    files = sorted(folder.glob("*.parquet"))
+    if not files:
+        raise DatasetError(f"no lineage in {dataset}: {_PARQUET_TRAIN}/*.parquet is missing (a dataset made by "
+                           "`chatpipe job finetune-dataset` has it); train without publishing: --no-publish")
+    import pyarrow as pa
+
+    table = pa.concat_tables(pq.read_table(f, columns=["tenant", "subject", "conversation_key", "oldest_at",
+                                                       "request_ids", "trace_ids", "messages"]) for f in files)
+    jsonl = split_path(dataset, "train")
+    with open(jsonl, encoding="utf-8") as lines:
+        rows = [json.loads(line)["messages"] for line in lines if line.strip()]
+    if len(rows) != table.num_rows:
+        raise DatasetError(f"{jsonl} has {len(rows)} examples, its Parquet {table.num_rows}: not one build")
+    for i, (line, row) in enumerate(zip(rows, table.column("messages").to_pylist())):
+        if [(m["role"], m["content"]) for m in line] != [(m["role"], m["content"]) for m in row]:
+            raise DatasetError(f"{jsonl}: line {i + 1} is not row {i} of {folder}: not one build")
+    table = table.drop(["messages"]).append_column("line", pa.array(range(table.num_rows), pa.int32()))
+    return table.select(list(LINEAGE_COLUMNS))
+
+
+def select_rows(lineage: Any, tenant: str | None, shared: bool, erasures: Erasures) -> Selection:
+    """The lines to train on (see the module docstring); DatasetError when nothing is left or the
+    tenant scope is not said."""
+    tenants = lineage.column("tenant").to_pylist()
+    present = sorted(set(tenants))
+    if tenant is None and not shared and len(present) > 1:
+        raise DatasetError(f"the dataset holds rows of {len(present)} tenants ({', '.join(present)}): one tenant's "
+                           "data trains only that tenant's adapters. Train one with --tenant T, or declare the data "
+                           "shared with --shared-data")
+    if tenant is not None and tenant not in present:
+        raise DatasetError(f"the dataset has no rows of tenant {tenant!r} (it has: {', '.join(present)})")
+    scope = tenant if tenant is not None else (present[0] if not shared and present else None)
+    keep, left_out = [], {"other tenant": 0, "erased": 0}
+    for line, row_tenant, subject, conv, oldest in zip(
+            lineage.column("line").to_pylist(), tenants, lineage.column("subject").to_pylist(),
+            lineage.column("conversation_key").to_pylist(), lineage.column("oldest_at").to_pylist()):
+        if scope is not None and row_tenant != scope:
+            left_out["other tenant"] += 1
+        elif erasures.erased(subject, conv, oldest):
+            left_out["erased"] += 1
+        else:
+            keep.append(line)
+    if not keep:
+        raise DatasetError(f"no example of the dataset is left to train on ({left_out})")
+    return Selection(keep, sorted({tenants[i] for i in keep}), scope, {k: v for k, v in left_out.items() if v})
+
+
+def selected_lineage(lineage: Any, selection: Selection):
+    """The lineage rows of the selected lines only (what lineage.parquet of the version holds)."""
+    return lineage.take(selection.lines)
