@@ -15,14 +15,14 @@ from typing import Any, Iterator
 
 import yaml
 
-from k8s import kafka, keda, services, spark
+from k8s import kafka, keda, services, spark, training
 from k8s.common import MANAGED_BY, labels
 from k8s.values import Values
 
 #: The order of the files, which is the order of ``kubectl apply -k``'s resources list.
 ORDER = ("namespace", "kafka", "secrets", "storage", "qdrant", "redis", "streams", "inference", "gateway", "keda", "spark")
 #: Rendered and validated, but not in the kustomization (applied by hand, each apply starts a run).
-ON_DEMAND = ("spark-run",)
+ON_DEMAND = ("spark-run", "train-run")
 
 
 @dataclass
@@ -45,6 +45,8 @@ def render(values: Values) -> Rendered:
     files = {name: files[name] for name in ORDER if files.get(name)}
     if values.spark.enabled and values.spark.schedule_with == "operator":
         files["spark-run"] = spark.on_demand(values)
+    if training.render(values):
+        files["train-run"] = training.render(values)
     notes = [f"Secret to create before `kubectl apply -k`: {line}" for line in todo]
     return Rendered(files, notes)
 

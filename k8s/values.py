@@ -218,6 +218,22 @@ class SparkValues(_Model):
         description="cronjob: requests and limits of the job's one pod")
 
 
+class TrainingValues(_Model):
+    """The LoRA training run (k8s/training.py): a SparkApplication of the Spark operator, started by hand."""
+
+    enabled: bool = Field(True, description="Render train-run.yaml (needs spark.enabled and the operator)")
+    processes: int = Field(2, ge=1, description="Training processes: one executor each (DDP over gloo)")
+    executor_cores: int = Field(2, ge=1, description="Cores of each executor: its process's torch threads")
+    executor_memory: str = Field("4g", description="Memory of each executor (the base model and its adapter)")
+    tenant: str | None = Field(None, description="CHATPIPE_TRAIN_TENANT: train this tenant's adapter")
+    shared_data: bool = Field(False, description="CHATPIPE_TRAIN_SHARED_DATA: the data is declared shared")
+    model_name: str = Field("", description="CHATPIPE_TRAIN_MODEL_NAME; empty: <tenant>-lora")
+    artifact_store: str = Field("", description="Where versions' artifacts go (an fsspec URI, e.g. s3://bucket/models); "
+                                "empty: a folder on the datasets volume")
+    env: dict[str, str] = Field(default_factory=dict, description="More CHATPIPE_TRAIN_* (or the store's credential) "
+                                "variables")
+
+
 class PrometheusValues(_Model):
     annotations: bool = Field(True, description="prometheus.io/scrape, port and path annotations on every pod")
 
@@ -249,6 +265,8 @@ class Values(_Model):
     datasets: Volume = Field(default_factory=lambda: Volume(size="50Gi"),
                              description="Where the jobs write datasets and reports (DatasetStoreSettings.root)")
     spark: SparkValues = Field(default_factory=SparkValues, description="The batch jobs")
+    training: TrainingValues = Field(default_factory=TrainingValues, description="The LoRA training run "
+                                     "(train-run.yaml, applied by hand)")
     prometheus: PrometheusValues = Field(default_factory=PrometheusValues, description="Scraping")
     otlp_endpoint: str | None = Field(None, description="CHATPIPE_TRACING_OTLP_ENDPOINT of every service (an "
                                       "OpenTelemetry Collector, Jaeger)")

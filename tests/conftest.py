@@ -64,16 +64,18 @@ LONG_FILES = {
     "tests/worker/test_share_lock.py": 46, "tests/engine/test_paged_kernel.py": 40,
     "tests/gateway/test_through_the_pipeline.py": 36, "tests/cache/test_response_cache_stack.py": 120, "tests/engine/test_generate_cli.py": 36,
     "tests/clients/test_tail.py": 35, "tests/engine/test_sampling_features.py": 33,
-    "tests/training/test_train_lora.py": 300,
+    "tests/training/test_train_lora.py": 300, "tests/training/test_model_versions.py": 200,
 }
 FILE_S = 10
 
 # Folders whose files share a fixture that is slow to start, and the group each runs in: the whole
 # pipeline (tests/gateway/conftest.py), a Spark session with its planted run (tests/spark/conftest.py),
-# the default model (tests/engine/conftest.py). Each xdist worker has a session of its own, so a group goes
+# the default model (tests/engine/conftest.py); and training (tests/training: one run at a time of the
+# CPU-heavy trainers, never two beside each other). Each xdist worker has a session of its own, so a group goes
 # to one worker whole (pytest_xdist_make_scheduler below) and starts its fixture once; every other file
 # is a group of its own.
-SHARED_SESSION_GROUPS = {"tests/gateway/": "pipeline", "tests/spark/": "spark", "tests/engine/": "engine"}
+SHARED_SESSION_GROUPS = {"tests/gateway/": "pipeline", "tests/spark/": "spark", "tests/engine/": "engine",
+                         "tests/training/": "training"}
 
 
 def xdist_group_of(path: str) -> str:

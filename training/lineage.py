@@ -9,6 +9,7 @@ and checks it row by row against the JSONL (the same messages), so line ``i`` of
 
 - **tenant scope**: one tenant's rows train only that tenant's adapters (``--tenant T`` keeps T's lines);
   a dataset of several tenants trains one adapter for all only when declared shared (``--shared-data``);
+- the same rules choose the validation split's lines the eval loss reads;
 - **erasures**: a line holding a record of an erased user (or conversation) made at or before the
   erasure is left out, whether or not the dataset's build knew of that erasure (``chat.deletions`` is
   read when the run starts). This is how a tainted version is rebuilt without the erased rows.
@@ -31,6 +32,10 @@ from training.sft_data import DatasetError, split_path
 
 SELECTION_FILE = "selection.json"
 _PARQUET_TRAIN = Path("parquet") / "sft" / "split=train"
+
+
+def _parquet_split(split: str) -> Path:
+    return Path("parquet") / "sft" / f"split={split}"
 
 
 @dataclass(frozen=True)
@@ -68,9 +73,11 @@ class Selection:
     tenants: list[str]  # of the lines kept
     tenant: str | None  # the scope: the one tenant, or None (shared data)
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> lines
+    validation_lines: list[int] | None = None  # the same rules on sft/validation.jsonl; None: all of it
 
     def write(self, run: Path) -> None:
-        doc = {"lines": self.lines, "tenants": self.tenants, "tenant": self.tenant, "left_out": self.left_out}
+        doc = {"lines": self.lines, "tenants": self.tenants, "tenant": self.tenant, "left_out": self.left_out,
+               "validation_lines": self.validation_lines}
         (Path(run) / SELECTION_FILE).write_text(json.dumps(doc))
 
     @classmethod
@@ -79,7 +86,7 @@ class Selection:
         if not path.is_file():
             return None
         doc = json.loads(path.read_text())
-        return cls(doc["lines"], doc["tenants"], doc["tenant"], doc.get("left_out", {}))
+        return cls(doc["lines"], doc["tenants"], doc["tenant"], doc.get("left_out", {}), doc.get("validation_lines"))
 
 
 def erasures_on_broker(kafka: Any) -> Erasures:
@@ -106,21 +113,28 @@ def has_lineage(dataset: Path) -> bool:
     return (Path(dataset) / _PARQUET_TRAIN).is_dir()
 
 
-def read_lineage(dataset: Path):
-    """The training split's lineage (a pyarrow Table: LINEAGE_COLUMNS), row ``i`` = line ``i`` of
-    ``sft/train.jsonl``; DatasetError when the dataset has no Parquet or the two disagree."""
+def validation_lineage(dataset: Path):
+    """The validation split's lineage; None when the split is empty (no Parquet file: no rows)."""
+    if not any((Path(dataset) / _parquet_split("validation")).glob("*.parquet")):
+        return None
+    return read_lineage(dataset, "validation")
+
+
+def read_lineage(dataset: Path, split: str = "train"):
+    """A split's lineage (a pyarrow Table: LINEAGE_COLUMNS), row ``i`` = line ``i`` of
+    ``sft/<split>.jsonl``; DatasetError when the dataset has no Parquet or the two disagree."""
     import pyarrow.parquet as pq
 
-    folder = Path(dataset) / _PARQUET_TRAIN
+    folder = Path(dataset) / _parquet_split(split)
     files = sorted(folder.glob("*.parquet"))
     if not files:
-        raise DatasetError(f"no lineage in {dataset}: {_PARQUET_TRAIN}/*.parquet is missing (a dataset made by "
-                           "`chatpipe job finetune-dataset` has it); train without publishing: --no-publish")
+        raise DatasetError(f"no lineage in {dataset}: {_parquet_split(split)}/*.parquet is missing (a dataset made "
+                           "by `chatpipe job finetune-dataset` has it); train without publishing: --no-publish")
     import pyarrow as pa
 
     table = pa.concat_tables(pq.read_table(f, columns=["tenant", "subject", "conversation_key", "oldest_at",
                                                        "request_ids", "trace_ids", "messages"]) for f in files)
-    jsonl = split_path(dataset, "train")
+    jsonl = split_path(dataset, split)
     with open(jsonl, encoding="utf-8") as lines:
         rows = [json.loads(line)["messages"] for line in lines if line.strip()]
     if len(rows) != table.num_rows:
@@ -132,9 +146,10 @@ def read_lineage(dataset: Path):
     return table.select(list(LINEAGE_COLUMNS))
 
 
-def select_rows(lineage: Any, tenant: str | None, shared: bool, erasures: Erasures) -> Selection:
-    """The lines to train on (see the module docstring); DatasetError when nothing is left or the
-    tenant scope is not said."""
+def select_rows(lineage: Any, tenant: str | None, shared: bool, erasures: Erasures,
+                validation: Any = None) -> Selection:
+    """The lines to train on (see the module docstring), and of ``validation`` (its lineage) to evaluate on;
+    DatasetError when nothing is left or the tenant scope is not said."""
     tenants = lineage.column("tenant").to_pylist()
     present = sorted(set(tenants))
     if tenant is None and not shared and len(present) > 1:
@@ -156,7 +171,15 @@ def select_rows(lineage: Any, tenant: str | None, shared: bool, erasures: Erasur
             keep.append(line)
     if not keep:
         raise DatasetError(f"no example of the dataset is left to train on ({left_out})")
-    return Selection(keep, sorted({tenants[i] for i in keep}), scope, {k: v for k, v in left_out.items() if v})
+    return Selection(keep, sorted({tenants[i] for i in keep}), scope, {k: v for k, v in left_out.items() if v},
+                     None if validation is None else _kept(validation, scope, erasures))
+
+
+def _kept(lineage: Any, scope: str | None, erasures: Erasures) -> list[int]:
+    """The lines of a split in the scope and not erased (the validation split: what the eval loss reads)."""
+    return [line for line, tenant, subject, conv, oldest in zip(
+        *(lineage.column(c).to_pylist() for c in ("line", "tenant", "subject", "conversation_key", "oldest_at")))
+        if (scope is None or tenant == scope) and not erasures.erased(subject, conv, oldest)]
 
 
 def selected_lineage(lineage: Any, selection: Selection):

@@ -143,7 +143,7 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(settings, total_steps))
     step, history, tokens_seen = 0, [], 0
     resumed_from = eval_before = None
-    validation = _validation(settings, tokenizer, group)
+    validation = _validation(settings, tokenizer, group, selection.validation_lines if selection else None)
     if resume and (latest := checkpoints.latest(run)) is not None:
         state = checkpoints.read_state(latest)
         from peft import set_peft_model_state_dict
@@ -218,10 +218,14 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
     return metrics
 
 
-def _validation(settings: TrainSettings, tokenizer, group: _Group) -> ShardedExamples | None:
-    """This process's shard of the validation split; None when the dataset has none (the card says so)."""
+def _validation(settings: TrainSettings, tokenizer, group: _Group,
+                lines: list[int] | None) -> ShardedExamples | None:
+    """This process's shard of the validation split (of ``lines`` of it: the run's selection); None when the
+    dataset has none, or none in the run's scope (the card says so)."""
+    if lines == []:
+        return None
     try:
-        return ShardedExamples(read_shard(split_path(settings.dataset, "validation"), group.rank, group.size),
+        return ShardedExamples(read_shard(split_path(settings.dataset, "validation"), group.rank, group.size, lines),
                                tokenizer, settings.max_seq_len)
     except DatasetError:
         return None

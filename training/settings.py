@@ -46,7 +46,8 @@ class TrainSettings(BaseSettings):
     # -- distribution
     processes: int = Field(1, ge=1, description="Data-parallel processes (DDP, gloo on CPU)")
     master: str = Field("local", description="local: TorchDistributor's local mode (processes on this machine); "
-                        "spark://host:port: one process per Spark task on that cluster")
+                        "spark://host:port: one process per Spark task on that cluster; session: the SparkSession "
+                        "spark-submit made (training/submit.py in a SparkApplication)")
     threads_per_process: int = Field(1, ge=1, description="torch threads of each process")
     # -- LoRA
     lora_r: int = Field(16, ge=1, description="LoRA rank")
@@ -70,8 +71,8 @@ class TrainSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainSettings":
-        if not self.master == "local" and not self.master.startswith("spark://"):
-            raise ValueError(f"master must be 'local' or spark://host:port, not {self.master!r}")
+        if self.master not in ("local", "session") and not self.master.startswith("spark://"):
+            raise ValueError(f"master must be 'local', spark://host:port or 'session', not {self.master!r}")
         return self
 
     @property

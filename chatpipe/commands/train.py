@@ -56,9 +56,11 @@ def lora(
 ) -> None:
     """Train a LoRA adapter on sft/*.jsonl (loss on the answers only); N processes with --processes N;
     publish it as a model version (artifact store + chat.models)."""
-    from training.launch import local_session, new_run, resumed_settings, run_training
+    from training.flow import finish, start
+    from training.launch import local_session, resumed_settings
 
     reason = None
+    say = lambda line: console.print(line, markup=False, highlight=False)
     if resume is not None:
         run = resume.expanduser().resolve()
         settings = resumed_settings(run, **({"progress": progress} if progress is not None else {}))
@@ -76,44 +78,15 @@ def lora(
                 threads_per_process=threads_per_process, lora_r=lora_r, lora_alpha=lora_alpha,
                 learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
                 max_seq_len=max_seq_len, seed=seed, checkpoint_every=checkpoint_every, progress=progress)
-        _check_dataset(settings)
-        selection = _select(settings, kafka)
-        run = new_run(settings)
-        if selection is not None:
-            selection.write(run)
-            if selection.left_out:
-                console.print(f"left out: {', '.join(f'{n} row(s) ({why})' for why, n in selection.left_out.items())}")
-    console.print(f"run {run}: {settings.processes} process(es) on {settings.master}, base model {settings.model_path}")
+        run = start(settings, kafka, say)
+    if settings.master == "session":
+        raise typer.BadParameter("session is the master of training/submit.py under spark-submit (a SparkApplication); "
+                                 "here: local or spark://host:port", param_hint="--master")
     if settings.local:
         local_session(settings)
     else:
         _cluster_session(settings)
-    metrics = run_training(settings, run, resume=resume is not None)
-    eval_text = f"{metrics['eval_loss']:.4f}" if metrics["eval_loss"] is not None else "none (no validation split)"
-    console.print(f"done: {metrics['steps']} steps, train loss {metrics['train_loss']:.4f}, eval loss {eval_text}, "
-                  f"{metrics['tokens_per_s']} tokens/s, {metrics['seconds']} s; adapter in {run / 'adapter'}")
-    if settings.publish:
-        from training.publish import publish_run
-
-        record = publish_run(run, settings, metrics, kafka, state_reason=reason)
-        console.print(f"published {record.name}@{record.version} ({record.state.value}): {record.card_uri} "
-                      f"(adapter sha256 {record.adapter_sha256[:16]}…); `chatpipe model show "
-                      f"{record.name}@{record.version}`")
-
-
-def _select(settings: TrainSettings, kafka):
-    """The rows to train on (training/lineage.py), before the run folder is made; None: every line (a
-    dataset without lineage, not published)."""
-    from training.lineage import Erasures, erasures_on_broker, has_lineage, read_lineage, select_rows
-
-    if not settings.publish and not has_lineage(settings.dataset):
-        return None
-    if settings.publish:
-        from transport.admin import TopicAdmin
-
-        TopicAdmin(kafka).check_reachable()  # before any training: the version is published at the end
-    erasures = erasures_on_broker(kafka) if settings.publish else Erasures()
-    return select_rows(read_lineage(settings.dataset), settings.tenant, settings.shared_data, erasures)
+    finish(settings, run, kafka, say, resume=resume is not None, reason=reason)
 
 
 def _rebuilt_settings(ref: str, kafka, **changes):
@@ -154,12 +127,6 @@ def _base_model(model_path: Path | None) -> Path:
         raise typer.BadParameter("train from a Hugging Face model folder, not a .gguf file "
                                  "(`chatpipe model pull` converts the default model to one)", param_hint="--model")
     return location.folder
-
-
-def _check_dataset(settings: TrainSettings) -> None:
-    from training.sft_data import read_shard, split_path
-
-    read_shard(split_path(settings.dataset, "train"), 0, 1)  # one-line errors before Spark starts
 
 
 def _cluster_session(settings: TrainSettings):

@@ -476,7 +476,7 @@ def test_cli_writes_one_file_per_component_and_a_kustomization(tmp_path, secret_
     assert result.exit_code == 0, result.output
     kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
     files = sorted(p.name for p in out.glob("*.yaml"))
-    assert sorted(kustomization["resources"]) == sorted(set(files) - {"kustomization.yaml", "spark-run.yaml"})
+    assert sorted(kustomization["resources"]) == sorted(set(files) - {"kustomization.yaml", "spark-run.yaml", "train-run.yaml"})
     assert (out / "secrets.yaml").stat().st_mode & 0o077 == 0
     for path in out.glob("*.yaml"):
         assert all(d is not None for d in yaml.safe_load_all(path.read_text()))
@@ -528,3 +528,23 @@ def test_keda_threshold_defaults_to_three_quarters_of_the_workers_max_batch(monk
         assert {t["metadata"]["threshold"] for t in triggers} == {str(threshold)}, inference
         if "lag_per_worker" not in inference.get("keda", {}):
             assert threshold == round(0.75 * engine.max_batch)
+
+
+def test_the_training_run_is_a_spark_application_of_the_trainer():
+    """Catches a training job that would train on nothing (no dataset, no base model), publish nowhere, or run
+    another number of processes than it has executors."""
+    from k8s.render import render
+    from k8s.values import Values
+
+    (app,) = render(Values(training={"processes": 3, "tenant": "acme"})).files["train-run"]
+    spec = app["spec"]
+    assert app["kind"] == "SparkApplication" and spec["mainApplicationFile"].endswith("/training/submit.py")
+    env = {e["name"]: e.get("value") for e in spec["driver"]["env"]}
+    assert env["CHATPIPE_TRAIN_PROCESSES"] == "3" == str(spec["executor"]["instances"])
+    assert env["CHATPIPE_TRAIN_TENANT"] == "acme"
+    assert env["CHATPIPE_TRAIN_DATASET"] == "/data/datasets/finetune-dataset"
+    assert env["CHATPIPE_TRAIN_MODEL_PATH"].startswith("/models/")
+    assert spec["executor"]["env"] == spec["driver"]["env"]
+    mounts = {m["name"]: m["mountPath"] for m in spec["executor"]["volumeMounts"]}
+    assert mounts["datasets"] == "/data/datasets" and mounts["model"] == "/models"
+    assert "train-run" not in render(Values(spark={"schedule_with": "cronjob"})).files

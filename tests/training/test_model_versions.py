@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from schemas.models import ADAPTER_WEIGHTS, CARD_JSON, CARD_MD, LOSS_PNG
 from schemas.records import Deletion, DeletionAudit, DeletionScope, ModelState, ModelVersion
 from schemas.subjects import subject_key
 from schemas.topics import DELETIONS, DELETIONS_AUDIT, MODELS, deletion_key
+from tests.training.conftest import run_cli
 from transport.model_registry import read_model_versions
 
 pytestmark = [pytest.mark.model, pytest.mark.spark, pytest.mark.integration]
@@ -38,8 +37,7 @@ TINY = ["--processes", "1", "--max-steps", "2", "--batch-size", "2", "--no-progr
 
 def _cli(*args: str, kafka=None, check: bool = True) -> subprocess.CompletedProcess:
     flags = ["-b", kafka.bootstrap_servers, "--topic-prefix", kafka.topic_prefix] if kafka is not None else []
-    done = subprocess.run([sys.executable, "-m", "chatpipe.cli", *args, *flags], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "CHATPIPE_TRAIN_PROCESSES": "1"})
+    done = run_cli(*args, *flags)
     if check:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
@@ -113,7 +111,7 @@ def test_lineage_both_ways(published, kafka_settings):
     assert request in forward and rows[0]["trace_ids"][-1] in forward and version.dataset_manifest_id in forward
     backward = _cli("model", "lineage", "--request-id", request, kafka=kafka_settings).stdout
     assert backward.startswith("acme-lora@1\tCANDIDATE"), backward
-    cyd = _cli("model", "lineage", "--request-id", "req-marundi-0", kafka=kafka_settings, check=False)  # globex's
+    cyd = _cli("model", "lineage", "--request-id", "req-kivaland-0", kafka=kafka_settings, check=False)  # globex's
     assert cyd.returncode == 1 and "no version" in cyd.stderr
     listed = _cli("model", "list", "--json", kafka=kafka_settings).stdout.splitlines()
     assert [json.loads(line)["name"] + "@" + str(json.loads(line)["version"]) for line in listed] == ["acme-lora@1"]

@@ -7,19 +7,18 @@ Real parts: the CLI in a subprocess, pyspark's TorchDistributor (torchrun, gloo)
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
 from chatpipe.testing.planted_facts import facts, held_out, write_sft
+from tests.training.conftest import run_cli
 from training.answers import answer_questions
 
 pytestmark = [pytest.mark.model, pytest.mark.spark]
 
 STEPS = 12  # 8 epochs of the 12 training lines at a global batch of 8: the facts are learned (eval loss ~0.1)
-ARGS = ["--processes", "2", "--max-steps", str(STEPS), "--batch-size", "4", "--lr", "1e-3", "--checkpoint-every", "4",
+ARGS = ["--no-publish", "--processes", "2", "--max-steps", str(STEPS), "--batch-size", "4", "--lr", "1e-3", "--checkpoint-every", "4",
         "--no-progress", "--seed", "7"]
 #: The final eval loss of a resumed run against the uninterrupted one: the same data order, initialisation and
 #: optimizer state, so only the float sums of gloo's all-reduce could differ.
@@ -27,8 +26,7 @@ RESUME_TOLERANCE = 0.01
 
 
 def _train(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "chatpipe.cli", "train", "lora", *args], capture_output=True,
-                          text=True, timeout=900, env={**os.environ, **(env or {})})
+    return run_cli("train", "lora", *args, env=env)
 
 
 @pytest.fixture(scope="module")

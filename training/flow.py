@@ -1,0 +1,62 @@
+"""A run from start to published version, the same for ``chatpipe train lora`` and ``training/submit.py``
+(spark-submit in a SparkApplication's driver): choose the rows, make the run folder, train under
+TorchDistributor, publish. ``say`` is how a step is told to the person or the driver's log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from schemas.records import ModelVersion
+from training.launch import new_run, run_training
+from training.lineage import (Erasures, Selection, erasures_on_broker, has_lineage, read_lineage, select_rows,
+                              validation_lineage)
+from training.settings import TrainSettings
+from training.sft_data import read_shard, split_path
+
+Say = Callable[[str], None]
+
+
+def select(settings: TrainSettings, kafka: Any) -> Selection | None:
+    """The rows to train on (training/lineage.py), decided before the run folder is made; None: every line
+    (a dataset without lineage, not published). Publishing reads the erasures on the broker."""
+    read_shard(split_path(settings.dataset, "train"), 0, 1)  # one-line errors before anything starts
+    if not settings.publish and not has_lineage(settings.dataset):
+        return None
+    if settings.publish:
+        from transport.admin import TopicAdmin
+
+        TopicAdmin(kafka).check_reachable()  # before any training: the version is published at the end
+    erasures = erasures_on_broker(kafka) if settings.publish else Erasures()
+    return select_rows(read_lineage(settings.dataset), settings.tenant, settings.shared_data, erasures,
+                       validation_lineage(settings.dataset))
+
+
+def start(settings: TrainSettings, kafka: Any, say: Say) -> Path:
+    """A new run folder with its settings and its selection of rows."""
+    selection = select(settings, kafka)
+    run = new_run(settings)
+    if selection is not None:
+        selection.write(run)
+        if selection.left_out:
+            say(f"left out: {', '.join(f'{n} row(s) ({why})' for why, n in selection.left_out.items())}")
+    return run
+
+
+def finish(settings: TrainSettings, run: Path, kafka: Any, say: Say, *, resume: bool = False,
+           reason: str | None = None) -> tuple[dict[str, Any], ModelVersion | None]:
+    """Train the run (a SparkSession must be active) and publish it when the settings say so."""
+    say(f"run {run}: {settings.processes} process(es) on {settings.master}, base model {settings.model_path}")
+    metrics = run_training(settings, run, resume=resume)
+    eval_text = f"{metrics['eval_loss']:.4f}" if metrics["eval_loss"] is not None else "none (no validation split)"
+    say(f"done: {metrics['steps']} steps, train loss {metrics['train_loss']:.4f}, eval loss {eval_text}, "
+        f"{metrics['tokens_per_s']} tokens/s, {metrics['seconds']} s; adapter in {run / 'adapter'}")
+    if not settings.publish:
+        return metrics, None
+    from training.publish import publish_run
+
+    record = publish_run(run, settings, metrics, kafka, state_reason=reason)
+    say(f"published {record.name}@{record.version} ({record.state.value}): {record.card_uri} "
+        f"(adapter sha256 {record.adapter_sha256[:16]}…); `chatpipe model show {record.name}@{record.version}`")
+    return metrics, record
