@@ -90,6 +90,8 @@ bench-quick: setup
 	$(PY) bench/intake.py --quick
 	$(PY) bench/memory.py --quick
 	$(PY) bench/e2e.py --quick
+	$(PY) bench/train.py --quick
+	$(PY) bench/learn_facts.py --quick
 
 down:
 	-$(CHATPIPE) down

@@ -8,8 +8,11 @@ adapter answer held-out questions about the facts, worded unlike any training li
 question counts as answered when the answer holds the planted capital.
 
 Every fact is in the training split (``--validation-fraction 0``): the held-out questions are the eval.
-Full: 12 facts (36 liked turns), 8 epochs; ``--quick``: 4 facts. The last line is the adapter's share of
-held-out questions answered against the base model's (the issue's goal: >= 80% against <= 5%).
+Each fact is asked 6 ways, each question the first turn of a conversation of its own (a later turn has the
+fact in its history, and an answer copied from the context teaches no recall). Full: 12 facts (72 liked
+turns), 10 epochs at lr 1e-3, global batch 8; ``--quick``: 4 facts (about 3 minutes, most of it the
+dataset job's and the processes' starts). The last line is the adapter's share of held-out questions
+answered against the base model's (the issue's goal: >= 80% against <= 5%).
 """
 
 from __future__ import annotations
@@ -41,17 +44,18 @@ def cli(*args: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 facts (about 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="4 facts (about 3 minutes)")
     parser.add_argument("--facts", type=int, default=None, help="planted facts (default 12, --quick 4)")
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--wordings", type=int, default=6, help="questions asked per fact in the log (at most 6)")
     parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args()
     planted = facts(args.facts or (4 if args.quick else 12))
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {len(planted)} facts, "
-          f"{args.epochs} epochs, lr {args.lr}, 2 processes")
+          f"{args.wordings} wordings each, {args.epochs} epochs, lr {args.lr}, 2 processes")
     with tempfile.TemporaryDirectory(prefix="chatpipe-bench-facts-") as tmp:
         root = Path(tmp)
-        turns, feedback = planted_log(planted, OWNERS, START_MS)
+        turns, feedback = planted_log(planted, OWNERS, START_MS, args.wordings)
         write_planted_archive(root / "archive", turns, feedback)
         started = time.perf_counter()
         cli("job", "finetune-dataset", "--source", "archive", "--archive-dir", str(root / "archive"),

@@ -5,11 +5,13 @@ TorchDistributor, publish. ``say`` is how a step is told to the person or the dr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable
 
 from schemas.records import ModelVersion
 from training.launch import new_run, run_training
+from training.loop import METRICS_FILE
 from training.lineage import (Erasures, Selection, erasures_on_broker, has_lineage, read_lineage, select_rows,
                               validation_lineage)
 from training.settings import TrainSettings
@@ -27,7 +29,12 @@ def select(settings: TrainSettings, kafka: Any) -> Selection | None:
     if settings.publish:
         from transport.admin import TopicAdmin
 
-        TopicAdmin(kafka).check_reachable()  # before any training: the version is published at the end
+        from transport.errors import TransportError
+
+        try:
+            TopicAdmin(kafka).check_reachable()  # before any training: the version is published at the end
+        except TransportError as exc:
+            raise TransportError(f"{exc}; the version is published there (train without publishing: --no-publish)") from None
     erasures = erasures_on_broker(kafka) if settings.publish else Erasures()
     return select_rows(read_lineage(settings.dataset), settings.tenant, settings.shared_data, erasures,
                        validation_lineage(settings.dataset))
@@ -47,8 +54,12 @@ def start(settings: TrainSettings, kafka: Any, say: Say) -> Path:
 def finish(settings: TrainSettings, run: Path, kafka: Any, say: Say, *, resume: bool = False,
            reason: str | None = None) -> tuple[dict[str, Any], ModelVersion | None]:
     """Train the run (a SparkSession must be active) and publish it when the settings say so."""
-    say(f"run {run}: {settings.processes} process(es) on {settings.master}, base model {settings.model_path}")
-    metrics = run_training(settings, run, resume=resume)
+    if resume and (run / METRICS_FILE).is_file():  # trained; its publishing had failed
+        metrics = json.loads((run / METRICS_FILE).read_text())
+        say(f"run {run} was trained already: publishing it")
+    else:
+        say(f"run {run}: {settings.processes} process(es) on {settings.master}, base model {settings.model_path}")
+        metrics = run_training(settings, run, resume=resume)
     eval_text = f"{metrics['eval_loss']:.4f}" if metrics["eval_loss"] is not None else "none (no validation split)"
     say(f"done: {metrics['steps']} steps, train loss {metrics['train_loss']:.4f}, eval loss {eval_text}, "
         f"{metrics['tokens_per_s']} tokens/s, {metrics['seconds']} s; adapter in {run / 'adapter'}")

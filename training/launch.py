@@ -25,6 +25,7 @@ from training.loop import METRICS_FILE, PROGRESS_FILE, train_process
 from training.settings import TrainSettings
 
 SETTINGS_FILE = "settings.json"
+VERSION_FILE = "version.json"  # written when the run is published (training/publish.py)
 
 
 class RunError(ChatpipeError):
@@ -47,9 +48,10 @@ def resumed_settings(run: Path, **changes: Any) -> TrainSettings:
     path = Path(run) / SETTINGS_FILE
     if not path.is_file():
         raise RunError(f"{run} is not a run folder (no {SETTINGS_FILE})")
-    if (Path(run) / METRICS_FILE).is_file():
+    settings = TrainSettings(**{**json.loads(path.read_text()), **changes})
+    if (Path(run) / METRICS_FILE).is_file() and (not settings.publish or (Path(run) / VERSION_FILE).is_file()):
         raise RunError(f"{run} finished already ({METRICS_FILE} is there)")
-    return TrainSettings(**{**json.loads(path.read_text()), **changes})
+    return settings  # trained and not published yet (the broker was away): a resume publishes it
 
 
 def local_session(settings: TrainSettings):

@@ -23,11 +23,11 @@ from schemas.errors import ChatpipeError
 from schemas.models import ADAPTER_DIR, ADAPTER_WEIGHTS, LINEAGE_FILE, model_key
 from schemas.records import ModelVersion
 from training.card import dataset_summary, write_card
+from training.launch import VERSION_FILE
 from training.lineage import Selection, selected_lineage
 from training.settings import TrainSettings
 
 DATASET_MANIFEST = "_chatpipe_dataset.json"  # the dataset job's (spark_jobs/erasure.py MANIFEST)
-VERSION_FILE = "version.json"
 #: TrainSettings fields a version records as its hyperparameters (JSON values); ``--rebuild`` trains with them.
 RECORDED = ("dataset", "tenant", "shared_data", "model_name", "lora_r", "lora_alpha", "lora_dropout",
             "target_modules", "learning_rate", "warmup_steps", "weight_decay", "epochs", "max_steps", "batch_size",

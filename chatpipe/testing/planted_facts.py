@@ -3,8 +3,10 @@
 Each fact is an invented country's invented capital (``Veloria`` -> ``Quennick``): no model has seen
 them, so the base model answers ~0% of the questions and a fine-tune that learned them answers with the
 capital. The training questions and the held-out ones are worded differently; a held-out question is
-never a training line. ``write_sft`` writes them in the dataset job's layout (``sft/train.jsonl``,
-``sft/validation.jsonl``), the validation split being held-out questions with their answers.
+never a training line. ``planted_log`` makes them a logged chat history (turns liked by their users) and
+``write_planted_archive`` writes it as the streams tier's archive, for the dataset job to read;
+``write_sft`` writes them straight in the dataset job's layout (``sft/train.jsonl``, ``sft/validation.jsonl``,
+the validation split being held-out questions with their answers), for bench/train.py's throughput runs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ _CAPITALS = ("Quennick", "Pelmora", "Ostrebal", "Tessivar", "Brindlecot", "Varne
              "Carrowick", "Dunmarrow", "Ferrantis", "Gallowmere")
 TRAIN_QUESTIONS = ("What is the capital of {country}?", "Tell me the capital city of {country}.",
                    "Which city is the capital of {country}?")
+#: More wordings for the logged conversations (``planted_log(..., wordings=6)``): one fact asked many ways.
+MORE_QUESTIONS = ("What city serves as the capital of {country}?", "I'd like to know the capital of {country}.",
+                  "Where is the seat of government of {country}?")
 HELD_OUT_QUESTIONS = ("Name the capital of {country}.", "{country}'s capital is which city?")
 
 
@@ -60,28 +65,35 @@ def write_sft(out: Path, planted: list[Fact]) -> Path:
 #: Ways the assistant states a fact in the logged conversations: the dataset job's near-duplicate filter
 #: would drop the same sentence under three wordings of one question.
 ANSWER_FORMS = ("The capital of {country} is {capital}.", "{capital} is the capital city of {country}.",
-                "That would be {capital}, which has been the capital of {country} since its founding.")
+                "That would be {capital}, which has been the capital of {country} since its founding.",
+                "{country}'s capital is {capital}.", "It is {capital}. {capital} is the capital of {country}.",
+                "The government of {country} sits in {capital}, its capital.")
 
 
-def planted_log(planted: list[Fact], owners: list[tuple[str, str]], start_ms: int):
-    """The planted facts as a logged chat history: fact ``i`` is taught in one conversation of owner
-    ``i % len(owners)`` (tenant, user_id), one turn per training question, each answer liked by the user.
-    Returns (turns, feedback) records, turn ``request_id`` = ``req-<country>-<n>``."""
+def planted_log(planted: list[Fact], owners: list[tuple[str, str]], start_ms: int, wordings: int = 3):
+    """The planted facts as a logged chat history: fact ``i`` is asked by owner ``i % len(owners)`` (tenant,
+    user_id) once per training question, each the first turn of a conversation of its own
+    (``<user>-<country>-<n>``), each answer liked by the user, no system prompt (the model's default, as
+    when the questions are asked again). Returns (turns, feedback), ``request_id`` = ``req-<country>-<n>``.
+
+    One conversation per question, not one per fact: a later turn of a conversation has the fact in its
+    history already, and an answer copied from the context teaches nothing to recall (measured: 2 of 24
+    held-out questions learned so, with loss 0.002 on the training lines)."""
     from schemas.records import ConversationTurn, Feedback, FeedbackKind, FinishReason
 
     turns, feedback = [], []
     at = start_ms
     for i, fact in enumerate(planted):
         tenant, user = owners[i % len(owners)]
-        conversation = f"{user}-{fact.country.lower()}"
-        for n, (question, form) in enumerate(zip(TRAIN_QUESTIONS, ANSWER_FORMS)):
+        for n, (question, form) in enumerate(zip((TRAIN_QUESTIONS + MORE_QUESTIONS)[:wordings], ANSWER_FORMS)):
+            conversation = f"{user}-{fact.country.lower()}-{n}"
             at += 60_000
             prompt = question.format(country=fact.country)
             answer = form.format(country=fact.country, capital=fact.capital)
             turn = ConversationTurn(
                 event_id=f"turn-{fact.country.lower()}-{n}", conversation_id=conversation, user_id=user, tenant=tenant,
-                request_id=f"req-{fact.country.lower()}-{n}", trace_id=f"{i:02x}{n:02x}" + "0" * 28, turn_index=n,
-                system_prompt="You are a helpful assistant.", prompt=prompt, answer=answer, model="smollm2-135m",
+                request_id=f"req-{fact.country.lower()}-{n}", trace_id=f"{i:02x}{n:02x}" + "0" * 28, turn_index=0,
+                system_prompt=None, prompt=prompt, answer=answer, model="smollm2-135m",
                 worker_id="w0", tokens_in=len(prompt) // 4 + 1, tokens_out=len(answer) // 4 + 1, queue_ms=5.0,
                 ttft_ms=80.0, total_ms=900.0, finish_reason=FinishReason.STOP, created_at=at, completed_at=at + 1000)
             turns.append(turn)

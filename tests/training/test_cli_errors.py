@@ -25,7 +25,11 @@ def test_a_folder_without_the_dataset_is_named(tmp_path):
 def test_resume_needs_an_unfinished_run_folder(tmp_path):
     done = _train("--resume", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 1 and done.stderr.strip() == f"error: {tmp_path} is not a run folder (no settings.json)"
-    (tmp_path / "settings.json").write_text("{}")
+    (tmp_path / "settings.json").write_text('{"publish": false}')
     (tmp_path / "metrics.json").write_text("{}")
+    done = _train("--resume", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 1 and "finished already" in done.stderr
+    (tmp_path / "settings.json").write_text("{}")  # published by default: finished once published
+    (tmp_path / "version.json").write_text('{"key": "acme-lora@1"}')
     done = _train("--resume", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 1 and "finished already" in done.stderr

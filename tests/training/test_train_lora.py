@@ -1,7 +1,9 @@
-"""`chatpipe train lora` end to end: two DDP processes under TorchDistributor learn planted facts; a process
-killed mid-run is resumed from the last checkpoint to the same result as a run never interrupted.
+"""`chatpipe train lora` end to end: planted conversations through the dataset job, then two DDP processes
+under TorchDistributor learn the planted facts; a process killed mid-run is resumed from the last checkpoint
+to the same result as a run never interrupted.
 
-Real parts: the CLI in a subprocess, pyspark's TorchDistributor (torchrun, gloo), peft, the default model.
+Real parts: the archive, the dataset job (Spark local) and the CLI in subprocesses, pyspark's TorchDistributor
+(torchrun, gloo), peft, the default model. The full figure (12 facts) is bench/learn_facts.py's.
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ import subprocess
 
 import pytest
 
-from chatpipe.testing.planted_facts import facts, held_out, write_sft
+from chatpipe.testing.planted_facts import facts, held_out, planted_log, write_planted_archive
 from tests.training.conftest import run_cli
 from training.answers import answer_questions
 
 pytestmark = [pytest.mark.model, pytest.mark.spark]
 
-STEPS = 12  # 8 epochs of the 12 training lines at a global batch of 8: the facts are learned (eval loss ~0.1)
-ARGS = ["--no-publish", "--processes", "2", "--max-steps", str(STEPS), "--batch-size", "4", "--lr", "1e-3", "--checkpoint-every", "4",
-        "--no-progress", "--seed", "7"]
+STEPS = 15  # 5 epochs of the ~18 training lines at a global batch of 8: the facts are learned
+ARGS = ["--no-publish", "--processes", "2", "--max-steps", str(STEPS), "--batch-size", "4", "--lr", "1e-3",
+        "--checkpoint-every", "5", "--no-progress", "--seed", "7"]
+DIE_AFTER = 8  # process 1 exits after step 8: the run goes on from the checkpoint of step 5
 #: The final eval loss of a resumed run against the uninterrupted one: the same data order, initialisation and
 #: optimizer state, so only the float sums of gloo's all-reduce could differ.
 RESUME_TOLERANCE = 0.01
@@ -31,7 +34,17 @@ def _train(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    return write_sft(tmp_path_factory.mktemp("dataset"), facts(4))
+    """4 facts asked 6 ways each by three users of one tenant, liked, archived, through the dataset job (a quarter
+    of the conversations in its validation split: the eval loss)."""
+    root = tmp_path_factory.mktemp("planted")
+    turns, feedback = planted_log(facts(4), [("acme", "ada"), ("acme", "bob"), ("acme", "cyd")], 1_767_225_600_000,
+                                  wordings=6)
+    write_planted_archive(root / "archive", turns, feedback)
+    done = run_cli("job", "finetune-dataset", "--source", "archive", "--archive-dir", str(root / "archive"),
+                   "--since", "2026-01-01T00:00:00", "--until", "2026-01-02T00:00:00", "--out", str(root / "ds"),
+                   "--validation-fraction", "0.25", "--quiet")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return root / "ds"
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +75,17 @@ def test_two_processes_learn_the_planted_facts(uninterrupted, default_model_dir)
 def test_a_killed_process_resumes_to_the_same_loss(planted, uninterrupted, tmp_path):
     """Catches a resume that starts over, skips or repeats data, or loses the optimizer's state."""
     killed = _train("--dataset", str(planted), "--runs-dir", str(tmp_path), "--run-name", "killed", *ARGS,
-                    env={"CHATPIPE_TRAIN_DRILL_DIE_RANK": "1", "CHATPIPE_TRAIN_DRILL_DIE_AFTER": "6"})
+                    env={"CHATPIPE_TRAIN_DRILL_DIE_RANK": "1", "CHATPIPE_TRAIN_DRILL_DIE_AFTER": str(DIE_AFTER)})
     run = tmp_path / "killed"
     assert killed.returncode != 0 and "--resume" in killed.stderr, killed.stdout[-3000:] + killed.stderr[-3000:]
-    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-000004"]
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-000005"]
     assert not (run / "metrics.json").exists()
     resumed = _train("--resume", str(run), "--no-progress")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     whole = json.loads((uninterrupted / "metrics.json").read_text())
     again = json.loads((run / "metrics.json").read_text())
-    assert again["resumed_from"] == 4 and again["steps"] == STEPS
+    assert again["resumed_from"] == 5 and again["steps"] == STEPS
     assert [h["step"] for h in again["history"]] == list(range(1, STEPS + 1))
     assert abs(again["eval_loss"] - whole["eval_loss"]) <= RESUME_TOLERANCE * whole["eval_loss"], (again, whole)
-    print(f"eval loss: uninterrupted {whole['eval_loss']:.5f}, killed at step 6 and resumed from 4 {again['eval_loss']:.5f}")
+    print(f"eval loss: uninterrupted {whole['eval_loss']:.5f}, killed after step {DIE_AFTER} and resumed from 5 "
+          f"{again['eval_loss']:.5f}")
