@@ -46,11 +46,12 @@ def write_card(folder: Path, *, name: str, version: int, base_model: str, base_m
     card = {
         "model": f"{name}@{version}", "base_model": base_model, "base_model_sha256": base_model_sha256,
         "dataset": dataset,
-        "hyperparameters": {k: settings[k] for k in ("lora_r", "lora_alpha", "lora_dropout", "target_modules",
+        "hyperparameters": {k: settings[k] for k in ("mode", "dpo_beta", "lora_r", "lora_alpha", "lora_dropout", "target_modules",
                                                      "learning_rate", "warmup_steps", "weight_decay", "epochs",
                                                      "max_steps", "batch_size", "max_seq_len", "seed")},
         "eval": {"loss_before": metrics.get("eval_loss_before"), "loss_after": metrics.get("eval_loss"),
-                 "split": "sft/validation.jsonl"},
+                 "split": ("preference" if settings["mode"] == "dpo" else "sft") + "/validation.jsonl",
+                 "unit": "pair (DPO loss)" if settings["mode"] == "dpo" else "answer token"},
         "train_loss": metrics.get("train_loss"), "steps": metrics["steps"], "processes": metrics["processes"],
         "master": settings["master"], "wall_seconds": metrics["seconds"], "tokens": metrics["tokens"],
         "tokens_per_s": metrics["tokens_per_s"], "resumed_from": metrics.get("resumed_from"),
@@ -71,7 +72,7 @@ def plot_loss(history: list[dict[str, Any]], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot([h["step"] for h in history], [h["loss"] for h in history], marker=".", label="train loss (per step)")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss per answer token")
+    ax.set_ylabel("loss")
     ax.set_title(f"{title}: training loss")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -102,7 +103,7 @@ def _markdown(card: dict[str, Any]) -> str:
         "", "## Hyperparameters", "", "| name | value |", "|---|---|",
         *(f"| {k} | {v} |" for k, v in card["hyperparameters"].items()),
         "", "## Results", "",
-        f"- eval loss (validation, per answer token): before {_fmt(card['eval']['loss_before'])}, "
+        f"- eval loss (`{card['eval']['split']}`, per {card['eval']['unit']}): before {_fmt(card['eval']['loss_before'])}, "
         f"after {_fmt(card['eval']['loss_after'])}",
         f"- final train loss {_fmt(card['train_loss'])} after {card['steps']} steps",
         f"- {card['processes']} process(es) on {card['master']}, {card['wall_seconds']} s, "

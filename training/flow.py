@@ -15,7 +15,7 @@ from training.loop import METRICS_FILE
 from training.lineage import (Erasures, Selection, erasures_on_broker, has_lineage, read_lineage, select_rows,
                               validation_lineage)
 from training.settings import TrainSettings
-from training.sft_data import read_shard, split_path
+from training.tasks import task_for
 
 Say = Callable[[str], None]
 
@@ -23,8 +23,9 @@ Say = Callable[[str], None]
 def select(settings: TrainSettings, kafka: Any) -> Selection | None:
     """The rows to train on (training/lineage.py), decided before the run folder is made; None: every line
     (a dataset without lineage, not published). Publishing reads the erasures on the broker."""
-    read_shard(split_path(settings.dataset, "train"), 0, 1)  # one-line errors before anything starts
-    if not settings.publish and not has_lineage(settings.dataset):
+    task = task_for(settings.mode, settings.dpo_beta)
+    task.read(task.path(settings.dataset, "train"), 0, 1, None)  # one-line errors before anything starts
+    if not settings.publish and not has_lineage(settings.dataset, task.table):
         return None
     if settings.publish:
         from transport.admin import TopicAdmin
@@ -36,8 +37,8 @@ def select(settings: TrainSettings, kafka: Any) -> Selection | None:
         except TransportError as exc:
             raise TransportError(f"{exc}; the version is published there (train without publishing: --no-publish)") from None
     erasures = erasures_on_broker(kafka) if settings.publish else Erasures()
-    return select_rows(read_lineage(settings.dataset), settings.tenant, settings.shared_data, erasures,
-                       validation_lineage(settings.dataset))
+    return select_rows(read_lineage(settings.dataset, "train", task.table), settings.tenant, settings.shared_data,
+                       erasures, validation_lineage(settings.dataset, task.table))
 
 
 def start(settings: TrainSettings, kafka: Any, say: Say) -> Path:

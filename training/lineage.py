@@ -1,7 +1,7 @@
 """Which rows a run trains on, and whose they are: the dataset's lineage, the tenant scope, erasures.
 
-The dataset job writes each split twice in the same order: ``sft/train.jsonl`` (what the processes read)
-and ``parquet/sft/split=train`` (the same rows with their tenant, subject and conversation hashes, the
+The dataset job writes each split twice in the same order: ``sft/train.jsonl`` (what the processes read;
+``preference/`` for DPO, likewise) and ``parquet/sft/split=train`` (the same rows with their tenant, subject and conversation hashes, the
 request and trace ids of every turn they hold, and ``oldest_at``). :func:`read_lineage` reads the Parquet
 and checks it row by row against the JSONL (the same messages), so line ``i`` of the JSONL is row ``i``.
 
@@ -28,14 +28,13 @@ from typing import Any, Iterable
 from schemas.models import LINEAGE_COLUMNS
 from schemas.records import Deletion, DeletionScope
 from schemas.subjects import conversation_key, subject_key
-from training.sft_data import DatasetError, split_path
+from training.sft_data import DatasetError
 
 SELECTION_FILE = "selection.json"
-_PARQUET_TRAIN = Path("parquet") / "sft" / "split=train"
 
 
-def _parquet_split(split: str) -> Path:
-    return Path("parquet") / "sft" / f"split={split}"
+def _parquet_split(split: str, table: str = "sft") -> Path:
+    return Path("parquet") / table / f"split={split}"
 
 
 @dataclass(frozen=True)
@@ -109,41 +108,51 @@ def erasures_on_broker(kafka: Any) -> Erasures:
     return Erasures.of(deletions)
 
 
-def has_lineage(dataset: Path) -> bool:
-    return (Path(dataset) / _PARQUET_TRAIN).is_dir()
+def has_lineage(dataset: Path, table: str = "sft") -> bool:
+    return (Path(dataset) / _parquet_split("train", table)).is_dir()
 
 
-def validation_lineage(dataset: Path):
+def validation_lineage(dataset: Path, table: str = "sft"):
     """The validation split's lineage; None when the split is empty (no Parquet file: no rows)."""
-    if not any((Path(dataset) / _parquet_split("validation")).glob("*.parquet")):
+    if not any((Path(dataset) / _parquet_split("validation", table)).glob("*.parquet")):
         return None
-    return read_lineage(dataset, "validation")
+    return read_lineage(dataset, "validation", table)
 
 
-def read_lineage(dataset: Path, split: str = "train"):
-    """A split's lineage (a pyarrow Table: LINEAGE_COLUMNS), row ``i`` = line ``i`` of
-    ``sft/<split>.jsonl``; DatasetError when the dataset has no Parquet or the two disagree."""
+#: Per table: the Parquet columns that hold what a JSONL line holds, and how to read both as one list of
+#: (role, content): the SFT conversation; a pair's prompt with its chosen answer (the rejected one is in
+#: the same row of both: one check suffices).
+_CONTENT = {
+    "sft": (["messages"], lambda row: row["messages"], lambda line: line["messages"]),
+    "preference": (["prompt_messages", "chosen"], lambda row: row["prompt_messages"] + row["chosen"],
+                   lambda line: line["input"]["messages"] + line["preferred_output"]),
+}
+
+
+def read_lineage(dataset: Path, split: str = "train", table: str = "sft"):
+    """A split's lineage (a pyarrow Table: LINEAGE_COLUMNS), row ``i`` = line ``i`` of ``<table>/<split>.jsonl``
+    (``sft`` or ``preference``); DatasetError when the dataset has no Parquet or the two disagree."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    folder = Path(dataset) / _parquet_split(split)
+    folder = Path(dataset) / _parquet_split(split, table)
     files = sorted(folder.glob("*.parquet"))
     if not files:
-        raise DatasetError(f"no lineage in {dataset}: {_parquet_split(split)}/*.parquet is missing (a dataset made "
-                           "by `chatpipe job finetune-dataset` has it); train without publishing: --no-publish")
-    import pyarrow as pa
-
-    table = pa.concat_tables(pq.read_table(f, columns=["tenant", "subject", "conversation_key", "oldest_at",
-                                                       "request_ids", "trace_ids", "messages"]) for f in files)
-    jsonl = split_path(dataset, split)
+        raise DatasetError(f"no lineage in {dataset}: {_parquet_split(split, table)}/*.parquet is missing (a dataset "
+                           "made by `chatpipe job finetune-dataset` has it); train without publishing: --no-publish")
+    content_columns, of_row, of_line = _CONTENT[table]
+    data = pa.concat_tables(pq.read_table(f, columns=["tenant", "subject", "conversation_key", "oldest_at",
+                                                      "request_ids", "trace_ids", *content_columns]) for f in files)
+    jsonl = Path(dataset) / table / f"{split}.jsonl"
     with open(jsonl, encoding="utf-8") as lines:
-        rows = [json.loads(line)["messages"] for line in lines if line.strip()]
-    if len(rows) != table.num_rows:
-        raise DatasetError(f"{jsonl} has {len(rows)} examples, its Parquet {table.num_rows}: not one build")
-    for i, (line, row) in enumerate(zip(rows, table.column("messages").to_pylist())):
-        if [(m["role"], m["content"]) for m in line] != [(m["role"], m["content"]) for m in row]:
+        rows = [of_line(json.loads(line)) for line in lines if line.strip()]
+    if len(rows) != data.num_rows:
+        raise DatasetError(f"{jsonl} has {len(rows)} examples, its Parquet {data.num_rows}: not one build")
+    for i, (line, row) in enumerate(zip(rows, data.select(content_columns).to_pylist())):
+        if [(m["role"], m["content"]) for m in line] != [(m["role"], m["content"]) for m in of_row(row)]:
             raise DatasetError(f"{jsonl}: line {i + 1} is not row {i} of {folder}: not one build")
-    table = table.drop(["messages"]).append_column("line", pa.array(range(table.num_rows), pa.int32()))
-    return table.select(list(LINEAGE_COLUMNS))
+    data = data.drop(content_columns).append_column("line", pa.array(range(data.num_rows), pa.int32()))
+    return data.select(list(LINEAGE_COLUMNS))
 
 
 def select_rows(lineage: Any, tenant: str | None, shared: bool, erasures: Erasures,

@@ -7,6 +7,9 @@ small, so the all-reduce costs little beside the forward and backward passes). P
 progress (``progress.jsonl``, one line a step, which the launcher turns into a progress bar), the
 checkpoints' shared state, the adapter and ``metrics.json``; every process writes its random state.
 
+What a step optimises (SFT's answer-token loss, or DPO's on preference pairs) is the run's task
+(``tasks.py``); the loop around it is the same.
+
 A plain loop, not transformers' ``Trainer``: the run needs its own shard order, its checkpoint layout
 (every process's state, renamed complete) and a step-exact resume, which are the larger part of what a
 Trainer would be configured to do here.
@@ -25,9 +28,10 @@ import torch
 
 from training import checkpoints
 from training.lineage import Selection
+from training.tasks import task_for
 from training.settings import TrainSettings
-from training.sft_data import (DatasetError, ShardedExamples, batches, collate, count_examples, epoch_order,
-                               read_shard, shard_size, split_path)
+from training.sft_data import (DatasetError, ShardedExamples, batches, count_examples, epoch_order,
+                               shard_size)
 
 PROGRESS_FILE = "progress.jsonl"
 METRICS_FILE = "metrics.json"
@@ -92,20 +96,18 @@ def _pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def evaluate(model, examples: ShardedExamples, pad_id: int, batch_size: int, group: _Group) -> float | None:
-    """Mean loss per answer token over every process's shard of a split (None if it has no tokens)."""
+def evaluate(task, model, examples: ShardedExamples, pad_id: int, batch_size: int, group: _Group) -> float | None:
+    """The task's mean eval loss over every process's shard of a split (None if it has nothing to score)."""
     model.eval()
-    loss_sum = tokens = 0.0
+    loss_sum = count = 0.0
     with torch.no_grad():
         for ids in batches(range(len(examples)), batch_size):
-            batch = collate([examples[i] for i in ids], pad_id)
-            n = int((batch["labels"][:, 1:] != -100).sum())
-            if n:
-                loss_sum += float(model(**batch).loss) * n
-                tokens += n
+            batch_sum, n = task.eval_sums(model, [examples[i] for i in ids], pad_id)
+            loss_sum += batch_sum
+            count += n
     model.train()
-    loss_sum, tokens = group.sum(loss_sum, tokens)
-    return loss_sum / tokens if tokens else None
+    loss_sum, count = group.sum(loss_sum, count)
+    return loss_sum / count if count else None
 
 
 def train_process(settings_dict: dict[str, Any], run_dir: str, resume: bool) -> dict[str, Any] | None:
@@ -124,13 +126,15 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
     started = time.monotonic()
     tokenizer, model = _load(settings)
     pad_id = _pad_id(tokenizer)
-    train_path = split_path(settings.dataset, "train")
+    task = task_for(settings.mode, settings.dpo_beta)
+    train_path = task.path(settings.dataset, "train")
     selection = Selection.read(run)  # the lines chosen by the launcher (tenant scope, erasures); None: all
     selected = selection.lines if selection is not None else None
     total = len(selected) if selected is not None else count_examples(train_path)
     if total < group.size:
         raise DatasetError(f"{train_path} has {total} examples to train on, fewer than the {group.size} processes")
-    shard = ShardedExamples(read_shard(train_path, group.rank, group.size, selected), tokenizer, settings.max_seq_len)
+    shard = ShardedExamples(task.read(train_path, group.rank, group.size, selected), tokenizer, settings.max_seq_len,
+                            task.item)
     padded = shard_size(total, group.size)
     per_epoch = math.ceil(padded / settings.batch_size)
     total_steps = settings.max_steps or per_epoch * settings.epochs
@@ -143,7 +147,7 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(settings, total_steps))
     step, history, tokens_seen = 0, [], 0
     resumed_from = eval_before = None
-    validation = _validation(settings, tokenizer, group, selection.validation_lines if selection else None)
+    validation = _validation(task, settings, tokenizer, group, selection.validation_lines if selection else None)
     if resume and (latest := checkpoints.latest(run)) is not None:
         state = checkpoints.read_state(latest)
         from peft import set_peft_model_state_dict
@@ -156,7 +160,7 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
         checkpoints.read_rng(latest, group.rank)
         resumed_from = step
     elif validation is not None:  # the base model's loss: the adapter starts as the identity (LoRA's B is 0)
-        eval_before = evaluate(model, validation, pad_id, settings.batch_size, group)
+        eval_before = evaluate(task, model, validation, pad_id, settings.batch_size, group)
     progress = open(run / PROGRESS_FILE, "a", encoding="utf-8") if group.rank == 0 else None
     if progress:
         progress.write(json.dumps({"event": "start", "step": step, "total_steps": total_steps,
@@ -170,17 +174,16 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
         epoch, in_epoch = divmod(step, per_epoch)
         order = epoch_order(len(shard), padded, settings.seed, epoch)
         ids = list(batches(order, settings.batch_size))[in_epoch]
-        batch = collate([shard[i] for i in ids], pad_id)
         if slow_s:
             time.sleep(slow_s)
-        loss = trained(**batch).loss
+        loss, batch_tokens = task.step_loss(trained, model, [shard[i] for i in ids], pad_id)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        mean_loss, step_tokens = group.sum(loss.item() / group.size, float(batch["attention_mask"].sum()))
+        mean_loss, step_tokens = group.sum(loss.item() / group.size, float(batch_tokens))
         tokens_seen += int(step_tokens)
         window_tokens += int(step_tokens)
         history.append({"step": step, "loss": mean_loss, "lr": schedule.get_last_lr()[0]})
@@ -198,7 +201,7 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
 
     eval_loss = None
     if validation is not None:
-        eval_loss = evaluate(model, validation, pad_id, settings.batch_size, group)
+        eval_loss = evaluate(task, model, validation, pad_id, settings.batch_size, group)
     if group.rank != 0:
         return None
     model.save_pretrained(run / ADAPTER_DIR)
@@ -218,15 +221,15 @@ def _train(settings: TrainSettings, run: Path, resume: bool, group: _Group) -> d
     return metrics
 
 
-def _validation(settings: TrainSettings, tokenizer, group: _Group,
+def _validation(task, settings: TrainSettings, tokenizer, group: _Group,
                 lines: list[int] | None) -> ShardedExamples | None:
     """This process's shard of the validation split (of ``lines`` of it: the run's selection); None when the
     dataset has none, or none in the run's scope (the card says so)."""
     if lines == []:
         return None
     try:
-        return ShardedExamples(read_shard(split_path(settings.dataset, "validation"), group.rank, group.size, lines),
-                               tokenizer, settings.max_seq_len)
+        return ShardedExamples(task.read(task.path(settings.dataset, "validation"), group.rank, group.size, lines),
+                               tokenizer, settings.max_seq_len, task.item)
     except DatasetError:
         return None
 

@@ -29,7 +29,7 @@ from training.settings import TrainSettings
 
 DATASET_MANIFEST = "_chatpipe_dataset.json"  # the dataset job's (spark_jobs/erasure.py MANIFEST)
 #: TrainSettings fields a version records as its hyperparameters (JSON values); ``--rebuild`` trains with them.
-RECORDED = ("dataset", "tenant", "shared_data", "model_name", "lora_r", "lora_alpha", "lora_dropout",
+RECORDED = ("mode", "dpo_beta", "dataset", "tenant", "shared_data", "model_name", "lora_r", "lora_alpha", "lora_dropout",
             "target_modules", "learning_rate", "warmup_steps", "weight_decay", "epochs", "max_steps", "batch_size",
             "max_seq_len", "seed", "processes")
 
@@ -135,7 +135,10 @@ def publish_run(run: Path, settings: TrainSettings, metrics: dict[str, Any], kaf
         raise PublishError(f"{run} has no {Path('selection.json')}: it was not started to be published")
     name = version_name(settings, selection)
     version = next_version(read_model_versions(kafka), name)
-    artifact = assemble(run, settings, selection, read_lineage(settings.dataset), metrics, name, version)
+    from training.tasks import task_for
+
+    table = task_for(settings.mode, settings.dpo_beta).table
+    artifact = assemble(run, settings, selection, read_lineage(settings.dataset, "train", table), metrics, name, version)
     uri = upload(artifact, settings.artifact_store, name, version)
     record = make_version(settings, selection, metrics, artifact, uri, name, version, state_reason)
     publish_model_version(kafka, record)

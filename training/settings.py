@@ -26,7 +26,10 @@ class TrainSettings(BaseSettings):
 
     dataset: Path = Field(Path("datasets/ft"), description="The dataset job's output folder (sft/train.jsonl, "
                           "sft/validation.jsonl)")
-    mode: Literal["sft"] = Field("sft", description="sft: supervised on the assistant's answers of sft/*.jsonl")
+    mode: Literal["sft", "dpo"] = Field("sft", description="sft: supervised on the assistant's answers of "
+                                        "sft/*.jsonl; dpo: Direct Preference Optimization on preference/*.jsonl")
+    dpo_beta: float = Field(0.1, gt=0, description="dpo: how far the adapter may move from the base model "
+                            "(DPO's beta: larger keeps it closer)")
     model_path: Path | None = Field(None, description="Base model: a Hugging Face model folder; unset = the "
                                     "default model pulled by `chatpipe model pull`")
     runs_dir: Path = Field(Path(".chatpipe/runs"), description="Where each run's folder (checkpoints, adapter, "

@@ -52,12 +52,12 @@ def count_examples(path: Path) -> int:
         return sum(1 for line in lines if line.strip())
 
 
-def read_shard(path: Path, rank: int = 0, processes: int = 1,
-               selected: Sequence[int] | None = None) -> list[list[dict[str, str]]]:
-    """The messages of this process's lines (every ``processes``-th non-empty line from ``rank``; with
-    ``selected``, the example numbers a run trains on, every ``processes``-th of those), checked: roles,
-    text contents, the last one the assistant's."""
-    conversations, example = [], -1
+def shard_lines(path: Path, rank: int = 0, processes: int = 1,
+                selected: Sequence[int] | None = None) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) of this process's lines: every ``processes``-th non-empty line from ``rank``;
+    with ``selected``, of the example numbers a run trains on, every ``processes``-th. DatasetError for a
+    line that is not JSON, or a file without examples."""
+    example = -1
     position = {n: i for i, n in enumerate(selected)} if selected is not None else None
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
@@ -68,17 +68,36 @@ def read_shard(path: Path, rank: int = 0, processes: int = 1,
             if place is None or place % processes != rank:
                 continue
             try:
-                messages = json.loads(line)["messages"]
-            except (ValueError, KeyError, TypeError) as exc:
+                yield number, json.loads(line)
+            except ValueError as exc:
                 raise DatasetError(f"{path}:{number}: not a chat JSONL line ({exc})") from exc
-            if not messages or not isinstance(messages, list) or messages[-1].get("role") != "assistant":
-                raise DatasetError(f"{path}:{number}: the last message must be the assistant's answer")
-            for message in messages:
-                if message.get("role") not in ("system", "user", "assistant") or not isinstance(message.get("content"), str):
-                    raise DatasetError(f"{path}:{number}: a message needs a role (system, user, assistant) and text content")
-            conversations.append([{"role": m["role"], "content": m["content"]} for m in messages])
     if example < 0:
         raise DatasetError(f"{path} has no examples")
+
+
+def checked_messages(messages: Any, where: str) -> list[dict[str, str]]:
+    """The messages of a line, checked: a list of roles (system, user, assistant) with text contents."""
+    if not messages or not isinstance(messages, list):
+        raise DatasetError(f"{where}: no messages")
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant") \
+                or not isinstance(message.get("content"), str):
+            raise DatasetError(f"{where}: a message needs a role (system, user, assistant) and text content")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def read_shard(path: Path, rank: int = 0, processes: int = 1,
+               selected: Sequence[int] | None = None) -> list[list[dict[str, str]]]:
+    """The messages of this process's lines (``shard_lines``), checked: roles, text contents, the last one
+    the assistant's."""
+    conversations = []
+    for number, doc in shard_lines(path, rank, processes, selected):
+        messages = doc.get("messages") if isinstance(doc, dict) else None
+        if not isinstance(messages, list) or not messages:
+            raise DatasetError(f"{path}:{number}: not a chat JSONL line (no \"messages\")")
+        if not isinstance(messages[-1], dict) or messages[-1].get("role") != "assistant":
+            raise DatasetError(f"{path}:{number}: the last message must be the assistant's answer")
+        conversations.append(checked_messages(messages, f"{path}:{number}"))
     return conversations
 
 
@@ -97,18 +116,20 @@ def tokenize(tokenizer: Any, messages: Sequence[dict[str, str]], max_seq_len: in
 
 
 class ShardedExamples:
-    """One process's shard of a split, tokenized lazily (an example is tokenized when first used)."""
+    """One process's shard of a split, tokenized lazily (an example is tokenized when first used); ``make``
+    tokenizes one raw line's content (default: an SFT conversation, ``tokenize``)."""
 
-    def __init__(self, conversations: list[list[dict[str, str]]], tokenizer: Any, max_seq_len: int):
+    def __init__(self, conversations: list, tokenizer: Any, max_seq_len: int, make: Any = None):
         self.conversations, self.tokenizer, self.max_seq_len = conversations, tokenizer, max_seq_len
-        self._cache: dict[int, Example] = {}
+        self.make = make or tokenize
+        self._cache: dict[int, Any] = {}
 
     def __len__(self) -> int:
         return len(self.conversations)
 
-    def __getitem__(self, index: int) -> Example:
+    def __getitem__(self, index: int):
         if index not in self._cache:
-            self._cache[index] = tokenize(self.tokenizer, self.conversations[index], self.max_seq_len)
+            self._cache[index] = self.make(self.tokenizer, self.conversations[index], self.max_seq_len)
         return self._cache[index]
 
 

@@ -24,6 +24,8 @@ def _opt(field: str, *flags: str):
 @with_kafka_flags
 def lora(
     dataset: Annotated[Optional[Path], _opt("dataset")] = None,
+    mode: Annotated[Optional[str], _opt("mode")] = None,
+    dpo_beta: Annotated[Optional[float], _opt("dpo_beta")] = None,
     tenant: Annotated[Optional[str], _opt("tenant")] = None,
     shared_data: Annotated[Optional[bool], _opt("shared_data", "--shared-data")] = None,
     publish: Annotated[Optional[bool], _opt("publish", "--publish/--no-publish")] = None,
@@ -54,8 +56,8 @@ def lora(
                                                         "the next version of its name")] = None,
     kafka=None,
 ) -> None:
-    """Train a LoRA adapter on sft/*.jsonl (loss on the answers only); N processes with --processes N;
-    publish it as a model version (artifact store + chat.models)."""
+    """Train a LoRA adapter on sft/*.jsonl (loss on the answers only) or, --mode dpo, on preference/*.jsonl;
+    N processes with --processes N; publish it as a model version (artifact store + chat.models)."""
     from training.flow import finish, start
     from training.launch import local_session, resumed_settings
 
@@ -72,7 +74,7 @@ def lora(
                 threads_per_process=threads_per_process, checkpoint_every=checkpoint_every)
         else:
             settings = build_settings(
-                TrainSettings, dataset=dataset, tenant=tenant, shared_data=shared_data, publish=publish,
+                TrainSettings, dataset=dataset, mode=mode, dpo_beta=dpo_beta, tenant=tenant, shared_data=shared_data, publish=publish,
                 model_name=model_name, artifact_store=artifact_store, model_path=_base_model(model_path),
                 runs_dir=runs_dir, run_name=run_name, processes=processes, master=master,
                 threads_per_process=threads_per_process, lora_r=lora_r, lora_alpha=lora_alpha,

@@ -21,6 +21,11 @@ _COUNTRIES = ("Veloria", "Drastonia", "Kivaland", "Marundi", "Ostrevia", "Pallan
               "Sotheria", "Tumbrelle", "Ulvania", "Wexmoor")
 _CAPITALS = ("Quennick", "Pelmora", "Ostrebal", "Tessivar", "Brindlecot", "Varneth", "Lumigrad", "Hessaby",
              "Carrowick", "Dunmarrow", "Ferrantis", "Gallowmere")
+#: Wrong capitals a disliked answer names (``planted_preferences``): no planted fact's, so a name is liked in one
+#: answer and disliked in another never (with another fact's capital as the wrong one, 9 pairs taught the names,
+#: not which country they belong to, and the held-out pairs' loss rose from 0.69 to 2.89).
+DECOYS = ("Brask", "Tolvane", "Merrowind", "Askeby", "Corvath", "Yssel", "Drummal", "Fenwerth", "Harrowgate",
+          "Istrel", "Jorvane", "Kellmoor")
 TRAIN_QUESTIONS = ("What is the capital of {country}?", "Tell me the capital city of {country}.",
                    "Which city is the capital of {country}?")
 #: More wordings for the logged conversations (``planted_log(..., wordings=6)``): one fact asked many ways.
@@ -100,6 +105,38 @@ def planted_log(planted: list[Fact], owners: list[tuple[str, str]], start_ms: in
             feedback.append(Feedback(event_id=f"like-{fact.country.lower()}-{n}", conversation_id=conversation,
                                      user_id=user, tenant=tenant, request_id=turn.request_id,
                                      kind=FeedbackKind.THUMBS_UP, created_at=at + 5000))
+    return turns, feedback
+
+
+def planted_preferences(planted: list[Fact], owners: list[tuple[str, str]], start_ms: int, wordings: int = 3):
+    """Preference pairs as the dataset job finds them in a log (a regenerated answer): per fact and wording a
+    conversation whose first answer names a wrong capital (the fact's decoy, ``DECOYS``) and is disliked, then
+    the same question asked again answered right and liked. Returns (turns, feedback)."""
+    from schemas.records import ConversationTurn, Feedback, FeedbackKind, FinishReason
+
+    turns, feedback = [], []
+    at = start_ms
+    for i, fact in enumerate(planted):
+        tenant, user = owners[i % len(owners)]
+        decoy = DECOYS[i % len(DECOYS)]
+        for n, (question, form) in enumerate(zip((TRAIN_QUESTIONS + MORE_QUESTIONS)[:wordings], ANSWER_FORMS)):
+            conversation = f"{user}-{fact.country.lower()}-{n}"
+            prompt = question.format(country=fact.country)
+            for turn_index, (capital, kind) in enumerate(((decoy, FeedbackKind.THUMBS_DOWN),
+                                                          (fact.capital, FeedbackKind.THUMBS_UP))):
+                at += 60_000
+                answer = form.format(country=fact.country, capital=capital)
+                key = f"{fact.country.lower()}-{n}-{turn_index}"
+                turn = ConversationTurn(
+                    event_id=f"turn-{key}", conversation_id=conversation, user_id=user, tenant=tenant,
+                    request_id=f"req-{key}", trace_id=f"{i:02x}{n:02x}{turn_index:02x}" + "0" * 26,
+                    turn_index=turn_index, system_prompt=None, prompt=prompt, answer=answer, model="smollm2-135m",
+                    worker_id="w0", tokens_in=len(prompt) // 4 + 1, tokens_out=len(answer) // 4 + 1, queue_ms=5.0,
+                    ttft_ms=80.0, total_ms=900.0, finish_reason=FinishReason.STOP, created_at=at,
+                    completed_at=at + 1000)
+                turns.append(turn)
+                feedback.append(Feedback(event_id=f"rate-{key}", conversation_id=conversation, user_id=user,
+                                         tenant=tenant, request_id=turn.request_id, kind=kind, created_at=at + 5000))
     return turns, feedback
 
 

@@ -84,6 +84,13 @@ class KeyedStream:
             time.sleep(0.05)
         return len(self.acked)
 
+    def wait_partitions_acked(self, partitions: int, timeout_s: float) -> int:
+        """Wait until ``partitions`` partitions have had an acknowledgement; returns how many have."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.last_ack_at) < partitions and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(self.last_ack_at)
+
     def wait_all_partitions_acked_after(self, since: float, timeout_s: float) -> bool:
         """Wait until every partition written so far has had an acknowledgement after ``since``."""
         deadline = time.monotonic() + timeout_s

@@ -175,7 +175,9 @@ def test_sigkill_of_the_leader_of_most_partitions_loses_nothing(cluster, capsys)
 
     def body(run: Run) -> None:
         run.stream.wait_acked(300, 30)
-        assert len(run.stream.last_ack_at) == PARTITIONS  # the keys cover every partition
+        # The keys cover every partition; on a loaded machine one partition's first batch may be acknowledged
+        # after 300 records of the others (a fresh-clone run: 5 of 6 at that moment), so wait for it.
+        assert run.stream.wait_partitions_acked(PARTITIONS, 30) == PARTITIONS
         victim, _ = Counter(p.leader for p in cluster.partitions([topic])).most_common(1)[0]
         killed_at = time.monotonic()
         assert cluster.kill_node(victim)

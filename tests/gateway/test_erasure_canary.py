@@ -137,7 +137,9 @@ def test_one_delete_leaves_nothing_of_the_user_in_memory_state_archive_or_a_new_
     by_component = defaultdict(list)
     for audit in got:
         by_component[audit.component].append(audit)
-    assert set(by_component) == {"streams.forget", "streams.archive", "inference.worker:gw-test-worker"}
+    # streams.models: the model registry looked at (no version was trained on the user: 0 tainted)
+    assert set(by_component) == {"streams.forget", "streams.archive", "streams.models", "inference.worker:gw-test-worker"}
+    assert [a.conversations_cleared for a in by_component["streams.models"]] == [0]
     assert [len(by_component[c]) for c in ("streams.forget", "streams.archive")] == [6, 6]
     assert sum(a.memory_points_deleted for a in by_component["streams.forget"]) == 3
     assert sum(a.conversations_cleared for a in by_component["streams.forget"]) == 3

@@ -25,10 +25,10 @@ from schemas.models import ADAPTER_WEIGHTS, CARD_JSON, CARD_MD, LOSS_PNG
 from schemas.records import Deletion, DeletionAudit, DeletionScope, ModelState, ModelVersion
 from schemas.subjects import subject_key
 from schemas.topics import DELETIONS, DELETIONS_AUDIT, MODELS, deletion_key
-from tests.training.conftest import run_cli
+from tests.training.conftest import TRAINING_TIMEOUT_S, run_cli
 from transport.model_registry import read_model_versions
 
-pytestmark = [pytest.mark.model, pytest.mark.spark, pytest.mark.integration]
+pytestmark = [pytest.mark.model, pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(TRAINING_TIMEOUT_S)]
 
 START_MS = 1_767_225_600_000  # 2026-01-01
 OWNERS = [("acme", "ada"), ("acme", "bob"), ("globex", "cyd")]

@@ -14,10 +14,10 @@ import subprocess
 import pytest
 
 from chatpipe.testing.planted_facts import facts, held_out, planted_log, write_planted_archive
-from tests.training.conftest import run_cli
+from tests.training.conftest import TRAINING_TIMEOUT_S, run_cli
 from training.answers import answer_questions
 
-pytestmark = [pytest.mark.model, pytest.mark.spark]
+pytestmark = [pytest.mark.model, pytest.mark.spark, pytest.mark.timeout(TRAINING_TIMEOUT_S)]
 
 STEPS = 15  # 5 epochs of the ~18 training lines at a global batch of 8: the facts are learned
 ARGS = ["--no-publish", "--processes", "2", "--max-steps", str(STEPS), "--batch-size", "4", "--lr", "1e-3",
