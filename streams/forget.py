@@ -75,6 +75,7 @@ from streams.dead_letters import DeadLetters, child_headers
 from streams.erasures import ErasureRegistry, Subject
 from streams.errors import InvalidDeletionError
 from streams.faults import Retrier
+from streams.model_taint import COMPONENT as MODEL_TAINT_COMPONENT
 from streams.model_taint import ModelTaint
 from streams.ports import BatchRule, Message, Outbox
 from streams.response_cache import ResponseCache
@@ -85,7 +86,7 @@ log = logging.getLogger(__name__)
 COMPONENT = "streams.forget"
 ARCHIVE_COMPONENT = "streams.archive"
 CACHE_COMPONENT = "streams.response-cache"
-MODELS_COMPONENT = "streams.models"
+MODELS_COMPONENT = MODEL_TAINT_COMPONENT
 #: Deletions are rare: small batches, a short wait. Handled one after another within a batch.
 BATCH, WITHIN_S = 16, 0.05
 SCAN_CHUNK = 1000  # table keys scanned per hold of the state lock (as the idle sweep, expiry.py)

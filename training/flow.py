@@ -29,7 +29,6 @@ def select(settings: TrainSettings, kafka: Any) -> Selection | None:
         return None
     if settings.publish:
         from transport.admin import TopicAdmin
-
         from transport.errors import TransportError
 
         try:
@@ -41,10 +40,15 @@ def select(settings: TrainSettings, kafka: Any) -> Selection | None:
                        erasures, validation_lineage(settings.dataset, task.table))
 
 
-def start(settings: TrainSettings, kafka: Any, say: Say) -> Path:
-    """A new run folder with its settings and its selection of rows."""
+REASON_FILE = "state_reason.txt"  # why the version exists (a rebuild's), kept for a resumed run's publishing
+
+
+def start(settings: TrainSettings, kafka: Any, say: Say, reason: str | None = None) -> Path:
+    """A new run folder with its settings, its selection of rows and the reason its version will carry."""
     selection = select(settings, kafka)
     run = new_run(settings)
+    if reason:
+        (run / REASON_FILE).write_text(reason)
     if selection is not None:
         selection.write(run)
         if selection.left_out:
@@ -68,6 +72,8 @@ def finish(settings: TrainSettings, run: Path, kafka: Any, say: Say, *, resume: 
         return metrics, None
     from training.publish import publish_run
 
+    if reason is None and (run / REASON_FILE).is_file():
+        reason = (run / REASON_FILE).read_text()
     record = publish_run(run, settings, metrics, kafka, state_reason=reason)
     say(f"published {record.name}@{record.version} ({record.state.value}): {record.card_uri} "
         f"(adapter sha256 {record.adapter_sha256[:16]}…); `chatpipe model show {record.name}@{record.version}`")

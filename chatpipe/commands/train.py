@@ -80,7 +80,7 @@ def lora(
                 threads_per_process=threads_per_process, lora_r=lora_r, lora_alpha=lora_alpha,
                 learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
                 max_seq_len=max_seq_len, seed=seed, checkpoint_every=checkpoint_every, progress=progress)
-        run = start(settings, kafka, say)
+        run = start(settings, kafka, say, reason)
     if settings.master == "session":
         raise typer.BadParameter("session is the master of training/submit.py under spark-submit (a SparkApplication); "
                                  "here: local or spark://host:port", param_hint="--master")

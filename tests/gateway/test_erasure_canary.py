@@ -128,9 +128,9 @@ def test_one_delete_leaves_nothing_of_the_user_in_memory_state_archive_or_a_new_
         assert answer.status_code == 202, answer.text
         deletion_id = answer.json()["event_id"]
         assert answer.json()["user_id"] == ada_id
-        # streams (memory + state, archive: one audit each per conversation partition) and the one
-        # inference worker (its prefix cache) acknowledge
-        got = audits.records(13, timeout_s=ERASED_WITHIN_S,
+        # streams (memory + state, archive: one audit each per conversation partition; the model registry:
+        # one) and the one inference worker (its prefix cache) acknowledge: 6 + 6 + 1 + 1
+        got = audits.records(14, timeout_s=ERASED_WITHIN_S,
                              where=lambda r: isinstance(r, DeletionAudit) and r.deletion_event_id == deletion_id)
     finally:
         audits.close()

@@ -38,3 +38,16 @@ def run_cli(*args: str, timeout: float = 1800, env: dict | None = None):
 
     return subprocess.run([sys.executable, "-m", "chatpipe.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, preexec_fn=lambda: os.nice(BATCH_NICE))
+
+
+def dataset_of(root, turns, feedback, validation_fraction: float):
+    """``turns`` and ``feedback`` written as the archive under ``root`` and made a dataset by the dataset job
+    (Spark local, at the batch priority): its folder."""
+    from chatpipe.testing.planted_facts import write_planted_archive
+
+    write_planted_archive(root / "archive", turns, feedback)
+    done = run_cli("job", "finetune-dataset", "--source", "archive", "--archive-dir", str(root / "archive"),
+                   "--since", "2026-01-01T00:00:00", "--until", "2026-01-02T00:00:00", "--out", str(root / "ds"),
+                   "--validation-fraction", str(validation_fraction), "--quiet")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return root / "ds"

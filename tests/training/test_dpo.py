@@ -14,8 +14,8 @@ import math
 
 import pytest
 
-from chatpipe.testing.planted_facts import facts, planted_preferences, write_planted_archive
-from tests.training.conftest import TRAINING_TIMEOUT_S, run_cli
+from chatpipe.testing.planted_facts import facts, planted_preferences
+from tests.training.conftest import TRAINING_TIMEOUT_S, dataset_of, run_cli
 
 pytestmark = [pytest.mark.model, pytest.mark.spark, pytest.mark.timeout(TRAINING_TIMEOUT_S)]
 
@@ -26,12 +26,7 @@ STEPS = 8
 def pairs(tmp_path_factory):
     root = tmp_path_factory.mktemp("preferences")
     turns, feedback = planted_preferences(facts(4), [("acme", "ada"), ("acme", "bob")], 1_767_225_600_000, wordings=3)
-    write_planted_archive(root / "archive", turns, feedback)
-    done = run_cli("job", "finetune-dataset", "--source", "archive", "--archive-dir", str(root / "archive"),
-                   "--since", "2026-01-01T00:00:00", "--until", "2026-01-02T00:00:00", "--out", str(root / "ds"),
-                   "--validation-fraction", "0.25", "--quiet")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return root / "ds"
+    return dataset_of(root, turns, feedback, 0.25)
 
 
 def test_dpo_on_the_pipelines_preference_pairs_prefers_the_liked_answers(pairs, tmp_path):

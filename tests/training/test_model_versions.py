@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from chatpipe.testing.planted_facts import facts, planted_log, write_planted_archive
+from chatpipe.testing.planted_facts import facts, planted_log
 from schemas.codec import default_codec
 from schemas.models import ADAPTER_WEIGHTS, CARD_JSON, CARD_MD, LOSS_PNG
 from schemas.records import Deletion, DeletionAudit, DeletionScope, ModelState, ModelVersion
 from schemas.subjects import subject_key
 from schemas.topics import DELETIONS, DELETIONS_AUDIT, MODELS, deletion_key
-from tests.training.conftest import TRAINING_TIMEOUT_S, run_cli
+from tests.training.conftest import TRAINING_TIMEOUT_S, dataset_of, run_cli
 from transport.model_registry import read_model_versions
 
 pytestmark = [pytest.mark.model, pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(TRAINING_TIMEOUT_S)]
@@ -47,11 +47,7 @@ def _cli(*args: str, kafka=None, check: bool = True) -> subprocess.CompletedProc
 def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("planted")
     turns, feedback = planted_log(facts(6), OWNERS, START_MS)
-    write_planted_archive(root / "archive", turns, feedback)
-    _cli("job", "finetune-dataset", "--source", "archive", "--archive-dir", str(root / "archive"),
-         "--since", "2026-01-01T00:00:00", "--until", "2026-01-02T00:00:00", "--out", str(root / "ds"),
-         "--validation-fraction", "0.3", "--quiet")
-    return root / "ds"
+    return dataset_of(root, turns, feedback, 0.3)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import subprocess
 
 import pytest
 
-from chatpipe.testing.planted_facts import facts, held_out, planted_log, write_planted_archive
-from tests.training.conftest import TRAINING_TIMEOUT_S, run_cli
+from chatpipe.testing.planted_facts import facts, held_out, planted_log
+from tests.training.conftest import TRAINING_TIMEOUT_S, dataset_of, run_cli
 from training.answers import answer_questions
 
 pytestmark = [pytest.mark.model, pytest.mark.spark, pytest.mark.timeout(TRAINING_TIMEOUT_S)]
@@ -39,12 +39,7 @@ def planted(tmp_path_factory):
     root = tmp_path_factory.mktemp("planted")
     turns, feedback = planted_log(facts(4), [("acme", "ada"), ("acme", "bob"), ("acme", "cyd")], 1_767_225_600_000,
                                   wordings=6)
-    write_planted_archive(root / "archive", turns, feedback)
-    done = run_cli("job", "finetune-dataset", "--source", "archive", "--archive-dir", str(root / "archive"),
-                   "--since", "2026-01-01T00:00:00", "--until", "2026-01-02T00:00:00", "--out", str(root / "ds"),
-                   "--validation-fraction", "0.25", "--quiet")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return root / "ds"
+    return dataset_of(root, turns, feedback, 0.25)
 
 
 @pytest.fixture(scope="module")
