@@ -13,6 +13,8 @@ result (component ``streams.models``), as it does for the response cache.
 The registry is read whole for each deletion (deletions are rare; a registry holds a few records per
 version), and each version's lineage is read with a filter on the subject, two columns at a time.
 A version already TAINTED is left as it is, so a deletion carried out twice (a restart) taints nothing twice.
+A lineage file that is gone or not Parquet taints its version (it cannot be cleared); any other error reading
+it (the store away) is retried by the forget agent's retrier like a broker fault.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class ModelTaint:
 
     def tainted(self, deletion: Deletion) -> list[ModelVersion]:
         """The TAINTED records to write for ``deletion`` (blocking: the registry and lineage files are read)."""
+        import pyarrow as pa
+
         from transport.model_registry import read_model_versions
 
         out = []
@@ -75,9 +79,12 @@ class ModelTaint:
                 rows = erased_rows(version, deletion)
                 why = f"{rows} training row(s) of an erased " + (
                     "conversation" if deletion.scope == DeletionScope.CONVERSATION else "user")
-            except FileNotFoundError:  # whose rows it learned from cannot be told: taint rather than keep
-                rows, why = 1, f"its lineage {version.lineage_uri} is gone, so it cannot be cleared"
-                log.warning("%s@%d: no lineage at %s: tainted", version.name, version.version, version.lineage_uri)
+            except (FileNotFoundError, pa.ArrowInvalid) as exc:
+                # The version's fault, not the infrastructure's (retrying would stop the forget agent for good):
+                # whose rows it learned from cannot be told, so it is tainted rather than kept.
+                rows, why = 1, f"its lineage {version.lineage_uri} is gone or unreadable ({exc}), so it cannot be cleared"
+                log.warning("%s@%d: lineage %s unreadable (%s): tainted", version.name, version.version,
+                            version.lineage_uri, exc)
             if rows:
                 out.append(dataclasses.replace(
                     version, event_id=new_id(), state=ModelState.TAINTED, updated_at=now_ms(),

@@ -205,3 +205,23 @@ def test_an_erasure_taints_the_version_and_a_rebuild_leaves_the_user_out(publish
     assert rebuilt.training_rows == version.training_rows - bob_rows
     assert subject_key("acme", "bob") not in {r["subject"] for r in _lineage(rebuilt)}
     assert rebuilt.hyperparameters == version.hyperparameters
+
+
+def test_a_version_whose_lineage_is_unreadable_is_tainted_not_retried(published, kafka_settings, tmp_path):
+    """Catches an unreadable lineage file taken for an infrastructure fault: retried, it would stop the forget
+    agent at every restart (a record crash-looping the tier); it is the version's fault, and it cannot be cleared."""
+    import dataclasses
+
+    from streams.model_taint import ModelTaint
+    from transport.model_registry import publish_model_version
+
+    _, good = published
+    garbage = tmp_path / "lineage.parquet"
+    garbage.write_bytes(b"not parquet at all")
+    broken = dataclasses.replace(good, name="broken-lora", version=1, lineage_uri=str(garbage),
+                                 state=ModelState.CANDIDATE)
+    publish_model_version(kafka_settings, broken)
+    deletion = Deletion(scope=DeletionScope.USER, tenant="acme", user_id="nobody-trained-it", reason="test")
+    tainted = {f"{v.name}@{v.version}": v for v in ModelTaint(kafka_settings).tainted(deletion)}
+    assert list(tainted) == ["broken-lora@1"], tainted  # acme-lora@2 holds no row of this user
+    assert "unreadable" in tainted["broken-lora@1"].state_reason
