@@ -168,27 +168,25 @@ def select_rows(lineage: Any, tenant: str | None, shared: bool, erasures: Erasur
     if tenant is not None and tenant not in present:
         raise DatasetError(f"the dataset has no rows of tenant {tenant!r} (it has: {', '.join(present)})")
     scope = tenant if tenant is not None else (present[0] if not shared and present else None)
+    keep, left_out = _kept(lineage, scope, erasures)
+    if not keep:
+        raise DatasetError(f"no example of the dataset is left to train on ({left_out})")
+    return Selection(keep, sorted({tenants[i] for i in keep}), scope, {k: v for k, v in left_out.items() if v},
+                     None if validation is None else _kept(validation, scope, erasures)[0])
+
+
+def _kept(lineage: Any, scope: str | None, erasures: Erasures) -> tuple[list[int], dict[str, int]]:
+    """The lines of a split in the scope and not erased, and how many were left out by reason."""
     keep, left_out = [], {"other tenant": 0, "erased": 0}
     for line, row_tenant, subject, conv, oldest in zip(
-            lineage.column("line").to_pylist(), tenants, lineage.column("subject").to_pylist(),
-            lineage.column("conversation_key").to_pylist(), lineage.column("oldest_at").to_pylist()):
+            *(lineage.column(c).to_pylist() for c in ("line", "tenant", "subject", "conversation_key", "oldest_at"))):
         if scope is not None and row_tenant != scope:
             left_out["other tenant"] += 1
         elif erasures.erased(subject, conv, oldest):
             left_out["erased"] += 1
         else:
             keep.append(line)
-    if not keep:
-        raise DatasetError(f"no example of the dataset is left to train on ({left_out})")
-    return Selection(keep, sorted({tenants[i] for i in keep}), scope, {k: v for k, v in left_out.items() if v},
-                     None if validation is None else _kept(validation, scope, erasures))
-
-
-def _kept(lineage: Any, scope: str | None, erasures: Erasures) -> list[int]:
-    """The lines of a split in the scope and not erased (the validation split: what the eval loss reads)."""
-    return [line for line, tenant, subject, conv, oldest in zip(
-        *(lineage.column(c).to_pylist() for c in ("line", "tenant", "subject", "conversation_key", "oldest_at")))
-        if (scope is None or tenant == scope) and not erasures.erased(subject, conv, oldest)]
+    return keep, left_out
 
 
 def selected_lineage(lineage: Any, selection: Selection):

@@ -77,7 +77,7 @@ def recorded_settings(version: ModelVersion) -> dict[str, Any]:
 
 
 def assemble(run: Path, settings: TrainSettings, selection: Selection, lineage: Any, metrics: dict[str, Any],
-             name: str, version: int) -> Path:
+             name: str, version: int, base_sha256: str, manifest: str) -> Path:
     """The artifact folder in the run folder: adapter, card, loss curve, lineage of the trained rows."""
     import pyarrow.parquet as pq
 
@@ -85,11 +85,11 @@ def assemble(run: Path, settings: TrainSettings, selection: Selection, lineage: 
     if artifact.exists():
         shutil.rmtree(artifact)
     shutil.copytree(run / ADAPTER_DIR, artifact / ADAPTER_DIR)
-    pq.write_table(selected_lineage(lineage, selection), artifact / LINEAGE_FILE)
+    trained = selected_lineage(lineage, selection)
+    pq.write_table(trained, artifact / LINEAGE_FILE)
     write_card(artifact, name=name, version=version, base_model=Path(settings.model_path).name,
-               base_model_sha256=base_model_sha256(settings.model_path), settings=settings.model_dump(mode="json"),
-               metrics=metrics, dataset=dataset_summary(settings.dataset, manifest_id(settings.dataset), selection,
-                                                        selected_lineage(lineage, selection)))
+               base_model_sha256=base_sha256, settings=settings.model_dump(mode="json"), metrics=metrics,
+               dataset=dataset_summary(settings.dataset, manifest, selection, trained))
     return artifact
 
 
@@ -109,13 +109,13 @@ def upload(artifact: Path, store: str, name: str, version: int) -> str:
 
 
 def make_version(settings: TrainSettings, selection: Selection, metrics: dict[str, Any], artifact: Path,
-                 uri: str, name: str, version: int, state_reason: str | None = None) -> ModelVersion:
+                 uri: str, name: str, version: int, base_sha256: str, manifest: str,
+                 state_reason: str | None = None) -> ModelVersion:
     return ModelVersion(
-        name=name, version=version, base_model=Path(settings.model_path).name,
-        base_model_sha256=json.loads((artifact / "card.json").read_text())["base_model_sha256"],
+        name=name, version=version, base_model=Path(settings.model_path).name, base_model_sha256=base_sha256,
         adapter_uri=f"{uri}/{ADAPTER_DIR}", adapter_sha256=sha256_files([artifact / ADAPTER_DIR / ADAPTER_WEIGHTS]),
         card_uri=uri, lineage_uri=f"{uri}/{LINEAGE_FILE}", dataset_uri=str(Path(settings.dataset).resolve()),
-        dataset_manifest_id=manifest_id(settings.dataset), tenant=selection.tenant, data_tenants=selection.tenants,
+        dataset_manifest_id=manifest, tenant=selection.tenant, data_tenants=selection.tenants,
         training_rows=len(selection.lines), hyperparameters=hyperparameters(settings.model_copy(update={"model_name": name})),
         train_loss=metrics.get("train_loss"), eval_loss=metrics.get("eval_loss"),
         eval_loss_before=metrics.get("eval_loss_before"), state_reason=state_reason)
@@ -124,7 +124,8 @@ def make_version(settings: TrainSettings, selection: Selection, metrics: dict[st
 def publish_run(run: Path, settings: TrainSettings, metrics: dict[str, Any], kafka: Any,
                 state_reason: str | None = None) -> ModelVersion:
     """Assemble, upload and register a finished run; the version number is the name's next."""
-    from training.lineage import read_lineage
+    from training.lineage import SELECTION_FILE, read_lineage
+    from training.tasks import task_for
     from transport.model_registry import next_version, publish_model_version, read_model_versions
 
     done = run / VERSION_FILE
@@ -132,15 +133,16 @@ def publish_run(run: Path, settings: TrainSettings, metrics: dict[str, Any], kaf
         raise PublishError(f"{run} was published already as {json.loads(done.read_text())['key']}")
     selection = Selection.read(run)
     if selection is None:
-        raise PublishError(f"{run} has no {Path('selection.json')}: it was not started to be published")
+        raise PublishError(f"{run} has no {SELECTION_FILE}: it was not started to be published")
     name = version_name(settings, selection)
     version = next_version(read_model_versions(kafka), name)
-    from training.tasks import task_for
-
     table = task_for(settings.mode, settings.dpo_beta).table
-    artifact = assemble(run, settings, selection, read_lineage(settings.dataset, "train", table), metrics, name, version)
+    base_sha256, manifest = base_model_sha256(settings.model_path), manifest_id(settings.dataset)
+    artifact = assemble(run, settings, selection, read_lineage(settings.dataset, "train", table), metrics, name,
+                        version, base_sha256, manifest)
     uri = upload(artifact, settings.artifact_store, name, version)
-    record = make_version(settings, selection, metrics, artifact, uri, name, version, state_reason)
+    record = make_version(settings, selection, metrics, artifact, uri, name, version, base_sha256, manifest,
+                          state_reason)
     publish_model_version(kafka, record)
     done.write_text(json.dumps({"key": model_key(name, version), "uri": uri}))
     return record
