@@ -50,6 +50,16 @@ def versions_of(versions: dict[str, ModelVersion], name: str) -> list[ModelVersi
     return sorted((v for v in versions.values() if v.name == name), key=lambda v: v.version)
 
 
+def find_version(versions: dict[str, ModelVersion], ref: str) -> ModelVersion | None:
+    """The version ``ref`` names (``name@version``, or ``name``: its newest); None when the registry has none.
+    ValueError for a ref that is neither."""
+    from schemas.models import parse_model_ref
+
+    name, number = parse_model_ref(ref)
+    found = [v for v in versions_of(versions, name) if number is None or v.version == number]
+    return found[-1] if found else None
+
+
 def next_version(versions: dict[str, ModelVersion], name: str) -> int:
     return max((v.version for v in versions_of(versions, name)), default=0) + 1
 

@@ -26,17 +26,15 @@ def _versions(kafka):
 
 
 def _find(kafka, ref: str):
-    from schemas.models import parse_model_ref
-    from transport.model_registry import versions_of
+    from transport.model_registry import find_version
 
     try:
-        name, number = parse_model_ref(ref)
+        found = find_version(_versions(kafka), ref)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="VERSION") from None
-    found = [v for v in versions_of(_versions(kafka), name) if number is None or v.version == number]
-    if not found:
+    if found is None:
         raise typer.BadParameter(f"no model version {ref} on the registry (`chatpipe model list`)", param_hint="VERSION")
-    return found[-1]
+    return found
 
 
 def _loss(value: float | None) -> str:

@@ -66,6 +66,7 @@ def lora(
     if resume is not None:
         run = resume.expanduser().resolve()
         settings = resumed_settings(run, **({"progress": progress} if progress is not None else {}))
+        _check_master(settings)
     else:
         if rebuild is not None:
             settings, reason = _rebuilt_settings(
@@ -80,10 +81,8 @@ def lora(
                 threads_per_process=threads_per_process, lora_r=lora_r, lora_alpha=lora_alpha,
                 learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
                 max_seq_len=max_seq_len, seed=seed, checkpoint_every=checkpoint_every, progress=progress)
+        _check_master(settings)  # before the run folder is made
         run = start(settings, kafka, say, reason)
-    if settings.master == "session":
-        raise typer.BadParameter("session is the master of training/submit.py under spark-submit (a SparkApplication); "
-                                 "here: local or spark://host:port", param_hint="--master")
     if settings.local:
         local_session(settings)
     else:
@@ -91,21 +90,22 @@ def lora(
     finish(settings, run, kafka, say, resume=resume is not None, reason=reason)
 
 
+def _check_master(settings: TrainSettings) -> None:
+    if settings.master == "session":
+        raise typer.BadParameter("session is the master of training/submit.py under spark-submit (a SparkApplication); "
+                                 "here: local or spark://host:port", param_hint="--master")
+
+
 def _rebuilt_settings(ref: str, kafka, **changes):
-    from schemas.models import parse_model_ref
-    from training.publish import recorded_settings
-    from transport.model_registry import read_model_versions, versions_of
+    from training.publish import base_model_sha256, recorded_settings
+    from transport.model_registry import find_version, read_model_versions
 
     try:
-        name, number = parse_model_ref(ref)
+        old = find_version(read_model_versions(kafka), ref)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--rebuild") from None
-    versions = versions_of(read_model_versions(kafka), name)
-    found = [v for v in versions if number is None or v.version == number]
-    if not found:
+    if old is None:
         raise typer.BadParameter(f"no version {ref} on the registry (`chatpipe model list`)", param_hint="--rebuild")
-    old = found[-1]
-    from training.publish import base_model_sha256
 
     base = _base_model(None)
     if base_model_sha256(base) != old.base_model_sha256:
