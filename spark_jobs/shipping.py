@@ -8,7 +8,8 @@ project's Python packages nor the connector jars:
 - Python: a zip of the packages the jobs' code may import on an executor
   (``PROJECT_PACKAGES``), added with ``SparkContext.addPyFile`` by the job's session (also
   under spark-submit, so no ``--py-files`` is needed); Spark puts it on every Python worker's
-  ``sys.path``. Built once per content into the jars cache;
+  ``sys.path``, and its name on their ``PYTHONPATH`` for the processes a worker starts (the
+  training processes). Built once per content into the jars cache;
 - the Python executable of executors: ``spark.pyspark.python`` (default: this interpreter).
   pyspark applies that setting itself only to a driver that spark-submit starts, so a driver
   started as ``chatpipe job`` sets it on its SparkContext.
@@ -101,6 +102,12 @@ def ship_project(spark, conf: dict[str, str], cache_dir: Path, *, submitted: boo
     if not is_local(sc.master):
         shipped = project_zip(cache_dir)
         sc.addPyFile(str(shipped))
+        # addPyFile reaches the Python workers' sys.path, not the processes they start: TorchDistributor's
+        # training processes are torchrun children of a worker, and would import the training code from
+        # whatever the worker machine has installed, or fail. The environment reaches them: the workers' (and
+        # so their children's) PYTHONPATH gets the zip, by the name it has in the executors' working folder,
+        # where Spark puts added files and where the children start.
+        sc.environment["PYTHONPATH"] = os.pathsep.join(filter(None, [shipped.name, sc.environment.get("PYTHONPATH")]))
         # addPyFile also puts the zip first on this driver's sys.path; the driver keeps importing the
         # installed packages (their data files, e.g. schemas/avro, are not readable inside a zip).
         from pyspark import SparkFiles

@@ -65,7 +65,7 @@ LONG_FILES = {
     "tests/gateway/test_through_the_pipeline.py": 36, "tests/cache/test_response_cache_stack.py": 120, "tests/engine/test_generate_cli.py": 36,
     "tests/clients/test_tail.py": 35, "tests/engine/test_sampling_features.py": 33,
     "tests/training/test_train_lora.py": 360, "tests/training/test_model_versions.py": 200,
-    "tests/training/test_dpo.py": 150,
+    "tests/training/test_dpo.py": 150, "tests/spark/test_train_on_cluster.py": 240,
 }
 FILE_S = 10
 

@@ -65,18 +65,30 @@ def local_session(settings: TrainSettings):
 def run_training(settings: TrainSettings, run: Path, resume: bool = False) -> dict[str, Any]:
     """Train ``settings.processes`` processes under TorchDistributor; return process 0's metrics.
     An active SparkSession must exist (``local_session`` in local mode, the cluster's otherwise)."""
+    from py4j.protocol import Py4JJavaError
     from pyspark.ml.torch.distributor import TorchDistributor
 
     distributor = TorchDistributor(num_processes=settings.processes, local_mode=settings.local, use_gpu=False)
     with _progress_bar(run / PROGRESS_FILE, enabled=settings.progress):
         try:
             metrics = distributor.run(train_process, settings.model_dump(mode="json"), str(run), resume)
-        except RuntimeError as exc:
-            raise RunError(f"the training processes failed ({exc}); the last checkpoint stays in {run}: "
+        except (RuntimeError, Py4JJavaError) as exc:
+            raise RunError(f"the training processes failed ({_first_line(exc)}); the last checkpoint stays in {run}: "
                            f"`chatpipe train lora --resume {run}` goes on from it") from exc
     if not metrics:
         raise RunError(f"the run in {run} returned no metrics")
     return metrics
+
+
+def _first_line(exc: Exception) -> str:
+    """What failed, in a line: local mode raises torchrun's RuntimeError; on a cluster the barrier job fails in the
+    JVM (Spark does not retry a failed barrier result stage), and its Java stack trace follows the first line.
+    The processes' own output went to this process's output as they ran."""
+    from py4j.protocol import Py4JJavaError
+
+    if isinstance(exc, Py4JJavaError):
+        return str(exc.java_exception.getMessage()).splitlines()[0]
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,9 @@ from training.sft_data import (DatasetError, ShardedExamples, batches, count_exa
 PROGRESS_FILE = "progress.jsonl"
 METRICS_FILE = "metrics.json"
 ADAPTER_DIR = "adapter"
-#: Drills (tests/training, bench/train.py), off unless set: the process of rank DIE_RANK exits at once (os._exit,
-#: as a SIGKILL would) after step DIE_AFTER; the process of rank SLOW_RANK sleeps SLOW_S seconds in every step
-#: (a straggler).
+#: Drills (tests/training, tests/spark, bench/train.py), off unless set: the process of rank DIE_RANK exits at once
+#: (os._exit, as a SIGKILL would) after step DIE_AFTER; the process of rank SLOW_RANK
+#: sleeps SLOW_S seconds in every step (a straggler).
 DRILL_DIE_RANK = "CHATPIPE_TRAIN_DRILL_DIE_RANK"
 DRILL_DIE_AFTER = "CHATPIPE_TRAIN_DRILL_DIE_AFTER"
 DRILL_SLOW_RANK = "CHATPIPE_TRAIN_DRILL_SLOW_RANK"
@@ -116,6 +117,10 @@ def train_process(settings_dict: dict[str, Any], run_dir: str, resume: bool) -> 
     run = Path(run_dir)
     torch.set_num_threads(settings.threads_per_process)
     group = _Group()
+    # Where each process runs and which code it runs: on a cluster, the working folder names the executor, and
+    # the code should be the zip the driver shipped (spark_jobs/shipping.py), not what the machine has installed.
+    print(f"process {group.rank} of {group.size} for {run}: pid {os.getpid()} on {socket.gethostname()}, working "
+          f"folder {os.getcwd()}, training code from {Path(__file__).parent}", flush=True)
     try:
         return _train(settings, run, resume, group)
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from chatpipe.testing.synthetic_log import generate, to_messages
+from tests.training.conftest import BATCH_NICE
 from spark_jobs.settings import FinetuneSettings, SparkSettings
 from transport.archive import write_messages
 
@@ -45,6 +46,7 @@ def planted_run(spark, planted_log, tmp_path_factory):
 def spark_cluster(tmp_path_factory):
     """A Spark standalone cluster (master + 2 workers, 1 core / 1g each) on free loopback ports, started
     and stopped with `chatpipe spark up|down` in a temporary state folder: yields the ``SparkCluster``."""
+    import os
     import subprocess
     import sys
 
@@ -54,8 +56,11 @@ def spark_cluster(tmp_path_factory):
 
     state = tmp_path_factory.mktemp("spark-cluster")
     cli = [sys.executable, "-m", "chatpipe.cli", "spark"]
+    # At the batch priority, which the daemons, their executors and the training processes those start inherit:
+    # the jobs and training runs on the cluster are batch work beside the stack tests (tests/training/conftest.py).
     subprocess.run(cli + ["up", "--state-dir", str(state), "--workers", "2", "--worker-cores", "1",
-                          "--worker-memory", "1g"], check=True, capture_output=True, timeout=300)
+                          "--worker-memory", "1g"], check=True, capture_output=True, timeout=300,
+                   preexec_fn=lambda: os.nice(BATCH_NICE))
     cluster = SparkCluster(SparkClusterSettings(state_dir=state))
     pids = [cluster.status().master_pid] + [w.pid for w in cluster.status().workers]
     yield cluster
