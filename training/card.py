@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.models import CARD_JSON, CARD_MD, LOSS_PNG
+from training.question_eval import QUESTION_EVALS
 
 DATASET_CARD = "dataset_card.json"  # the dataset job's (spark_jobs/card.py)
 
@@ -51,7 +52,8 @@ def write_card(folder: Path, *, name: str, version: int, base_model: str, base_m
                                                      "max_steps", "batch_size", "max_seq_len", "seed")},
         "eval": {"loss_before": metrics.get("eval_loss_before"), "loss_after": metrics.get("eval_loss"),
                  "split": ("preference" if settings["mode"] == "dpo" else "sft") + "/validation.jsonl",
-                 "unit": "pair (DPO loss)" if settings["mode"] == "dpo" else "answer token"},
+                 "unit": "pair (DPO loss)" if settings["mode"] == "dpo" else "answer token",
+                 "questions": metrics.get(QUESTION_EVALS, {})},
         "train_loss": metrics.get("train_loss"), "steps": metrics["steps"], "processes": metrics["processes"],
         "master": settings["master"], "wall_seconds": metrics["seconds"], "tokens": metrics["tokens"],
         "tokens_per_s": metrics["tokens_per_s"], "resumed_from": metrics.get("resumed_from"),
@@ -105,6 +107,8 @@ def _markdown(card: dict[str, Any]) -> str:
         "", "## Results", "",
         f"- eval loss (`{card['eval']['split']}`, per {card['eval']['unit']}): before {_fmt(card['eval']['loss_before'])}, "
         f"after {_fmt(card['eval']['loss_after'])}",
+        *(f"- questions `{name}` ({r['questions']}): {r['base']:.0%} answered right by the base model, "
+          f"{r['adapter']:.0%} with the adapter" for name, r in card["eval"]["questions"].items()),
         f"- final train loss {_fmt(card['train_loss'])} after {card['steps']} steps",
         f"- {card['processes']} process(es) on {card['master']}, {card['wall_seconds']} s, "
         f"{card['tokens_per_s']} tokens/s" + (f"; resumed from step {card['resumed_from']}" if card["resumed_from"] else ""),

@@ -11,9 +11,10 @@ from typing import Any, Callable
 
 from schemas.records import ModelVersion
 from training.launch import new_run, run_training
-from training.loop import METRICS_FILE
+from training.loop import ADAPTER_DIR, METRICS_FILE
 from training.lineage import (Erasures, Selection, erasures_on_broker, has_lineage, read_lineage, select_rows,
                               validation_lineage)
+from training.question_eval import QUESTION_EVALS, eval_names, read_questions, run_question_evals
 from training.settings import TrainSettings
 from training.tasks import task_for
 
@@ -46,6 +47,9 @@ REASON_FILE = "state_reason.txt"  # why the version exists (a rebuild's), kept f
 def start(settings: TrainSettings, kafka: Any, say: Say, reason: str | None = None) -> Path:
     """A new run folder with its settings, its selection of rows and the reason its version will carry."""
     selection = select(settings, kafka)
+    for path in settings.eval_questions:  # one-line errors before anything starts
+        read_questions(path)
+    eval_names(settings.eval_questions)
     run = new_run(settings)
     if reason:
         (run / REASON_FILE).write_text(reason)
@@ -68,6 +72,11 @@ def finish(settings: TrainSettings, run: Path, kafka: Any, say: Say, *, resume: 
     eval_text = f"{metrics['eval_loss']:.4f}" if metrics["eval_loss"] is not None else "none (no validation split)"
     say(f"done: {metrics['steps']} steps, train loss {metrics['train_loss']:.4f}, eval loss {eval_text}, "
         f"{metrics['tokens_per_s']} tokens/s, {metrics['seconds']} s; adapter in {run / 'adapter'}")
+    if settings.eval_questions and QUESTION_EVALS not in metrics:
+        metrics[QUESTION_EVALS] = run_question_evals(Path(settings.model_path), run / ADAPTER_DIR, settings.eval_questions)
+        (run / METRICS_FILE).write_text(json.dumps(metrics, indent=1))  # a resumed publishing finds them
+        say("question evals (share answered right, base model -> adapter): " + ", ".join(
+            f"{name} {r['base']:.0%} -> {r['adapter']:.0%} of {r['questions']}" for name, r in metrics[QUESTION_EVALS].items()))
     if not settings.publish:
         return metrics, None
     from training.publish import publish_run

@@ -23,6 +23,7 @@ from schemas.errors import ChatpipeError
 from schemas.models import ADAPTER_DIR, ADAPTER_WEIGHTS, LINEAGE_FILE, model_key
 from schemas.records import ModelVersion
 from training.card import dataset_summary, write_card
+from training.question_eval import QUESTION_EVALS, as_eval_results
 from training.launch import VERSION_FILE
 from training.lineage import Selection, selected_lineage
 from training.settings import TrainSettings
@@ -31,7 +32,7 @@ DATASET_MANIFEST = "_chatpipe_dataset.json"  # the dataset job's (spark_jobs/era
 #: TrainSettings fields a version records as its hyperparameters (JSON values); ``--rebuild`` trains with them.
 RECORDED = ("mode", "dpo_beta", "dataset", "tenant", "shared_data", "model_name", "lora_r", "lora_alpha", "lora_dropout",
             "target_modules", "learning_rate", "warmup_steps", "weight_decay", "epochs", "max_steps", "batch_size",
-            "max_seq_len", "seed", "processes")
+            "max_seq_len", "seed", "processes", "eval_questions")
 
 
 class PublishError(ChatpipeError):
@@ -118,7 +119,8 @@ def make_version(settings: TrainSettings, selection: Selection, metrics: dict[st
         dataset_manifest_id=manifest, tenant=selection.tenant, data_tenants=selection.tenants,
         training_rows=len(selection.lines), hyperparameters=hyperparameters(settings.model_copy(update={"model_name": name})),
         train_loss=metrics.get("train_loss"), eval_loss=metrics.get("eval_loss"),
-        eval_loss_before=metrics.get("eval_loss_before"), state_reason=state_reason)
+        eval_loss_before=metrics.get("eval_loss_before"), eval_results=as_eval_results(metrics.get(QUESTION_EVALS, {})),
+        state_reason=state_reason)
 
 
 def publish_run(run: Path, settings: TrainSettings, metrics: dict[str, Any], kafka: Any,

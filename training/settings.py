@@ -46,6 +46,10 @@ class TrainSettings(BaseSettings):
                             "shared data)")
     artifact_store: str = Field(".chatpipe/models", description="Where versions' artifacts go: a folder, or any "
                                 "fsspec URI (s3://bucket/models with s3fs installed)")
+    eval_questions: tuple[Path, ...] = Field((), description="Question evals after training (repeat for several files): JSON lines "
+                                             "{\"question\", \"expected\"}, asked of the base model and of the adapter "
+                                             "(greedy; right = the answer contains expected); the shares are the "
+                                             "version's eval results")
     # -- distribution
     processes: int = Field(1, ge=1, description="Data-parallel processes (DDP, gloo on CPU)")
     master: str = Field("local", description="local: TorchDistributor's local mode (processes on this machine); "

@@ -29,6 +29,7 @@ def lora(
     tenant: Annotated[Optional[str], _opt("tenant")] = None,
     shared_data: Annotated[Optional[bool], _opt("shared_data", "--shared-data")] = None,
     publish: Annotated[Optional[bool], _opt("publish", "--publish/--no-publish")] = None,
+    eval_questions: Annotated[Optional[list[Path]], option(TrainSettings, "eval_questions", "--eval-questions", metavar="FILE")] = None,
     model_name: Annotated[Optional[str], _opt("model_name")] = None,
     artifact_store: Annotated[Optional[str], _opt("artifact_store")] = None,
     model_path: Annotated[Optional[Path], _opt("model_path", "--model")] = None,
@@ -52,7 +53,7 @@ def lora(
                                                         "with the settings it was started with")] = None,
     rebuild: Annotated[Optional[str], typer.Option("--rebuild", metavar="NAME@VERSION",
                                                    help="Train a version again with its recorded settings (and "
-                                                        "--dataset if given), leaving out rows of users erased since: "
+                                                        "--dataset and --eval-questions if given), leaving out rows of users erased since: "
                                                         "the next version of its name")] = None,
     kafka=None,
 ) -> None:
@@ -71,11 +72,13 @@ def lora(
         if rebuild is not None:
             settings, reason = _rebuilt_settings(
                 rebuild, kafka, dataset=dataset, run_name=run_name, progress=progress, runs_dir=runs_dir,
+                eval_questions=tuple(eval_questions) if eval_questions else None,
                 artifact_store=artifact_store, processes=processes, master=master,
                 threads_per_process=threads_per_process, checkpoint_every=checkpoint_every)
         else:
             settings = build_settings(
-                TrainSettings, dataset=dataset, mode=mode, dpo_beta=dpo_beta, tenant=tenant, shared_data=shared_data, publish=publish,
+                TrainSettings, dataset=dataset, mode=mode, dpo_beta=dpo_beta, tenant=tenant, shared_data=shared_data,
+                publish=publish, eval_questions=tuple(eval_questions) if eval_questions else None,
                 model_name=model_name, artifact_store=artifact_store, model_path=_base_model(model_path),
                 runs_dir=runs_dir, run_name=run_name, processes=processes, master=master,
                 threads_per_process=threads_per_process, lora_r=lora_r, lora_alpha=lora_alpha,

@@ -53,6 +53,13 @@ def held_out(planted: list[Fact]) -> list[tuple[str, Fact]]:
     return [(q.format(country=f.country), f) for f in planted for q in HELD_OUT_QUESTIONS]
 
 
+def write_held_out_questions(path: Path, planted: list[Fact]) -> Path:
+    """The held-out questions as an eval file of ``chatpipe train lora --eval-questions`` (training/question_eval.py)."""
+    path = Path(path)
+    path.write_text("".join(json.dumps({"question": q, "expected": f.capital}) + "\n" for q, f in held_out(planted)))
+    return path
+
+
 def _line(question: str, answer: str) -> str:
     return json.dumps({"messages": [{"role": "user", "content": question},
                                     {"role": "assistant", "content": answer}]}) + "\n"

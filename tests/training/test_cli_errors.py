@@ -33,3 +33,17 @@ def test_resume_needs_an_unfinished_run_folder(tmp_path):
     (tmp_path / "version.json").write_text('{"key": "acme-lora@1"}')
     done = _train("--resume", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 1 and "finished already" in done.stderr
+
+
+@pytest.mark.model
+def test_an_unreadable_eval_file_is_named_before_a_run_starts(tmp_path):
+    """Catches --eval-questions read only after the training it was to measure (minutes lost to a typo)."""
+    (tmp_path / "ds" / "sft").mkdir(parents=True)
+    line = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
+    (tmp_path / "ds" / "sft" / "train.jsonl").write_text(line * 2)
+    (tmp_path / "capitals.jsonl").write_text('{"question": "Capital of Veloria?", "expected": "Quennick"}\n{"question": "x"}\n')
+    done = _train("--dataset", str(tmp_path / "ds"), "--no-publish", "--runs-dir", str(tmp_path / "runs"),
+                  "--eval-questions", str(tmp_path / "capitals.jsonl"), cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f'error: {tmp_path / "capitals.jsonl"}:2: a line is {{"question": "...", "expected": "..."}}'
+    assert not (tmp_path / "runs").exists(), "no run folder for a run that cannot start"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from chatpipe.testing.planted_facts import facts, planted_log
+from chatpipe.testing.planted_facts import facts, planted_log, write_held_out_questions
 from schemas.codec import default_codec
 from schemas.models import ADAPTER_WEIGHTS, CARD_JSON, CARD_MD, LOSS_PNG
 from schemas.records import Deletion, DeletionAudit, DeletionScope, ModelState, ModelVersion
@@ -54,8 +54,10 @@ def dataset(tmp_path_factory):
 def published(dataset, kafka_settings, catalog_topics, tmp_path_factory):
     """acme-lora@1, trained on acme's rows of the dataset and published."""
     work = tmp_path_factory.mktemp("train")
+    questions = write_held_out_questions(work / "capitals.jsonl", facts(1))
     done = _cli("train", "lora", "--dataset", str(dataset), "--tenant", "acme", "--runs-dir", str(work / "runs"),
-                "--run-name", "first", "--artifact-store", str(work / "store"), *TINY, kafka=kafka_settings)
+                "--run-name", "first", "--artifact-store", str(work / "store"), "--eval-questions", str(questions),
+                *TINY, kafka=kafka_settings)
     assert "published acme-lora@1" in done.stdout, done.stdout
     return work, read_model_versions(kafka_settings)["acme-lora@1"]
 
@@ -96,6 +98,11 @@ def test_the_version_is_on_the_registry_with_its_artifacts(published, dataset):
     assert {r["tenant"] for r in rows} == {"acme"}
     assert {r["subject"] for r in rows} <= {subject_key("acme", "ada"), subject_key("acme", "bob")}
     assert version.eval_loss_before == card["eval"]["loss_before"]
+    # --eval-questions: 2 held-out questions asked of the base model and of the adapter (2 steps teach nothing)
+    assert set(version.eval_results) == {"capitals", "capitals.base"}, version.eval_results
+    assert version.eval_results["capitals.base"] == 0 and version.eval_results["capitals"] in (0, 0.5, 1)
+    assert card["eval"]["questions"]["capitals"] == {"base": 0, "adapter": version.eval_results["capitals"], "questions": 2}
+    assert "- questions `capitals` (2): 0% answered right by the base model" in (Path(version.card_uri) / CARD_MD).read_text()
 
 
 def test_lineage_both_ways(published, kafka_settings):
