@@ -46,7 +46,6 @@ from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
 from schemas.records import Deletion, DeletionAudit, DeletionScope
 from schemas.topics import (
-    DELETIONS,
     DELETIONS_AUDIT,
     DLQ,
     FEEDBACK,
@@ -59,6 +58,7 @@ from schemas.topics import (
 )
 from streams.archive_erasure import archive_files, may_hold, subject_record
 from streams.erasures import Subject
+from transport.deletion_log import read_deletions
 from transport.topic_scan import read_to_end
 from transport.archive import read_messages
 
@@ -114,15 +114,8 @@ def _covers(deletion: Deletion, subject: Subject) -> bool:
 
 def subject_deletions(kafka: Any, subject: Subject, codec: AvroCodec) -> list[Deletion]:
     """Every deletion of the subject's user on ``chat.deletions``, oldest first."""
-    found: list[Deletion] = []
-
-    def take(message: Any) -> None:
-        deletion = _decoded(message, Deletion, codec)
-        if deletion is not None and (deletion.tenant, deletion.user_id) == (subject.tenant, subject.user_id):
-            found.append(deletion)
-
-    read_to_end(kafka, kafka.topic(DELETIONS), take)
-    return sorted(found, key=lambda d: d.created_at)
+    return sorted((d for d in read_deletions(kafka, codec) if (d.tenant, d.user_id) == (subject.tenant, subject.user_id)),
+                  key=lambda d: d.created_at)
 
 
 def _decoded(message: Any, record_type: type, codec: AvroCodec) -> Any:

@@ -25,10 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.codec import AvroCodec, default_codec
-from schemas.errors import DecodeError
+from schemas.codec import AvroCodec
 from schemas.records import Deletion, DeletionScope
-from transport.topic_scan import read_to_end
+from transport.deletion_log import read_deletions
 from schemas.topics import DELETIONS
 from transport.broadcast import BroadcastListener
 from transport.settings import IDLE_FETCH_WAIT_MS
@@ -104,21 +103,13 @@ class ErasureRegistry:
     @classmethod
     def load(cls, kafka: Any, codec: AvroCodec | None = None, timeout_s: float = 30.0) -> "ErasureRegistry":
         """Every deletion on ``chat.deletions`` (read from its start to its end now)."""
-        codec = codec or default_codec()
         registry = cls()
         started = time.monotonic()
-
-        def take(message: Any) -> None:
-            if message.value() is None:
-                return
-            try:
-                registry.add(codec.decode(message.value(), Deletion))
-            except DecodeError:
-                pass  # dead-lettered by the forget agent when it reads it
-
-        read = read_to_end(kafka, kafka.topic(DELETIONS), take, timeout_s=timeout_s)
+        deletions = read_deletions(kafka, codec, timeout_s=timeout_s)
+        for deletion in deletions:
+            registry.add(deletion)
         log.info("erasure registry: %d deletion(s) read from %s, %d subjects, in %.2f s",
-                 read, kafka.topic(DELETIONS), len(registry), time.monotonic() - started)
+                 len(deletions), kafka.topic(DELETIONS), len(registry), time.monotonic() - started)
         return registry
 
 

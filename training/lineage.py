@@ -90,22 +90,9 @@ class Selection:
 
 def erasures_on_broker(kafka: Any) -> Erasures:
     """Every deletion on ``chat.deletions`` now (the topic is kept forever: the source of truth)."""
-    from schemas.codec import default_codec
-    from schemas.errors import DecodeError
-    from schemas.topics import DELETIONS
-    from transport.topic_scan import read_to_end
+    from transport.deletion_log import read_deletions
 
-    codec, deletions = default_codec(), []
-
-    def take(message: Any) -> None:
-        if message.value() is not None:
-            try:
-                deletions.append(codec.decode(message.value(), Deletion))
-            except DecodeError:
-                pass  # dead-lettered by the streams tier's forget agent
-
-    read_to_end(kafka, kafka.topic(DELETIONS), take)
-    return Erasures.of(deletions)
+    return Erasures.of(read_deletions(kafka))
 
 
 def has_lineage(dataset: Path, table: str = "sft") -> bool:
