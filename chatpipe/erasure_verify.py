@@ -24,10 +24,13 @@ Per store, read-only, while the pipeline runs:
 - **response cache**: the Redis of streams' response cache (``--cache-url`` / ``CHATPIPE_CACHE_URL``),
   every entry of the tenant read (SCAN, not the user's index: what is there is what counts); an entry
   the subject owns made by the deletion remains. No URL: not checked.
+- **models**: the versions on ``chat.models`` whose lineage holds the subject's rows; one trained on rows made
+  by the deletion must be TAINTED (then *affected*: listed, rebuild it).
 - **audits**: ``chat.deletions.audit`` for the subject's deletions: which stores acknowledged.
 
 ``failed`` is true when something remains that should not: memory, state or archive hold data
-of the subject made by the deletion, a dataset built after it holds the subject, or the newest
+of the subject made by the deletion, a dataset built after it holds the subject, a model version trained on
+the subject's rows made by the deletion is not tainted, or the newest
 deletion has no acknowledgement of ``streams.forget`` / ``streams.archive`` yet.
 """
 
@@ -44,13 +47,14 @@ from typing import Any, Callable
 
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import DecodeError
-from schemas.records import Deletion, DeletionAudit, DeletionScope
+from schemas.records import Deletion, DeletionAudit, DeletionScope, ModelState
 from schemas.topics import (
     DELETIONS_AUDIT,
     DLQ,
     FEEDBACK,
     INFERENCE_REQUESTS,
     INFERENCE_REQUESTS_BATCH,
+    MODELS,
     PROMPTS,
     RESPONSES,
     TURNS,
@@ -324,6 +328,41 @@ def check_datasets(datasets_dir: Path | None, subject: Subject, until_ms: int) -
     return report
 
 
+# -- model versions -------------------------------------------------------------------------------
+
+def check_models(kafka: Any, subject: Subject, until_ms: int) -> StoreReport:
+    """The versions on ``chat.models`` whose lineage holds the subject's rows. Weights cannot forget: a version
+    trained on rows made by the deletion is *affected* once TAINTED (listed: rebuild it), and remains (a failure)
+    while it is not; a version that learned only from newer rows is counted as newer."""
+    import pyarrow as pa
+
+    from streams.model_taint import subject_rows
+    from transport.model_registry import read_model_versions
+
+    report = StoreReport("models")
+    for version in read_model_versions(kafka).values():
+        if subject.tenant not in version.data_tenants:
+            continue
+        ref = f"{version.name}@{version.version}"
+        try:
+            before, after = subject_rows(version, subject.tenant, subject.user_id, subject.conversation_id, until_ms)
+        except (FileNotFoundError, pa.ArrowInvalid) as exc:
+            before, after = 1, 0  # who trained it cannot be told: as the forget agent, count it as holding the subject
+            report.details.append(f"{ref}: lineage {version.lineage_uri} unreadable ({exc})")
+        if before and version.state == ModelState.TAINTED:
+            report.affected += 1
+            report.details.append(f"{ref}: {before} row(s), TAINTED; `chatpipe train lora --rebuild {ref}` trains "
+                                  "its successor without them")
+        elif before:
+            report.remaining += 1
+            report.details.append(f"{ref}: {before} row(s) made by the deletion, state {version.state.value}, "
+                                  "NOT tainted")
+        elif after:
+            report.newer += 1
+            report.details.append(f"{ref}: {after} row(s) made after the deletion")
+    return report
+
+
 # -- topics ---------------------------------------------------------------------------------------
 
 def check_topics(kafka: Any, subject: Subject, codec: AvroCodec, superseded_state: int, changelog: str,
@@ -398,6 +437,8 @@ def verify(kafka: Any, subject: Subject, *, memory: Any, archive_dir: Path | Non
                                 until, codec, progress))
     say("datasets")
     stores.append(check_datasets(datasets_dir, subject, until))
+    say(kafka.topic(MODELS))
+    stores.append(check_models(kafka, subject, until))
     if cache is not None:
         say("response cache")
         stores.append(check_cache(cache, subject, until))

@@ -51,12 +51,25 @@ def lineage_rows(uri: str, columns: list[str], subject: str | None = None, reque
 
 def erased_rows(version: ModelVersion, deletion: Deletion) -> int:
     """How many of the version's training rows hold records the deletion erases."""
-    subject = subject_key(deletion.tenant, deletion.user_id)
-    conversation = (conversation_key(deletion.tenant, deletion.user_id, deletion.conversation_id)
-                    if deletion.scope == DeletionScope.CONVERSATION else None)
-    rows = lineage_rows(version.lineage_uri, ["conversation_key", "oldest_at"], subject=subject)
-    return sum(1 for conv, oldest in zip(rows.column("conversation_key").to_pylist(), rows.column("oldest_at").to_pylist())
-               if (conversation is None or conv == conversation) and (oldest is None or oldest <= deletion.created_at))
+    conversation = deletion.conversation_id if deletion.scope == DeletionScope.CONVERSATION else None
+    return subject_rows(version, deletion.tenant, deletion.user_id, conversation, deletion.created_at)[0]
+
+
+def subject_rows(version: ModelVersion, tenant: str, user_id: str, conversation_id: str | None,
+                 until_ms: int) -> tuple[int, int]:
+    """The version's training rows of a user (or of one of their conversations): (rows whose oldest record was
+    made at or before ``until_ms``, rows made after it). A row without ``oldest_at`` counts as at or before."""
+    conversation = conversation_key(tenant, user_id, conversation_id) if conversation_id is not None else None
+    rows = lineage_rows(version.lineage_uri, ["conversation_key", "oldest_at"], subject=subject_key(tenant, user_id))
+    before = after = 0
+    for conv, oldest in zip(rows.column("conversation_key").to_pylist(), rows.column("oldest_at").to_pylist()):
+        if conversation is not None and conv != conversation:
+            continue
+        if oldest is None or oldest <= until_ms:
+            before += 1
+        else:
+            after += 1
+    return before, after
 
 
 class ModelTaint:

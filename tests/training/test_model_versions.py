@@ -184,6 +184,11 @@ def test_an_erasure_taints_the_version_and_a_rebuild_leaves_the_user_out(publish
         models=ModelTaint(kafka_settings), models_topic=Topic(kafka_settings.topic(MODELS)))
     messages = [Consumed(kafka_settings.topic(DELETIONS), 0, i, deletion_key(d.tenant, d.user_id), codec.encode(d),
                          [], d.created_at / 1000) for i, d in enumerate((bob, cyd))]
+    from chatpipe.erasure_verify import check_models
+    from streams.erasures import Subject
+
+    untainted = check_models(kafka_settings, Subject("acme", "bob", None), bob.created_at)  # forget --verify's look
+    assert (untainted.remaining, untainted.affected) == (1, 0) and untainted.failed, untainted.details
     asyncio.run(forget.handle(messages, outbox))
     asyncio.run(outbox.deliver())
     outbox.close()
@@ -201,6 +206,11 @@ def test_an_erasure_taints_the_version_and_a_rebuild_leaves_the_user_out(publish
     assert by_deletion == {bob.event_id: 1, cyd.event_id: 0}
     shown = json.loads(_cli("model", "show", "acme-lora@1", kafka=kafka_settings).stdout)
     assert shown["state"] == "TAINTED"
+    verified = check_models(kafka_settings, Subject("acme", "bob", None), bob.created_at)
+    assert (verified.remaining, verified.affected) == (0, 1) and not verified.failed, verified.details
+    assert "acme-lora@1" in verified.details[0] and "--rebuild acme-lora@1" in verified.details[0]
+    never = check_models(kafka_settings, Subject("globex", "cyd", None), cyd.created_at)
+    assert (never.remaining, never.affected, never.newer) == (0, 0, 0)
 
     bob_rows = sum(r["subject"] == subject_key("acme", "bob") for r in _lineage(version))
     assert bob_rows > 0
