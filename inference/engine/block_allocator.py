@@ -56,6 +56,12 @@ def tenant_root(tenant: str) -> bytes:
     return hashlib.blake2b(ROOT_HASH + b"\x00tenant\x00" + tenant.encode("utf-8"), digest_size=16).digest()
 
 
+@functools.lru_cache(maxsize=4096)
+def adapter_root(parent: bytes, adapter_key: str) -> bytes:
+    """The first parent of the chains of requests run with a LoRA adapter (its registration key)."""
+    return hashlib.blake2b(parent + b"\x00adapter\x00" + adapter_key.encode("utf-8"), digest_size=16).digest()
+
+
 class BlockAllocator:
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True, salt: bool = True) -> None:
         # num_blocks >= 1 and block_size >= 1: the engine's settings and sizing guarantee both
@@ -122,19 +128,23 @@ class BlockAllocator:
 
     # -- prefix cache ----------------------------------------------------------------------------
 
-    def root(self, tenant: str) -> bytes:
-        return tenant_root(tenant) if self.salt else ROOT_HASH
+    def root(self, tenant: str, adapter_key: str | None = None) -> bytes:
+        """The chain's first parent: the tenant's (with the salt), then the adapter's. The adapter
+        joins even without the salt: its K/V differ from the base model's for the same tokens, so
+        sharing them would be wrong, not only visible."""
+        root = tenant_root(tenant) if self.salt else ROOT_HASH
+        return root if adapter_key is None else adapter_root(root, adapter_key)
 
     def hashes_of(self, token_at: Callable[[int], int], num_tokens: int, known: list[bytes],
-                  tenant: str = DEFAULT_TENANT) -> list[bytes]:
+                  tenant: str = DEFAULT_TENANT, adapter_key: str | None = None) -> list[bytes]:
         """Extend ``known`` (the hash chain of a request's first full blocks) to every full block of
         its first ``num_tokens`` tokens; returns ``known``. Incremental: each block is hashed once,
         so a decode step costs nothing here until a block fills (no work that grows with context).
-        The chain starts at the tenant's root (``tenant_root``)."""
+        The chain starts at the tenant's root (``tenant_root``), the adapter's under it if any."""
         bs = self.block_size
         for i in range(len(known), num_tokens // bs):
             tokens = [token_at(p) for p in range(i * bs, (i + 1) * bs)]
-            known.append(block_hash(known[-1] if known else self.root(tenant), tokens))
+            known.append(block_hash(known[-1] if known else self.root(tenant, adapter_key), tokens))
         return known
 
     def cached_prefix(self, hashes: Sequence[bytes], max_blocks: int) -> list[int]:

@@ -11,6 +11,9 @@ when a stop string completes (a caller cancelling from its own thread would be a
 A request may also carry a token constraint (``Request.constraint``, an xgrammar ``GrammarMatcher``):
 the sampler masks what it forbids, and the request ends (STOP) once the constraint terminates.
 ``add_request_group`` adds the n > 1 siblings of one prompt, which share its KV blocks.
+A request may name a LoRA adapter registered with ``register_adapter`` (``adapters.py``: loading
+beside the step loop, at most ``max_loras`` in memory); one step mixes rows of any adapters and of
+the base model (``lora_bank.py``).
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from typing import Any, Sequence
 
 import torch
 
+from inference.engine.adapters import AdapterSlots, AdapterStats
 from inference.engine.block_allocator import DEFAULT_TENANT, BlockAllocator
 from inference.engine.errors import InvalidRequestError, RequestRefused
 from inference.engine.kv_cache import PagedKVCache
+from inference.engine.lora import load_adapter
 from inference.engine.model_runner import ModelRunner, check_supported
 from inference.engine.request import Admission, FinishReason, Priority, Request, RequestTimings, SamplingParams
 from inference.engine.sampling import Sampler
@@ -124,7 +129,13 @@ class Engine:
                 kv_allocation=settings.kv_allocation,
             ),
             self.allocator,
+            adapter_ready=lambda key: self.adapters.is_resident(key),
         )
+        self.adapters = AdapterSlots(
+            loader=lambda name, folder: load_adapter(name, folder, cfg, param.dtype, param.device,
+                                                     settings.max_lora_rank),
+            num_layers=cfg.num_hidden_layers, max_loras=settings.max_loras,
+        )  # fmt: skip
         self.runner = ModelRunner(model, self.cache, compile=settings.compile,
                                   lean=settings.resolved_lean_layers(param.device.type),
                                   paged_kernel=settings.resolved_paged_kernel(param.device.type))
@@ -149,6 +160,7 @@ class Engine:
         user_id: str = "",
         cache_prefix: bool = True,
         constraint: Any = None,
+        adapter: str | None = None,
     ) -> tuple[Admission, Request]:
         """Queue a request. Refusals (OVERLOADED, TOO_LARGE) come back as the Admission result
         (``refusal_error`` turns one into an error); a request that can never run raises
@@ -159,9 +171,11 @@ class Engine:
         but registers none of its blocks (a request its user's deletion already covers).
         ``constraint`` (an ``xgrammar.GrammarMatcher`` built for this model's vocabulary, fresh for
         this request) restricts each sampled token to what it allows; the request ends with STOP
-        when it terminates (it accepted its stop token)."""
+        when it terminates (it accepted its stop token). ``adapter``: the name of a registered LoRA
+        adapter to run with (None: the base model); the request waits in the queue while it loads."""
         admission, reqs = self.add_request_group([request_id], prompt_token_ids, params, priority, [text_stream],
-                                                 tenant, user_id, cache_prefix, [constraint])  # fmt: skip
+                                                 tenant, user_id, cache_prefix, [constraint],
+                                                 adapter=adapter)  # fmt: skip
         return admission, reqs[0]
 
     def add_request_group(
@@ -176,6 +190,7 @@ class Engine:
         cache_prefix: bool = True,
         constraints: Sequence[Any] | None = None,
         share_weight: float = 1.0,
+        adapter: str | None = None,
     ) -> tuple[Admission, list[Request]]:
         """n > 1: one request per id in ``request_ids`` (or ``n`` with generated ids) on the same
         prompt, all accepted or all refused. The first computes the prompt; the others are
@@ -184,7 +199,7 @@ class Engine:
         off they run at once). With a seed, sibling i gets ``seed + i``, so the n answers differ and
         each is reproducible. ``text_streams`` / ``constraints``: one per sibling (each its own
         object: both are stateful), or None. ``share_weight``: the tenant's weight in the fair share
-        (``fair_queue.py``)."""
+        (``fair_queue.py``). ``adapter``: as for ``add_request``, for every sibling."""
         ids = [None] * request_ids if isinstance(request_ids, int) else list(request_ids)
         n = len(ids)
         if n < 1:
@@ -200,6 +215,7 @@ class Engine:
             raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         if not params.ignore_eos:
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids | self.eos_token_ids)
+        regs = [self.adapters.acquire(adapter) for _ in ids] if adapter is not None else [None] * n
         reqs: list[Request] = []
         for i, rid in enumerate(ids):
             p = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=params.seed + i)
@@ -215,8 +231,27 @@ class Engine:
                 register_blocks=cache_prefix,
                 constraint=constraints[i] if constraints else None,
                 prompt_leader=reqs[0] if reqs else None,
+                adapter=regs[i],
             ))  # fmt: skip
-        return self.scheduler.add_group(reqs), reqs
+        admission = self.scheduler.add_group(reqs)
+        if admission is not Admission.ACCEPTED:
+            for reg in regs:
+                if reg is not None:
+                    self.adapters.release(reg)
+        return admission, reqs
+
+    def register_adapter(self, name: str, folder: Any) -> str:
+        """Make the LoRA adapter in ``folder`` (a peft adapter folder) available as ``name``: its config
+        is checked now (``lora.AdapterError``), its weights read when a request first names it. Returns
+        its registration key (the prefix cache's salt for it). Callable from any thread."""
+        return self.adapters.register(name, folder)
+
+    def retire_adapter(self, name: str) -> bool:
+        """New requests may no longer name ``name``; it leaves memory after its last request."""
+        return self.adapters.retire(name)
+
+    def adapter_stats(self) -> AdapterStats:
+        return self.adapters.stats()
 
     def forget_prefixes(self, tenant: str, user_id: str) -> int:
         """Drop every prefix-cache block that requests of (tenant, user_id) computed or reused:
@@ -245,8 +280,14 @@ class Engine:
 
     def step(self) -> list[TokenEvent]:
         started = time.monotonic()
+        events = []
+        for key, reason in self.adapters.poll():
+            for req in self.scheduler.fail_waiting(key, reason):
+                self.sampler.remove(req.request_id)
+                events.append(self._finished_event(req, None))
+        bank = self.adapters.bank  # this step's adapters (a load finishing meanwhile joins the next step)
         out = self.scheduler.schedule()
-        events = [self._finished_event(r, None) for r in out.finished]
+        events += [self._finished_event(r, None) for r in out.finished]
         for r in out.finished:
             self.sampler.remove(r.request_id)
             self.runner.forget(r.request_id)
@@ -257,7 +298,7 @@ class Engine:
         if not out.chunks:
             return events
         tables = {c.request.request_id: self.allocator.block_table(c.request.request_id) for c in out.chunks}
-        batch = self.runner.prepare(out.chunks, tables)
+        batch = self.runner.prepare(out.chunks, tables, bank)
         logits = self.runner.forward(batch)  # [S, V]
         by_id = {c.request.request_id: c.request for c in out.chunks}
         reqs = [by_id[rid] for rid in batch.sample_request_ids]
@@ -362,11 +403,12 @@ class Engine:
         saturated = self.scheduler.num_waiting > 0 or self.scheduler.num_running >= self.scheduler.config.max_batch
         self._throughput.record(now, now - started, prompt_tokens, generated, saturated)
 
-    @staticmethod
     def _finished_event(
-        req: Request, token: int | None, text: str | None = None, logprob: float | None = None,
+        self, req: Request, token: int | None, text: str | None = None, logprob: float | None = None,
         top_logprobs: tuple[tuple[int, float], ...] | None = None,
     ) -> TokenEvent:  # fmt: skip
+        if req.adapter is not None:  # every request's end passes here once: its adapter may leave memory
+            self.adapters.release(req.adapter)
         if text is None and req.text_stream is not None:
             text = req.text_stream.finish()  # cancelled: what was held back
         return TokenEvent(

@@ -81,6 +81,10 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x
 
 
+# Adds LoRA deltas in place: (projection group of lora_bank.GROUPS, its input, its outputs in group order).
+LoraHook = Callable[[str, torch.Tensor, list[torch.Tensor]], None]
+
+
 @dataclass(frozen=True)
 class LeanLayer:
     """One decoder layer's weights for the lean path (fused where fusing saves kernels)."""
@@ -121,19 +125,30 @@ class LeanLayer:
         )
 
     def qkv_rope(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lora: LoraHook | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> q [T, Hq, D], k and v [T, Hkv, D] (views of one qkv tensor), rotary
-        applied to q and k. cos, sin [T, D] as the model's rotary embedding gives them."""
-        hq, hkv = self.num_heads, self.num_kv_heads
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(x.shape[0], hq + 2 * hkv, self.head_dim)
+        applied to q and k. cos, sin [T, D] as the model's rotary embedding gives them. ``lora``
+        adds the adapters' deltas to the q, k and v columns before the rotary."""
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        if lora is not None:
+            lora("qkv", x, [qkv[:, : hq * d], qkv[:, hq * d : (hq + hkv) * d], qkv[:, (hq + hkv) * d :]])
+        qkv = qkv.view(x.shape[0], hq + 2 * hkv, d)
         rotary_(qkv[:, : hq + hkv], cos, sin)  # q and k heads are adjacent: one rotary for both
         return qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
 
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        """down(act(gate(x)) * up(x)) with gate and up as one GEMM."""
+    def mlp(self, x: torch.Tensor, lora: LoraHook | None = None) -> torch.Tensor:
+        """down(act(gate(x)) * up(x)) with gate and up as one GEMM; ``lora`` adds the adapters' deltas
+        to gate, up and down."""
         gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        return self.down_proj(self.act(gate).mul_(up))  # act() is a new contiguous tensor: mul in place
+        if lora is None:
+            return self.down_proj(self.act(gate).mul_(up))  # act() is a new contiguous tensor: mul in place
+        lora("gate_up", x, [gate, up])
+        y = self.act(gate).mul_(up)
+        out = self.down_proj(y)
+        lora("down", y, [out])
+        return out
 
 
 def _cat_aligned_like(weights: list[torch.Tensor]) -> torch.Tensor:

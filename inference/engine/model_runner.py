@@ -10,7 +10,8 @@ The runner reuses the Hugging Face model's own modules (embeddings, norms, proje
 embedding, MLP, LM head) and replaces only the attention/cache plumbing, so the math is the
 model's. With ``lean=True`` the layers' dense math runs through ``lean_llama`` instead (fused qkv
 and gate_up GEMMs, rotary in place, residual add fused with RMSNorm) on the same weights; the HF
-modules stay the reference path. Supported: ``llama`` (SmolLM, Llama 2/3), ``mistral`` and
+modules stay the reference path. Rows may run with LoRA adapters (``lora_bank.py``): each adapted
+projection's output gets its row's low-rank delta, on either path. Supported: ``llama`` (SmolLM, Llama 2/3), ``mistral`` and
 ``qwen2`` without sliding windows. Other architectures are refused with ``UnsupportedModelError``.
 """
 
@@ -26,6 +27,7 @@ from inference.engine.errors import UnsupportedModelError
 from inference.engine.kernels import paged_attention
 from inference.engine.kv_cache import DeviceBlockTables, PagedKVCache, slots_for_positions
 from inference.engine.lean_llama import LeanLlama, add_rms_norm, rms_norm
+from inference.engine.lora_bank import LoraBank
 from inference.engine.scheduler import ScheduledChunk
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -37,6 +39,17 @@ class PrefillSpan:
     ctx_blocks: torch.Tensor  # [1, N] cache blocks of positions 0..K-1 (K = chunk end position)
     mask: torch.Tensor  # [G * n, N * block_size] bool, True = may attend (causal over prefix + chunk),
     # repeated for the G query heads per KV head once here rather than in every layer
+
+
+@dataclass(frozen=True)
+class StepLora:
+    """The adapters of a step: the bank it runs with and each row's slot as a column mask."""
+
+    bank: LoraBank
+    mask: torch.Tensor  # [T, S * r] (lora_bank.LoraBank.row_mask)
+
+    def add_(self, layer: int, group: str, x: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        self.bank.add_(layer, group, x, outs, self.mask)
 
 
 @dataclass
@@ -51,6 +64,7 @@ class StepBatch:
     prefills: list[PrefillSpan]
     sample_rows: torch.Tensor  # [S] long, rows whose logits pick a next token
     sample_request_ids: list[str]
+    lora: StepLora | None = None  # None: every row runs on the base model
 
 
 def check_supported(config: Any, max_seq_len: int) -> None:
@@ -99,8 +113,10 @@ class ModelRunner:
 
     # -- building a step -------------------------------------------------------------------------
 
-    def prepare(self, chunks: list[ScheduledChunk], block_tables: dict[str, list[int]]) -> StepBatch:
-        """Chunks must list single-token chunks first (the scheduler does)."""
+    def prepare(self, chunks: list[ScheduledChunk], block_tables: dict[str, list[int]],
+                bank: LoraBank | None = None) -> StepBatch:
+        """Chunks must list single-token chunks first (the scheduler does). ``bank``: the adapters in
+        memory, which hold every adapter the chunks' requests name."""
         bs = self.cache.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -144,6 +160,11 @@ class ModelRunner:
             mask = mask.repeat(self.groups, 1)  # [G*n, N*bs]
             spans.append(PrefillSpan(slice(row0, row1), ctx, mask))
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
+        lora = None
+        if bank is not None and bank.num_slots:
+            row_keys = [c.request.adapter_key for c in chunks for _ in range(c.num_new_tokens)]
+            mask = bank.row_mask(row_keys, self.cache.k[0])
+            lora = StepLora(bank, mask) if mask is not None else None
         return StepBatch(
             input_ids=as_long(ids),
             positions=as_long(pos),
@@ -155,6 +176,7 @@ class ModelRunner:
             prefills=spans,
             sample_rows=as_long(sample_rows),
             sample_request_ids=sample_ids,
+            lora=lora,
         )
 
     # -- the forward -----------------------------------------------------------------------------
@@ -174,7 +196,7 @@ class ModelRunner:
                 x = layer.input_layernorm(h)
                 h = residual + self._attention(i, layer.self_attn, x, cos, sin, batch)
                 residual = h
-                h = residual + layer.mlp(layer.post_attention_layernorm(h))
+                h = residual + self._mlp(i, layer.mlp, layer.post_attention_layernorm(h), batch.lora)
         if batch.sample_rows.numel() == 0:
             return torch.empty(0, self.model.config.vocab_size, device=self.device)
         last = core.norm(h[batch.sample_rows])  # [S, hidden]
@@ -188,12 +210,30 @@ class ModelRunner:
         x = rms_norm(h, layers[0].input_norm, layers[0].input_eps)
         for i, ly in enumerate(layers):
             x, h = add_rms_norm(self._attention(i, attns[i], x, cos, sin, batch), h, ly.post_norm, ly.post_eps)
-            m = ly.mlp(x)
+            m = ly.mlp(x, self._lora_hook(i, batch.lora))
             if i + 1 < len(layers):  # this layer's residual add fused with the next layer's input norm
                 x, h = add_rms_norm(m, h, layers[i + 1].input_norm, layers[i + 1].input_eps)
             else:  # the final norm runs on the sample rows only (forward)
                 h.add_(m)
         return h
+
+    def _mlp(self, layer_idx: int, mlp: Any, x: torch.Tensor, lora: StepLora | None) -> torch.Tensor:
+        """The HF MLP module, opened up when the step has adapters (the deltas join gate, up, down)."""
+        if lora is None:
+            return mlp(x)
+        gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        lora.add_(layer_idx, "gate_up", x, [gate, up])
+        y = mlp.act_fn(gate) * up
+        out = mlp.down_proj(y)
+        lora.add_(layer_idx, "down", y, [out])
+        return out
+
+    @staticmethod
+    def _lora_hook(layer_idx: int, lora: StepLora | None) -> Any:
+        """For lean_llama's fused GEMMs: ``hook(group, x, outs)`` adds the deltas; None without adapters."""
+        if lora is None:
+            return None
+        return lambda group, x, outs: lora.add_(layer_idx, group, x, outs)
 
     def _attention(
         self, layer_idx: int, attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: StepBatch
@@ -201,11 +241,12 @@ class ModelRunner:
         t = x.shape[0]
         hq, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.groups
         if self.lean is not None:  # views of one qkv tensor (q non-contiguous: empty_like below is dense)
-            q, k, v = self.lean.layers[layer_idx].qkv_rope(x, cos, sin)
+            q, k, v = self.lean.layers[layer_idx].qkv_rope(x, cos, sin, self._lora_hook(layer_idx, batch.lora))
         else:
-            q = attn.q_proj(x).view(t, hq, d)
-            k = attn.k_proj(x).view(t, hkv, d)
-            v = attn.v_proj(x).view(t, hkv, d)
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            if batch.lora is not None:
+                batch.lora.add_(layer_idx, "qkv", x, [q, k, v])
+            q, k, v = q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
             q, k = self._rope(q, k, cos, sin, unsqueeze_dim=1)  # cos/sin [T, D] -> [T, 1, D]
         self.cache.write(layer_idx, batch.write_slots, k, v)
         out = torch.empty_like(q)  # [T, Hq, D]
@@ -234,4 +275,8 @@ class ModelRunner:
                 qp[None], kc[:, 0][None], vc[:, 0][None], attn_mask=span.mask[None, None], scale=scale
             )[0]  # [Hkv, G*n, D]
             out[span.rows] = o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
-        return attn.o_proj(out.view(t, hq * d))
+        o_in = out.view(t, hq * d)
+        o = attn.o_proj(o_in)
+        if batch.lora is not None:
+            batch.lora.add_(layer_idx, "o", o_in, [o])
+        return o

@@ -171,10 +171,17 @@ class Request:
     # is computed, so it takes the prompt's full blocks from the prefix cache. None = no wait.
     prompt_leader: Request | None = None
     error: str | None = None  # why it ended with FinishReason.ERROR
+    # The LoRA adapter it runs with (``adapters.Registration``, the engine's handle), None = the base
+    # model. Its key joins the prefix-cache hashes; the request waits in the queue until it is in memory.
+    adapter: Any = None
 
     @property
     def owner(self) -> Owner:
         return (self.tenant, self.user_id)
+
+    @property
+    def adapter_key(self) -> str | None:
+        return None if self.adapter is None else self.adapter.key
 
     @property
     def num_tokens(self) -> int:

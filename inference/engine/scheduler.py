@@ -135,9 +135,13 @@ class Scheduler:
     from elsewhere."""
 
     def __init__(
-        self, config: SchedulerConfig, allocator: BlockAllocator, clock: Callable[[], float] = time.monotonic
+        self, config: SchedulerConfig, allocator: BlockAllocator, clock: Callable[[], float] = time.monotonic,
+        adapter_ready: Callable[[str], bool] = lambda key: True,
     ) -> None:
         self.config = config
+        # Whether a request's LoRA adapter (by key) is in memory; until it is, the request waits at the
+        # queue's head like an n > 1 sibling waiting for its leader (the engine loads it meanwhile).
+        self.adapter_ready = adapter_ready
         self.allocator = allocator
         self.clock = clock
         self.counters = TenantCounters()
@@ -264,7 +268,10 @@ class Scheduler:
     def _prompt_ready(self, req: Request) -> bool:
         """False for an n > 1 sibling whose leader has not computed the shared prompt yet: admitted
         now, it would compute the same blocks a second time. The queue waits for it (its head is
-        never skipped); the leader is ahead of it, so this lasts until the leader's first token."""
+        never skipped); the leader is ahead of it, so this lasts until the leader's first token.
+        False too while the request's adapter is not in memory (it is loading, or waits for a slot)."""
+        if req.adapter is not None and not self.adapter_ready(req.adapter.key):
+            return False
         leader = req.prompt_leader
         if leader is None or not self.allocator.prefix_caching or not leader.register_blocks:
             return True
@@ -280,7 +287,7 @@ class Scheduler:
         alloc = self.allocator
         cached: list[int] = []
         if alloc.prefix_caching:
-            alloc.hashes_of(req.token_at, req.num_tokens, req.block_hashes, req.tenant)
+            alloc.hashes_of(req.token_at, req.num_tokens, req.block_hashes, req.tenant, req.adapter_key)
             # At least the last token is computed: its logits give the next token.
             cached = alloc.cached_prefix(req.block_hashes, (req.num_tokens - 1) // alloc.block_size)
         start = len(cached) * alloc.block_size
@@ -329,7 +336,7 @@ class Scheduler:
                 self.counters.charge(req, req.num_computed_tokens, chunk.sample)
                 if self.allocator.prefix_caching and req.register_blocks:
                     full = req.num_computed_tokens
-                    hashes = self.allocator.hashes_of(req.token_at, full, req.block_hashes, req.tenant)
+                    hashes = self.allocator.hashes_of(req.token_at, full, req.block_hashes, req.tenant, req.adapter_key)
                     self.allocator.register(req.request_id, hashes, full // self.allocator.block_size, req.owner)
                 if not chunk.sample:
                     continue
@@ -387,6 +394,16 @@ class Scheduler:
         with self._lock:
             if not req.is_finished:
                 self._finish(req, reason)
+
+    def fail_waiting(self, adapter_key: str, reason: str) -> list[Request]:
+        """End (ERROR, ``reason``) the waiting requests that run with ``adapter_key``: its load failed."""
+        with self._lock:
+            failed = [r for r in self.waiting if r.adapter_key == adapter_key]
+            for req in failed:
+                self.waiting.remove(req)
+                req.error = reason
+                self._finish(req, FinishReason.ERROR)
+            return failed
 
     def _apply_aborts(self, out: SchedulerOutput) -> None:
         pending, self._pending_aborts = self._pending_aborts, []

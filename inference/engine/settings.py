@@ -79,6 +79,11 @@ class EngineSettings(BaseSettings):
         "on CPU, where triton cannot compile (CHATPIPE_PAGED_KERNEL)",
     )
 
+    max_loras: int = Field(
+        4, ge=1, description="LoRA adapters held in memory at once (more may be registered: loaded from disk when "
+        "a request names one, the least recently used idle one leaves) (CHATPIPE_MAX_LORAS)")
+    max_lora_rank: int = Field(64, ge=1, description="Largest LoRA rank an adapter may have (CHATPIPE_MAX_LORA_RANK)")
+
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings):
