@@ -9,6 +9,7 @@ service does).
     gateway.py        ``chatpipe gateway`` processes and the whole pipeline (streams + worker + gateway)
     qdrant.py         real Qdrant server processes (../shared/tools/qdrant): a peer, alone or of a cluster
     redis.py          a real redis-server (the stack's command line) on a free port: stop, kill, start again
+    lora_adapters.py  peft LoRA adapters with random factors, and peft's merge of one (the reference)
     synthetic_log.py  a deterministic synthetic conversation log (Spark tests, bench/finetune.py)
 
 This is the top layer's (``chatpipe``) so that it may start every tier; it is not a product module:

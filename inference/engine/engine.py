@@ -296,6 +296,7 @@ class Engine:
         for r in out.admitted:
             self.sampler.add(r.request_id, r.params)
         if not out.chunks:
+            self.adapters.wait_for_load(timeout=0.05)  # nothing to compute: let a load in progress run
             return events
         tables = {c.request.request_id: self.allocator.block_table(c.request.request_id) for c in out.chunks}
         batch = self.runner.prepare(out.chunks, tables, bank)

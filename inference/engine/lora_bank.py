@@ -46,8 +46,8 @@ class GroupFactors:
     """One projection group of one layer, over every slot of the bank."""
 
     present: tuple[int, ...]  # indices into GROUPS[group] of the projections some resident adapter adapts
-    a: torch.Tensor  # [len(present) * S * r, in]
-    bs: tuple[torch.Tensor, ...]  # per present projection: [out, S * r]
+    a_t: torch.Tensor  # [in, len(present) * S * r]: the A's, transposed once here (plain GEMMs per step)
+    b_t: tuple[torch.Tensor, ...]  # per present projection: [S * r, out], B transposed
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ class LoraBank:
                     a_parts.append(_stack_a(factors, rank))
                     bs.append(_stack_b(factors, rank))
                 if present:
-                    groups[group] = GroupFactors(tuple(present), torch.cat(a_parts), tuple(bs))
+                    groups[group] = GroupFactors(tuple(present), torch.cat(a_parts).T.contiguous(),
+                                                 tuple(b.T.contiguous() for b in bs))
             layers.append(groups)
         return cls(slots={key: i for i, (key, _) in enumerate(adapters)}, rank=rank, layers=tuple(layers))
 
@@ -100,10 +101,10 @@ class LoraBank:
         if g is None:
             return
         width = self.num_slots * self.rank
-        xa = (x @ g.a.T).view(x.shape[0], len(g.present), width)
+        xa = torch.mm(x, g.a_t).view(x.shape[0], len(g.present), width)
         xa.mul_(mask[:, None, :])
         for j, i in enumerate(g.present):
-            outs[i].add_(xa[:, j] @ g.bs[j].T)
+            outs[i].addmm_(xa[:, j], g.b_t[j])
 
 
 def _stack_a(factors: list, rank: int) -> torch.Tensor:

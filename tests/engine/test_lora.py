@@ -16,7 +16,7 @@ from inference.engine.lora import AdapterError
 from inference.engine.request import FinishReason, SamplingParams
 from inference.engine.settings import EngineSettings
 from tests.engine.conftest import hf_greedy
-from tests.engine.lora_fixtures import make_adapter, merged_model
+from chatpipe.testing.lora_adapters import make_adapter, merged_model
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9], [7, 7, 7, 7, 7], [9, 8, 7, 6]]
 
