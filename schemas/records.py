@@ -332,8 +332,10 @@ class WorkerStatus:
     running_output_tokens: int = 0
     decode_tokens_per_s: float = 0.0
     prefill_tokens_per_s: float = 0.0
+    # v4: the fine-tuned versions (name@version) it serves besides its base model (issue 42)
+    model_versions: list[str] = field(default_factory=list)
     created_at: int = field(default_factory=now_ms)
-    schema_version: int = 3  # v2: WorkerState FAILED; v3: the load in tokens and the saturated throughput
+    schema_version: int = 4  # v2: WorkerState FAILED; v3: the load in tokens and the saturated throughput
 
 
 @dataclass(slots=True, kw_only=True)

@@ -87,7 +87,8 @@ CATALOG: tuple[TopicSpec, ...] = (
     # The model registry: the latest record of each key is the version's state (schemas/models.py).
     TopicSpec("chat.models", 1, "name@version", "ModelVersion", cleanup_policy="compact", retention_ms=-1,
               doc="Fine-tuned model versions and their state (compacted: the latest record per version).",
-              producers=("chatpipe train", "streams forget"), consumers=("chatpipe model", "streams forget")),
+              producers=("chatpipe train", "streams forget", "inference worker"),
+              consumers=("chatpipe model", "streams forget", "inference worker")),
     # POST /v1/embeddings: the streams tier embeds with its memory model and answers on the asker's
     # reply address (an EmbeddingResult on chat.replies.<gateway id>; streams/embedding_requests.py).
     TopicSpec("chat.embeddings.requests", 6, "request_id", "EmbeddingRequest", retention_ms=60 * 60 * 1000,

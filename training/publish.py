@@ -13,7 +13,6 @@ exact base it must be loaded onto; ``dataset_manifest_id`` of the dataset's mani
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -27,6 +26,7 @@ from training.question_eval import QUESTION_EVALS, as_eval_results
 from training.launch import VERSION_FILE
 from training.lineage import Selection, selected_lineage
 from training.settings import TrainSettings
+from transport.artifacts import sha256_files
 
 DATASET_MANIFEST = "_chatpipe_dataset.json"  # the dataset job's (spark_jobs/erasure.py MANIFEST)
 #: TrainSettings fields a version records as its hyperparameters (JSON values); ``--rebuild`` trains with them.
@@ -37,15 +37,6 @@ RECORDED = ("mode", "dpo_beta", "dataset", "tenant", "shared_data", "model_name"
 
 class PublishError(ChatpipeError):
     """A run that cannot become a model version (no lineage, a store that refuses the files)."""
-
-
-def sha256_files(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
 def base_model_sha256(folder: Path) -> str:

@@ -125,11 +125,13 @@ class Fleet:
         return self._clock() - self._started < self.stale_s
 
     def serving(self, model: str) -> list[WorkerStatus]:
-        """Workers of ``model`` whose latest report, fresher than ``stale_s``, says SERVING."""
+        """Workers of ``model`` whose latest report, fresher than ``stale_s``, says SERVING: its base model,
+        or a fine-tuned version (``name@version``) among the ones it holds (WorkerStatus v4)."""
         now = self._clock()
         with self._lock:
             return [s for s, at in self._latest.values()
-                    if s.model == model and s.state is WorkerState.SERVING and now - at <= self.stale_s]
+                    if (s.model == model or model in s.model_versions) and s.state is WorkerState.SERVING
+                    and now - at <= self.stale_s]
 
     def estimate(self, model: str, own: Work, prompt_tokens: int) -> Estimate | None:
         """The first-token time of a request of ``prompt_tokens`` with ``own`` (this gateway's requests of

@@ -246,6 +246,12 @@ class Engine:
         its registration key (the prefix cache's salt for it). Callable from any thread."""
         return self.adapters.register(name, folder)
 
+    def check_adapter(self, folder: Any) -> None:
+        """Read the adapter in ``folder`` as a load would and drop it: ``lora.AdapterError`` says what
+        is wrong (unreadable, unsupported, another model's shapes). Any thread; read on the CPU."""
+        param = next(self.model.parameters())
+        load_adapter("check", folder, self.model.config, param.dtype, "cpu", self.settings.max_lora_rank)
+
     def retire_adapter(self, name: str) -> bool:
         """New requests may no longer name ``name``; it leaves memory after its last request."""
         return self.adapters.retire(name)

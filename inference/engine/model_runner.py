@@ -46,10 +46,12 @@ class StepLora:
     """The adapters of a step: the bank it runs with and each row's slot as a column mask."""
 
     bank: LoraBank
-    mask: torch.Tensor  # [T, S * r] (lora_bank.LoraBank.row_mask)
+    mask: torch.Tensor  # [k, S * r] (lora_bank.LoraBank.row_mask) for the step's first k rows: the
+    # rows after the last one with an adapter are skipped (a base prompt chunk behind adapter decodes)
 
     def add_(self, layer: int, group: str, x: torch.Tensor, outs: list[torch.Tensor]) -> None:
-        self.bank.add_(layer, group, x, outs, self.mask)
+        k = self.mask.shape[0]
+        self.bank.add_(layer, group, x[:k], [out[:k] for out in outs], self.mask)
 
 
 @dataclass
@@ -163,7 +165,8 @@ class ModelRunner:
         lora = None
         if bank is not None and bank.num_slots:
             row_keys = [c.request.adapter_key for c in chunks for _ in range(c.num_new_tokens)]
-            mask = bank.row_mask(row_keys, self.cache.k[0])
+            last = max((i for i, key in enumerate(row_keys) if key is not None), default=-1)
+            mask = bank.row_mask(row_keys[: last + 1], self.cache.k[0])
             lora = StepLora(bank, mask) if mask is not None else None
         return StepBatch(
             input_ids=as_long(ids),

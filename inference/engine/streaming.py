@@ -115,17 +115,18 @@ class AsyncEngine:
         self, request_ids: Sequence[str] | int, prompt_token_ids: Sequence[int], params: SamplingParams = SamplingParams(),
         priority: Priority = Priority.INTERACTIVE, text_streams: Sequence[Any] | None = None,
         tenant: str = DEFAULT_TENANT, user_id: str = "", cache_prefix: bool = True,
-        constraints: Sequence[Any] | None = None, share_weight: float = 1.0,
+        constraints: Sequence[Any] | None = None, share_weight: float = 1.0, adapter: str | None = None,
     ) -> list[RequestStream]:  # fmt: skip
         """n > 1 answers to one prompt sharing its KV (``Engine.add_request_group``): one stream per
         request id, in order, all accepted or all refused (each refused stream carries the
-        refusal). Sibling i gets ``seed + i`` when the params have a seed."""
+        refusal). Sibling i gets ``seed + i`` when the params have a seed. ``adapter``: a registered
+        LoRA adapter's name (None: the base model)."""
         loop = asyncio.get_running_loop()
         with self._lock:  # registered before the engine can produce their first events
             self._check_serving()
             admission, reqs = self.engine.add_request_group(
                 request_ids, prompt_token_ids, params, priority, text_streams, tenant=tenant, user_id=user_id,
-                cache_prefix=cache_prefix, constraints=constraints, share_weight=share_weight,
+                cache_prefix=cache_prefix, constraints=constraints, share_weight=share_weight, adapter=adapter,
             )  # fmt: skip
             streams = [self._stream(loop, admission, req) for req in reqs]
         self._wake.set()

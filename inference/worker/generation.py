@@ -155,7 +155,8 @@ def submit_group(generations: list[Generation]) -> list[Any]:
             # a fresh text edge per choice: the engine's step builds its text and stops on its stop strings
             text_streams=[TextStream(g.tokenizer, p.stop) for g in generations],
             tenant=first.tenant, user_id=first.user_id, cache_prefix=first.cache_prefix,
-            share_weight=p.share_weight, constraints=constraints if any(c is not None for c in constraints) else None)
+            share_weight=p.share_weight, constraints=constraints if any(c is not None for c in constraints) else None,
+            adapter=p.adapter)
     except ValueError as exc:  # the engine's InvalidRequestError: it can never run this request
         raise InvalidRequestError(str(exc)) from None
     admission = streams[0].admission  # all accepted or all refused

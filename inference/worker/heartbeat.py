@@ -11,7 +11,8 @@ from inference.engine.engine import EngineStats
 from schemas.records import WorkerState, WorkerStatus
 
 
-def worker_status(worker_id: str, model: str, state: WorkerState, stats: EngineStats, in_flight: int) -> WorkerStatus:
+def worker_status(worker_id: str, model: str, state: WorkerState, stats: EngineStats, in_flight: int,
+                  model_versions: list[str] | None = None) -> WorkerStatus:
     return WorkerStatus(
         worker_id=worker_id, model=model, state=state, running=stats.running,
         # taken from Kafka but not running yet: the engine's waiting queue and what is on its way in
@@ -21,4 +22,5 @@ def worker_status(worker_id: str, model: str, state: WorkerState, stats: EngineS
         max_running=stats.max_running, queued_prompt_tokens=stats.queued_prompt_tokens,
         queued_output_tokens=stats.queued_output_tokens, running_output_tokens=stats.running_output_tokens,
         decode_tokens_per_s=stats.decode_tokens_per_s, prefill_tokens_per_s=stats.prefill_tokens_per_s,
+        model_versions=list(model_versions or ()),
     )

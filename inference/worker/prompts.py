@@ -40,6 +40,7 @@ class PreparedRequest:
     response_format: dict | None = None  # OpenAI's object (json_object / json_schema); None = free text
     logprobs: bool = False  # put each token's logprob (and params.logprobs alternatives) on the chunks
     share_weight: float = 1.0  # the tenant's weight in the engine's fair share (InferenceRequest v4)
+    adapter: str | None = None  # the model version's engine adapter (model_versions.py); None = the base model
 
 
 def sampling_params(req: InferenceRequest) -> EngineSampling:

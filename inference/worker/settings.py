@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -68,6 +69,11 @@ class WorkerSettings(BaseSettings):
     cancel_memory: int = Field(10_000, ge=0, description="Cancels remembered for requests not seen yet")
     deletion_memory: int = Field(10_000, ge=0, description="Users whose latest Deletion is remembered, so a "
                                  "request created before it but served after caches nothing")
+    adapter_cache: Path = Field(Path.home() / ".cache" / "chatpipe" / "adapters",
+                                description="Where the adapters of the model versions this worker serves are copied "
+                                "from the artifact store (<name>/<version>/), checked and loaded from")
+    version_wait_s: float = Field(30.0, ge=0, description="How long a request for a version whose CANARY/LIVE record "
+                                  "this worker has seen waits for its adapter to be fetched and checked")
     kafka_error_budget_s: float = Field(60.0, gt=0, description="How long transient consumer errors (broker "
                                         "away, topic recreated) may go on before the worker exits non-zero")
 

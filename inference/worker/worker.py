@@ -38,6 +38,8 @@ import asyncio
 import logging
 import time
 import uuid
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from inference.engine.engine import Engine
@@ -56,6 +58,7 @@ from inference.worker.intake import Intake, Outcome, WorkItem
 from inference.worker.intake_partition import PartitionIntake
 from inference.worker.intake_share import ShareIntake
 from inference.worker.metrics import WorkerMetrics
+from inference.worker.model_versions import ServedVersions
 from inference.worker.prompts import PreparedRequest, prepare
 from inference.worker.replies import ReplyStream, response_for, send_dead_letter, send_response
 from inference.worker.settings import WorkerSettings
@@ -108,6 +111,9 @@ class Worker:
         self.recent_cancels = RecentCancels(settings.cancel_memory)
         self.deletions = DeletionListener(kafka, self.codec)
         self.recent_deletions = RecentDeletions(settings.deletion_memory)
+        # the fine-tuned versions of this base model it serves (chat.models; model_versions.py)
+        self.versions = ServedVersions(kafka, self.codec, engine, Path(model_name).name, settings.adapter_cache,
+                                       settings.version_wait_s)
         self.forgets: set[asyncio.Task] = set()  # deletions being carried out (forget + audit)
         self.active: dict[str, tuple[WorkItem, Choices]] = {}  # request_id -> what runs it
         self.tasks: dict[asyncio.Task, WorkItem] = {}
@@ -136,6 +142,10 @@ class Worker:
         await asyncio.to_thread(self.cancels.ready.wait, 10.0)
         # Before any request is taken: a deletion sent after a request was served is always seen.
         await asyncio.to_thread(self.deletions.ready.wait, 10.0)
+        # the versions it serves, before the first request may name one (its own thread: loads block)
+        on_loop = lambda callback: lambda *args: loop.call_soon_threadsafe(callback, *args)
+        await asyncio.to_thread(self.versions.start, on_loop(self._thread_failed("model version follower")),
+                                on_loop(self._on_bad_record))
         self.intake.start(loop, self._dispatch, self._on_revoked, self._thread_failed("intake"))
         if self.failure is None:
             self._set_state(WorkerState.SERVING)
@@ -151,7 +161,8 @@ class Worker:
         if self.forgets:  # their audits are this worker's acknowledgements: let them reach the broker
             await asyncio.wait(set(self.forgets), timeout=30)
         for name, close in (("intake", self.intake.close), ("cancel listener", self.cancels.close),
-                            ("deletion listener", self.deletions.close)):
+                            ("deletion listener", self.deletions.close),
+                            ("model version follower", self.versions.close)):
             try:
                 await asyncio.to_thread(close)
             except Exception as exc:  # noqa: BLE001 - already reported through _fail; shut down the rest
@@ -325,6 +336,7 @@ class Worker:
             if cancelled is not None:
                 return await self._answer_cancelled(req, cancelled, attempt, trace), "cancelled"
             prepared = prepare(req, self.tokenizer, self.max_seq_len)
+            prepared = replace(prepared, adapter=await self.versions.adapter_for(req.model))
             drill = self.settings.drill_crash_on
             if drill and req.messages and req.messages[-1].content == drill:
                 raise RuntimeError("fault drill: the request's last message is CHATPIPE_WORKER_DRILL_CRASH_ON")
@@ -401,7 +413,8 @@ class Worker:
             raise RequestExpiredError(f"the deadline passed while it waited for the engine (deadline_at "
                                       f"{req.deadline_at})")
         first = finals[0]
-        generation_spans(span, self.model_name, req, first, reasons[0], queued_from_ns=span.start_ns,
+        answered_by = prepared.adapter or self.model_name  # the exact version: Response, turn, dataset rows
+        generation_spans(span, answered_by, req, first, reasons[0], queued_from_ns=span.start_ns,
                          started_ns=generation_ns, first_token_ns=first_token_ns[0], ended_ns=time.time_ns(),
                          answer=replies[0].text + (first.text or ""))
         queue_ms = (item.taken_at_ms - req.enqueued_at) + (first.queue_s or 0.0) * 1000
@@ -424,7 +437,7 @@ class Worker:
             error, error_code = self._stop_error(reason, gen, final)
             errors.append(error_code)
             responses.append(response_for(req, text=stream.text, worker_id=self.settings.worker_id,
-                                          model=self.model_name, tokens_in=final.num_prompt_tokens,
+                                          model=answered_by, tokens_in=final.num_prompt_tokens,
                                           tokens_out=final.num_output_tokens, queue_ms=queue_ms, ttft_ms=ttft_ms,
                                           finish_reason=reason, error=error, choice_index=i,
                                           cached_tokens=final.num_cached_tokens))
@@ -514,7 +527,8 @@ class Worker:
 
     def _send_status(self) -> None:
         stats = self.engine.stats()
-        status = worker_status(self.settings.worker_id, self.model_name, self.state, stats, self.capacity.in_flight)
+        status = worker_status(self.settings.worker_id, self.model_name, self.state, stats, self.capacity.in_flight,
+                               self.versions.held())
         self.producer.send(self.kafka.topic(WORKERS_STATUS), status, key=self.settings.worker_id, want_ack=False)
         self.metrics.engine(stats, self.capacity.in_flight)
 

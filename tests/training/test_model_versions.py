@@ -84,7 +84,7 @@ def test_the_version_is_on_the_registry_with_its_artifacts(published, dataset):
     assert (version.state, version.tenant, version.data_tenants) == (ModelState.CANDIDATE, "acme", ["acme"])
     adapter = version.adapter_uri
     assert adapter.startswith(str(work / "store" / "acme-lora" / "1"))
-    from training.publish import sha256_files
+    from transport.artifacts import sha256_files
 
     assert version.adapter_sha256 == sha256_files([Path(adapter) / ADAPTER_WEIGHTS])
     assert version.dataset_manifest_id == sha256_files([dataset / "_chatpipe_dataset.json"])
