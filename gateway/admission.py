@@ -60,19 +60,21 @@ class Admission:
         self.fleet = fleet
 
     def check(self, prompt: PromptRequest, in_flight: int, tenant_held: int, not_started: Work,
-              guard_retry_s: int = 1, work: Work | None = None) -> None:
+              guard_retry_s: int = 1, work: Work | None = None, fleet_model: str | None = None) -> None:
         """Raises OpenAIError (429 / 503) when ``prompt`` is not taken. ``in_flight``: the gateway's
         requests; ``tenant_held``: those of the prompt's tenant; ``not_started``: the gateway's requests
         of the prompt's model without a first token; ``guard_retry_s``: Retry-After of a memory-guard 429;
-        ``work``: ``work_of(prompt)`` when the caller has it already."""
+        ``work``: ``work_of(prompt)`` when the caller has it already; ``fleet_model``: the model whose workers
+        answer it (the base model of an alias, the version itself; default: the prompt's model)."""
         self._memory_guard(prompt.tenant, in_flight, tenant_held, guard_retry_s)
         work = work or work_of(prompt)
-        estimate = self.fleet.estimate(prompt.model, not_started, work.prompt_tokens)
+        fleet_model = fleet_model or prompt.model
+        estimate = self.fleet.estimate(fleet_model, not_started, work.prompt_tokens)
         if estimate is None:
             if self.fleet.warming_up:
                 return  # no report has had the time to come yet: nothing is known, nothing refused
             self.metrics.requests.labels("rejected_no_worker").inc()
-            raise OpenAIError(503, f"no inference worker serving {prompt.model!r} has reported in the last "
+            raise OpenAIError(503, f"no inference worker serving {fleet_model!r} has reported in the last "
                                    f"{self.fleet.stale_s:g} s (chat.workers.status); nothing could answer this "
                                    "request. Retry once a worker is up", type="server_error", code="no_worker",
                               headers={"Retry-After": str(max(1, math.ceil(self.fleet.stale_s)))})

@@ -117,9 +117,9 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
-    async def models(_: Principal = Depends(authenticate)) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "chatpipe"}
-                                           for m in settings.models]}
+    async def models(principal: Principal = Depends(authenticate)) -> dict[str, Any]:
+        # the base models, then the key's tenant's CANARY/LIVE versions and its aliases (chat.models)
+        return {"object": "list", "data": service.models.listing(principal.tenant, settings.models)}
 
     add_erasure_routes(app, authenticate, service)  # DELETE /v1/users/{user}[...], /v1/conversations/{id}
     add_embeddings_route(app, authenticate, service)  # POST /v1/embeddings (gateway/embeddings.py)

@@ -35,7 +35,7 @@ from gateway.replies import Reply, ReplyReader, ReplyReaderStopped, ensure_reply
 from gateway.responses import FINISH, ToolCallStream, error_for_chunk, reader_stopped_error, reads_tool_calls
 from gateway.responses import finish_reason as tool_finish_reason
 from gateway.settings import GatewaySettings
-from gateway.translate import chat_request_to_prompt, completion_request_to_prompts
+from gateway.translate import check_model, chat_request_to_prompt, completion_request_to_prompts
 from schemas.codec import default_codec
 from schemas.errors import EncodeError
 from schemas.records import (
@@ -52,6 +52,7 @@ from transport.acked_writer import AckedWriter
 from transport.dedupe import AnswerText
 from transport.errors import DeliveryError
 from transport.failures import Fault, classify
+from transport.model_catalog import ModelCatalog
 from transport.settings import KafkaSettings
 from transport.spans import CONSUMER, SERVER, Span, Tracer
 
@@ -182,6 +183,8 @@ class GatewayService:
         self._mean_duration_s = 5.0  # EWMA of request durations: the memory guard's Retry-After
         self.fleet = Fleet(settings.worker_stale_s)  # the workers' reports, read with the replies
         self.admission = Admission(settings, metrics, self.fleet)
+        # chat.models: the fine-tuned versions a request may name, per tenant (transport/model_catalog.py)
+        self.models = ModelCatalog(kafka, self.codec)
         self.on_failure: Callable[[BaseException], None] = lambda exc: None  # server.py: stop the server
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -195,6 +198,7 @@ class GatewayService:
         self.reader = ReplyReader(self.kafka, self.reply_topic, self.codec, self.settings.reply_error_budget_s,
                                   on_status=self.fleet.update)
         await asyncio.to_thread(self.reader.start, loop, self._reader_stopped)
+        await asyncio.to_thread(self.models.start, lambda exc: loop.call_soon_threadsafe(self._models_stopped, exc))
         self.fleet.listening()
         log.info("gateway %s: replies on %s", self.gateway_id, self.reply_topic)
 
@@ -214,6 +218,12 @@ class GatewayService:
                      type(exc).__name__, exc)
         self.on_failure(exc)
 
+    def _models_stopped(self, exc: BaseException) -> None:
+        """The chat.models follower died: versions would go stale unseen (a rolled-back one still taken)."""
+        log.critical("gateway %s: its chat.models follower stopped (%s: %s); exiting to be restarted",
+                     self.gateway_id, type(exc).__name__, exc)
+        self.on_failure(exc)
+
     def check_serving(self) -> None:
         """503 once the reply reader has stopped: the request could be sent but never answered here."""
         if self.failure is not None:
@@ -227,6 +237,7 @@ class GatewayService:
             await asyncio.to_thread(self.producer.close, 10.0)
         if self.reader is not None:
             await asyncio.to_thread(self.reader.close)
+        await asyncio.to_thread(self.models.close)
 
     # -- one request -------------------------------------------------------------------------------
 
@@ -237,7 +248,10 @@ class GatewayService:
                             if sub.first_token_at is None and sub.model == prompt.model)
         held = sum(1 for sub in self.pending.values() if sub.tenant == prompt.tenant)
         retry = max(1, min(60, math.ceil(self._mean_duration_s / max(1, len(self.pending)) * 4)))
-        self.admission.check(prompt, len(self.pending), held, not_started, guard_retry_s=retry, work=work)
+        # the workers that can answer: those holding a named version, else those of its base model
+        fleet_model = check_model(prompt.model, self.settings.models, prompt.tenant, self.models)
+        self.admission.check(prompt, len(self.pending), held, not_started, guard_retry_s=retry, work=work,
+                             fleet_model=fleet_model)
 
     async def submit(self, principal: Principal, body: ChatCompletionRequest, conversation_id: str | None,
                      received_at: float, traceparent: str | None = None, timeout_s: float | None = None,
@@ -248,7 +262,7 @@ class GatewayService:
         ``traceparent`` (the HTTP header, when the client sent one) makes the request's span part of
         the client's trace; ``cache``: what the X-Chatpipe-Cache header asked (``translate.cache_header``)."""
         prompt = chat_request_to_prompt(body, principal, self.settings, conversation_id=conversation_id,
-                                        reply_to=self.reply_topic, timeout_s=timeout_s, cache=cache)
+                                        reply_to=self.reply_topic, timeout_s=timeout_s, cache=cache, models=self.models)
         return await self._produce(prompt, received_at, "/v1/chat/completions", "chat", traceparent, param="messages")
 
     async def submit_completion(self, principal: Principal, body: CompletionRequest, received_at: float,
@@ -260,7 +274,7 @@ class GatewayService:
         ``replies``, ``cancel`` and ``finish`` serve each as they serve a chat request. When one cannot
         be produced, those already produced are cancelled."""
         prompts = completion_request_to_prompts(body, principal, self.settings, reply_to=self.reply_topic,
-                                                timeout_s=timeout_s, cache=cache)
+                                                timeout_s=timeout_s, cache=cache, models=self.models)
         subs: list[Submitted] = []
         try:
             for prompt in prompts:

@@ -62,6 +62,7 @@ from schemas.requests import (
     check_messages,
     response_format_text,
 )
+from transport.model_catalog import ModelCatalog, ModelChoiceError
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +77,14 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat
 
 def chat_request_to_prompt(body: ChatCompletionRequest, principal: Principal, settings: GatewaySettings, *,
                            conversation_id: str | None, reply_to: str, timeout_s: float | None = None,
-                           cache: bool | None = None) -> PromptRequest:
+                           cache: bool | None = None, models: ModelCatalog | None = None) -> PromptRequest:
     """The ``PromptRequest`` of a chat request. ``conversation_id``: the one the client named in the
     X-Chatpipe-Conversation-Id header (None: the body's ``metadata.conversation_id``, else a new
     conversation); ``cache``: what the X-Chatpipe-Cache header asked (``cache_header``). Raises
-    OpenAIError: 400 naming the field, 404 for a model not served, 403 for a user the key may not name."""
+    OpenAIError: 400 naming the field, 404 for a model not served, 403 for a user the key may not name or
+    another tenant's model version (``models``: the versions of ``chat.models``)."""
     content = chat_content(body, context_tokens=settings.context_tokens, default_max_tokens=settings.default_max_tokens)
-    check_model(body.model, settings.models)
+    check_model(body.model, settings.models, principal.tenant, models)
     conversation = conversation_id_of(conversation_id, body.metadata)
     user = resolve_user(principal, body.user)
     created_at = now_ms()
@@ -97,12 +99,12 @@ def chat_request_to_prompt(body: ChatCompletionRequest, principal: Principal, se
 
 def completion_request_to_prompts(body: CompletionRequest, principal: Principal, settings: GatewaySettings, *,
                                   reply_to: str, timeout_s: float | None = None,
-                                  cache: bool | None = None) -> list[PromptRequest]:
+                                  cache: bool | None = None, models: ModelCatalog | None = None) -> list[PromptRequest]:
     """One ``PromptRequest`` per prompt of a text-completions request: ``raw_prompt`` set, no
     messages, each in a conversation of its own (streams passes it through without a chat template
     or memory). Raises OpenAIError as ``chat_request_to_prompt``."""
     prompts = body.check(settings.context_tokens)
-    check_model(body.model, settings.models)
+    check_model(body.model, settings.models, principal.tenant, models)
     user = resolve_user(principal, body.user)
     response_cache = response_cache_of(cache, body.cache, principal)
     created_at = now_ms()
@@ -215,11 +217,21 @@ def sampling_params(body: SamplingFields, max_tokens: int, **fields: Any) -> Sam
                           frequency_penalty=body.frequency_penalty or 0.0, **given, **fields)
 
 
-def check_model(model: str, served: list[str]) -> None:
-    """404 ``model_not_found`` for a model this gateway does not serve."""
+def check_model(model: str, served: list[str], tenant: str = "", models: ModelCatalog | None = None) -> str:
+    """404 ``model_not_found`` for a model this gateway does not serve, 403 ``model_forbidden`` for another
+    tenant's version. Without ``models`` only the base models are served; with it, also the fine-tuned
+    versions of ``chat.models`` and their names (``transport/model_catalog.py``). Returns the model whose
+    workers answer (the exact version when one is named, else the base model)."""
+    if models is not None:
+        try:
+            return models.check(model, tenant, served)
+        except ModelChoiceError as exc:
+            raise OpenAIError(exc.status, f"{str(exc)[0].upper()}{str(exc)[1:]}. `GET /v1/models` lists the "
+                                          "models this key may use", param="model", code=exc.code) from None
     if model not in served:
         raise OpenAIError(404, f"The model `{model}` does not exist or you do not have access to it. "
                                f"Served: {', '.join(served)}", param="model", code="model_not_found")
+    return model
 
 
 def conversation_id_of(given: str | None, metadata: Mapping[str, str] | None) -> str:

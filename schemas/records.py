@@ -429,7 +429,32 @@ class ModelVersion:
     eval_results: dict[str, float] = field(default_factory=dict)
     state: ModelState = ModelState.CANDIDATE
     state_reason: str | None = None
+    canary_share: float = 0.0  # v2: while CANARY, the share of new conversations it answers (transport/model_catalog.py)
+    # v2: the rollout rule declared with the canary (streams/version_stats.py); rule_min_rated 0 = none
+    rule_min_rated: int = 0
+    rule_max_drop: float = 0.05
+    rule_confidence: float = 0.95
     created_at: int = field(default_factory=now_ms)
+    updated_at: int = field(default_factory=now_ms)
+    schema_version: int = 2
+
+
+@dataclass(slots=True, kw_only=True)
+class VersionStats:
+    """Answers and feedback of one model version (chat.models.stats, key ``model``): cumulative since
+    ``since``; rates are the reader's (thumbs_up / rated, errors / turns, tokens_out / decode_ms_sum)."""
+    model: str
+    turns: int = 0
+    errors: int = 0
+    rated: int = 0
+    thumbs_up: int = 0
+    thumbs_down: int = 0
+    regenerations: int = 0
+    edits: int = 0
+    ttft_ms_sum: float = 0.0
+    tokens_out: int = 0
+    decode_ms_sum: float = 0.0
+    since: int = 0
     updated_at: int = field(default_factory=now_ms)
     schema_version: int = 1
 
@@ -437,4 +462,4 @@ class ModelVersion:
 #: Every top-level record type, by its Avro record name.
 RECORD_TYPES: dict[str, type] = {cls.__name__: cls for cls in (
     PromptRequest, InferenceRequest, TokenChunk, Response, Cancel, ConversationTurn, Feedback, Deletion, WorkerStatus,
-    DeadLetter, DeletionAudit, EmbeddingRequest, EmbeddingResult, ModelVersion)}
+    DeadLetter, DeletionAudit, EmbeddingRequest, EmbeddingResult, ModelVersion, VersionStats)}

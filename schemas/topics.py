@@ -87,8 +87,14 @@ CATALOG: tuple[TopicSpec, ...] = (
     # The model registry: the latest record of each key is the version's state (schemas/models.py).
     TopicSpec("chat.models", 1, "name@version", "ModelVersion", cleanup_policy="compact", retention_ms=-1,
               doc="Fine-tuned model versions and their state (compacted: the latest record per version).",
-              producers=("chatpipe train", "streams forget", "inference worker"),
-              consumers=("chatpipe model", "streams forget", "inference worker")),
+              producers=("chatpipe train", "streams forget", "inference worker", "chatpipe model",
+                         "streams versions"),
+              consumers=("chatpipe model", "streams forget", "inference worker", "gateway", "streams intake",
+                         "streams versions")),
+    # Per-version answers and feedback, what the rollout rule decides on (streams/version_stats.py).
+    TopicSpec("chat.models.stats", 1, "model", "VersionStats", cleanup_policy="compact", retention_ms=-1,
+              doc="Per model version: turns, errors, ratings, regenerations, edits, TTFT, tokens/s (latest per key).",
+              producers=("streams versions",), consumers=("streams versions", "analytics")),
     # POST /v1/embeddings: the streams tier embeds with its memory model and answers on the asker's
     # reply address (an EmbeddingResult on chat.replies.<gateway id>; streams/embedding_requests.py).
     TopicSpec("chat.embeddings.requests", 6, "request_id", "EmbeddingRequest", retention_ms=60 * 60 * 1000,
@@ -116,6 +122,7 @@ WORKERS_STATUS = "chat.workers.status"
 DLQ = "chat.dlq"
 EMBEDDING_REQUESTS = "chat.embeddings.requests"
 MODELS = "chat.models"
+MODEL_STATS = "chat.models.stats"
 
 
 def inference_requests_topic(priority: str) -> str:

@@ -86,12 +86,14 @@ from streams.refusals import Refusals
 from streams.response_cache import CacheServer, ResponseCache
 from transport.reply_address import ReplyAddresses
 from streams.services import StreamsServices
+from streams.version_agent import VersionAgent
 from streams.settings import StreamsSettings
 from transport.acked_writer import AckedWriter
 from transport.admin import TopicAdmin
 from transport.errors import TransportError
 from transport.fleet import Fleet
 from transport.lag import GroupTopics
+from transport.model_catalog import ModelCatalog
 from transport import spans
 from transport.logs import faust_logging_config
 from transport.settings import KafkaSettings
@@ -191,6 +193,11 @@ class StreamsApp:
         # The workers' reports, for intake's deadline estimate (fleet_follower.py; followed from run_worker).
         self.fleet = Fleet(settings.worker_stale_s)
         self.fleet_follower = FleetFollower(kafka, services.codec)
+        # chat.models: which version answers each conversation (transport/model_catalog.py; followed from run_worker)
+        self.models = ModelCatalog(kafka, services.codec)
+        # per-version stats and the canaries' rollout rules (version_agent.py; started by run_worker)
+        self.versions = VersionAgent(kafka, services.codec, self.models, self.metrics,
+                                     interval_s=settings.version_stats_interval_s)
         # The response cache (response_cache.py): looked up by intake, written by record, erased by forget.
         self.cache = ResponseCache(cache) if cache is not None and cache.url else None
         self.cache_server = CacheServer(cache) if self.cache is not None else None  # /metrics: bytes, evictions
@@ -201,7 +208,7 @@ class StreamsApp:
                              {name: topic(name) for name in (INFERENCE_REQUESTS, INFERENCE_REQUESTS_BATCH)},
                              intake_letters, self.refusals, retrier, recorded=self.recorded,
                              partitions=spec(RESPONSES).partitions, metrics=self.metrics, erasures=self.erasures,
-                             fleet=self.fleet, cache=self.cache, cached_answers=cached_answers)
+                             fleet=self.fleet, cache=self.cache, cached_answers=cached_answers, models=self.models)
         # Memory's writes: from chat.turns, in a thread and a group of its own (memory_writer.py); started by
         # run_worker, so that building the app (tests, `chatpipe streams --check`) starts no consumer.
         self.memory_writer = MemoryWriter(kafka, settings, services, self.erasures,
@@ -305,9 +312,20 @@ def run_worker(streams: StreamsApp) -> None:
     streams.fleet_follower.start(None, streams.fleet.update,
                                  on_failure=lambda exc: exit_without_ack("streams.fleet_follower", exc))
     streams.fleet.listening()
+    from confluent_kafka import KafkaException
+
+    try:  # the versions before the first prompt is taken: a request for one must find it
+        streams.models.start(on_failure=lambda exc: exit_without_ack("streams.models", exc))
+    except (KafkaException, TransportError) as exc:
+        log.critical("cannot read chat.models to know the served model versions: %s; exiting with code %d",
+                     exc, EXIT_INFRASTRUCTURE)
+        raise SystemExit(EXIT_INFRASTRUCTURE) from exc
+    streams.versions.start(lambda exc: exit_without_ack("streams.versions", exc))
     try:
         worker.execute_from_commandline()
     finally:
+        streams.versions.close()
+        streams.models.close()
         streams.fleet_follower.close()
         streams.memory_writer.close()
         streams.metrics.close()

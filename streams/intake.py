@@ -87,6 +87,7 @@ from streams.state import ConversationState, PendingRequest, state_key
 from transport import tracing
 from transport.failures import Fault, OutageError, classify
 from transport.fleet import Fleet, Work, deadline_shortfall
+from transport.model_catalog import ModelCatalog, ModelChoiceError
 from transport.partitioning import partition_of
 from transport import spans
 from transport.spans import Span
@@ -107,6 +108,7 @@ class _Prompt:
     request: PromptRequest
     parsed: ParsedPrompt
     span: Span  # "process chat.prompts": its request is produced as its child
+    model: str = ""  # the exact model that answers it, once chosen (Intake._choose_model)
 
 
 class Intake:
@@ -115,8 +117,11 @@ class Intake:
                  retrier: Retrier, recorded: RecordedOffsets | None = None, partitions: int = 1,
                  metrics: StreamsMetrics | None = None, erasures: ErasureRegistry | None = None,
                  fleet: Fleet | None = None, cache: ResponseCache | None = None,
-                 cached_answers: CachedAnswers | None = None) -> None:
+                 cached_answers: CachedAnswers | None = None, models: ModelCatalog | None = None) -> None:
         self.settings = settings
+        # chat.models (transport/model_catalog.py): which version answers each conversation; None: the
+        # request's model as it is
+        self.models = models
         self.batching = BatchRule(settings.intake_batch_size, settings.intake_batch_window_s,
                                   settings.intake_batch_idle_s)
         self.recorded = recorded  # how far record has got on chat.responses (recorded.py); None: never wait
@@ -352,6 +357,8 @@ class Intake:
             log.info("conversation %s: request %s was answered already (a redelivered prompt); not served again",
                      request.conversation_id, request.request_id)
             return None
+        if not await self._choose_model(prompt, state, outbox):
+            return None
         if parsed.raw:
             return await self._prepare_raw(prompt, state, outbox, assembling_ns)
         if parsed.history:  # the client keeps its own history (OpenAI style): it replaces the table's
@@ -402,6 +409,30 @@ class Intake:
                              {"chatpipe.context.messages": 0, "chatpipe.context.raw": True},
                              messages=[], context_tokens=tokens, raw_prompt=text)
 
+    async def _choose_model(self, prompt: _Prompt, state: ConversationState, outbox: Outbox) -> bool:
+        """The exact model that answers (a base model or ``name@version``): the conversation keeps the
+        version it was answered by while that version is served; a new one may land in a canary
+        (``model_catalog.choose_model``). Kept in ``state`` with the request; False when refused (a
+        version retired or forbidden since the gateway checked it: dead letter and error chunk)."""
+        request = prompt.request
+        if self.models is None:
+            prompt.model = request.model
+            return True
+        try:
+            prompt.model = self.models.choose(request.model, request.tenant, state.key, (request.model,),
+                                              pinned=state.model_version)
+        except ModelChoiceError as exc:
+            await self.refusals.refuse(prompt.message, request, exc, exc.code, outbox)
+            prompt.span.set("chatpipe.outcome", exc.code)
+            return False
+        if prompt.model != state.model_version:
+            if state.model_version is not None:
+                log.info("conversation %s: model %s -> %s (%s is no longer served)", request.conversation_id,
+                         state.model_version, prompt.model, state.model_version)
+            state.model_version = prompt.model
+        prompt.span.set("gen_ai.request.model", prompt.model)
+        return True
+
     async def _refused_for_load(self, prompt: _Prompt, prompt_tokens: int, outbox: Outbox) -> bool:
         """Refuse ``prompt`` (True) when the fleet's measured estimate of its first token is past its
         ``deadline_at``; the answer says when a retry would fit."""
@@ -432,7 +463,7 @@ class Intake:
             "gen_ai.request.max_tokens": request.sampling.max_tokens}).end()
         out = InferenceRequest(
             request_id=request.request_id, conversation_id=request.conversation_id, user_id=request.user_id,
-            tenant=request.tenant, created_at=request.created_at, model=request.model, sampling=request.sampling,
+            tenant=request.tenant, created_at=request.created_at, model=prompt.model, sampling=request.sampling,
             priority=request.priority, reply_to=request.reply_to, reply_partition=request.reply_partition,
             deadline_at=request.deadline_at, share_weight=request.share_weight, **context,
         )

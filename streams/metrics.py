@@ -52,7 +52,17 @@ class StreamsMetrics:
                                  "(end - committed)", ["group", "topic"], registry=r)
         self.lag_seconds = Gauge("chatpipe_consumer_lag_seconds", "Age of the oldest record not yet done by the "
                                  "group (0: none waiting)", ["group", "topic"], registry=r)
+        # Per model version (streams/version_agent.py): what the rollout rule decides on
+        self.version = Gauge("chatpipe_model_version", "Per model version since the oldest canary started: turns, "
+                             "rated turns, thumbs_up_rate, error_rate, regenerate_rate, edit_rate, ttft_s (mean), "
+                             "tokens_per_s", ["model", "figure"], registry=r)
         self._lag: LagMonitor | None = None
+
+    def version_stats(self, stats: Any) -> None:
+        from streams.version_agent import describe
+
+        for figure, value in describe(stats).items():
+            self.version.labels(stats.model, figure).set(value)
 
     def serve(self, port: int, kafka: KafkaSettings, groups: Iterable[GroupTopics], lag_interval_s: float = 5.0,
               host: str = "127.0.0.1") -> None:

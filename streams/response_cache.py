@@ -66,8 +66,8 @@ class CacheUnavailableError(ConnectionError):
 
 
 def model_version(request: InferenceRequest) -> str:
-    """The exact model version that will answer ``request``: its model name until ``chat.models`` (the
-    model-version issues) resolves an alias to the live version; the key and the entry carry it."""
+    """The exact model version that will answer ``request``: intake has chosen it (a base model or
+    ``name@version``, transport/model_catalog.py); the key and the entry carry it."""
     return request.model
 
 

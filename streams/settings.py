@@ -104,6 +104,9 @@ class StreamsSettings(BaseSettings):
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port (streams/metrics.py); 0 = off")
     metrics_host: str = Field("127.0.0.1", description="Address /metrics listens on: loopback by default; 0.0.0.0 "
                               "in a Kubernetes pod, where the kubelet's probes and Prometheus reach the pod's IP")
+    version_stats_interval_s: float = Field(10.0, gt=0, description="How often the version agent publishes the "
+                                            "per-version stats (chat.models.stats, /metrics) and applies the "
+                                            "canaries' rollout rules (streams/version_agent.py)")
     lag_interval_s: float = Field(5.0, gt=0, description="How often the consumer group's lag is measured for "
                                   "/metrics (records and seconds, transport/lag.py)")
     log_level: str = Field("info", description="Worker log level")

@@ -58,6 +58,9 @@ class ConversationState:
     pending: list[PendingRequest] = field(default_factory=list)  # oldest first
     recorded: list[str] = field(default_factory=list)  # request ids already turned into turns, oldest first
     active_at: int = 0  # created_at of the newest prompt (epoch ms): idle expiry (expiry.py); 0 before the field
+    # The exact model its requests go to (a base model or name@version, transport/model_catalog.py): kept
+    # while that version is served, so the conversation never changes version mid-thread. None before the field.
+    model_version: str | None = None
 
     @property
     def key(self) -> str:

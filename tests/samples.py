@@ -108,5 +108,8 @@ def sample_records() -> list:
                        dataset_uri="/datasets/ft", dataset_manifest_id="ef" * 32, tenant="acme",
                        data_tenants=["acme"], training_rows=120, hyperparameters={"lora_r": "16", "learning_rate": "0.0002"},
                        train_loss=0.5, eval_loss=0.7, eval_loss_before=2.1, eval_results={"planted_facts": 0.875},
-                       state=r.ModelState.TAINTED, state_reason="erasure ev-1"),
+                       state=r.ModelState.TAINTED, state_reason="erasure ev-1", canary_share=0.25, rule_min_rated=40),
+        r.VersionStats(model="acme-support@2", turns=120, errors=2, rated=60, thumbs_up=45, thumbs_down=15,
+                       regenerations=3, edits=1, ttft_ms_sum=2400.5, tokens_out=3000, decode_ms_sum=60000.0,
+                       since=1_700_000_000_000),
     ]

@@ -10,12 +10,13 @@ acknowledgement (acks=all), so a command that says "published" is telling the tr
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import ChatpipeError, DecodeError
 from schemas.models import model_key
-from schemas.records import ModelVersion
+from schemas.records import ModelState, ModelVersion, now_ms
 from schemas.topics import MODELS
 from transport import clients
 from transport.topic_scan import read_to_end
@@ -78,3 +79,51 @@ def publish_model_version(kafka: Any, version: ModelVersion, codec: AvroCodec | 
     if not outcome or outcome[0] is not None:
         raise RegistryError(f"{model_key(version.name, version.version)} was not stored on {topic} "
                             f"({outcome[0] if outcome else 'no answer'})")
+
+
+class TransitionError(ChatpipeError):
+    """A state change a version's current state does not allow."""
+
+
+def canary(versions: dict[str, ModelVersion], ref: str, share: float, reason: str) -> list[ModelVersion]:
+    """The records that put ``ref`` in CANARY with ``share`` of new conversations (a CANARY's share may change)."""
+    version = _get(versions, ref)
+    if not 0 < share <= 1:
+        raise TransitionError(f"a canary's share must be in (0, 1], got {share}")
+    _require(version, (ModelState.CANDIDATE, ModelState.CANARY), "canary")
+    return [_moved(version, ModelState.CANARY, reason, canary_share=share)]
+
+
+def promote(versions: dict[str, ModelVersion], ref: str, reason: str) -> list[ModelVersion]:
+    """The records that make ``ref`` LIVE and retire the LIVE versions of its name (for its tenant) it
+    replaces. Promoting a RETIRED version is how a LIVE one is rolled back to the one before."""
+    version = _get(versions, ref)
+    _require(version, (ModelState.CANDIDATE, ModelState.CANARY, ModelState.RETIRED), "promote")
+    replaced = [v for v in versions.values() if v.name == version.name and v.tenant == version.tenant
+                and v.state is ModelState.LIVE and v.version != version.version]
+    return [_moved(version, ModelState.LIVE, reason, canary_share=0.0)] + [
+        _moved(v, ModelState.RETIRED, f"replaced by {model_key(version.name, version.version)}") for v in replaced]
+
+
+def rollback(versions: dict[str, ModelVersion], ref: str, reason: str) -> list[ModelVersion]:
+    """The record that takes a CANARY out of service (RETIRED): its conversations go back to the LIVE version."""
+    version = _get(versions, ref)
+    _require(version, (ModelState.CANARY,), "roll back")
+    return [_moved(version, ModelState.RETIRED, reason, canary_share=0.0)]
+
+
+def _get(versions: dict[str, ModelVersion], ref: str) -> ModelVersion:
+    version = versions.get(ref)
+    if version is None:
+        raise TransitionError(f"no model version {ref} on {MODELS} (`chatpipe model list`)")
+    return version
+
+
+def _require(version: ModelVersion, allowed: tuple[ModelState, ...], action: str) -> None:
+    if version.state not in allowed:
+        raise TransitionError(f"cannot {action} {model_key(version.name, version.version)}: it is {version.state.value} "
+                              f"(only {', '.join(s.value for s in allowed)})")
+
+
+def _moved(version: ModelVersion, state: ModelState, reason: str, **changes: Any) -> ModelVersion:
+    return replace(version, state=state, state_reason=reason, updated_at=now_ms(), **changes)

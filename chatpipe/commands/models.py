@@ -1,4 +1,9 @@
-"""``chatpipe model list | show | lineage``: the model registry (``chat.models``) from the terminal.
+"""``chatpipe model list | show | lineage | canary | promote | rollback``: the model registry
+(``chat.models``) from the terminal.
+
+``canary`` / ``promote`` / ``rollback`` change a version's state by hand (the rules are
+``transport.model_registry``'s; every change is a whole new record): the workers follow the topic and
+load or drop the version, the streams tier routes conversations by it (``transport/model_catalog.py``).
 
 Versions are read from the compacted topic (``transport.model_registry``); lineage from each version's
 ``lineage.parquet`` in the artifact store (``streams.model_taint.lineage_rows``, the reader the forget
@@ -115,6 +120,66 @@ def lineage(
     typer.echo("line\ttenant\trequest_ids\ttrace_ids")
     for line, tenant, requests, traces in zip(*(rows.column(c).to_pylist() for c in rows.column_names)):
         typer.echo(f"{line}\t{tenant}\t{','.join(requests)}\t{','.join(t or '' for t in traces)}")
+
+
+def _change(kafka, records) -> None:
+    from transport.model_registry import publish_model_version
+
+    for record in records:
+        publish_model_version(kafka, record)
+        share = f" ({record.canary_share:.0%} of new conversations)" if record.state.value == "CANARY" else ""
+        typer.echo(f"{record.name}@{record.version}: {record.state.value}{share} — {record.state_reason}")
+
+
+def _transition(kafka, rule, ref: str, *args) -> None:
+    from transport.model_registry import TransitionError
+
+    try:
+        records = rule(_versions(kafka), ref, *args)
+    except TransitionError as exc:
+        raise typer.BadParameter(str(exc), param_hint="VERSION") from None
+    _change(kafka, records)
+
+
+@model_app.command("canary")
+@with_kafka_flags
+def canary_cmd(
+    version: Annotated[str, typer.Argument(help="NAME@VERSION (CANDIDATE, or a CANARY whose share changes)")],
+    share: Annotated[float, typer.Option(help="Share of new conversations it answers, in (0, 1]")] = 0.1,
+    reason: Annotated[str, typer.Option(help="Why, on the record")] = "canary by hand",
+    kafka=None,
+) -> None:
+    """Serve VERSION to a share of new conversations (chosen by a hash of the conversation key)."""
+    from transport.model_registry import canary
+
+    _transition(kafka, canary, version, share, reason)
+
+
+@model_app.command("promote")
+@with_kafka_flags
+def promote_cmd(
+    version: Annotated[str, typer.Argument(help="NAME@VERSION (a CANARY, a CANDIDATE, or a RETIRED one to go back to)")],
+    reason: Annotated[str, typer.Option(help="Why, on the record")] = "promoted by hand",
+    kafka=None,
+) -> None:
+    """Make VERSION the LIVE one of its name; the LIVE version it replaces is RETIRED."""
+    from transport.model_registry import promote
+
+    _transition(kafka, promote, version, reason)
+
+
+@model_app.command("rollback")
+@with_kafka_flags
+def rollback_cmd(
+    version: Annotated[str, typer.Argument(help="NAME@VERSION, a CANARY")],
+    reason: Annotated[str, typer.Option(help="Why, on the record")] = "rolled back by hand",
+    kafka=None,
+) -> None:
+    """Take a CANARY out of service (RETIRED): its conversations go back to the LIVE version. A LIVE one is
+    rolled back by promoting the version before it."""
+    from transport.model_registry import rollback
+
+    _transition(kafka, rollback, version, reason)
 
 
 def _when(ms: int) -> str:

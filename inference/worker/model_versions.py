@@ -37,13 +37,12 @@ from schemas.models import ADAPTER_WEIGHTS, model_key
 from schemas.records import ModelState, ModelVersion, now_ms
 from schemas.topics import MODELS
 from transport.artifacts import ArtifactError, fetch_files, sha256_files
-from transport.broadcast import BroadcastListener
+from transport.model_catalog import SERVED_STATES, ModelListener
 from transport.model_registry import RegistryError, publish_model_version, read_model_versions
-from transport.settings import IDLE_FETCH_WAIT_MS, KafkaSettings
+from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
-SERVED_STATES = (ModelState.CANARY, ModelState.LIVE)
 ADAPTER_FILES = ["adapter_config.json", ADAPTER_WEIGHTS]
 
 
@@ -51,12 +50,6 @@ class ModelVersionError(BadRequestError):
     """The request names a model version this worker does not serve (unknown, not CANARY or LIVE, failed)."""
 
     error_code = "model_not_found"
-
-
-class ModelListener(BroadcastListener):
-    """Every ModelVersion record of ``chat.models`` from now on (``start(None, on_version, on_failure, ...)``)."""
-
-    topic, record_type, thread_name, fetch_wait_ms = MODELS, ModelVersion, "chatpipe-models", IDLE_FETCH_WAIT_MS
 
 
 class ServedVersions:
