@@ -85,13 +85,19 @@ class TransitionError(ChatpipeError):
     """A state change a version's current state does not allow."""
 
 
-def canary(versions: dict[str, ModelVersion], ref: str, share: float, reason: str) -> list[ModelVersion]:
-    """The records that put ``ref`` in CANARY with ``share`` of new conversations (a CANARY's share may change)."""
+def canary(versions: dict[str, ModelVersion], ref: str, share: float, reason: str, min_rated: int = 0,
+           max_drop: float = 0.05, confidence: float = 0.95) -> list[ModelVersion]:
+    """The records that put ``ref`` in CANARY with ``share`` of new conversations (a CANARY's share may change),
+    with its rollout rule (``min_rated`` 0: none; streams/version_stats.py): declared before it starts."""
     version = _get(versions, ref)
     if not 0 < share <= 1:
         raise TransitionError(f"a canary's share must be in (0, 1], got {share}")
+    if min_rated < 0 or not 0 <= max_drop < 1 or not 0.5 <= confidence < 1:
+        raise TransitionError(f"a rule needs min_rated >= 0, max_drop in [0, 1), confidence in [0.5, 1); got "
+                              f"{min_rated}, {max_drop}, {confidence}")
     _require(version, (ModelState.CANDIDATE, ModelState.CANARY), "canary")
-    return [_moved(version, ModelState.CANARY, reason, canary_share=share)]
+    return [_moved(version, ModelState.CANARY, reason, canary_share=share, rule_min_rated=min_rated,
+                   rule_max_drop=max_drop, rule_confidence=confidence)]
 
 
 def promote(versions: dict[str, ModelVersion], ref: str, reason: str) -> list[ModelVersion]:

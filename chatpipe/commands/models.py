@@ -127,8 +127,15 @@ def _change(kafka, records) -> None:
 
     for record in records:
         publish_model_version(kafka, record)
-        share = f" ({record.canary_share:.0%} of new conversations)" if record.state.value == "CANARY" else ""
-        typer.echo(f"{record.name}@{record.version}: {record.state.value}{share} — {record.state_reason}")
+        typer.echo(f"{record.name}@{record.version}: {record.state.value}{_rollout(record)} — {record.state_reason}")
+
+
+def _rollout(record) -> str:
+    if record.state.value != "CANARY":
+        return ""
+    rule = (f"rule: decide after {record.rule_min_rated} rated turns each, max drop {record.rule_max_drop:.0%} at "
+            f"{record.rule_confidence:.0%}" if record.rule_min_rated else "no rule")
+    return f" ({record.canary_share:.0%} of new conversations; {rule})"
 
 
 def _transition(kafka, rule, ref: str, *args) -> None:
@@ -146,13 +153,19 @@ def _transition(kafka, rule, ref: str, *args) -> None:
 def canary_cmd(
     version: Annotated[str, typer.Argument(help="NAME@VERSION (CANDIDATE, or a CANARY whose share changes)")],
     share: Annotated[float, typer.Option(help="Share of new conversations it answers, in (0, 1]")] = 0.1,
+    min_rated: Annotated[int, typer.Option(help="The rollout rule: decide once the canary and the live version "
+                                                "each have this many rated turns; 0 = no rule (decide by hand)")] = 0,
+    max_drop: Annotated[float, typer.Option(help="The rule: promote when its thumbs-up rate is not below the live "
+                                               "one's by more than this (roll back when below at all)")] = 0.05,
+    confidence: Annotated[float, typer.Option(help="The rule: one-sided confidence of both bounds")] = 0.95,
     reason: Annotated[str, typer.Option(help="Why, on the record")] = "canary by hand",
     kafka=None,
 ) -> None:
-    """Serve VERSION to a share of new conversations (chosen by a hash of the conversation key)."""
+    """Serve VERSION to a share of new conversations (chosen by a hash of the conversation key), with a rollout
+    rule the streams tier applies to the ratings (--min-rated > 0)."""
     from transport.model_registry import canary
 
-    _transition(kafka, canary, version, share, reason)
+    _transition(kafka, canary, version, share, reason, min_rated, max_drop, confidence)
 
 
 @model_app.command("promote")
