@@ -40,6 +40,7 @@ REDIS_UID = 999  # the `redis` user of the official image
 STREAMS_STATE = "/var/lib/chatpipe/streams"
 ARCHIVE_MOUNT = "/data/archive"
 DATASETS_MOUNT = "/data/datasets"
+ADAPTER_CACHE_MOUNT = "/var/cache/chatpipe/adapters"  # the workers' copies of model versions' adapters
 #: GatewayService.close flushes its producer for up to 10 s (gateway/service.py).
 GATEWAY_CLOSE_S = 10
 
@@ -70,11 +71,12 @@ def _deployment(values: Values, component: str, pod: dict[str, Any], *, replicas
 
 
 def _worker_container(values: Values, component: str, env: dict[str, str], metrics_port: int, *,
-                      startup_probe: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """A streams or inference worker's container: ``chatpipe <component>``, probed on its ``/metrics``."""
+                      startup_probe: dict[str, Any], readiness_path: str = "/metrics", **extra: Any) -> dict[str, Any]:
+    """A streams or inference worker's container: ``chatpipe <component>``, probed on its ``/metrics``
+    (readiness: ``readiness_path``)."""
     return _container(values, component, [component], env,
                       ports=[{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"}],
-                      startupProbe=startup_probe, readinessProbe=http_probe("/metrics", "metrics", 10, 3),
+                      startupProbe=startup_probe, readinessProbe=http_probe(readiness_path, "metrics", 10, 3),
                       livenessProbe=http_probe("/metrics", "metrics", 10, 6, timeout_s=5), **extra)
 
 
@@ -277,19 +279,25 @@ def inference(values: Values) -> list[dict[str, Any]]:
     iv = values.inference
     gpu = {"nvidia.com/gpu": str(iv.gpus)} if iv.gpus else None
     kafka_vols, kafka_mounts = kafka_volumes(values, "inference")
-    # /metrics is served once the model is loaded (minutes for a large model on a cold node).
+    adapter_vols, adapter_mounts = _adapter_volumes(values)
+    # /metrics is served once the model is loaded (minutes for a large model on a cold node); /ready once it
+    # serves and holds every CANARY/LIVE version of its base model (docs/worker.md, "Model versions").
     container = _worker_container(
         values, "inference", env, s.metrics_port, startup_probe=http_probe("/metrics", "metrics", 10, 90),
-        resources=resources(iv.resources, gpu),
+        readiness_path="/ready", resources=resources(iv.resources, gpu),
         volumeMounts=[{"name": "model", "mountPath": values.model.mount_path, "readOnly": True},
-                      {"name": "shm", "mountPath": "/dev/shm"}, *kafka_mounts])
+                      {"name": "shm", "mountPath": "/dev/shm"}, *adapter_mounts, *kafka_mounts])
+    container["env"].append({"name": env_var(WorkerSettings, "adapter_cache"), "value": ADAPTER_CACHE_MOUNT})
+    if iv.adapter_store_secret:
+        container["envFrom"] = [{"secretRef": {"name": iv.adapter_store_secret}}]
     # Heartbeats and answers carry the pod's name (a restarted container keeps it).
     container["env"].append({"name": env_var(WorkerSettings, "worker_id"),
                              "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     # SIGTERM: stop taking work, finish in-flight requests for grace_s, hand the rest back, leave the group.
     pod = _worker_pod(values, math.ceil(s.grace_s) + iv.grace_margin_s, container,
                       [volume_source(values.model.volume, "model", read_only=values.model.volume.kind == "pvc"),
-                       {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}, *kafka_vols])
+                       {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}, *adapter_vols,
+                       *kafka_vols])
     if iv.gpus:
         pod["nodeSelector"] = dict(iv.node_selector)
         pod["tolerations"] = [dict(t) for t in iv.tolerations]
@@ -299,6 +307,19 @@ def inference(values: Values) -> list[dict[str, Any]]:
                         strategy={"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
                         annotations=scrape_annotations(values, s.metrics_port)),
             pdb(values, "inference")]
+
+
+def _adapter_volumes(values: Values) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Where a worker reads model versions' adapters from and copies them to: the cache (an emptyDir), and,
+    when training's artifact store is a folder on the datasets volume (training.artifact_store empty), that
+    volume read-only at the path the versions' adapter_uri names. An object store needs no volume: its
+    credentials come from inference.adapter_store_secret."""
+    vols = [{"name": "adapters", "emptyDir": {"sizeLimit": values.inference.adapter_cache_size}}]
+    mounts = [{"name": "adapters", "mountPath": ADAPTER_CACHE_MOUNT}]
+    if values.training.enabled and not values.training.artifact_store:
+        vols.append(volume_source(values.datasets, "datasets", read_only=values.datasets.kind == "pvc"))
+        mounts.append({"name": "datasets", "mountPath": DATASETS_MOUNT, "readOnly": True})
+    return vols, mounts
 
 
 # --- Qdrant ---------------------------------------------------------------------------------------------

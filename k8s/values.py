@@ -143,6 +143,11 @@ class InferenceValues(_Model):
     keda: InferenceKeda = Field(default_factory=InferenceKeda, description="Its KEDA ScaledObject")
     grace_margin_s: int = Field(15, ge=0, description="Seconds on top of WorkerSettings.grace_s before SIGKILL: "
                                 "hand-back, leaving the group, producer flush, engine stop")
+    adapter_cache_size: str = Field("4Gi", description="The emptyDir the workers copy model versions' adapters "
+                                    "into (CHATPIPE_WORKER_ADAPTER_CACHE) before loading them")
+    adapter_store_secret: str | None = Field(None, description="A Secret whose keys become the workers' environment: "
+                                             "the object store's credentials when training.artifact_store is one "
+                                             "(e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY for s3fs)")
     env: dict[str, str] = Field(default_factory=dict, description="More CHATPIPE_* variables (WorkerSettings, "
                                 "EngineSettings, KafkaSettings, TracingSettings)")
 

@@ -320,7 +320,11 @@ def run_worker(streams: StreamsApp) -> None:
         log.critical("cannot read chat.models to know the served model versions: %s; exiting with code %d",
                      exc, EXIT_INFRASTRUCTURE)
         raise SystemExit(EXIT_INFRASTRUCTURE) from exc
-    streams.versions.start(lambda exc: exit_without_ack("streams.versions", exc))
+    try:
+        streams.versions.start(lambda exc: exit_without_ack("streams.versions", exc))
+    except (KafkaException, TransportError) as exc:
+        log.critical("the version agent cannot start: %s; exiting with code %d", exc, EXIT_INFRASTRUCTURE)
+        raise SystemExit(EXIT_INFRASTRUCTURE) from exc
     try:
         worker.execute_from_commandline()
     finally:

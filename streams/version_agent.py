@@ -30,6 +30,7 @@ from schemas.topics import FEEDBACK, MODEL_STATS, TURNS
 from streams.version_stats import VersionLedger, compared_with, decide, thumbs_up_rate
 from transport import clients
 from transport.model_catalog import ModelCatalog
+from transport.errors import TransportError
 from transport.model_registry import TransitionError, promote, publish_model_version, rollback
 from transport.settings import IDLE_FETCH_WAIT_MS, KafkaSettings
 
@@ -70,6 +71,10 @@ class VersionAgent:
     def _start_offsets(self, since_ms: int) -> list[TopicPartition]:
         topics = [self.kafka.topic(TURNS), self.kafka.topic(FEEDBACK)]
         meta = self._consumer.list_topics(timeout=10)
+        missing = [t for t in topics if t not in meta.topics or not meta.topics[t].partitions]
+        if missing:
+            raise TransportError(f"the version agent cannot read {', '.join(missing)}: no such topic "
+                                 "(`chatpipe topics apply` makes the catalog's topics)")
         wanted = [TopicPartition(t, p, since_ms) for t in topics for p in meta.topics[t].partitions]
         found = self._consumer.offsets_for_times(wanted, timeout=10)
         return [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END) for tp in found]

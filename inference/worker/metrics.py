@@ -12,9 +12,9 @@ hand-backs included, not only served ones), in flight, tokens/s. Consumer lag is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, make_wsgi_app, start_http_server
 
 from transport.lag import GroupTopics, LagMonitor, TopicLag
 
@@ -88,13 +88,19 @@ class WorkerMetrics:
         self._engine_seen = (0, 0, 0, 0)  # queried, hits, preemptions, fairness: the counters take the engine's deltas
         self._lag: LagMonitor | None = None
 
-    def serve(self, port: int, kafka: KafkaSettings | None = None, settings: WorkerSettings | None = None) -> None:
+    def serve(self, port: int, kafka: KafkaSettings | None = None, settings: WorkerSettings | None = None,
+              ready: Callable[[], tuple[bool, str]] | None = None) -> None:
         """``/metrics`` on ``port`` (0: off), and with ``kafka`` and ``settings`` the lag of the worker's
-        groups measured every ``lag_interval_s`` (only while served: nobody else reads it)."""
+        groups measured every ``lag_interval_s`` (only while served: nobody else reads it). ``ready``:
+        ``/ready`` answers 200 or 503 with its text (a pod's readiness: serving, and holding every version
+        it must)."""
         if not port:
             return
-        start_http_server(port, addr=settings.metrics_host if settings is not None else "127.0.0.1",
-                          registry=self.registry)
+        addr = settings.metrics_host if settings is not None else "127.0.0.1"
+        if ready is None:
+            start_http_server(port, addr=addr, registry=self.registry)
+        else:
+            serve_with_readiness(port, addr, make_wsgi_app(self.registry), ready)
         if kafka is not None and settings is not None:
             self._lag = LagMonitor(kafka, lag_groups(kafka, settings), self.lags, interval_s=settings.lag_interval_s)
             self._lag.start()
@@ -153,3 +159,25 @@ def lag_groups(kafka: KafkaSettings, settings: WorkerSettings) -> list[GroupTopi
     ids = share_group_ids(settings) if share else partition_group_ids(settings)
     return [GroupTopics(ids[priority], (topic,), "share" if share else "consumer")
             for topic, priority in request_topics(kafka).items()]
+
+
+def serve_with_readiness(port: int, addr: str, metrics_app: Any, ready: Callable[[], tuple[bool, str]]) -> None:
+    """prometheus_client's WSGI app with ``/ready`` beside it, on a thread of its own (as start_http_server)."""
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    def app(environ: dict, start_response: Callable) -> Any:
+        if environ.get("PATH_INFO") == "/ready":
+            ok, text = ready()
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [text.encode() + b"\n"]
+        return metrics_app(environ, start_response)
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds: not worth a log line
+            pass
+
+    server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, name="chatpipe-metrics", daemon=True).start()

@@ -134,6 +134,12 @@ class ServedVersions:
 
     # -- serving -----------------------------------------------------------------------------------
 
+    def pending(self) -> list[str]:
+        """Versions whose CANARY/LIVE record this worker has seen but that it neither holds nor failed."""
+        with self._lock:
+            return sorted(ref for ref, v in self._records.items()
+                          if v.state in SERVED_STATES and ref not in self._held and ref not in self._failed)
+
     def held(self) -> list[str]:
         """The versions this worker serves now (its heartbeat's ``model_versions``)."""
         with self._lock:

@@ -135,7 +135,8 @@ class Worker:
         self.aengine = AsyncEngine(self.engine)
         self.aengine.start()
         self._set_state(WorkerState.STARTING)
-        self.metrics.serve(self.settings.metrics_port, self.kafka, self.settings)  # + the groups' lag, measured
+        # + the groups' lag, measured; /ready: serving and holding every version it must (a pod's readiness)
+        self.metrics.serve(self.settings.metrics_port, self.kafka, self.settings, ready=self._readiness)
         self.cancels.start(loop, self._on_cancel, self._thread_failed("cancel listener"), self._on_bad_record)
         self.deletions.start(loop, self._on_deletion, self._thread_failed("deletion listener"),
                              self._on_bad_record)
@@ -524,6 +525,16 @@ class Worker:
         return Outcome.DEAD
 
     # -- load reports ------------------------------------------------------------------------------
+
+    def _readiness(self) -> tuple[bool, str]:
+        """What ``/ready`` answers (the metrics server's thread): SERVING and no CANARY/LIVE version of its base
+        model still being fetched (a FAILED one is not waited for: it is marked so on chat.models)."""
+        pending = self.versions.pending()
+        if self.state is not WorkerState.SERVING:
+            return False, f"not serving: {self.state.value}"
+        if pending:
+            return False, f"loading model versions: {', '.join(pending)}"
+        return True, f"serving {self.model_name} and {', '.join(self.versions.held()) or 'no fine-tuned version'}"
 
     def _send_status(self) -> None:
         stats = self.engine.stats()

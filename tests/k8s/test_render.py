@@ -203,6 +203,32 @@ def test_inference_ports_probes_drain_and_gpus(variant, secret_files, monkeypatc
         assert "replicas" not in deployment["spec"]  # KEDA owns the count: an apply must not reset it
 
 
+def test_workers_read_adapters_from_the_artifact_store_and_are_ready_once_they_hold_their_versions(monkeypatch):
+    """Issue 42 point 6: the training runs' artifact store (a folder on the datasets volume) is mounted
+    read-only where the versions' adapter_uri points; an object store's credentials come from a Secret; the
+    adapters are copied to an emptyDir cache; readiness is the worker's /ready (holding every CANARY/LIVE
+    version of its base model)."""
+    from inference.worker.settings import WorkerSettings
+    from k8s.services import DATASETS_MOUNT
+    from k8s.training import ARTIFACTS
+
+    deployment = _one(render(_values()), "Deployment", "chatpipe-inference")
+    container, pod = _container(deployment), deployment["spec"]["template"]["spec"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["datasets"] == {"name": "datasets", "mountPath": DATASETS_MOUNT, "readOnly": True}
+    assert ARTIFACTS.startswith(DATASETS_MOUNT + "/")  # where training publishes adapter_uri
+    cache = _settings(WorkerSettings, container, monkeypatch).adapter_cache
+    assert str(cache) == mounts["adapters"]["mountPath"]
+    assert {v["name"]: v for v in pod["volumes"]}["adapters"]["emptyDir"] == {"sizeLimit": "4Gi"}
+
+    bucket = _one(render(_values(training={"artifact_store": "s3://models/chatpipe"},
+                                 inference={"adapter_store_secret": "adapter-store"})), "Deployment", "chatpipe-inference")
+    worker = _container(bucket)
+    assert "datasets" not in {m["name"] for m in worker["volumeMounts"]}
+    assert worker["envFrom"] == [{"secretRef": {"name": "adapter-store"}}]
+
+
 def test_grace_follows_the_worker_setting(monkeypatch):
     rendered = render(_values(inference={"env": {"CHATPIPE_WORKER_GRACE_S": "90.5"}, "grace_margin_s": 10}))
     pod = _one(rendered, "Deployment", "chatpipe-inference")["spec"]["template"]["spec"]

@@ -12,9 +12,11 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 
+import httpx
 import pytest
 
 from chatpipe.testing.lora_adapters import make_adapter
+from chatpipe.testing.ports import free_port
 from chatpipe.testing.worker import make_request, send_requests, start_worker
 from inference.engine.settings import DEFAULT_MODEL_NAME
 from schemas.models import ADAPTER_DIR, ADAPTER_WEIGHTS
@@ -58,11 +60,16 @@ def test_worker_serves_live_versions_fails_a_corrupt_one_and_drops_a_retired_one
     make_adapter(model, store / "acme-lora" / "1" / ADAPTER_DIR, seed=21, r=16, alpha=32, b_scale=1.0)
     v1 = version_record(store, "acme-lora", 1, ModelState.LIVE)
     publish_model_version(worker_kafka, v1)  # before the worker starts: its initial read finds it
-    worker = start_worker(worker_kafka, tmp_path, CHATPIPE_WORKER_ADAPTER_CACHE=str(tmp_path / "cache"))
+    port = free_port()
+    worker = start_worker(worker_kafka, tmp_path, CHATPIPE_WORKER_ADAPTER_CACHE=str(tmp_path / "cache"),
+                          CHATPIPE_WORKER_METRICS_PORT=str(port))
     try:
         worker.wait_serving()
         reader.wait_for(lambda s: any(st.worker_id == worker.worker_id and st.model_versions == ["acme-lora@1"]
                                       for st in s.statuses), 30, "a heartbeat naming acme-lora@1")
+        ready = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=10)  # a pod's readiness: it holds its versions
+        assert ready.status_code == 200 and "acme-lora@1" in ready.text, ready.text
+        assert "chatpipe_" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
 
         base = ask(worker_kafka, reader, 1, DEFAULT_MODEL_NAME)
         tuned = ask(worker_kafka, reader, 2, "acme-lora@1")
