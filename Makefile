@@ -85,6 +85,7 @@ bench-quick: setup
 	$(PY) bench/kafka_io.py --quick
 	$(PY) bench/kafka_hop.py --quick
 	$(PY) bench/engine.py --quick
+	$(PY) bench/lora.py --quick
 	$(PY) bench/finetune.py --quick
 	$(PY) bench/worker.py --quick
 	$(PY) bench/intake.py --quick

@@ -35,12 +35,8 @@ import torch
 
 from inference.engine.settings import EngineSettings
 
-QUESTIONS = [
-    "What is a Kafka partition?", "How do consumer groups share work?", "Explain exactly-once delivery briefly.",
-    "What does a compacted topic keep?", "Why would a producer batch records?", "What is an offset commit?",
-    "How does a rebalance work?", "What is a dead-letter queue for?", "Name one use of a tail consumer.",
-    "What is backpressure?", "How is a prefix cache useful for chat?", "What is time to first token?",
-]
+TOPICS = ["Kafka partitions", "consumer groups", "exactly-once delivery", "compacted topics", "producer batching",
+          "offset commits", "rebalances", "dead-letter queues", "backpressure", "prefix caches"]
 
 
 def engine_for(model, args):
@@ -140,7 +136,7 @@ def main() -> None:
     names = [f"adapter-{i}" for i in range(args.adapters)]
     for i, name in enumerate(names + ["cold"]):
         make_adapter(model, folder / name, seed=i, r=16, alpha=32, b_scale=0.05)
-    prompts = [encode_chat(tokenizer, [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
+    prompts = [encode_chat(tokenizer, [{"role": "user", "content": f"Explain {TOPICS[i % len(TOPICS)]} briefly."}])
                for i in range(args.requests)]  # fmt: skip
     choices = [*names, None]
     mixed_jobs = [(p, choices[i % len(choices)]) for i, p in enumerate(prompts)]

@@ -20,7 +20,7 @@ from transport.archive import ArchivedMessage
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 SPAN_MS = 3 * 3600 * 1000     # the log covers three hours
-MODELS = ("smollm2-135m", "llama-3-8b")
+MODELS = ("smollm2-135m", "acme-support@2")  # a base model and a fine-tuned version (name@version)
 
 #: Planted PII strings by kind; none may appear anywhere in the job's output.
 PII = {

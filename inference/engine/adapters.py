@@ -3,10 +3,15 @@
 An adapter is *registered* (a name and its folder on disk: any number) and, while requests use it,
 *resident* (its factors in the step's ``LoraBank``: at most ``max_loras``). A request for a registered
 adapter that is not resident starts its load on a loader thread and waits in the queue (the
-scheduler's ``ready`` check); the step loop goes on with everyone else. At the start of each step
-``poll`` installs finished loads: into a free slot, or the slot of the least recently used adapter
-no unfinished request names; with every slot in use, a load waits for one to free. A load that fails
-ends the requests waiting for it with the reason (``failed``), and the next request tries again.
+scheduler's ``adapter_ready`` check, ``ensure``); the step loop goes on with everyone else. At the
+start of each step ``poll`` installs finished loads: into a free slot, or the slot of the least
+recently used adapter no unfinished request names; and for the adapter the queue's head waits for,
+also the slot of one that only waiting requests name (none running). With every slot in use, a load
+waits for one to free. Why the head's exception: were waiting requests always to hold their
+adapter's slot, a head waiting for a slot that a request queued behind it holds would wait forever;
+and were they never to, two loads would evict each other's adapter before its request ran. An
+adapter evicted under a waiting request is loaded again when that request reaches the head. A load
+that fails ends the requests waiting for it with the reason, and the next request tries again.
 
 Each registration gets a key (``name#generation``) that joins the prefix cache's block hashes, so KV
 blocks are never shared between the base model and an adapter, two adapters, or two registrations
@@ -119,8 +124,22 @@ class AdapterSlots:
         with self._lock:
             reg.users -= 1
 
+    @property
+    def unused(self) -> bool:
+        """No adapter registered, in memory or loading: the step loop has nothing to ask (its hot path)."""
+        return not (self._by_name or self._resident or self._loading)
+
     def is_resident(self, key: str) -> bool:
         return key in self.bank.slots
+
+    def ensure(self, reg: Registration) -> bool:
+        """Whether ``reg`` is in memory; if not, its load is started (once) and False."""
+        if reg.key in self.bank.slots:
+            return True
+        with self._lock:
+            if reg.key not in self._resident and reg.load is None:
+                self._start_load(reg)
+        return False
 
     def stats(self) -> AdapterStats:
         with self._lock:
@@ -146,12 +165,13 @@ class AdapterSlots:
 
     # -- the step thread --------------------------------------------------------------------------
 
-    def poll(self) -> list[tuple[str, str]]:
-        """Install finished loads and drop retired adapters nobody uses. Returns (key, reason) of
-        each load that failed: the engine ends the requests waiting for it."""
+    def poll(self, running: set[str], head: str | None = None) -> list[tuple[str, str]]:
+        """Install finished loads and drop retired adapters nobody uses; ``running``: the adapter keys
+        of the running requests (their slots are kept); ``head``: the adapter key the queue's head waits
+        for. Returns (key, reason) of each load that failed: the engine ends the requests waiting for it."""
         failed: list[tuple[str, str]] = []
         with self._lock:
-            changed = self._drop_retired()
+            changed = self._drop_retired(running)
             for reg in list(self._loading):
                 if not reg.load.done():
                     continue
@@ -163,7 +183,7 @@ class AdapterSlots:
                     self._loading.remove(reg)
                     reg.load = None
                     continue
-                if len(self._resident) >= self.max_loras and not self._evict_one():
+                if len(self._resident) >= self.max_loras and not self._evict_one(running, reg.key == head):
                     continue  # every slot is in use: it stays loaded until one frees
                 self._resident[reg.key] = (reg, adapter)
                 self._last_load_s = time.monotonic() - reg.load_started
@@ -175,16 +195,18 @@ class AdapterSlots:
                 self.bank = LoraBank.build([(key, ad) for key, (_, ad) in self._resident.items()], self.num_layers)
         return failed
 
-    def _evict_one(self) -> bool:
-        idle = [(reg.last_used, key) for key, (reg, _) in self._resident.items() if reg.users == 0]
+    def _evict_one(self, running: set[str], for_head: bool) -> bool:
+        idle = [(reg.last_used, key) for key, (reg, _) in self._resident.items()
+                if key not in running and (reg.users == 0 or for_head)]
         if not idle:
             return False
         del self._resident[min(idle)[1]]
         self._evictions += 1
         return True
 
-    def _drop_retired(self) -> bool:
-        gone = [key for key, (reg, _) in self._resident.items() if reg.retired and reg.users == 0]
+    def _drop_retired(self, running: set[str]) -> bool:
+        gone = [key for key, (reg, _) in self._resident.items() if reg.retired and key not in running
+                and reg.users == 0]
         for key in gone:
             del self._resident[key]
         return bool(gone)

@@ -129,7 +129,7 @@ class Engine:
                 kv_allocation=settings.kv_allocation,
             ),
             self.allocator,
-            adapter_ready=lambda key: self.adapters.is_resident(key),
+            adapter_ready=lambda reg: self.adapters.ensure(reg),
         )
         self.adapters = AdapterSlots(
             loader=lambda name, folder: load_adapter(name, folder, cfg, param.dtype, param.device,
@@ -287,10 +287,11 @@ class Engine:
     def step(self) -> list[TokenEvent]:
         started = time.monotonic()
         events = []
-        for key, reason in self.adapters.poll():
-            for req in self.scheduler.fail_waiting(key, reason):
-                self.sampler.remove(req.request_id)
-                events.append(self._finished_event(req, None))
+        if not self.adapters.unused:
+            for key, reason in self.adapters.poll(*self.scheduler.adapter_keys()):
+                for req in self.scheduler.fail_waiting(key, reason):
+                    self.sampler.remove(req.request_id)
+                    events.append(self._finished_event(req, None))
         bank = self.adapters.bank  # this step's adapters (a load finishing meanwhile joins the next step)
         out = self.scheduler.schedule()
         events += [self._finished_event(r, None) for r in out.finished]

@@ -37,7 +37,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from inference.engine.block_allocator import BlockAllocator
 from inference.engine.errors import InvalidRequestError
@@ -136,11 +136,11 @@ class Scheduler:
 
     def __init__(
         self, config: SchedulerConfig, allocator: BlockAllocator, clock: Callable[[], float] = time.monotonic,
-        adapter_ready: Callable[[str], bool] = lambda key: True,
+        adapter_ready: Callable[[Any], bool] = lambda adapter: True,
     ) -> None:
         self.config = config
-        # Whether a request's LoRA adapter (by key) is in memory; until it is, the request waits at the
-        # queue's head like an n > 1 sibling waiting for its leader (the engine loads it meanwhile).
+        # Whether a request's LoRA adapter (its registration) is in memory; until it is, the request waits at
+        # the queue's head like an n > 1 sibling waiting for its leader (the engine loads it meanwhile).
         self.adapter_ready = adapter_ready
         self.allocator = allocator
         self.clock = clock
@@ -270,7 +270,7 @@ class Scheduler:
         now, it would compute the same blocks a second time. The queue waits for it (its head is
         never skipped); the leader is ahead of it, so this lasts until the leader's first token.
         False too while the request's adapter is not in memory (it is loading, or waits for a slot)."""
-        if req.adapter is not None and not self.adapter_ready(req.adapter.key):
+        if req.adapter is not None and not self.adapter_ready(req.adapter):
             return False
         leader = req.prompt_leader
         if leader is None or not self.allocator.prefix_caching or not leader.register_blocks:
@@ -394,6 +394,13 @@ class Scheduler:
         with self._lock:
             if not req.is_finished:
                 self._finish(req, reason)
+
+    def adapter_keys(self) -> tuple[set[str], str | None]:
+        """The adapter keys of the running requests, and the one the queue's head runs with (None: none)."""
+        with self._lock:
+            head = self.waiting.peek()
+            return ({r.adapter_key for r in self.running if r.adapter is not None},
+                    head.adapter_key if head is not None else None)
 
     def fail_waiting(self, adapter_key: str, reason: str) -> list[Request]:
         """End (ERROR, ``reason``) the waiting requests that run with ``adapter_key``: its load failed."""

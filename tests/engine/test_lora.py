@@ -79,6 +79,29 @@ def test_lru_slots_one_in_memory_and_a_load_never_stops_the_step_loop(engine_fac
     assert base.output_token_ids == hf_greedy(tiny_model, PROMPTS[1], 30)
 
 
+def test_a_waiting_request_holds_no_slot_so_a_queue_head_needing_one_never_waits_forever(engine_factory, tiny_model,
+                                                                                           tiny_adapters):
+    """One slot: x runs; y (the queue's head) needs the slot; another x request waits behind y. Were waiting
+    requests to hold their adapter's slot, y would wait for x's slot and the second x for y: forever."""
+    engine = engine_factory(max_batch=8, max_loras=1)
+    for name, folder in tiny_adapters.items():
+        engine.register_adapter(name, folder)
+    running = engine.add_request(PROMPTS[0], SamplingParams(max_new_tokens=4), adapter="x")[1]
+    engine.step()
+    head = engine.add_request(PROMPTS[2], SamplingParams(max_new_tokens=4), adapter="y")[1]
+    behind = engine.add_request(PROMPTS[3], SamplingParams(max_new_tokens=4), adapter="x")[1]
+    for _ in range(200):
+        if not engine.has_work():
+            break
+        engine.step()
+    assert all(r.finish_reason is FinishReason.LENGTH for r in (running, head, behind))
+    merged = {n: merged_model(tiny_model, f) for n, f in tiny_adapters.items()}
+    assert head.output_token_ids == hf_greedy(merged["y"], PROMPTS[2], 4)
+    assert behind.output_token_ids == hf_greedy(merged["x"], PROMPTS[3], 4)
+    stats = engine.adapter_stats()
+    assert (stats.loads, stats.evictions) == (3, 2)  # x, y, x again
+
+
 def test_prefix_cache_never_shares_blocks_across_adapters(engine_factory, tiny_adapters):
     engine = engine_factory()
     engine.register_adapter("x", tiny_adapters["x"])

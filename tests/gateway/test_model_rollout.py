@@ -108,6 +108,16 @@ class Users:
         return {rid: self._by_request[rid] for rid in request_ids}
 
 
+def rate_until(users: Users, kafka, conversations: list[str], like: dict[str, float], texts: tuple[str, ...],
+               ref: str, state: ModelState) -> ModelVersion:
+    """Rounds of turns and ratings until the rule has moved ``ref`` to ``state`` (at most one per text)."""
+    for text in texts:
+        users.rounds(conversations, like, text)
+        if read_model_versions(kafka)[ref].state is state:
+            break
+    return wait_for(kafka, ref, state)
+
+
 def wait_for(kafka, ref: str, state: ModelState, timeout_s: float = 90.0) -> ModelVersion:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -136,13 +146,8 @@ def test_the_rule_promotes_a_better_canary_and_rolls_back_a_worse_one(pipeline, 
     try:
         out = cli(kafka, "canary", f"{NAME}@2", "--share", "0.5", "--min-rated", str(MIN_RATED), "--max-drop", "0.1")
         assert f"{NAME}@2: CANARY (50% of new conversations; rule: decide after {MIN_RATED} rated turns" in out
-        first = [f"roll-a-{i}" for i in range(16)]
-        like = {f"{NAME}@1": 0.3, f"{NAME}@2": 0.9}
-        for text in ("Name a fruit.", "Name a tree.", "Name a river."):
-            users.rounds(first, like, text)
-            if read_model_versions(kafka)[f"{NAME}@2"].state is ModelState.LIVE:
-                break
-        promoted = wait_for(kafka, f"{NAME}@2", ModelState.LIVE)
+        promoted = rate_until(users, kafka, [f"roll-a-{i}" for i in range(16)], {f"{NAME}@1": 0.3, f"{NAME}@2": 0.9},
+                              ("Name a fruit.", "Name a tree.", "Name a river."), f"{NAME}@2", ModelState.LIVE)
         assert promoted.state_reason.startswith("rule: not worse than acme-roll@1"), promoted.state_reason
         old = wait_for(kafka, f"{NAME}@1", ModelState.RETIRED)
         assert old.state_reason == f"replaced by {NAME}@2"
@@ -156,13 +161,8 @@ def test_the_rule_promotes_a_better_canary_and_rolls_back_a_worse_one(pipeline, 
             loading.result()
         assert len(streamed) == 16
 
-        second = [f"roll-b-{i}" for i in range(16)]
-        like = {f"{NAME}@2": 0.9, f"{NAME}@3": 0.1}
-        for text in ("Name a colour.", "Name a bird.", "Name a city."):
-            users.rounds(second, like, text)
-            if read_model_versions(kafka)[f"{NAME}@3"].state is ModelState.RETIRED:
-                break
-        rolled_back = wait_for(kafka, f"{NAME}@3", ModelState.RETIRED)
+        rolled_back = rate_until(users, kafka, [f"roll-b-{i}" for i in range(16)], {f"{NAME}@2": 0.9, f"{NAME}@3": 0.1},
+                                 ("Name a colour.", "Name a bird.", "Name a city."), f"{NAME}@3", ModelState.RETIRED)
         assert rolled_back.state_reason.startswith("rule: worse than acme-roll@2"), rolled_back.state_reason
         retired_at[f"{NAME}@3"] = rolled_back.updated_at
         assert wait_for(kafka, f"{NAME}@2", ModelState.LIVE).version == 2  # the live version stays

@@ -144,3 +144,12 @@ def test_rerun_gives_identical_output(spark, planted_run, tmp_path):
     for name in ("sft/train.jsonl", "sft/validation.jsonl", "preference/train.jsonl", "dataset_card.json"):
         assert (first.out / name).read_bytes() == (again.out / name).read_bytes(), name
     assert pd.read_parquet(first.out / "parquet" / "dropped").equals(pd.read_parquet(again.out / "parquet" / "dropped"))
+
+
+def test_rows_name_the_exact_model_version_that_answered(planted_run, planted_log):
+    """Catches a dataset row that loses which model (base or name@version) gave its answer: the rollout of
+    a fine-tuned version is judged, and later versions trained, on rows that say it (issue 42)."""
+    sft = pd.read_parquet(planted_run[1].out / "parquet" / "sft")
+    answered_by = {t.event_id: t.model for t in planted_log.turns}
+    assert {(e, m) for e, m in zip(sft["event_id"], sft["model"])} <= set(answered_by.items())
+    assert {"smollm2-135m", "acme-support@2"} <= set(sft["model"])
