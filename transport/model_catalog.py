@@ -78,6 +78,7 @@ class Family:
     live: ModelVersion | None
     canary: ModelVersion | None
     base_model: str
+    name: str | None  # the version name it was asked by; None: by its base model
 
 
 def family_of(versions: Iterable[ModelVersion], requested: str, tenant: str, base_models: Iterable[str]) -> Family | None:
@@ -88,16 +89,18 @@ def family_of(versions: Iterable[ModelVersion], requested: str, tenant: str, bas
         mine = [v for v in named if may_use(v, tenant)]
         if not mine:
             raise ModelForbidden(f"the model `{requested}` is another tenant's")
-        base = named[0].base_model
+        base, name = named[0].base_model, requested
     elif requested in set(base_models):
         of_base = [v for v in versions if v.base_model == requested]
         own = [v for v in of_base if v.tenant == tenant and v.state in SERVED_STATES]
         mine = own or [v for v in of_base if v.tenant is None]  # the tenant's own rollout, else a shared one
-        base = requested
+        base, name = requested, None
     else:
         return None
-    newest = lambda state: max((v for v in mine if v.state is state), key=lambda v: v.version, default=None)
-    return Family(newest(ModelState.LIVE), newest(ModelState.CANARY), base)
+    # the one that entered the state last (asked by a base model, several names may be LIVE: the last promoted)
+    newest = lambda state: max((v for v in mine if v.state is state), key=lambda v: (v.updated_at, v.version),
+                               default=None)
+    return Family(newest(ModelState.LIVE), newest(ModelState.CANARY), base, name)
 
 
 def choose_model(versions: Iterable[ModelVersion], requested: str, tenant: str, conversation_key: str,
@@ -125,12 +128,14 @@ def choose_model(versions: Iterable[ModelVersion], requested: str, tenant: str, 
 
 
 def _still_serves(by_ref: dict[str, ModelVersion], family: Family, pinned: str) -> bool:
-    """Whether a conversation's earlier choice still answers it: the same base model, or a version of
-    this family's base that is still served."""
+    """Whether a conversation's earlier choice still answers it: the same base model, or a version still
+    served of the name asked for (asked by the base model: of that base)."""
     if "@" not in pinned:
-        return pinned == family.base_model
+        return family.name is None and pinned == family.base_model
     version = by_ref.get(pinned)
-    return version is not None and version.state in SERVED_STATES and version.base_model == family.base_model
+    if version is None or version.state not in SERVED_STATES:
+        return False
+    return version.name == family.name if family.name is not None else version.base_model == family.base_model
 
 
 class ModelListener(BroadcastListener):

@@ -17,8 +17,8 @@ Each registration gets a key (``name#generation``) that joins the prefix cache's
 blocks are never shared between the base model and an adapter, two adapters, or two registrations
 of one name (an adapter folder replaced under the same name).
 
-Thread safety: ``register`` / ``retire`` / ``want`` may be called from any thread (under a lock);
-``poll`` and ``bank`` are read by the step thread.
+Thread safety: ``register``, ``retire``, ``acquire`` and ``release`` may be called from any thread
+(under a lock); ``poll``, ``ensure`` and ``bank`` belong to the step thread.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from inference.engine.errors import InvalidRequestError
 from inference.engine.lora import AdapterError, LoraAdapter, read_adapter_config
@@ -129,9 +129,6 @@ class AdapterSlots:
         """No adapter registered, in memory or loading: the step loop has nothing to ask (its hot path)."""
         return not (self._by_name or self._resident or self._loading)
 
-    def is_resident(self, key: str) -> bool:
-        return key in self.bank.slots
-
     def ensure(self, reg: Registration) -> bool:
         """Whether ``reg`` is in memory; if not, its load is started (once) and False."""
         if reg.key in self.bank.slots:
@@ -225,9 +222,3 @@ class AdapterSlots:
             raise
         except Exception as exc:  # any failure of a load is the adapter's, reported with its requests
             raise AdapterError(f"adapter {name} ({folder}) could not be loaded: {type(exc).__name__}: {exc}") from exc
-
-
-def describe(stats: AdapterStats) -> dict[str, Any]:
-    """The adapter figures as heartbeats and logs show them."""
-    return {"registered": list(stats.registered), "resident": list(stats.resident), "loads": stats.loads,
-            "load_failures": stats.load_failures, "evictions": stats.evictions}

@@ -72,6 +72,13 @@ def test_a_conversation_begun_on_the_base_model_stays_there_when_a_version_goes_
     assert choose_model([live], BASE, "acme", "c2", BASES) == "acme-lora@1"
 
 
+def test_a_conversation_that_asks_for_another_name_gets_it_and_keeps_it():
+    acme, support = version("acme-lora", 1, ModelState.LIVE), version("acme-support", 1, ModelState.LIVE)
+    assert choose_model([acme, support], "acme-support", "acme", "c1", BASES, pinned="acme-lora@1") == "acme-support@1"
+    assert choose_model([acme, support], "acme-lora", "acme", "c1", BASES, pinned=BASE) == "acme-lora@1"
+    assert choose_model([acme, support], "acme-lora", "acme", "c1", BASES, pinned="acme-lora@1") == "acme-lora@1"
+
+
 def test_the_catalog_keeps_the_latest_record_and_lists_what_a_tenant_may_ask_for():
     catalog = ModelCatalog()
     catalog.apply(version("acme-lora", 1, ModelState.LIVE, updated_at=5))
