@@ -194,10 +194,13 @@ def _topic_rules(service: str) -> list[tuple[str, str, tuple[str, ...]]]:
     if service == "gateway":
         return [*write(t.PROMPTS, t.CANCELS, t.FEEDBACK, t.DELETIONS, t.EMBEDDING_REQUESTS),
                 *read(t.WORKERS_STATUS),  # the workers' load: admission estimates from it (transport/fleet.py)
+                *read(t.MODELS),  # the model versions a request may name (transport/model_catalog.py)
                 ("PREFIXED", f"{t.REPLIES}.", _OWN)]
     if service == "inference":
         return [*read(t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.CANCELS, t.DELETIONS),
-                *write(t.RESPONSES, t.WORKERS_STATUS, t.DELETIONS_AUDIT, t.DLQ), replies]
+                *write(t.RESPONSES, t.WORKERS_STATUS, t.DELETIONS_AUDIT, t.DLQ), replies,
+                # the versions it serves, and FAILED for one it cannot (inference/worker/model_versions.py)
+                *read(t.MODELS), *write(t.MODELS)]
     if service == "streams":
         return [*read(t.PROMPTS, t.RESPONSES, t.DELETIONS, t.TURNS, t.FEEDBACK, t.DELETIONS_FANOUT,
                       t.EMBEDDING_REQUESTS),
@@ -205,6 +208,8 @@ def _topic_rules(service: str) -> list[tuple[str, str, tuple[str, ...]]]:
                 *write(t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.TURNS, t.DLQ, t.DELETIONS_FANOUT,
                        t.DELETIONS_AUDIT, t.CANCELS),
                 *write(t.RESPONSES),  # the response cache's hits (streams/cache_answers.py)
+                # model versions: the choice at intake, the taint of forget, the version agent's stats and rule
+                *read(t.MODELS), *write(t.MODELS, t.MODEL_STATS),
                 replies, ("PREFIXED", _STREAMS_APP, _OWN)]
     if service == "jobs":  # the Spark jobs read the logged topics; they write files, never to Kafka
         return [("PREFIXED", "chat.", _READ)]
