@@ -34,19 +34,21 @@ def lineage_rows(uri: str, columns: list[str], subject: str | None = None, reque
     """The rows of a version's lineage file (fsspec URI or path) as a pyarrow Table, filtered by subject
     or by a request id among the row's ``request_ids``."""
     import fsspec
-    import pyarrow.compute as pc
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    # use_threads=False: with Arrow's decoding pool started, `chatpipe model lineage` aborted at exit in 2 of 8
-    # runs ("terminate called without an active exception", SIGABRT); 0 of 12 without it. The files are small.
+    # No Arrow thread pool at all: with Arrow's decoding pool started, `chatpipe model lineage` aborted at exit
+    # in 2 of 8 runs ("terminate called without an active exception", SIGABRT); 0 of 12 without it, and again
+    # once in a fresh-clone run where the filter used pyarrow.compute (its CPU pool). The files are small:
+    # read without threads, filter in Python.
     with fsspec.open(uri, "rb") as f:
         table = pq.read_table(f, columns=sorted(set(columns) | {"subject", "request_ids"}), use_threads=False)
+    rows = table.to_pylist()
     if subject is not None:
-        table = table.filter(pc.equal(table.column("subject"), subject))
+        rows = [r for r in rows if r["subject"] == subject]
     if request_id is not None:
-        keep = [request_id in ids for ids in table.column("request_ids").to_pylist()]
-        table = table.filter(keep)
-    return table.select(columns)
+        rows = [r for r in rows if request_id in (r["request_ids"] or ())]
+    return pa.Table.from_pylist([{c: r[c] for c in columns} for r in rows], schema=table.select(columns).schema)
 
 
 def erased_rows(version: ModelVersion, deletion: Deletion) -> int:
