@@ -32,7 +32,9 @@ def sha256_files(paths: list[Path]) -> str:
 
 
 def fetch_files(uri: str, names: list[str], dest: Path) -> Path:
-    """Copy ``uri/<name>`` for each name into the folder ``dest`` (made, or replaced whole); returns it."""
+    """Copy ``uri/<name>`` for each name into the folder ``dest`` (made, or replaced whole); returns it.
+    ``ArtifactError`` for a file the store does not have; the store's other errors (unreachable, refused)
+    are raised as they are: they say nothing of the artifact."""
     import fsspec
 
     dest = Path(dest)
@@ -43,8 +45,8 @@ def fetch_files(uri: str, names: list[str], dest: Path) -> Path:
         for name in names:
             try:
                 fs.get_file(f"{root.rstrip('/')}/{name}", str(staging / name))
-            except (OSError, ValueError) as exc:
-                raise ArtifactError(f"{uri}/{name} could not be read: {type(exc).__name__}: {exc}") from exc
+            except FileNotFoundError as exc:  # the artifact's fault; any other OSError (store away) is not
+                raise ArtifactError(f"{uri}/{name} is not in the store: {exc}") from exc
         if dest.exists():
             shutil.rmtree(dest)
         staging.rename(dest)

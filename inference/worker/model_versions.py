@@ -5,8 +5,10 @@ For such a version the worker copies the adapter's files from the artifact store
 folder or any fsspec URI) into its adapter cache, checks the weights' sha256 against the record's
 ``adapter_sha256``, checks the factors against the model (``Engine.check_adapter``: readable, shapes of
 this model, a supported kind) and registers the adapter with the engine under ``name@version``; the
-engine reads it into memory when a request first names it. A version whose record moves to any other
-state (RETIRED, TAINTED, FAILED, back to CANDIDATE) is retired in the engine: no new request runs
+engine reads it into memory when a request first names it. Failure policy: a version whose artifact is
+missing, corrupt or unservable is the version's fault (FAILED below); a store that cannot be reached is
+the infrastructure's (the follower's thread dies, the worker exits non-zero, a restart tries again).
+A version whose record moves to any other state (RETIRED, TAINTED, FAILED, back to CANDIDATE) is retired in the engine: no new request runs
 with it, the ones running finish. A version that fails a check is marked FAILED on ``chat.models``
 with the reason (a whole new record, as every state change) and in the worker's log; the worker
 serves everything else as before.
@@ -32,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from inference.engine.lora import AdapterError
 from inference.worker.errors import BadRequestError
 from schemas.models import ADAPTER_WEIGHTS, model_key
 from schemas.records import ModelState, ModelVersion, now_ms
@@ -113,9 +116,11 @@ class ServedVersions:
                                     f"{version.adapter_sha256[:16]}... (corrupt or replaced in the store)")
             self.engine.check_adapter(folder)
             self.engine.register_adapter(ref, folder)
-        except Exception as exc:  # noqa: BLE001 - any failure to take a version is that version's: it is marked FAILED
+        except (ArtifactError, AdapterError) as exc:  # the version's own fault: FAILED, for every worker
             self._mark_failed(ref, version, f"{type(exc).__name__}: {exc}")
             return
+        # Anything else (the store unreachable, the cache folder unwritable) is the infrastructure's: it
+        # propagates to the follower's thread, the worker stops non-zero and its restart tries again.
         with self._lock:
             self._held[ref] = folder
             self._failed.pop(ref, None)
