@@ -73,6 +73,7 @@ from streams.faust_runtime.watchdog import (
     StalledConsumerError,
     commit_acked_before_exit,
     faust_assignment,
+    faust_restore,
 )
 from streams.fleet_follower import FleetFollower
 from streams.forget import Forget, ForgetPartition
@@ -249,7 +250,8 @@ class StreamsApp:
         self.metrics.registry.register(AgentCounters(self))  # the agents' counters, read at every scrape
         self.lag_groups = [GroupTopics(app_id(kafka, settings), tuple(sorted(sources))),  # Faust's one group
                            GroupTopics(self.memory_writer.group_id, (kafka.topic(TURNS),))]  # memory's outbox
-        self.watchdog = ProgressWatchdog(lambda tps: admin.backlogs(app_id(kafka, settings), tps), settings.stall_s)
+        self.watchdog = ProgressWatchdog(lambda tps: admin.backlogs(app_id(kafka, settings), tps), settings.stall_s,
+                                         restore=faust_restore(app))
 
         # Idle conversations leave the table (expiry.py): each worker sweeps its own keys.
         self.expiry = IdleExpiry(self.table, lambda: services.state_lock, settings.conversation_idle_s)

@@ -79,8 +79,8 @@ class StreamsSettings(BaseSettings):
     # Faults of the infrastructure (Qdrant, broker, disk): retried with backoff for the budget, then the
     # process exits without acking the batch in hand (streams/faults.py).
     stall_s: float = Field(30.0, gt=0, description="How long records may wait on an assigned source partition "
-                           "with nothing reaching its agent before the process exits to be restarted "
-                           "(streams/faust_runtime/watchdog.py)")
+                           "with nothing reaching its agent, or a table restore may receive nothing, before the "
+                           "process exits to be restarted (streams/faust_runtime/watchdog.py)")
     stall_check_s: float = Field(5.0, gt=0, description="How often the consumer's progress is checked")
     recall_timeout_s: float = Field(2.0, gt=0, description="Longest intake waits for memory's recall (tries "
                                     "included); past it the prompts are served with their recent turns only, "

@@ -22,7 +22,18 @@ retry budget), and no event of that partition reached an agent. Checked every ``
 against the broker (``TopicAdmin.backlogs``, in a thread); a check the broker does not answer is
 skipped: an outage is the retriers' and the consumer's business, not a stall.
 
+The same answer covers a **restore that stalls**: while Faust restores the conversations table from its
+changelog (after a rebalance) no agent runs, by design, so the check above waits; but when a changelog
+partition with records still to restore has delivered none for ``stall_s``, the restore is stuck.
+Seen on the scale-out stack (CI, 2026-12-06, tests/cluster/test_streams_scale_out.py): a second
+worker joined a second after the first prompt; the first worker's restore of
+``chatpipe-streams-conversations-changelog[4]`` (one record, offset 0, highwater 0) received nothing for
+four minutes ("No event received for active tp ... since recovery start", every 5 s) and the answer
+waiting on ``chat.responses[4]`` became a turn only at the next rebalance. A known faust-streaming
+hang (faust-streaming#155, robinhood/faust#218), cause upstream not found; a restart restores again.
+
 Tests: tests/streams/test_watchdog.py ``test_waiting_records_that_reach_no_agent_are_a_stall_after_stall_s``,
+``test_a_restore_that_receives_nothing_for_stall_s_is_a_stall``,
 ``test_progress_or_an_idle_partition_is_no_stall``, ``test_an_event_loop_that_stops_turning_ends_the_process_with_its_stacks``,
 ``test_a_stall_exit_commits_what_was_acked_or_says_what_is_read_again``.
 """
@@ -62,12 +73,35 @@ class _Seen:
     warned: bool = False
 
 
+@dataclass(frozen=True)
+class RestoreProgress:
+    """A table restore in progress, as Faust's recovery counts it (times on ``time.monotonic``)."""
+
+    started_at: float
+    remaining: dict[TP, int]  # changelog partition -> records still to restore
+    received_at: dict[TP, float]  # changelog partition -> when its last record arrived
+
+
+def restore_stalls(progress: RestoreProgress | None, now: float, stall_s: float) -> dict[TP, str]:
+    """The changelog partitions with records left to restore and none received for ``stall_s``, each
+    with what is known of it."""
+    if progress is None:
+        return {}
+    stalled = {}
+    for tp, left in sorted(progress.remaining.items()):
+        quiet_s = now - progress.received_at.get(tp, progress.started_at)
+        if left > 0 and quiet_s >= stall_s:
+            stalled[tp] = f"{tp[0]}[{tp[1]}] ({left} record(s) to restore, none received for {quiet_s:.0f} s)"
+    return stalled
+
+
 @dataclass
 class ProgressWatchdog:
     backlogs: BacklogQuery
     stall_s: float
     clock: Callable[[], float] = time.monotonic
     batches: Iterable[Batches] = field(default_factory=lambda: Batches.live)
+    restore: Callable[[], RestoreProgress | None] = lambda: None  # a table restore in progress, if any
     _seen: dict[TP, _Seen] = field(default_factory=dict)
 
     def check(self, assigned: list[TP]) -> list[TP]:
@@ -102,6 +136,15 @@ class ProgressWatchdog:
                             tp[0], tp[1], end - position, position, frozen_s)
         return stalled
 
+    def _broker_answers(self, tps: list[TP]) -> bool:
+        """Whether the broker answers for ``tps`` (an outage is the consumer's to ride out, not a stall)."""
+        try:
+            self.backlogs(tps)
+        except TransportError as exc:
+            log.debug("restore check skipped: %s", exc)
+            return False
+        return True
+
     async def run(self, assigned: Callable[[], list[TP]], check_every_s: float) -> None:
         """Check every ``check_every_s``; raises ``StalledConsumerError`` naming what is stalled.
 
@@ -116,6 +159,10 @@ class ProgressWatchdog:
                 tps = assigned()
                 if not tps:  # nothing assigned, or Faust is rebalancing / restoring the table: no stall
                     self._seen.clear()
+                    stuck = restore_stalls(self.restore(), self.clock(), self.stall_s)
+                    if stuck and await asyncio.to_thread(self._broker_answers, list(stuck)):
+                        # ... unless the restore itself receives nothing while the broker answers
+                        raise StalledConsumerError(f"the table restore stalled: {', '.join(stuck.values())}")
                     continue
                 stalled = await asyncio.to_thread(self.check, tps)
                 if stalled:
@@ -206,3 +253,21 @@ def faust_assignment(app, source_topics: set[str]) -> Callable[[], list[TP]]:
         return [(tp.topic, tp.partition) for tp in tps if tp.topic in source_topics]
 
     return assigned
+
+
+def faust_restore(app) -> Callable[[], RestoreProgress | None]:
+    """The restore Faust's recovery (``app.tables.recovery``) has in progress, read from its own counters
+    (faust-streaming 0.15.3: ``in_recovery``, ``_recovery_started_at``, ``active_remaining()``,
+    ``_active_events_received_at``, all on ``time.monotonic``); None when none is."""
+    def progress() -> RestoreProgress | None:
+        try:
+            recovery = app.tables.recovery
+            started = recovery._recovery_started_at
+            if not recovery.in_recovery or started is None:
+                return None
+            return RestoreProgress(started, {(tp.topic, tp.partition): n for tp, n in recovery.active_remaining().items()},
+                                   {(tp.topic, tp.partition): t for tp, t in recovery._active_events_received_at.items()})
+        except AttributeError:  # not started yet, or a Faust without these counters: no restore check
+            return None
+
+    return progress

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 import httpx
 import pytest
@@ -55,8 +56,10 @@ def chatpipe(*args: str, env: dict[str, str], timeout: float = 300) -> subproces
 class Observer:
     """Reads ``chat.turns`` and ``chat.inference.requests`` from the start, by request id."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, story: Callable[[], str] = lambda: "") -> None:
         from confluent_kafka import Consumer
+
+        self.story = story  # what the stack did, said when a turn does not come
 
         self.turns: dict[str, list[ConversationTurn]] = defaultdict(list)
         self.requests: dict[str, list[InferenceRequest]] = defaultdict(list)
@@ -87,7 +90,7 @@ class Observer:
                 if self.turns.get(request_id):
                     return self.turns[request_id][0]
             time.sleep(0.2)
-        raise AssertionError(f"no turn for request {request_id} within {timeout_s} s")
+        raise AssertionError(f"no turn for request {request_id} within {timeout_s} s\n{self.story()}")
 
     def close(self) -> None:
         self._stop.set()
@@ -193,7 +196,7 @@ def test_two_streams_workers_stay_exact_through_a_sigkill(scaled_stack, java_par
     bootstrap = scaled_stack["bootstrap"]
     convs = {route: [f"so-{route}-{i}-{uuid.uuid4().hex[:6]}" for i in range(2)] for route in ROUTES}
     java_placed = dict(zip(convs["java"], partitions_of(java_partitions, convs["java"], 6)))
-    observer = Observer(bootstrap)
+    observer = Observer(bootstrap, story=lambda: stack_story(scaled_stack["state"]))
     talk = Conversations(scaled_stack["gateway_url"], scaled_stack["api_key"], bootstrap, observer, java_placed)
     try:
         # memory: a fact told before the kill, recalled from another conversation of the user after it

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from streams.faust_runtime.watchdog import ProgressWatchdog, StalledConsumerError
+from streams.faust_runtime.watchdog import (ProgressWatchdog, RestoreProgress, StalledConsumerError, faust_restore,
+                                           restore_stalls)
 from transport.errors import TransportError
 
 TP = ("chat.prompts", 3)
@@ -74,6 +75,62 @@ def test_run_raises_naming_the_partition_and_skips_while_nothing_is_assigned():
 
     with pytest.raises(StalledConsumerError, match=r"chat.prompts\[3\] at 41"):
         asyncio.run(asyncio.wait_for(dog.run(lambda: next(assigned), check_every_s=0.03), 5))
+
+
+CHANGELOG = ("chatpipe-streams-conversations-changelog", 4)
+
+
+def test_a_restore_that_receives_nothing_for_stall_s_is_a_stall():
+    # the CI run of 2026-12-06: one record to restore, none received since the restore began
+    quiet = RestoreProgress(started_at=1000.0, remaining={CHANGELOG: 1}, received_at={})
+    assert restore_stalls(quiet, 1029.0, stall_s=30) == {}
+    assert restore_stalls(quiet, 1031.0, stall_s=30) == {
+        CHANGELOG: "chatpipe-streams-conversations-changelog[4] (1 record(s) to restore, none received for 31 s)"}
+    # records arriving, or nothing left, or no restore: no stall however long it takes
+    arriving = RestoreProgress(1000.0, {CHANGELOG: 500}, {CHANGELOG: 1100.0})
+    done = RestoreProgress(1000.0, {CHANGELOG: 0}, {})
+    assert restore_stalls(arriving, 1110.0, 30) == restore_stalls(done, 1110.0, 30) == restore_stalls(None, 1110.0, 30) == {}
+
+
+def test_run_raises_on_a_stalled_restore_while_nothing_is_assigned_unless_the_broker_is_away():
+    clock, asked = Clock(), []
+
+    def stalled_restore():
+        return RestoreProgress(clock.now - 31, {CHANGELOG: 1}, {})
+
+    def broker_away(tps):
+        asked.append(tps)
+        raise TransportError("list offsets: no answer")
+
+    away = ProgressWatchdog(broker_away, stall_s=30, clock=clock, batches=[], restore=stalled_restore)
+    with pytest.raises(asyncio.TimeoutError):  # an outage: the consumer's to ride out
+        asyncio.run(asyncio.wait_for(away.run(lambda: [], check_every_s=0.01), 0.3))
+    assert asked and asked[0] == [CHANGELOG]
+    dog = ProgressWatchdog(lambda tps: {CHANGELOG: (0, 1)}, stall_s=30, clock=clock, batches=[], restore=stalled_restore)
+    with pytest.raises(StalledConsumerError, match=r"the table restore stalled: .*changelog\[4\] \(1 record"):
+        asyncio.run(asyncio.wait_for(dog.run(lambda: [], check_every_s=0.01), 5))
+
+
+def test_the_restore_is_read_from_fausts_own_recovery_counters():
+    """Against the installed faust-streaming (its Recovery's attribute names are what ``faust_restore`` reads):
+    a real App's recovery, not started (no broker), with its counters set as its restore sets them."""
+    import faust
+    from faust.types import TP as FaustTP
+
+    app = faust.App("watchdog-test", broker="kafka://127.0.0.1:9", store="memory://")
+    progress = faust_restore(app)
+    assert progress() is None  # no restore in progress
+    recovery = app.tables.recovery
+    tp = FaustTP(*CHANGELOG)
+    recovery.active_highwaters[tp] = 0  # one record, offset 0
+    recovery.active_offsets[tp] = -1  # nothing restored yet
+    recovery._set_recovery_started()
+    seen = progress()
+    assert seen is not None and seen.remaining == {CHANGELOG: 1} and seen.received_at == {}
+    recovery._active_events_received_at[tp] = seen.started_at + 5
+    assert progress().received_at == {CHANGELOG: seen.started_at + 5}
+    recovery._set_recovery_ended()
+    assert progress() is None
 
 
 @pytest.mark.integration
