@@ -1,4 +1,5 @@
-"""The gateway's HTTP routes (FastAPI): OpenAI's chat completions, models, health, metrics, feedback.
+"""The gateway's HTTP routes (FastAPI): OpenAI's chat completions, models, health, metrics, feedback;
+the other routes are added from their modules (completions, embeddings, erasure, files).
 
 A streamed request waits for its first chunk before the HTTP status is sent, so a request the
 pipeline refuses (context too long, invalid) gets a proper 4xx with OpenAI's error body, not a
@@ -24,7 +25,9 @@ from gateway.completions import add_completion_routes
 from gateway.embeddings import add_embeddings_route
 from gateway.erasure import add_erasure_routes
 from gateway.keys import KeyStore, Principal
-from gateway.limits import BodySizeLimit
+from gateway.files import MULTIPART_OVERHEAD_BYTES, add_file_routes
+from gateway.files import ROUTE as FILES_ROUTE
+from gateway.limits import BodySizeLimit, RouteLimit
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import ChatCompletionRequest, OpenAIError
 from gateway.responses import choice, chunk, completion, sse, usage
@@ -61,7 +64,10 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
 
     app = FastAPI(title="chatpipe gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)  # 413 before a big body is parsed
+    # 413 before a big body is parsed; an upload has the files' limit (plus the multipart framing)
+    upload_limit = RouteLimit(settings.max_file_bytes + MULTIPART_OVERHEAD_BYTES, "CHATPIPE_GATEWAY_MAX_FILE_BYTES",
+                              "file", "Split the file into several batches")
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, routes={FILES_ROUTE: upload_limit})
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
@@ -124,6 +130,7 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
     add_erasure_routes(app, authenticate, service)  # DELETE /v1/users/{user}[...], /v1/conversations/{id}
     add_embeddings_route(app, authenticate, service)  # POST /v1/embeddings (gateway/embeddings.py)
     add_completion_routes(app, authenticate, service)  # POST /v1/completions (completions.py)
+    app.state.files = add_file_routes(app, authenticate, service)  # /v1/files (files.py)
 
     @app.post("/v1/feedback", status_code=202)
     async def feedback(body: FeedbackBody, principal: Principal = Depends(authenticate)) -> dict[str, str]:

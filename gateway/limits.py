@@ -12,6 +12,9 @@ a socket with unread data sends a TCP reset, and a client still sending (httpx, 
 would see "connection reset" instead of the 413. A body declared larger than twice the limit is
 not read at all: that client gets the 413 if it waits for it, a reset if it keeps sending.
 
+A route may have a limit of its own (``routes``: path -> bytes): ``POST /v1/files`` takes files up to
+``max_file_bytes`` (gateway/files.py), far above the JSON routes' limit.
+
 Not here: the limits on fields inside the body (``schemas.requests``, checked by ``translate.py``).
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,23 +33,37 @@ from gateway.openai_api import OpenAIError
 DRAIN_S = 5.0  # longest a refused body is read and dropped before the connection closes
 
 
-class BodySizeLimit:
-    """``app.add_middleware(BodySizeLimit, max_bytes=...)``."""
+@dataclass(frozen=True)
+class RouteLimit:
+    """A body limit of its own for one path: its bytes, and how the 413 says where it comes from."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    max_bytes: int
+    setting: str  # the variable that sets it
+    param: str
+    hint: str
+
+
+class BodySizeLimit:
+    """``app.add_middleware(BodySizeLimit, max_bytes=..., routes={path: RouteLimit(...)})``."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, routes: dict[str, RouteLimit] | None = None) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.default = RouteLimit(max_bytes, "CHATPIPE_GATEWAY_MAX_BODY_BYTES", "messages",
+                                  "Shorten the messages, or send only the new message with a conversation id (the "
+                                  "pipeline keeps the history)")
+        self.routes = routes or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.routes.get(scope.get("path", ""), self.default)
         declared = _content_length(scope)
         if declared is not None:
-            if declared > self.max_bytes:
-                if declared <= 2 * self.max_bytes:
+            if declared > limit.max_bytes:
+                if declared <= 2 * limit.max_bytes:
                     await _drain(receive, declared)
-                await self._refuse(send, f"the request body is {declared} bytes")
+                await _refuse(send, limit, f"the request body is {declared} bytes")
                 return
             await self.app(scope, receive, send)  # the server reads no more than it declared
             return
@@ -58,27 +76,26 @@ class BodySizeLimit:
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.max_bytes:
+            if size > limit.max_bytes:
                 if message.get("more_body", False):
-                    await _drain(receive, self.max_bytes)
-                await self._refuse(send, f"the request body is over {self.max_bytes} bytes (sent without "
-                                         "Content-Length, read up to the limit)")
+                    await _drain(receive, limit.max_bytes)
+                await _refuse(send, limit, f"the request body is over {limit.max_bytes} bytes (sent without "
+                                           "Content-Length, read up to the limit)")
                 return
             if not message.get("more_body", False):
                 break
         await self.app(scope, _replay(b"".join(chunks), receive), send)
 
-    async def _refuse(self, send: Send, what: str) -> None:
-        error = OpenAIError(413, f"{what}; this gateway takes request bodies of at most {self.max_bytes} bytes "
-                                 "(CHATPIPE_GATEWAY_MAX_BODY_BYTES). Shorten the messages, or send only the new "
-                                 "message with a conversation id (the pipeline keeps the history)",
-                            param="messages", code="request_too_large")
-        body = json.dumps(error.body()).encode()
-        # Connection: close: the unread rest of the body must not be taken for the next request.
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+
+async def _refuse(send: Send, limit: RouteLimit, what: str) -> None:
+    error = OpenAIError(413, f"{what}; this gateway takes request bodies of at most {limit.max_bytes} bytes "
+                             f"({limit.setting}). {limit.hint}", param=limit.param, code="request_too_large")
+    body = json.dumps(error.body()).encode()
+    # Connection: close: the unread rest of the body must not be taken for the next request.
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _drain(receive: Receive, most_bytes: int) -> None:

@@ -29,5 +29,8 @@ class GatewayMetrics:
         self.duration = Histogram("chatpipe_gateway_request_seconds", "Request received -> last token",
                                   buckets=_REQUEST, registry=r)
         self.tokens = Counter("chatpipe_gateway_completion_tokens", "Tokens streamed to clients", registry=r)
+        self.files = Counter("chatpipe_gateway_file_operations", "Files API calls (gateway/files.py) by outcome",
+                             ["operation", "outcome"], registry=r)
+        self.file_bytes = Counter("chatpipe_gateway_file_upload_bytes", "Bytes of files uploaded", registry=r)
         self.cancels = Counter("chatpipe_gateway_cancels", "Cancels sent (client went away or timed out)",
                                registry=r)

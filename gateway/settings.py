@@ -60,6 +60,14 @@ class GatewaySettings(BaseSettings):
     # (tests/gateway/test_load.py saw one after a 5 s Retry-After). 75 s is nginx's default.
     keep_alive_s: float = Field(75.0, gt=0, description="How long an idle HTTP keep-alive connection stays open "
                                 "(longer than clients keep theirs, so the client closes first)")
+    # OpenAI's Files API (gateway/files.py): one store every replica shares, so any of them serves a file.
+    files_uri: str = Field("", description="Where uploaded and batch files are kept: a folder or any fsspec URI "
+                           "(s3://bucket/files, ...) every gateway replica shares; empty: a files folder beside the "
+                           "keys file")
+    max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024, description="Largest file POST /v1/files takes "
+                                "(OpenAI's batch input limit); larger gets 413")
+    max_file_lines: int = Field(50_000, ge=1, description="Most requests (JSON lines) one batch input file may hold "
+                                "(OpenAI's limit per batch)")
     log_level: str = Field("info", description="debug, info, warning")
 
     @classmethod
@@ -76,6 +84,13 @@ class GatewaySettings(BaseSettings):
                              f"{self.context_tokens} tokens (CHATPIPE_CONTEXT_TOKENS); set "
                              f"CHATPIPE_GATEWAY_DEFAULT_MAX_TOKENS to at most {self.context_tokens - 1}")
         return self
+
+    def files_store(self) -> str:
+        """The file store's URI: ``files_uri``, else ``files`` beside the keys file (the local stack's state)."""
+        if self.files_uri:
+            return self.files_uri
+        base = self.keys_file.resolve().parent if self.keys_file is not None else Path.cwd()
+        return str(base / "files")
 
     def instance_id(self) -> str:
         """This gateway's id: given, or host-port (stable across restarts, so its reply topic is reused)."""

@@ -24,6 +24,7 @@ import json
 import math
 from typing import Any
 
+from k8s.values import FILES_ENV
 from k8s.common import (RenderError, check_env, claim, container_security, env_list, env_of, env_var, http_probe,
                               kafka_env, kafka_volumes, labels, meta, name, pdb, pod_spec_common, resources,
                               scrape_annotations, selector, settings_from_env, tracing_env, volume_source)
@@ -40,6 +41,7 @@ REDIS_UID = 999  # the `redis` user of the official image
 STREAMS_STATE = "/var/lib/chatpipe/streams"
 ARCHIVE_MOUNT = "/data/archive"
 DATASETS_MOUNT = "/data/datasets"
+FILES_MOUNT = "/data/files"  # the Files API's store, every gateway replica's (values.files)
 ADAPTER_CACHE_MOUNT = "/var/cache/chatpipe/adapters"  # the workers' copies of model versions' adapters
 #: GatewayService.close flushes its producer for up to 10 s (gateway/service.py).
 GATEWAY_CLOSE_S = 10
@@ -93,7 +95,8 @@ def gateway_env(values: Values) -> dict[str, str]:
     from gateway.settings import GatewaySettings
 
     port = GatewaySettings.model_fields["port"].default
-    env = {**env_of(GatewaySettings, host="0.0.0.0", port=port, keys_file=f"{GATEWAY_KEYS_MOUNT}/keys.json"),
+    env = {**env_of(GatewaySettings, host="0.0.0.0", port=port, keys_file=f"{GATEWAY_KEYS_MOUNT}/keys.json",
+                    files_uri=FILES_MOUNT),
            **kafka_env(values, "gateway"), **tracing_env(values), **values.gateway.env}
     check_env(env, [GatewaySettings, *_kafka_classes()], "gateway")
     return env
@@ -123,6 +126,9 @@ def gateway(values: Values) -> list[dict[str, Any]]:
         volumeMounts=[{"name": "keys", "mountPath": GATEWAY_KEYS_MOUNT, "readOnly": True}, *kafka_mounts])
     pod = {"terminationGracePeriodSeconds": grace, "containers": [container],
            "volumes": [{"name": "keys", "secret": {"secretName": GATEWAY_KEYS_SECRET}}, *kafka_vols]}
+    if s.files_uri == FILES_MOUNT:  # not an object store given in gateway.env: the shared files volume
+        container["volumeMounts"].append({"name": "files", "mountPath": FILES_MOUNT})
+        pod["volumes"].append(volume_source(values.files, "files"))
     hpa = values.gateway.hpa
     out = [_deployment(values, "gateway", pod, replicas=None if hpa.enabled else values.gateway.replicas,
                        strategy={"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
@@ -479,6 +485,8 @@ def _secret(values: Values, secret_name: str, component: str, data: dict[str, st
 
 def storage(values: Values) -> list[dict[str, Any]]:
     volumes = ((values.model.volume, "model"), (values.archive, "archive"), (values.datasets, "datasets"))
+    if FILES_ENV not in values.gateway.env:  # else the gateways keep files in an object store
+        volumes += ((values.files, "files"),)
     return [pvc for volume, what in volumes for pvc in claim(values, volume, what)]
 
 

@@ -20,6 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from schemas.errors import ChatpipeError
 from schemas.topics import PROMPTS, spec
 
+#: The gateway's file store (GatewaySettings.files_uri): an object store's URI here replaces the files volume.
+FILES_ENV = "CHATPIPE_GATEWAY_FILES_URI"
+
 
 class ValuesError(ChatpipeError):
     """A values file that cannot be read or does not fit ``Values``."""
@@ -269,6 +272,9 @@ class Values(_Model):
                             description="The Avro archive the streams workers write and the jobs read")
     datasets: Volume = Field(default_factory=lambda: Volume(size="50Gi"),
                              description="Where the jobs write datasets and reports (DatasetStoreSettings.root)")
+    files: Volume = Field(default_factory=lambda: Volume(size="20Gi"),
+                          description="The Files API's store (GatewaySettings.files_uri), mounted by every gateway "
+                                      "replica; unused when gateway.env sets CHATPIPE_GATEWAY_FILES_URI (an object store)")
     spark: SparkValues = Field(default_factory=SparkValues, description="The batch jobs")
     training: TrainingValues = Field(default_factory=TrainingValues, description="The LoRA training run "
                                      "(train-run.yaml, applied by hand)")
@@ -284,6 +290,11 @@ class Values(_Model):
                              f"streams worker beyond {partitions} would own nothing")
         if not self.qdrant.enabled and not self.qdrant.url:
             raise ValueError("qdrant.enabled is false: give qdrant.url (the Qdrant server the streams workers use)")
+        several_gateways = self.gateway.replicas > 1 or self.gateway.hpa.enabled
+        if several_gateways and self.files.kind == "emptyDir" and FILES_ENV not in self.gateway.env:
+            raise ValueError("files.kind emptyDir with several gateway replicas: a file uploaded to one would not be "
+                             "there for the others; use a ReadWriteMany pvc or an object store "
+                             f"(gateway.env {FILES_ENV})")
         if self.streams.replicas > 1 and self.archive.kind == "emptyDir":
             raise ValueError("archive.kind emptyDir with several streams workers: each would keep part of the "
                              "archive in its own pod; use a ReadWriteMany pvc")

@@ -229,6 +229,27 @@ def test_workers_read_adapters_from_the_artifact_store_and_are_ready_once_they_h
     assert worker["envFrom"] == [{"secretRef": {"name": "adapter-store"}}]
 
 
+def test_every_gateway_replica_mounts_the_one_file_store(monkeypatch):
+    """Issue 44: the Files API's store is one ReadWriteMany claim every gateway replica mounts where
+    CHATPIPE_GATEWAY_FILES_URI points; an object store given in gateway.env replaces it (no claim, no
+    mount); an emptyDir with several replicas is refused (a file would be on one replica only)."""
+    from gateway.settings import GatewaySettings
+    from k8s.services import FILES_MOUNT
+
+    rendered = render(_values())
+    container = _container(_one(rendered, "Deployment", "chatpipe-gateway"))
+    assert _settings(GatewaySettings, container, monkeypatch).files_store() == FILES_MOUNT
+    assert {"name": "files", "mountPath": FILES_MOUNT} in container["volumeMounts"]
+    assert _one(rendered, "PersistentVolumeClaim", "chatpipe-files")["spec"]["accessModes"] == ["ReadWriteMany"]
+
+    bucket = render(_values(gateway={"env": {"CHATPIPE_GATEWAY_FILES_URI": "s3://files/chatpipe"}}))
+    gateway = _container(_one(bucket, "Deployment", "chatpipe-gateway"))
+    assert "files" not in {m["name"] for m in gateway["volumeMounts"]}
+    assert "chatpipe-files" not in [d["metadata"]["name"] for d in _objects(bucket, "PersistentVolumeClaim")]
+    with pytest.raises(Exception, match="files.kind emptyDir with several gateway replicas"):
+        _values(files={"kind": "emptyDir"})
+
+
 def test_grace_follows_the_worker_setting(monkeypatch):
     rendered = render(_values(inference={"env": {"CHATPIPE_WORKER_GRACE_S": "90.5"}, "grace_margin_s": 10}))
     pod = _one(rendered, "Deployment", "chatpipe-inference")["spec"]["template"]["spec"]
