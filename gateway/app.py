@@ -1,5 +1,6 @@
 """The gateway's HTTP routes (FastAPI): OpenAI's chat completions, models, health, metrics, feedback;
-the other routes are added from their modules (completions, embeddings, erasure, files).
+the other routes are added from their modules (completions, embeddings, erasure, files, batches), and
+the batch runner runs beside them (batch_runner.py).
 
 A streamed request waits for its first chunk before the HTTP status is sent, so a request the
 pipeline refuses (context too long, invalid) gets a proper 4xx with OpenAI's error body, not a
@@ -9,6 +10,7 @@ Starlette cancels the stream when it does. Either way a ``Cancel`` reaches the w
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -21,6 +23,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.batch_runner import BatchRunner
+from gateway.batches import add_batch_routes
 from gateway.completions import add_completion_routes
 from gateway.embeddings import add_embeddings_route
 from gateway.erasure import add_erasure_routes
@@ -37,6 +41,7 @@ from gateway.translate import CACHE_HEADER, TIMEOUT_HEADER, cache_header, client
 from gateway.streaming import (CONVERSATION_HEADER, REQUEST_HEADER, ClientGone, cache_headers, outcome_of,
                                wait_for_answer)
 from schemas.records import FeedbackKind
+from transport.batch_book import BatchBook, BatchWriter
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -55,12 +60,22 @@ class FeedbackBody(BaseModel):
 def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) -> FastAPI:
     metrics = GatewayMetrics()
     service = GatewayService(kafka, settings, metrics)
+    batches = BatchBook(kafka)  # every batch's state (chat.batches), for any replica's GET
+    runner: list[BatchRunner] = []
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI):
+    async def lifespan(app: FastAPI):
         await service.start()
+        loop = asyncio.get_running_loop()
+        await asyncio.to_thread(batches.start, lambda exc: loop.call_soon_threadsafe(service.on_failure, exc))
+        writer = app.state.batch_writer = BatchWriter(kafka)
+        runner.append(BatchRunner(kafka, service, batches, writer, app.state.files, keys, app))
+        runner[0].start()  # runs the batches of the chat.batches partitions its consumer group gives it
         yield
+        await runner[0].close()
+        batches.close()
         await service.close()
+        await asyncio.to_thread(writer.close)
 
     app = FastAPI(title="chatpipe gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
@@ -131,6 +146,8 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
     add_embeddings_route(app, authenticate, service)  # POST /v1/embeddings (gateway/embeddings.py)
     add_completion_routes(app, authenticate, service)  # POST /v1/completions (completions.py)
     app.state.files = add_file_routes(app, authenticate, service)  # /v1/files (files.py)
+    # /v1/batches (batches.py); the writer is made at start (it needs the broker)
+    add_batch_routes(app, authenticate, service, app.state.files, batches, lambda: app.state.batch_writer)
 
     @app.post("/v1/feedback", status_code=202)
     async def feedback(body: FeedbackBody, principal: Principal = Depends(authenticate)) -> dict[str, str]:

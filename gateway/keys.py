@@ -228,3 +228,15 @@ class KeyStore:
             if hmac.compare_digest(key.encode(), given):
                 found = principal
         return found
+
+    def key_of(self, fingerprint: str) -> str | None:
+        """The key whose ``key_fingerprint`` this is (a batch runs as the key that made it, while it is valid)."""
+        for key in self._entries:
+            if hmac.compare_digest(key_fingerprint(key), fingerprint):
+                return key
+        return None
+
+
+def key_fingerprint(key: str) -> str:
+    """SHA-256 (hex) of an API key: what a stored record says of the key that made it, never the key."""
+    return hashlib.sha256(key.encode()).hexdigest()

@@ -32,5 +32,8 @@ class GatewayMetrics:
         self.files = Counter("chatpipe_gateway_file_operations", "Files API calls (gateway/files.py) by outcome",
                              ["operation", "outcome"], registry=r)
         self.file_bytes = Counter("chatpipe_gateway_file_upload_bytes", "Bytes of files uploaded", registry=r)
+        self.batch_lines = Counter("chatpipe_gateway_batch_lines", "Batch lines answered and stored by this "
+                                   "gateway's runner (gateway/batch_runner.py), by outcome (ok, error)", ["outcome"],
+                                   registry=r)
         self.cancels = Counter("chatpipe_gateway_cancels", "Cancels sent (client went away or timed out)",
                                registry=r)

@@ -195,6 +195,8 @@ def _topic_rules(service: str) -> list[tuple[str, str, tuple[str, ...]]]:
         return [*write(t.PROMPTS, t.CANCELS, t.FEEDBACK, t.DELETIONS, t.EMBEDDING_REQUESTS),
                 *read(t.WORKERS_STATUS),  # the workers' load: admission estimates from it (transport/fleet.py)
                 *read(t.MODELS),  # the model versions a request may name (transport/model_catalog.py)
+                # the Batch API: batches and their lines' answers (transport/batch_book.py, gateway/batch_runner.py)
+                *read(t.BATCHES, t.BATCH_RESULTS), *write(t.BATCHES, t.BATCH_RESULTS),
                 ("PREFIXED", f"{t.REPLIES}.", _OWN)]
     if service == "inference":
         return [*read(t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.CANCELS, t.DELETIONS),

@@ -13,5 +13,5 @@ __all__ = [
     "AvroCodec", "default_codec", "ChatpipeError", "DecodeError", "EncodeError", "SchemaError",
     "UnknownSchemaError", "RECORD_TYPES", "CATALOG", "TopicSpec",
     *RECORD_TYPES, "ChatMessage", "SamplingParams", "Header", "Priority", "FinishReason",
-    "FeedbackKind", "DeletionScope", "WorkerState", "ModelState", "new_id", "now_ms",
+    "FeedbackKind", "DeletionScope", "WorkerState", "ModelState", "BatchStatus", "BatchError", "new_id", "now_ms",
 ]

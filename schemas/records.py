@@ -73,6 +73,18 @@ class ModelState(StrEnum):
     TAINTED = "TAINTED"
 
 
+class BatchStatus(StrEnum):
+    """Where a batch stands (BatchJob): OpenAI's Batch API statuses, in capitals."""
+    VALIDATING = "VALIDATING"
+    FAILED = "FAILED"
+    IN_PROGRESS = "IN_PROGRESS"
+    FINALIZING = "FINALIZING"
+    COMPLETED = "COMPLETED"
+    EXPIRED = "EXPIRED"
+    CANCELLING = "CANCELLING"
+    CANCELLED = "CANCELLED"
+
+
 class WorkerState(StrEnum):
     STARTING = "STARTING"
     SERVING = "SERVING"
@@ -459,7 +471,70 @@ class VersionStats:
     schema_version: int = 1
 
 
+@dataclass(slots=True, kw_only=True)
+class BatchError:
+    """Why a batch failed validation (OpenAI's ``errors.data[]``): one per bad line."""
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None  # 1-based line of the input file
+
+
+@dataclass(slots=True, kw_only=True)
+class BatchJob:
+    """One batch of the Batch API (chat.batches, compacted, key ``batch_id``): every change is the whole
+    record again; readers merge what they read (transport/batch_book.py ``merge``: the times of the
+    steps a batch took are kept once set, so a cancel and a progress report written at once both hold).
+    Times of the steps are OpenAI's, epoch seconds; ``updated_at`` milliseconds."""
+    batch_id: str
+    tenant: str
+    key_fingerprint: str  # SHA-256 of the API key that made it: its lines run as that key, while it is valid
+    input_file_id: str
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] = field(default_factory=dict)
+    status: BatchStatus = BatchStatus.VALIDATING
+    errors: list[BatchError] = field(default_factory=list)
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int  # seconds
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    updated_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
+@dataclass(slots=True, kw_only=True)
+class BatchLineResult:
+    """The answer to one line of a batch (chat.batch.results, compacted, key ``batch_id/custom_id``, in
+    the partition of its batch): stored once per line, so a batch resumed anywhere runs only the lines
+    without one; ``body`` is the endpoint's JSON answer (or its error body) as the client gets it."""
+    batch_id: str
+    custom_id: str
+    line: int  # 1-based line of the input file
+    status_code: int
+    request_id: str = ""
+    body: str  # JSON
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    created_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
 #: Every top-level record type, by its Avro record name.
 RECORD_TYPES: dict[str, type] = {cls.__name__: cls for cls in (
     PromptRequest, InferenceRequest, TokenChunk, Response, Cancel, ConversationTurn, Feedback, Deletion, WorkerStatus,
-    DeadLetter, DeletionAudit, EmbeddingRequest, EmbeddingResult, ModelVersion, VersionStats)}
+    DeadLetter, DeletionAudit, EmbeddingRequest, EmbeddingResult, ModelVersion, VersionStats, BatchJob, BatchLineResult)}

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DAY_MS = 24 * 60 * 60 * 1000
+#: chat.batches and chat.batch.results have as many partitions: a batch and its results share one.
+BATCH_PARTITIONS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,17 @@ CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec("chat.models.stats", 1, "model", "VersionStats", cleanup_policy="compact", retention_ms=-1,
               doc="Per model version: turns, errors, ratings, regenerations, edits, TTFT, tokens/s (latest per key).",
               producers=("streams versions",), consumers=("streams versions", "analytics")),
+    # OpenAI's Batch API (gateway/batches.py): a batch's state, and each line's answer stored once. A gateway
+    # owning a partition of chat.batches (its runner's consumer group) runs that partition's batches and
+    # reads their results from the same partition of chat.batch.results (``batch_partition``).
+    TopicSpec("chat.batches", BATCH_PARTITIONS, "batch_id", "BatchJob", cleanup_policy="compact", retention_ms=-1,
+              doc="Batches of the Batch API and their state (compacted: the latest record per batch).",
+              producers=("gateway",), consumers=("gateway", "chatpipe batch")),
+    TopicSpec("chat.batch.results", BATCH_PARTITIONS, "batch_id/custom_id", "BatchLineResult",
+              cleanup_policy="compact", retention_ms=-1,
+              doc="Each batch line's answer, once per line, in its batch's partition (tombstoned once the "
+                  "batch's output file is written).",
+              producers=("gateway",), consumers=("gateway",)),
     # POST /v1/embeddings: the streams tier embeds with its memory model and answers on the asker's
     # reply address (an EmbeddingResult on chat.replies.<gateway id>; streams/embedding_requests.py).
     TopicSpec("chat.embeddings.requests", 6, "request_id", "EmbeddingRequest", retention_ms=60 * 60 * 1000,
@@ -123,6 +136,8 @@ DLQ = "chat.dlq"
 EMBEDDING_REQUESTS = "chat.embeddings.requests"
 MODELS = "chat.models"
 MODEL_STATS = "chat.models.stats"
+BATCHES = "chat.batches"
+BATCH_RESULTS = "chat.batch.results"
 
 
 def inference_requests_topic(priority: str) -> str:
@@ -160,3 +175,11 @@ def spec(name: str) -> TopicSpec:
         return BY_NAME[name]
     except KeyError:
         raise KeyError(f"{name!r} is not in the topic catalog; known: {sorted(BY_NAME)}") from None
+
+
+def batch_partition(batch_id: str, partitions: int = BATCH_PARTITIONS) -> int:
+    """The partition of ``chat.batches`` and ``chat.batch.results`` a batch's records go to (chosen here,
+    not by the client's partitioner, so both topics agree whatever produces them)."""
+    import zlib
+
+    return zlib.crc32(batch_id.encode()) % partitions

@@ -112,4 +112,11 @@ def sample_records() -> list:
         r.VersionStats(model="acme-support@2", turns=120, errors=2, rated=60, thumbs_up=45, thumbs_down=15,
                        regenerations=3, edits=1, ttft_ms_sum=2400.5, tokens_out=3000, decode_ms_sum=60000.0,
                        since=1_700_000_000_000),
+        r.BatchJob(batch_id="batch_0a1b2c", tenant="acme", key_fingerprint="ab" * 32, input_file_id="file-0a1b2c3d4e5f",
+                   endpoint="/v1/chat/completions", metadata={"job": "nightly"}, status=r.BatchStatus.FAILED,
+                   errors=[r.BatchError(code="duplicate_custom_id", message="custom_id r1 is on line 1 already",
+                                        param="custom_id", line=2)],
+                   total=2, created_at=1_700_000_000, failed_at=1_700_000_001),
+        r.BatchLineResult(batch_id="batch_0a1b2c", custom_id="r1", line=1, status_code=200, request_id="req-1",
+                          body='{"object": "chat.completion"}', input_tokens=12, output_tokens=4),
     ]

@@ -15,11 +15,13 @@ log = logging.getLogger(__name__)
 
 
 def read_to_end(kafka: Any, topic: str, on_message: Callable[[Any], None], *, timeout_s: float = 30.0,
-                progress: Callable[[int], None] | None = None, progress_every: int = 10_000) -> int:
+                progress: Callable[[int], None] | None = None, progress_every: int = 10_000,
+                partitions: list[int] | None = None) -> int:
     """Hand every message of ``topic`` now on the broker (each partition from its start to its
     current end) to ``on_message``; returns how many. No consumer group: nothing is committed.
 
-    ``progress(n)`` is called every ``progress_every`` messages (long scans, e.g. ``forget --verify``).
+    ``progress(n)`` is called every ``progress_every`` messages (long scans, e.g. ``forget --verify``);
+    ``partitions``: only these (default all).
     """
     from confluent_kafka import KafkaException, TopicPartition
 
@@ -40,6 +42,8 @@ def read_to_end(kafka: Any, topic: str, on_message: Callable[[Any], None], *, ti
         ends: dict[int, int] = {}
         starts: list[TopicPartition] = []
         for partition in described.partitions:
+            if partitions is not None and partition not in partitions:
+                continue
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
             if high > low:
                 ends[partition] = high

@@ -18,7 +18,9 @@ into docs/testing.md: sent, answered, errored, lost, stuck, restarts.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -385,6 +387,70 @@ def test_gateway_reply_topic_deleted(harness):
 
     row = run_scenario(harness, "gateway reply topic deleted", inject)
     assert "gateway" in row["restarts"], row
+
+
+BATCH_LINES = 48
+MODEL = "smollm2-135m-instruct"
+
+
+def _batch_client(stack: FaultStack):
+    import openai
+
+    # retries: a call that meets the gateway while it is down (SIGKILLed, restarting) is asked again
+    return openai.OpenAI(base_url=f"{stack.gateway_url}/v1", api_key=stack.api_key, max_retries=8, timeout=60)
+
+
+def _batch_counts(client, batch_id: str) -> tuple[str, int]:
+    import openai
+
+    try:
+        batch = client.batches.retrieve(batch_id)
+    except openai.APIConnectionError:  # the gateway is restarting
+        return "unknown", -1
+    return batch.status, batch.request_counts.completed
+
+
+def test_a_batch_through_sigkills_of_gateway_streams_and_worker(harness):
+    """Issue 44: a batch's lines run as ordinary requests while the gateway running it, the streams worker
+    and the inference worker are each SIGKILLed once (each when the batch has made more progress): the
+    batch completes, its output file holds every line exactly once (the ledger), and the restarted gateway
+    resumed from the stored answers instead of running every line again."""
+    stack = harness.stack
+    client = _batch_client(stack)
+    lines = "".join(json.dumps({"custom_id": f"k-{i}", "method": "POST", "url": "/v1/chat/completions",
+                                "body": {"model": MODEL, "max_tokens": 12, "temperature": 0,
+                                         "messages": [{"role": "user", "content": f"Count to {i}."}]}}) + "\n"
+                    for i in range(BATCH_LINES)).encode()
+    restarts_before, started, log_from = stack.restarts(), time.monotonic(), stack.log_offset("gateway")
+    upload = client.files.create(file=("faults.jsonl", lines), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    for service, done_at_least in (("gateway", 4), ("streams", 14), ("inference", 24)):
+        deadline = time.monotonic() + 300
+        while _batch_counts(client, batch.id)[1] < done_at_least:
+            assert time.monotonic() < deadline, f"the batch did not reach {done_at_least} lines before {service}'s kill"
+            time.sleep(0.5)
+        old = stack.kill(service)
+        stack.wait_restarted(service, old)
+    deadline = time.monotonic() + 600
+    while (state := _batch_counts(client, batch.id))[0] not in ("completed", "failed", "expired", "cancelled"):
+        assert time.monotonic() < deadline, f"the batch is still {state} after the kills"
+        time.sleep(1)
+    done = client.batches.retrieve(batch.id)
+    output = [json.loads(line) for line in client.files.content(done.output_file_id).read().splitlines() if line]
+    ledger = Counter(line["custom_id"] for line in output)
+    restarts_after = stack.restarts()
+    ROWS.append({"scenario": "batch: gateway, streams, worker SIGKILL", "sent": BATCH_LINES,
+                 "answered": done.request_counts.completed, "errored": done.request_counts.failed,
+                 "lost": BATCH_LINES - len(ledger), "stuck": 0, "turns": "-", "archived": "-", "degraded": "-",
+                 "restarts": ", ".join(f"{k} {restarts_after.get(k, 0) - restarts_before.get(k, 0)}"
+                                       for k in restarts_after if restarts_after.get(k, 0) > restarts_before.get(k, 0)),
+                 "seconds": round(time.monotonic() - started), "errors": {}})
+    assert done.status == "completed", done
+    assert sorted(ledger) == sorted(f"k-{i}" for i in range(BATCH_LINES)) and set(ledger.values()) == {1}, ledger
+    assert (done.request_counts.completed, done.request_counts.failed, done.error_file_id) == (BATCH_LINES, 0, None)
+    resumed = [int(m) for m in re.findall(rf"{batch.id}: \d+ of {BATCH_LINES} lines to run \((\d+) stored\)",
+                                          stack.log_since("gateway", log_from))]
+    assert resumed and max(resumed) > 0, f"no runner resumed the batch from stored answers: {resumed}"
 
 
 def test_broker_restarted(harness):
