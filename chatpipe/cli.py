@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from chatpipe.commands import (cache, capacity, chat, cluster, demo, engine, forget, gateway, inference, jobs, k8s, models,
+from chatpipe.commands import (batches, cache, capacity, chat, cluster, demo, engine, forget, gateway, inference, jobs, k8s, models,
                                spark, stack, streams, tail, top, topics, trace, train)
 from chatpipe.commands import settings as settings_command
 from chatpipe.commands.common import print_error
@@ -28,7 +28,7 @@ app = typer.Typer(
 )
 
 # Each module registers its commands (or command group); this order is the order of `chatpipe --help`.
-for group in (stack, topics, engine, models, jobs, train, streams, inference, gateway, tail, chat, demo, cluster, spark, forget, cache,
+for group in (stack, topics, engine, models, jobs, train, streams, inference, gateway, tail, chat, demo, cluster, spark, forget, cache, batches,
               top, trace, capacity, k8s, settings_command):
     group.register(app)
 

@@ -37,7 +37,8 @@ from gateway.openai_api import ChatCompletionRequest, OpenAIError
 from gateway.responses import choice, chunk, completion, sse, usage
 from gateway.service import Delta, GatewayService, Submitted
 from gateway.settings import GatewaySettings
-from gateway.translate import CACHE_HEADER, TIMEOUT_HEADER, cache_header, client_timeout_s
+from gateway.translate import (CACHE_HEADER, MEMORY_HEADER, TIMEOUT_HEADER, cache_header, client_timeout_s,
+                               memory_header)
 from gateway.streaming import (CONVERSATION_HEADER, REQUEST_HEADER, ClientGone, cache_headers, outcome_of,
                                wait_for_answer)
 from schemas.records import FeedbackKind
@@ -172,7 +173,8 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         sub = await service.submit(principal, body, request.headers.get(CONVERSATION_HEADER), received,
                                    traceparent=request.headers.get("traceparent"),
                                    timeout_s=client_timeout_s(request.headers.get(TIMEOUT_HEADER)),
-                                   cache=cache_header(request.headers.get(CACHE_HEADER)))
+                                   cache=cache_header(request.headers.get(CACHE_HEADER)),
+                                   memory=memory_header(request.headers.get(MEMORY_HEADER)))
         headers = {CONVERSATION_HEADER: sub.conversation_id, REQUEST_HEADER: sub.request_id}
         deltas = service.replies(sub)
         try:

@@ -70,6 +70,7 @@ TIMEOUT_HEADER = "X-Chatpipe-Timeout-S"  # the client's own first-token deadline
 # Asked: whether streams' response cache may answer the request (``cache_header``); answered: ``hit`` when it did.
 CACHE_HEADER = "X-Chatpipe-Cache"
 CACHE_HEADER_VALUES = {"off": False, "no-store": False, "on": True, "default": None}
+MEMORY_HEADER = "X-Chatpipe-Memory"  # off: the prompt neither recalls memory nor is remembered (``memory_header``)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat's: settings.default_max_tokens)
 
 
@@ -77,7 +78,8 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat
 
 def chat_request_to_prompt(body: ChatCompletionRequest, principal: Principal, settings: GatewaySettings, *,
                            conversation_id: str | None, reply_to: str, timeout_s: float | None = None,
-                           cache: bool | None = None, models: ModelCatalog | None = None) -> PromptRequest:
+                           cache: bool | None = None, models: ModelCatalog | None = None,
+                           memory: bool = True) -> PromptRequest:
     """The ``PromptRequest`` of a chat request. ``conversation_id``: the one the client named in the
     X-Chatpipe-Conversation-Id header (None: the body's ``metadata.conversation_id``, else a new
     conversation); ``cache``: what the X-Chatpipe-Cache header asked (``cache_header``). Raises
@@ -94,7 +96,7 @@ def chat_request_to_prompt(body: ChatCompletionRequest, principal: Principal, se
         model=body.model, messages=content.messages, sampling=content.sampling, stream=body.stream,
         reply_to=reply_to, reply_partition=0, deadline_at=deadline_at(created_at, settings, timeout_s),
         priority=SERVICE_TIERS[body.service_tier], share_weight=principal.share_weight,
-        response_cache=response_cache_of(cache, body.cache, principal))
+        response_cache=response_cache_of(cache, body.cache, principal), memory=memory)
 
 
 def completion_request_to_prompts(body: CompletionRequest, principal: Principal, settings: GatewaySettings, *,
@@ -292,6 +294,18 @@ def cache_header(header: str | None) -> bool | None:
         raise OpenAIError(400, f"{CACHE_HEADER} must be one of {', '.join(CACHE_HEADER_VALUES)}, got {header[:40]!r}",
                           param=CACHE_HEADER, code="invalid_value")
     return CACHE_HEADER_VALUES[value]
+
+
+def memory_header(header: str | None) -> bool:
+    """The ``X-Chatpipe-Memory`` request header: ``off`` (the prompt neither recalls memory nor is remembered:
+    what a Batch API line that names no conversation sends, ``batch_runner.py``), ``on`` or absent (memory as
+    the key and conversation give it). Any other value is a 400 naming the header."""
+    if header is None or header.strip().lower() == "on":
+        return True
+    if header.strip().lower() == "off":
+        return False
+    raise OpenAIError(400, f"{MEMORY_HEADER} must be on or off, got {header[:40]!r}", param=MEMORY_HEADER,
+                      code="invalid_value")
 
 
 def response_cache_of(header: bool | None, body: bool | None, principal: Principal) -> bool:

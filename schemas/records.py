@@ -154,7 +154,10 @@ class PromptRequest:
     # v7: False opts this request out of streams' response cache (streams/response_cache.py): the gateway's
     # X-Chatpipe-Cache: off, extra_body {"cache": false}, or its key's default in the keys file.
     response_cache: bool = True
-    schema_version: int = 7  # v7: response_cache; v6: share_weight; v5: the sampling fields of issue 23
+    # v8: False: the prompt neither recalls memory nor is remembered (a Batch API line that names no
+    # conversation; the gateway's X-Chatpipe-Memory: off). Writers before v8 read as True.
+    memory: bool = True
+    schema_version: int = 8  # v8: memory; v7: response_cache; v6: share_weight; v5: the sampling fields of issue 23
 
 
 @dataclass(slots=True, kw_only=True)

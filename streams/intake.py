@@ -102,6 +102,11 @@ def recall_conversation(request: PromptRequest) -> str | None:
     return request.conversation_id if request.memory_scope is MemoryScope.CONVERSATION else None
 
 
+def recalls(prompt: "_Prompt") -> bool:
+    """Whether a prompt is embedded and recalls memory: a chat prompt with memory on."""
+    return not prompt.parsed.raw and prompt.request.memory
+
+
 @dataclass(slots=True)
 class _Prompt:
     message: Message
@@ -228,8 +233,9 @@ class Intake:
 
         services = self.services
         started, started_ns = time.perf_counter(), time.time_ns()
-        # A raw prompt (PromptRequest v5 raw_prompt, POST /v1/completions) recalls nothing: not embedded.
-        chat = [i for i, p in enumerate(run) if not p.parsed.raw]
+        # A raw prompt (PromptRequest v5 raw_prompt, POST /v1/completions) recalls nothing: not embedded;
+        # nor does a prompt with memory off (v8 ``memory``: a batch line that names no conversation).
+        chat = [i for i, p in enumerate(run) if recalls(p)]
         # reuse: a prompt asked again lately (a popular question) is not embedded again (embeddings.py)
         vectors = await services.embedder.aencode([run[i].parsed.prompt for i in chat], reuse=True) if chat else []
         embedded, embedded_ns = time.perf_counter(), time.time_ns()
@@ -250,7 +256,7 @@ class Intake:
             self.metrics.recall_seconds.observe(recalled_at - embedded)
             batch = {"chatpipe.batch.size": len(run)}
             for prompt, hits in zip(run, recalled):
-                if prompt.parsed.raw:  # neither embedded nor recalled for
+                if not recalls(prompt):  # neither embedded nor recalled for
                     continue
                 prompt.span.child("embed", start_ns=started_ns, attributes=batch).end(embedded_ns)
                 prompt.span.child("recall", start_ns=embedded_ns,
@@ -380,8 +386,9 @@ class Intake:
             return None
         if await self._refused_for_load(prompt, context.tokens, outbox):
             return None
+        memory_degraded = memory_degraded and request.memory
         pending = PendingRequest(request.request_id, parsed.prompt, parsed.system_prompt, request.created_at,
-                                 memory_degraded=memory_degraded)
+                                 memory_degraded=memory_degraded, remember=request.memory)
         return self._request(prompt, state, pending, assembling_ns,
                              {"chatpipe.context.messages": len(context.messages),
                               "chatpipe.context.recalled_turns": len(context.recalled_turn_ids)},

@@ -12,7 +12,9 @@ import time
 
 import openai
 import pytest
+from typer.testing import CliRunner
 
+from chatpipe.cli import app
 from chatpipe.testing.gateway import API_KEY, OTHER_TENANT_KEY, start_gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
@@ -81,6 +83,42 @@ def test_200_lines_of_two_tenants_complete_with_one_line_per_custom_id_and_stay_
     with pytest.raises(openai.NotFoundError):
         globex.files.content(wait_done(acme, mine.id).output_file_id)
 
+    # the operator's view, from chat.batches (every tenant's)
+    env = {"CHATPIPE_BOOTSTRAP_SERVERS": pipeline.kafka.bootstrap_servers, "CHATPIPE_TOPIC_PREFIX":
+           pipeline.kafka.topic_prefix}
+    listed = CliRunner().invoke(app, ["batch", "list", "--json"], env=env)
+    assert listed.exit_code == 0, listed.output
+    rows = {row["id"]: row for row in map(json.loads, listed.output.splitlines())}
+    assert (rows[mine.id]["tenant"], rows[mine.id]["status"]) == ("acme", "completed")
+    assert rows[theirs.id]["tenant"] == "globex" and rows[theirs.id]["request_counts"]["completed"] == 100
+    shown = CliRunner().invoke(app, ["batch", "show", theirs.id, "--watch"], env=env)
+    assert shown.exit_code == 0 and json.loads(shown.output)["output_file_id"], shown.output
+    missing = CliRunner().invoke(app, ["batch", "show", "batch_nope"], env=env)
+    assert missing.exit_code == 1 and "no batch batch_nope" in missing.output
+
+
+def test_a_line_goes_through_memory_only_when_it_names_a_conversation(pipeline):
+    """A batch line is remembered (and recalls) only when its body names a conversation
+    (``metadata.conversation_id``); the rest are sent with memory off (PromptRequest v8 ``memory``)."""
+    from chatpipe.testing.streams import Tap
+    from schemas.codec import default_codec
+
+    acme = client(pipeline.url)
+    body = {"model": MODEL, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "Hello."}]}
+    named = {**body, "metadata": {"conversation_id": f"batch-conv-{time.time_ns()}"}}
+    data = b"".join(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": b}).encode()
+                    + b"\n" for cid, b in (("off", body), ("on", named)))
+    done = wait_done(acme, start(acme, data).id)
+    request_ids = {line["custom_id"]: line["response"]["request_id"] for line in lines_of(acme, done.output_file_id)}
+    tap, codec = Tap(pipeline.kafka, "chat.turns"), default_codec()
+    try:
+        turns = {m.key().decode(): codec.decode(m.value()) for m in tap.messages(
+            2, timeout_s=60, where=lambda m: codec.decode(m.value()).request_id in request_ids.values())}
+    finally:
+        tap.close()
+    remembered = {t.request_id: t.remembered for t in turns.values()}
+    assert remembered == {request_ids["off"]: False, request_ids["on"]: True}, remembered
+
 
 def test_a_bad_line_fails_the_batch_naming_the_line(pipeline):
     acme = client(pipeline.url)
@@ -119,6 +157,10 @@ def test_a_batch_past_its_window_expires_keeping_the_lines_done(pipeline, tmp_pa
     try:
         short.wait_healthy(90)
         batch = start(client(short.url), chat_lines("x", 60, max_tokens=64))
+        env = {"CHATPIPE_BOOTSTRAP_SERVERS": pipeline.kafka.bootstrap_servers,
+               "CHATPIPE_TOPIC_PREFIX": pipeline.kafka.topic_prefix}
+        watched = CliRunner().invoke(app, ["batch", "show", batch.id, "--watch"], env=env)  # follows it to its end
+        assert watched.exit_code == 0 and json.loads(watched.output[watched.output.index("{"):])["status"] == "expired"
         done = wait_done(client(pipeline.url), batch.id)  # run by whichever gateway owns its partition
         assert done.status == "expired" and done.expired_at >= done.expires_at
         acme = client(pipeline.url)

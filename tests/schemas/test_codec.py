@@ -123,6 +123,18 @@ def test_cache_fields_round_trip_and_older_versions_read_as_computed_by_a_worker
     assert codec.decode(codec.encode_dict("PromptRequest", old, version=6)).response_cache is True
 
 
+def test_prompt_request_memory_off_round_trips_and_a_v7_prompt_reads_as_memory_on():
+    """PromptRequest v8 ``memory``: False (a batch line naming no conversation) reads back False; a prompt of
+    a v7 writer reads True (memory as before)."""
+    from dataclasses import replace
+
+    prompt = replace(next(r for r in sample_records() if isinstance(r, records.PromptRequest)), memory=False)
+    assert codec.decode(codec.encode(prompt), expected=records.PromptRequest).memory is False
+    v7_fields = {f["name"] for f in json.loads((SCHEMA_DIR / "PromptRequest.v7.avsc").read_text())["fields"]}
+    old = {k: v for k, v in to_avro_dict(prompt).items() if k in v7_fields} | {"schema_version": 7}
+    assert codec.decode(codec.encode_dict("PromptRequest", old, version=7)).memory is True
+
+
 def test_prompt_request_v1_gets_default_priority():
     """PromptRequest v1 producers predate priorities: their prompts must read as INTERACTIVE."""
     req = next(r for r in sample_records() if isinstance(r, records.PromptRequest))

@@ -51,7 +51,7 @@ def test_the_new_sampling_fields_round_trip_in_both_requests():
     for record in (prompt(), inference()):
         decoded = codec.decode(codec.encode(record))
         assert decoded.sampling == FULL and decoded.schema_version == record.schema_version
-    assert (prompt().schema_version, inference().schema_version) == (7, 5)
+    assert (prompt().schema_version, inference().schema_version) == (8, 5)
     assert json.loads(FULL.response_format) == JSON_SCHEMA  # key order kept: the schema's property order
 
 
