@@ -87,6 +87,7 @@ class EngineStats:
     decode_tokens_per_s: float = 0.0  # measured while saturated (throughput.py): what the engine can do
     prefill_tokens_per_s: float = 0.0
     fairness_preemptions: int = 0  # of preemptions: to give a tenant under its share a slot (fair_queue.py)
+    priority_preemptions: int = 0  # of preemptions: a batch request making way for an interactive one (scheduler.py)
 
     @property
     def kv_usage(self) -> float:
@@ -387,6 +388,7 @@ class Engine:
             prefix_cache_hit_tokens=self.allocator.hit_tokens,
             preemptions=self.scheduler.num_preemptions,
             fairness_preemptions=self.scheduler.num_fairness_preemptions,
+            priority_preemptions=self.scheduler.num_priority_preemptions,
             steps=self._steps,
             prompt_tokens=self._prompt_tokens,
             generated_tokens=self._generated,

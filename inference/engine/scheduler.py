@@ -19,10 +19,14 @@ Policy, in order, each ``schedule()``:
      FCFS; preempted requests first by admission order) while there is a free batch slot, KV room
      and step budget. With ``fair``, a full batch makes room for a tenant under its share first
      (``fair_queue.fairness_victim``: one request of a tenant over its share is preempted, and the
-     step computes only the prompts it made room for). A new request reuses the longest cached
+     step computes only the prompts it made room for), and an interactive request at the head makes
+     room the same way by preempting the most recently admitted running *batch* request
+     (``priority_victim``: the batch class fills what interactive traffic leaves and yields to it, so
+     an interactive first token never waits for a batch generation to end; the victim's full blocks
+     stay in the prefix cache, so its recompute is short). A new request reuses the longest cached
      prefix of its tokens and computes only the rest. The head of the queue is never skipped for a
-     smaller request behind it, and a new arrival never preempts a running request to run sooner
-     itself, only to give its tenant its fair share against another's (no starvation). An
+     smaller request behind it, and a new arrival never preempts a running request of its own class to
+     run sooner itself, only to give its tenant its fair share against another's (no starvation). An
      n > 1 sibling (``add_group``, ``Request.prompt_leader``) waits at the head until its leader
      has computed the shared prompt, then takes those blocks from the prefix cache.
 
@@ -117,6 +121,11 @@ class ScheduledChunk:
     sample: bool  # the chunk reaches the last known token, so its logits give the next token
 
 
+def priority_victim(head: Request, running: list[Request]) -> Request | None:
+    """The running request of a less urgent class than ``head`` admitted last (None: none runs)."""
+    return max((r for r in running if r.priority > head.priority), key=lambda r: r.admit_seq or 0, default=None)
+
+
 @dataclass
 class SchedulerOutput:
     # What the model computes this step; decodes (1 token) first, then prompt chunks.
@@ -154,6 +163,7 @@ class Scheduler:
         self._admissions = 0
         self.num_preemptions = 0
         self.num_fairness_preemptions = 0  # of num_preemptions: to give a tenant its share, not for KV room
+        self.num_priority_preemptions = 0  # of num_preemptions: a batch request making way for an interactive one
         self._lock = threading.RLock()
 
     # -- callers ---------------------------------------------------------------------------------
@@ -197,7 +207,7 @@ class Scheduler:
         with self._lock:
             out = SchedulerOutput()
             self._apply_aborts(out)
-            made_room_for = self._make_room_for_fair_share(out) if self.fair else []
+            made_room_for = self._make_room(out) if self.config.queue_policy != "fcfs" else []
             fairness_step = bool(made_room_for)
             kv_preempted = len(out.preempted)
             budget = self.config.max_step_tokens
@@ -247,21 +257,25 @@ class Scheduler:
             out.chunks = [c for c in chunks if c.num_new_tokens == 1] + [c for c in chunks if c.num_new_tokens > 1]
             return out
 
-    def _make_room_for_fair_share(self, out: SchedulerOutput) -> list[Request]:
-        """A full batch: while the fair queue's next requests belong to tenants under their share, preempt
-        one request of a tenant over it for each (``fair_queue.fairness_victim``). Returns the requests
-        the room is for, in order (several: requests that arrived together start in one step)."""
+    def _make_room(self, out: SchedulerOutput) -> list[Request]:
+        """A full batch: while the queue's next request is interactive and a batch request runs, preempt
+        the latter (``priority_victim``); while it belongs to a tenant under its share (``fair``), preempt
+        one request of a tenant over it (``fair_queue.fairness_victim``). Returns the requests the room is
+        for, in order (several: requests that arrived together start in one step)."""
         if len(self.running) < self.config.max_batch:
             return []
         chosen: list[Request] = []
-        for head in list(self.waiting):  # the fair order, before any victim joins it
+        for head in list(self.waiting):  # the queue's order, before any victim joins it
             if not self._prompt_ready(head):
                 break
-            victim = fairness_victim(head, self.running, self.counters, chosen)
-            if victim is None:
+            victim = priority_victim(head, self.running)
+            if victim is not None:
+                self.num_priority_preemptions += 1
+            elif self.fair and (victim := fairness_victim(head, self.running, self.counters, chosen)) is not None:
+                self.num_fairness_preemptions += 1
+            else:
                 break
             self._preempt(victim, out)
-            self.num_fairness_preemptions += 1
             chosen.append(head)
         return chosen
 

@@ -69,6 +69,8 @@ class WorkerMetrics:
         self.preemptions = counter("chatpipe:num_preemptions", "Running requests sent back to the queue")
         self.fairness_preemptions = counter("chatpipe:num_fairness_preemptions", "Of the preemptions, those that "
                                             "gave a tenant under its fair share a slot")
+        self.priority_preemptions = counter("chatpipe:num_priority_preemptions", "Of the preemptions, those of a "
+                                            "batch request that made way for an interactive one")
         self.prompt_tokens = counter("chatpipe:prompt_tokens", "Prompt tokens of the requests served")
         self.generation_tokens = counter("chatpipe:generation_tokens", "Tokens generated")
         self.success = Counter("chatpipe:request_success", "Requests the engine finished, by finished_reason",
@@ -85,7 +87,7 @@ class WorkerMetrics:
         # A scraper must not read "serving" from a worker that has stopped consuming: FAILED from the
         # moment a thread it needs dies until the process exits.
         self.state = Enum("chatpipe_worker_state", "Worker state", states=list(STATES), registry=r)
-        self._engine_seen = (0, 0, 0, 0)  # queried, hits, preemptions, fairness: the counters take the engine's deltas
+        self._engine_seen = (0, 0, 0, 0, 0)  # queried, hits, preemptions, fairness, priority: the counters take deltas
         self._lag: LagMonitor | None = None
 
     def serve(self, port: int, kafka: KafkaSettings | None = None, settings: WorkerSettings | None = None,
@@ -135,9 +137,10 @@ class WorkerMetrics:
         self.tokens_per_s.set(stats.tokens_per_s)
         self.in_flight.set(in_flight)
         now = (stats.prefix_cache_queried_tokens, stats.prefix_cache_hit_tokens, stats.preemptions,
-               stats.fairness_preemptions)
+               stats.fairness_preemptions, stats.priority_preemptions)
         for counter, before, after in zip((self.prefix_queries, self.prefix_hits, self.preemptions,
-                                           self.fairness_preemptions), self._engine_seen, now):
+                                           self.fairness_preemptions, self.priority_preemptions),
+                                          self._engine_seen, now):
             if after > before:
                 counter.inc(after - before)
         self._engine_seen = now

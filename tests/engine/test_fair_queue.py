@@ -158,12 +158,14 @@ def test_the_workers_metrics_count_the_fairness_preemptions_apart():
 
     metrics = WorkerMetrics("m")
 
-    def stats(preemptions: int, fairness: int) -> SimpleNamespace:
+    def stats(preemptions: int, fairness: int, priority: int = 0) -> SimpleNamespace:
         return SimpleNamespace(running=1, waiting=0, kv_usage=0.5, tokens_per_s=1.0, prefix_cache_queried_tokens=0,
-                               prefix_cache_hit_tokens=0, preemptions=preemptions, fairness_preemptions=fairness)
+                               prefix_cache_hit_tokens=0, preemptions=preemptions, fairness_preemptions=fairness,
+                               priority_preemptions=priority)
 
     metrics.engine(stats(3, 1), 1)
-    metrics.engine(stats(5, 2), 1)
+    metrics.engine(stats(5, 2, 1), 1)
     value = metrics.registry.get_sample_value
     assert value("chatpipe:num_preemptions_total", {"model_name": "m"}) == 5
     assert value("chatpipe:num_fairness_preemptions_total", {"model_name": "m"}) == 2
+    assert value("chatpipe:num_priority_preemptions_total", {"model_name": "m"}) == 1

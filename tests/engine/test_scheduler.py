@@ -190,3 +190,44 @@ def test_load_counts_the_budgets_of_waiting_and_running_requests():
     step(s)  # a and b run (prompts computed, one token each); c waits
     load = s.load()
     assert (load.queued_prompt_tokens, load.queued_output_tokens, load.running_output_tokens) == (4, 5, 8)
+
+
+def test_an_interactive_request_takes_a_running_batch_requests_slot_at_once():
+    """Guards the Batch API's promise (issue 44): the batch class fills what interactive traffic leaves and
+    yields to it. A full batch of batch-class generations used to make an interactive request wait until one
+    ended (its TTFT 7x its TTFT alone in bench/batch.py); now the batch request admitted last is preempted
+    (recomputed later from its cached blocks) and the interactive prompt runs in the next step, alone."""
+    for policy in ("fair", "priority"):
+        s = make_scheduler(kv_tokens=256, max_batch=2, max_waiting=8, queue_policy=policy)
+        s.add_group([req("b0", max_new=20, priority=Priority.BATCH)])
+        s.add_group([req("b1", max_new=20, priority=Priority.BATCH)])
+        for _ in range(3):
+            step(s)
+        s.add_group([req("chat", max_new=2)])
+        out, _ = step(s)
+        assert [r.request_id for r in out.admitted] == ["chat"] and [r.request_id for r in out.preempted] == ["b1"]
+        assert [c.request.request_id for c in out.chunks] == ["chat"], "the room made is for the interactive prompt"
+        assert s.num_priority_preemptions == 1 and s.num_fairness_preemptions == 0
+        finished = []
+        for _ in range(40):
+            finished += [r.request_id for r in step(s)[1]]
+        assert finished[0] == "chat" and sorted(finished) == ["b0", "b1", "chat"], finished
+
+
+def test_no_preemption_within_a_class_nor_under_fcfs():
+    """An interactive request behind running interactive ones waits for a slot (no preemption within a class);
+    ``fcfs`` ignores classes altogether (bench/engine.py's baseline)."""
+    s = make_scheduler(kv_tokens=256, max_batch=2, max_waiting=8)
+    s.add_group([req("i0", max_new=20)])
+    s.add_group([req("i1", max_new=20)])
+    step(s)
+    s.add_group([req("late", max_new=2)])
+    out, _ = step(s)
+    assert out.preempted == [] and out.admitted == [] and s.num_priority_preemptions == 0
+    f = make_scheduler(kv_tokens=256, max_batch=2, max_waiting=8, queue_policy="fcfs")
+    f.add_group([req("b0", max_new=20, priority=Priority.BATCH)])
+    f.add_group([req("b1", max_new=20, priority=Priority.BATCH)])
+    step(f)
+    f.add_group([req("chat", max_new=2)])
+    out, _ = step(f)
+    assert out.preempted == [] and f.num_priority_preemptions == 0
