@@ -91,6 +91,7 @@ bench-quick: setup
 	$(PY) bench/intake.py --quick
 	$(PY) bench/memory.py --quick
 	$(PY) bench/e2e.py --quick
+	$(PY) bench/batch.py --quick
 	$(PY) bench/train.py --quick
 	$(PY) bench/learn_facts.py --quick
 

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from gateway import asgi_call
 from gateway.batch_lines import BatchLine, read_lines
 from gateway.streaming import REQUEST_HEADER
-from gateway.translate import MEMORY_HEADER, TIMEOUT_HEADER
+from gateway.translate import MEMORY_HEADER
 from schemas.records import BatchError, BatchJob, BatchLineResult, BatchStatus
 from schemas.topics import BATCHES, batch_partition
 from transport.batch_book import BatchBook, BatchWriter, read_results
@@ -282,7 +282,7 @@ class BatchRun:
         body = dict(line.body)
         if job.endpoint != "/v1/embeddings":
             body["service_tier"] = "flex"  # the batch priority class
-        headers = {"authorization": f"Bearer {key}", TIMEOUT_HEADER: f"{self.settings.batch_line_timeout_s:g}"}
+        headers = {"authorization": f"Bearer {key}"}  # its deadline: the gateway's first_chunk_timeout_s
         if not (body.get("metadata") or {}).get("conversation_id"):
             headers[MEMORY_HEADER] = "off"  # a line that names no conversation neither recalls nor is remembered
         if traceparent:

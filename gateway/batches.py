@@ -26,10 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.batch_lines import ENDPOINTS, read_lines
 from gateway.keys import Principal, key_fingerprint
 from gateway.openai_api import OpenAIError
+from gateway.route_spans import route_span, traced
 from schemas.records import BatchJob, BatchStatus
 from transport.batch_book import ENDED, BatchBook, BatchWriter
 from transport.file_store import FileStore, FileStoreError
-from transport.spans import SERVER
 
 ROUTE = "/v1/batches"
 COMPLETION_WINDOWS = ("24h",)
@@ -69,26 +69,6 @@ def add_batch_routes(app: FastAPI, authenticate: Callable[..., Principal], servi
     """``writer()``: the gateway's batch writer (made once the gateway has started)."""
     settings = service.settings
 
-    def traced(method: str, route: str, request: Request, principal: Principal):
-        return service.tracer.start(f"{method} {route}", request.headers.get("traceparent"), SERVER,
-                                    {"http.request.method": method, "http.route": route,
-                                     "chatpipe.tenant": principal.tenant})
-
-    async def traced_call(span, work) -> Any:
-        outcome = "error"
-        try:
-            result = await work()
-            outcome = "ok"
-            return result
-        except OpenAIError as exc:
-            outcome = exc.code or str(exc.status)
-            raise
-        finally:
-            span.set("chatpipe.outcome", outcome)
-            if outcome != "ok":
-                span.fail(outcome)
-            span.end()
-
     async def found(principal: Principal, batch_id: str) -> BatchJob:
         job = await asyncio.to_thread(book.wait_for, batch_id, principal.tenant, READ_YOUR_WRITE_S)
         if job is None:  # another tenant's id is answered as one that never existed
@@ -108,7 +88,7 @@ def add_batch_routes(app: FastAPI, authenticate: Callable[..., Principal], servi
             if len(k) > 64 or len(v) > 512:
                 raise OpenAIError(400, "metadata keys are at most 64 characters and values at most 512",
                                   param="metadata", code="invalid_value")
-        span = traced("POST", ROUTE, request, principal)
+        span = route_span(service, "POST", ROUTE, request, principal)
 
         async def make() -> BatchJob:
             stored = await asyncio.to_thread(store.get, principal.tenant, body.input_file_id)
@@ -137,12 +117,12 @@ def add_batch_routes(app: FastAPI, authenticate: Callable[..., Principal], servi
             span.update({"chatpipe.batch.id": job.batch_id, "chatpipe.batch.lines": len(lines)})
             return book.apply(job)
 
-        return JSONResponse(batch_object(await traced_call(span, make)))
+        return JSONResponse(batch_object(await traced(span, make)))
 
     @app.get(ROUTE + "/{batch_id}")
     async def retrieve(request: Request, batch_id: str, principal: Principal = Depends(authenticate)) -> JSONResponse:
-        span = traced("GET", ROUTE + "/{batch_id}", request, principal)
-        return JSONResponse(batch_object(await traced_call(span, lambda: found(principal, batch_id))))
+        span = route_span(service, "GET", ROUTE + "/{batch_id}", request, principal)
+        return JSONResponse(batch_object(await traced(span, lambda: found(principal, batch_id))))
 
     @app.get(ROUTE)
     async def list_batches(request: Request, after: str | None = None, limit: int = Query(20, ge=1, le=100),
@@ -158,7 +138,7 @@ def add_batch_routes(app: FastAPI, authenticate: Callable[..., Principal], servi
 
     @app.post(ROUTE + "/{batch_id}/cancel")
     async def cancel(request: Request, batch_id: str, principal: Principal = Depends(authenticate)) -> JSONResponse:
-        span = traced("POST", ROUTE + "/{batch_id}/cancel", request, principal)
+        span = route_span(service, "POST", ROUTE + "/{batch_id}/cancel", request, principal)
 
         async def ask() -> BatchJob:
             job = await found(principal, batch_id)
@@ -171,4 +151,4 @@ def add_batch_routes(app: FastAPI, authenticate: Callable[..., Principal], servi
             await asyncio.to_thread(writer().publish, asked)
             return book.apply(asked)
 
-        return JSONResponse(batch_object(await traced_call(span, ask)))
+        return JSONResponse(batch_object(await traced(span, ask)))

@@ -28,8 +28,8 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.keys import Principal
 from gateway.openai_api import OpenAIError
+from gateway.route_spans import route_span, traced
 from transport.file_store import FileStore, FileStoreError, StoredFile
-from transport.spans import SERVER
 
 ROUTE = "/v1/files"
 UPLOAD_PURPOSES = ("batch",)  # what a client may upload; batch_output files are written by the pipeline
@@ -72,27 +72,10 @@ def add_file_routes(app: FastAPI, authenticate: Callable[..., Principal], servic
     store = FileStore(settings.files_store())
     metrics = service.metrics
 
-    def traced(method: str, route: str, request: Request, principal: Principal):
-        return service.tracer.start(f"{method} {route}", request.headers.get("traceparent"), SERVER,
-                                    {"http.request.method": method, "http.route": route,
-                                     "chatpipe.tenant": principal.tenant})
-
     async def run(operation: str, span, work: Callable[[], Any]) -> Any:
         """``work`` (blocking: the store) in a thread; counted and traced by outcome."""
-        outcome = "error"
-        try:
-            result = await asyncio.to_thread(work)
-            outcome = "ok"
-            return result
-        except OpenAIError as exc:
-            outcome = exc.code or str(exc.status)
-            raise
-        finally:
-            metrics.files.labels(operation, outcome).inc()
-            span.set("chatpipe.outcome", outcome)
-            if outcome != "ok":
-                span.fail(outcome)
-            span.end()
+        return await traced(span, lambda: asyncio.to_thread(work),
+                                 lambda outcome: metrics.files.labels(operation, outcome).inc())
 
     def found(principal: Principal, file_id: str) -> StoredFile:
         stored = store.get(principal.tenant, file_id)
@@ -109,7 +92,7 @@ def add_file_routes(app: FastAPI, authenticate: Callable[..., Principal], servic
             raise OpenAIError(400, f"purpose {purpose!r} is not taken here: this gateway keeps files for the Batch "
                                    f"API (purpose 'batch'); docs/gateway.md", param="purpose", code="invalid_value")
         expires_after_s = _expires_after(expires_anchor, expires_seconds)
-        span = traced("POST", ROUTE, request, principal)
+        span = route_span(service, "POST", ROUTE, request, principal)
 
         def check_and_store() -> StoredFile:
             source = file.file
@@ -138,7 +121,7 @@ def add_file_routes(app: FastAPI, authenticate: Callable[..., Principal], servic
     async def list_files(request: Request, purpose: str | None = None,
                          limit: int = Query(10_000, ge=1, le=10_000), order: Literal["asc", "desc"] = "desc",
                          after: str | None = None, principal: Principal = Depends(authenticate)) -> JSONResponse:
-        span = traced("GET", ROUTE, request, principal)
+        span = route_span(service, "GET", ROUTE, request, principal)
 
         def page() -> dict[str, Any]:
             files = store.list(principal.tenant, purpose)  # newest first
@@ -156,12 +139,12 @@ def add_file_routes(app: FastAPI, authenticate: Callable[..., Principal], servic
 
     @app.get(ROUTE + "/{file_id}")
     async def retrieve(request: Request, file_id: str, principal: Principal = Depends(authenticate)) -> JSONResponse:
-        span = traced("GET", ROUTE + "/{file_id}", request, principal)
+        span = route_span(service, "GET", ROUTE + "/{file_id}", request, principal)
         return JSONResponse(await run("retrieve", span, lambda: found(principal, file_id).openai()))
 
     @app.get(ROUTE + "/{file_id}/content")
     async def content(request: Request, file_id: str, principal: Principal = Depends(authenticate)) -> Response:
-        span = traced("GET", ROUTE + "/{file_id}/content", request, principal)
+        span = route_span(service, "GET", ROUTE + "/{file_id}/content", request, principal)
 
         def read() -> bytes:
             found(principal, file_id)
@@ -174,7 +157,7 @@ def add_file_routes(app: FastAPI, authenticate: Callable[..., Principal], servic
 
     @app.delete(ROUTE + "/{file_id}")
     async def delete(request: Request, file_id: str, principal: Principal = Depends(authenticate)) -> JSONResponse:
-        span = traced("DELETE", ROUTE + "/{file_id}", request, principal)
+        span = route_span(service, "DELETE", ROUTE + "/{file_id}", request, principal)
 
         def remove() -> dict[str, Any]:
             if not store.delete(principal.tenant, file_id):

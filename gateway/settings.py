@@ -73,8 +73,6 @@ class GatewaySettings(BaseSettings):
                                    "flight at once (each an ordinary request at the batch priority class)")
     batch_window_s: float = Field(24 * 3600.0, gt=0, description="What completion_window \"24h\" gives a batch "
                                   "before it expires (the lines done by then are kept)")
-    batch_line_timeout_s: float = Field(3600.0, gt=0, description="Each batch line's deadline for its first "
-                                        "token (a batch line may wait behind interactive traffic)")
     batch_progress_s: float = Field(1.0, gt=0, description="How often a running batch's counts are published")
     log_level: str = Field("info", description="debug, info, warning")
 

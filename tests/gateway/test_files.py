@@ -66,6 +66,9 @@ def test_a_file_goes_up_on_one_replica_and_is_read_back_on_the_other(replicas):
     with pytest.raises(openai.NotFoundError):
         client(a.url).files.retrieve(up.id)
     assert not [p for p in store.rglob(f"{up.id}*")], "the bytes and the description are gone from the store"
+    metrics = httpx.get(f"{a.url}/metrics", timeout=30).text  # each call counted by operation and outcome
+    assert 'chatpipe_gateway_file_operations_total{operation="upload",outcome="ok"}' in metrics
+    assert 'chatpipe_gateway_file_operations_total{operation="retrieve",outcome="file_not_found"}' in metrics
 
 
 def test_another_tenants_file_is_not_there_for_any_route(replicas):
