@@ -124,7 +124,7 @@ async def test_every_prompt_carries_the_deadline_at_which_the_client_gets_its_50
     service = service_without_kafka(first_chunk_timeout_s=0.5)
     sub = await service.submit(Principal("acme", "ada"), completion_request(), "conv-1", time.perf_counter())
     ((topic, prompt),) = service.producer.sent
-    assert topic == "chat.prompts" and prompt.schema_version == 7
+    assert topic == "chat.prompts" and prompt.schema_version == 8
     assert prompt.deadline_at == prompt.created_at + 500 == sub.deadline_at
     with pytest.raises(OpenAIError) as caught:
         await anext(service.replies(sub))
