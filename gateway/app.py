@@ -32,6 +32,7 @@ from gateway.keys import KeyStore, Principal
 from gateway.files import MULTIPART_OVERHEAD_BYTES, add_file_routes
 from gateway.files import ROUTE as FILES_ROUTE
 from gateway.limits import BodySizeLimit, RouteLimit
+from gateway.responses_routes import add_response_routes
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import ChatCompletionRequest, OpenAIError
 from gateway.responses import choice, chunk, completion, sse, usage
@@ -43,6 +44,7 @@ from gateway.streaming import (CONVERSATION_HEADER, REQUEST_HEADER, ClientGone, 
                                wait_for_answer)
 from schemas.records import FeedbackKind
 from transport.batch_book import BatchBook, BatchWriter
+from transport.response_store import ResponseStore
 from transport.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
     metrics = GatewayMetrics()
     service = GatewayService(kafka, settings, metrics)
     batches = BatchBook(kafka)  # every batch's state (chat.batches), for any replica's GET
+    stored_responses = ResponseStore(kafka)  # the Responses API's stored responses (chat.api.responses)
     runner: list[BatchRunner] = []
 
     @asynccontextmanager
@@ -69,12 +72,16 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         await service.start()
         loop = asyncio.get_running_loop()
         await asyncio.to_thread(batches.start, lambda exc: loop.call_soon_threadsafe(service.on_failure, exc))
+        await asyncio.to_thread(stored_responses.start, lambda exc: loop.call_soon_threadsafe(service.on_failure, exc))
+        background.watch(loop)
         writer = app.state.batch_writer = BatchWriter(kafka)
         runner.append(BatchRunner(kafka, service, batches, writer, app.state.files, keys, app))
         runner[0].start()  # runs the batches of the chat.batches partitions its consumer group gives it
         yield
         await runner[0].close()
+        await background.close()
         batches.close()
+        await asyncio.to_thread(stored_responses.close)
         await service.close()
         await asyncio.to_thread(writer.close)
 
@@ -149,6 +156,7 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
     app.state.files = add_file_routes(app, authenticate, service)  # /v1/files (files.py)
     # /v1/batches (batches.py); the writer is made at start (it needs the broker)
     add_batch_routes(app, authenticate, service, app.state.files, batches, lambda: app.state.batch_writer)
+    background = add_response_routes(app, authenticate, service, stored_responses)  # /v1/responses
 
     @app.post("/v1/feedback", status_code=202)
     async def feedback(body: FeedbackBody, principal: Principal = Depends(authenticate)) -> dict[str, str]:

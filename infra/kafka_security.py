@@ -197,6 +197,8 @@ def _topic_rules(service: str) -> list[tuple[str, str, tuple[str, ...]]]:
                 *read(t.MODELS),  # the model versions a request may name (transport/model_catalog.py)
                 # the Batch API: batches and their lines' answers (transport/batch_book.py, gateway/batch_runner.py)
                 *read(t.BATCHES, t.BATCH_RESULTS), *write(t.BATCHES, t.BATCH_RESULTS),
+                # the Responses API's stored responses; erasures reach them (transport/response_store.py)
+                *read(t.STORED_RESPONSES, t.DELETIONS), *write(t.STORED_RESPONSES),
                 ("PREFIXED", f"{t.REPLIES}.", _OWN)]
     if service == "inference":
         return [*read(t.INFERENCE_REQUESTS, t.INFERENCE_REQUESTS_BATCH, t.CANCELS, t.DELETIONS),

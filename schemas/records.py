@@ -537,7 +537,28 @@ class BatchLineResult:
     schema_version: int = 1
 
 
+@dataclass(slots=True, kw_only=True)
+class StoredResponse:
+    """A response of the Responses API kept for ``GET`` and for the follow-ups that name it
+    (chat.api.responses, compacted, key ``response_id``): every change is the whole record again.
+    ``messages`` is what its input added to the chain (chat messages, JSON), ``body`` the response
+    object as the client gets it (JSON); ``deleted``: gone for every reader (DELETE, or an erasure)."""
+    response_id: str
+    tenant: str
+    user_id: str
+    conversation_id: str
+    previous_response_id: str | None = None
+    status: str
+    messages: str  # JSON
+    body: str  # JSON
+    deleted: bool = False
+    created_at: int = field(default_factory=now_ms)
+    updated_at: int = field(default_factory=now_ms)
+    schema_version: int = 1
+
+
 #: Every top-level record type, by its Avro record name.
 RECORD_TYPES: dict[str, type] = {cls.__name__: cls for cls in (
     PromptRequest, InferenceRequest, TokenChunk, Response, Cancel, ConversationTurn, Feedback, Deletion, WorkerStatus,
-    DeadLetter, DeletionAudit, EmbeddingRequest, EmbeddingResult, ModelVersion, VersionStats, BatchJob, BatchLineResult)}
+    DeadLetter, DeletionAudit, EmbeddingRequest, EmbeddingResult, ModelVersion, VersionStats, BatchJob, BatchLineResult,
+    StoredResponse)}

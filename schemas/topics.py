@@ -108,6 +108,12 @@ CATALOG: tuple[TopicSpec, ...] = (
               doc="Each batch line's answer, once per line, in its batch's partition (tombstoned once the "
                   "batch's output file is written).",
               producers=("gateway",), consumers=("gateway",)),
+    # OpenAI's Responses API (gateway/responses_routes.py): stored responses, which any gateway serves and
+    # continues (previous_response_id); kept 30 days as OpenAI keeps them, deleted ones at once for readers.
+    TopicSpec("chat.api.responses", 3, "response_id", "StoredResponse", cleanup_policy="compact,delete",
+              retention_ms=30 * DAY_MS,
+              doc="Stored responses of the Responses API (compacted: the latest record per response; 30 days).",
+              producers=("gateway",), consumers=("gateway",)),
     # POST /v1/embeddings: the streams tier embeds with its memory model and answers on the asker's
     # reply address (an EmbeddingResult on chat.replies.<gateway id>; streams/embedding_requests.py).
     TopicSpec("chat.embeddings.requests", 6, "request_id", "EmbeddingRequest", retention_ms=60 * 60 * 1000,
@@ -138,6 +144,7 @@ MODELS = "chat.models"
 MODEL_STATS = "chat.models.stats"
 BATCHES = "chat.batches"
 BATCH_RESULTS = "chat.batch.results"
+STORED_RESPONSES = "chat.api.responses"
 
 
 def inference_requests_topic(priority: str) -> str:

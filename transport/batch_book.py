@@ -14,17 +14,15 @@ every gateway (``GET /v1/batches``) and read once by ``chatpipe batch``.
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import replace
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from schemas.codec import AvroCodec, default_codec
 from schemas.errors import ChatpipeError, DecodeError
 from schemas.records import BatchJob, BatchLineResult, BatchStatus, now_ms
 from schemas.topics import BATCH_RESULTS, BATCHES, batch_partition
-from transport.broadcast import BroadcastListener
-from transport.settings import IDLE_FETCH_WAIT_MS, KafkaSettings
+from transport.followed_records import FollowedRecords
+from transport.settings import KafkaSettings
 from transport.topic_scan import read_to_end
 
 #: The steps a batch may take, each with the time it was taken; the first set in this order is its status.
@@ -63,71 +61,23 @@ def result_key(batch_id: str, custom_id: str) -> bytes:
     return f"{batch_id}/{custom_id}".encode()
 
 
-class BatchListener(BroadcastListener):
-    """Every BatchJob record of ``chat.batches`` from now on."""
-
-    topic, record_type, thread_name, fetch_wait_ms = BATCHES, BatchJob, "chatpipe-batches", IDLE_FETCH_WAIT_MS
-
-
-class BatchBook:
-    """Every batch's merged state, kept current from ``chat.batches`` (``start``), or read once (``load``)."""
+class BatchBook(FollowedRecords):
+    """Every batch's merged state (``merge``), from ``chat.batches``."""
 
     def __init__(self, kafka: KafkaSettings, codec: AvroCodec | None = None) -> None:
-        self.kafka = kafka
-        self.codec = codec or default_codec()
-        self._lock = threading.Condition()
-        self._jobs: dict[str, BatchJob] = {}
-        self.listener: BatchListener | None = None
-
-    def start(self, on_failure: Callable[[BaseException], None], timeout_s: float = 30.0) -> None:
-        """Follow the topic from now, then read what it holds (blocking until read)."""
-        self.listener = BatchListener(self.kafka, self.codec)
-        self.listener.start(None, self.apply, on_failure)
-        self.listener.ready.wait(10.0)
-        self.load(timeout_s)
-
-    def load(self, timeout_s: float = 30.0) -> "BatchBook":
-        def take(message: Any) -> None:
-            if message.value() is not None:
-                try:
-                    self.apply(self.codec.decode(message.value(), BatchJob))
-                except DecodeError:
-                    pass  # not ours to fix here; every writer of the topic is a gateway of this version or later
-
-        read_to_end(self.kafka, self.kafka.topic(BATCHES), take, timeout_s=timeout_s)
-        return self
-
-    def close(self) -> None:
-        if self.listener is not None:
-            self.listener.close()
-
-    def apply(self, job: BatchJob) -> BatchJob:
-        with self._lock:
-            merged = self._jobs[job.batch_id] = merge(self._jobs.get(job.batch_id), job)
-            self._lock.notify_all()
-        return merged
+        super().__init__(kafka, BATCHES, BatchJob, lambda job: job.batch_id, merge, codec)
 
     def get(self, batch_id: str, tenant: str | None = None) -> BatchJob | None:
-        with self._lock:
-            job = self._jobs.get(batch_id)
+        job = self.record(batch_id)
         return job if job is not None and (tenant is None or job.tenant == tenant) else None
 
     def wait_for(self, batch_id: str, tenant: str, timeout_s: float) -> BatchJob | None:
-        """``get``, waiting up to ``timeout_s`` for a batch another gateway has just made to reach this one."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while True:
-                job = self._jobs.get(batch_id)
-                left = deadline - time.monotonic()
-                if job is not None or left <= 0:
-                    break
-                self._lock.wait(left)
+        job = self.wait_record(batch_id, timeout_s)
         return job if job is not None and job.tenant == tenant else None
 
     def jobs(self, tenant: str | None = None) -> list[BatchJob]:
         """Newest first."""
-        with self._lock:
-            found = [j for j in self._jobs.values() if tenant is None or j.tenant == tenant]
+        found = [j for j in self.records() if tenant is None or j.tenant == tenant]
         return sorted(found, key=lambda j: (j.created_at, j.batch_id), reverse=True)
 
 
