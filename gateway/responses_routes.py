@@ -150,7 +150,7 @@ class ResponseRun:
 
     async def submit(self, received: float, traceparent: str | None = None):
         return await self.service.submit(self.principal, self.chat, self.conversation_id, received,
-                                         traceparent=traceparent)
+                                         traceparent=traceparent, route=ROUTE)
 
     def object(self, status: str, output: list[dict[str, Any]], usage_: dict[str, Any] | None = None,
                error: dict[str, Any] | None = None, model: str | None = None) -> dict[str, Any]:

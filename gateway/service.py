@@ -255,17 +255,19 @@ class GatewayService:
 
     async def submit(self, principal: Principal, body: ChatCompletionRequest, conversation_id: str | None,
                      received_at: float, traceparent: str | None = None, timeout_s: float | None = None,
-                     cache: bool | None = None, memory: bool = True) -> Submitted:
+                     cache: bool | None = None, memory: bool = True,
+                     route: str = "/v1/chat/completions") -> Submitted:
         """A chat request: its PromptRequest (``translate.chat_request_to_prompt``: 400 / 404 / 403
         before anything else), its slot of the backlog (429), the record produced. ``conversation_id``:
         the one the client named in the header (None: the body's metadata, or a new conversation);
         ``traceparent`` (the HTTP header, when the client sent one) makes the request's span part of
         the client's trace; ``cache``: what the X-Chatpipe-Cache header asked (``translate.cache_header``);
-        ``memory``: what X-Chatpipe-Memory asked (``translate.memory_header``)."""
+        ``memory``: what X-Chatpipe-Memory asked (``translate.memory_header``); ``route``: the HTTP route its
+        span names (``/v1/responses`` submits its chat request here too)."""
         prompt = chat_request_to_prompt(body, principal, self.settings, conversation_id=conversation_id,
                                         reply_to=self.reply_topic, timeout_s=timeout_s, cache=cache, models=self.models,
                                         memory=memory)
-        return await self._produce(prompt, received_at, "/v1/chat/completions", "chat", traceparent, param="messages")
+        return await self._produce(prompt, received_at, route, "chat", traceparent, param="messages")
 
     async def submit_completion(self, principal: Principal, body: CompletionRequest, received_at: float,
                                 traceparent: str | None = None, timeout_s: float | None = None,

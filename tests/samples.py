@@ -119,4 +119,7 @@ def sample_records() -> list:
                    total=2, created_at=1_700_000_000, failed_at=1_700_000_001),
         r.BatchLineResult(batch_id="batch_0a1b2c", custom_id="r1", line=1, status_code=200, request_id="req-1",
                           body='{"object": "chat.completion"}', input_tokens=12, output_tokens=4),
+        r.StoredResponse(response_id="resp_0a1b2c", tenant="acme", user_id="shop:ada", conversation_id="resp-0a1b2c",
+                         previous_response_id="resp_9f8e7d", status="completed",
+                         messages='[{"role": "user", "content": "hi"}]', body='{"object": "response"}'),
     ]

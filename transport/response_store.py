@@ -81,7 +81,10 @@ class ResponseStore:
 
     def publish(self, stored: StoredResponse) -> StoredResponse:
         """Write ``stored`` (acks=all: ResponseStoreError if the broker does not take it); returns the merged view."""
-        stored = replace(stored, updated_at=now_ms())
+        current = self.view.record(stored.response_id)
+        # what this gateway knows already stays (a cancel, a deletion): written so, the latest record alone holds
+        # it, and compaction (which keeps only the latest) cannot bring back what was undone
+        stored = replace(merge(current, stored) if current is not None else stored, updated_at=now_ms())
         errors: list = []
         with self._lock:
             self._producer.produce(self.kafka.topic(STORED_RESPONSES), self.codec.encode(stored),

@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import console, with_kafka_flags
+from chatpipe.commands.common import console, exit_now, with_kafka_flags
 from chatpipe.commands.engine import model_app
 
 
@@ -111,8 +111,7 @@ def lineage(
                            f"{v.dataset_uri}/sft/train.jsonl")
         if not hits:
             typer.echo(f"no version on the registry was trained on request {request_id}", err=True)
-            raise typer.Exit(1)
-        return
+        exit_now(0 if hits else 1)  # pyarrow's teardown may abort the process after the answer (exit_now)
     found = _find(kafka, version)
     rows = lineage_rows(found.lineage_uri, ["line", "tenant", "request_ids", "trace_ids"])
     typer.echo(f"{found.name}@{found.version}: dataset {found.dataset_uri} (manifest {found.dataset_manifest_id}), "
@@ -120,6 +119,7 @@ def lineage(
     typer.echo("line\ttenant\trequest_ids\ttrace_ids")
     for line, tenant, requests, traces in zip(*(rows.column(c).to_pylist() for c in rows.column_names)):
         typer.echo(f"{line}\t{tenant}\t{','.join(requests)}\t{','.join(t or '' for t in traces)}")
+    exit_now(0)
 
 
 def _change(kafka, records) -> None:

@@ -47,7 +47,7 @@ def inference_request_of(pipeline, request_id: str):
         tap.close()
 
 
-def test_a_stored_response_is_read_and_continued_by_the_other_replica(pipeline, replica):
+def test_a_stored_response_is_read_and_continued_by_the_other_replica_and_after_a_restart(pipeline, replica, tmp_path):
     a, b = client(pipeline.url), client(replica.url)
     first = a.responses.with_raw_response.create(model=MODEL, input="My cat is called Pixel.", max_output_tokens=8,
                                                  temperature=0, instructions="Answer briefly.")
@@ -63,6 +63,22 @@ def test_a_stored_response_is_read_and_continued_by_the_other_replica(pipeline, 
     assert ("user", "My cat is called Pixel.") in said and ("assistant", one.output_text) in said, said
     assert said[-1] == ("user", "What is my cat called?") and ("system", "Answer briefly.") not in said
     assert first.headers["x-chatpipe-conversation-id"] == second.headers["x-chatpipe-conversation-id"]
+    # its span names its route, and the pipeline's hops join its trace (one trace from the HTTP call on)
+    from clients.traces import read_span_files, trace_of_request
+
+    deadline = time.monotonic() + 60
+    while not [r for r in trace_of_request(read_span_files(pipeline.traces_dir), first.headers[
+            "x-chatpipe-request-id"]) if r.name == "POST /v1/responses" and r.service == "gateway"]:
+        # the package pipeline's gateway writes its spans under traces_dir (the replica writes none)
+        assert time.monotonic() < deadline, "no gateway span POST /v1/responses for the first response"
+        time.sleep(0.5)
+    # a gateway started after both were stored (a restart: nothing in its memory) serves them from the topic
+    fresh = start_gateway(pipeline.kafka, tmp_path)
+    try:
+        fresh.wait_healthy(90)
+        assert client(fresh.url).responses.retrieve(two.id).output_text == two.output_text
+    finally:
+        assert fresh.terminate() == 0, fresh.log()[-3000:]
 
 
 def test_streamed_events_parse_in_the_official_client_and_add_up(pipeline):
@@ -169,7 +185,7 @@ def test_the_agents_sdk_runs_two_turns_the_second_on_the_other_replica(pipeline,
         return OpenAIResponsesModel(model=MODEL, openai_client=openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY,
                                                                                   max_retries=0))
 
-    settings = ModelSettings(temperature=0, max_tokens=160)  # room to end: the SDK takes "incomplete" for a failure
+    settings = ModelSettings(temperature=0, max_tokens=256)  # room to end: the SDK takes "incomplete" for a failure
     agent = Agent(name="assistant", instructions="Answer in one short sentence.", model=model(pipeline.url),
                   model_settings=settings)
 
