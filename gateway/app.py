@@ -65,7 +65,6 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
     service = GatewayService(kafka, settings, metrics)
     batches = BatchBook(kafka)  # every batch's state (chat.batches), for any replica's GET
     stored_responses = ResponseStore(kafka)  # the Responses API's stored responses (chat.api.responses)
-    runner: list[BatchRunner] = []
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -75,10 +74,10 @@ def create_app(kafka: KafkaSettings, settings: GatewaySettings, keys: KeyStore) 
         await asyncio.to_thread(stored_responses.start, lambda exc: loop.call_soon_threadsafe(service.on_failure, exc))
         background.watch(loop)
         writer = app.state.batch_writer = BatchWriter(kafka)
-        runner.append(BatchRunner(kafka, service, batches, writer, app.state.files, keys, app))
-        runner[0].start()  # runs the batches of the chat.batches partitions its consumer group gives it
+        runner = BatchRunner(kafka, service, batches, writer, app.state.files, keys, app)
+        runner.start()  # runs the batches of the chat.batches partitions its consumer group gives it
         yield
-        await runner[0].close()
+        await runner.close()
         await background.close()
         batches.close()
         await asyncio.to_thread(stored_responses.close)
