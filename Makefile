@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # as the erasure canary to start last while the other worker sat idle). PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 4
 
-.PHONY: setup prerequisites run test test-prerequisites test-unit bench-quick down clean
+.PHONY: setup setup-vllm prerequisites run test test-prerequisites test-unit bench-quick down clean
 
 # Java and Maven for the broker; redis-server for the stack's response cache (infra/redis_server.py). Debian's
 # package starts its own redis-server.service on 6379 where systemd runs: only one installed here is stopped
@@ -58,6 +58,12 @@ $(VENV)/.installed: pyproject.toml
 
 setup: prerequisites $(VENV)/.installed
 	$(CHATPIPE) model pull
+
+# The vLLM worker's own environment (`chatpipe inference --engine vllm`, `chatpipe up --engine vllm`): vLLM pins
+# its own torch, so it cannot share .venv (infra/vllm_env.py). Made once per machine in ~/.cache/chatpipe/vllm
+# (~6 GB of downloads the first time, kept by uv's cache); `make test` makes it too (test-prerequisites).
+setup-vllm: $(VENV)/.installed
+	$(PY) -m infra.vllm_env
 
 # Start the whole stack in the background (Kafka + topic catalog, streams worker, inference worker,
 # gateway), then run a short scripted conversation through the gateway (streaming, an earlier fact

@@ -25,7 +25,7 @@ PERSISTED_FIELDS: dict[str, tuple[str, ...]] = {
     "gateway_port": ("gateway",), "worker_metrics_port": ("inference",), "qdrant_url": ("streams",),
     "streams_metrics_port": ("streams",),
     "kafka_security": _EVERY_SERVICE,
-    "streams_workers": (), "inference_workers": (),
+    "streams_workers": (), "inference_workers": (), "inference_engine": ("inference",),
     # The observability backends (infra.observability): `up --no-observability` stops them, like a count.
     "observability": (), "otlp_grpc_port": ("jaeger",), "otlp_http_port": ("jaeger",),
     "jaeger_port": ("jaeger",), "jaeger_grpc_port": ("jaeger",), "prometheus_port": ("prometheus",),
@@ -86,6 +86,9 @@ class StackSettings(BaseSettings):
     inference_workers: int = Field(1, ge=1, le=16, description="Inference worker processes (`inference`, "
                                                             "`inference-2`, ...), one consumer group; worker n's "
                                                             "/metrics on worker_metrics_port + n - 1")
+    inference_engine: Literal["auto", "chatpipe", "vllm"] = Field(
+        "auto", description="The inference workers' engine (`chatpipe inference --engine`): chatpipe, vllm (its own "
+        "environment: make setup-vllm) or auto (vllm on a CUDA device when its environment is there)")
     # Observability (infra.observability, docs/observability.md): a trace store and a metrics store,
     # built once from the Go module proxy into cache_dir/bin; without them spans go to <state>/traces.
     observability: bool = Field(False, description="Also run Jaeger (trace store + UI, in memory) and Prometheus "

@@ -181,7 +181,8 @@ class LocalStack:
             # Partition intake (a consumer group) always: its members are how `up` sees the worker
             # serving; a share group is not listed by the admin API (run `chatpipe inference
             # --intake share` by hand for that).
-            return ["inference", *kafka, "--intake", "partition", "--metrics-port", str(metrics_port(s, index))]
+            return ["inference", *kafka, "--engine", s.inference_engine, "--intake", "partition", "--metrics-port",
+                    str(metrics_port(s, index))]
         if name == "gateway":
             return ["gateway", *kafka, "--host", s.host, "--port", str(s.gateway_port), "--keys-file", str(s.keys_file)]
         raise ValueError(f"no service {name!r}")

@@ -6,6 +6,7 @@ variables, loads the model, and runs ``inference.worker.Worker`` until SIGTERM /
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Annotated, Optional
 
@@ -20,6 +21,7 @@ from transport.settings import KafkaSettings
 
 @with_kafka_flags
 def inference(
+    engine: Annotated[Optional[str], option(WorkerSettings, "engine")] = None,
     intake: Annotated[Optional[str], option(WorkerSettings, "intake")] = None,
     kafka: Optional[KafkaSettings] = None,  # from --bootstrap-servers, --topic-prefix, --kafka-* (with_kafka_flags)
     group_id: Annotated[Optional[str], option(WorkerSettings, "group_id")] = None,
@@ -39,28 +41,30 @@ def inference(
     import asyncio
     import signal
 
-    from inference.engine.engine import Engine
     from inference.engine.errors import EngineError
-    from inference.engine.model_store import load_model
     from inference.engine.settings import DEFAULT_MODEL_NAME, EngineSettings
     from inference.worker.worker import Worker
     from transport import spans
     from transport.logs import configure_logging
 
     configure_logging("inference", log_level)  # CHATPIPE_LOG_FORMAT: text or JSON lines
-    worker_settings = build_settings(WorkerSettings, intake=intake, group_id=group_id, worker_id=worker_id,
-                                     max_in_flight=max_in_flight, metrics_port=metrics_port, grace_s=grace_s)
+    worker_settings = build_settings(WorkerSettings, engine=engine, intake=intake, group_id=group_id,
+                                     worker_id=worker_id, max_in_flight=max_in_flight, metrics_port=metrics_port,
+                                     grace_s=grace_s)
     engine_settings = build_settings(EngineSettings, model_path=model, device=device, max_batch=max_batch,
                                      kv_cache_tokens=kv_cache_tokens, max_seq_len=max_seq_len)
+    chosen = choose_engine(worker_settings.engine, engine_settings)
+    if chosen == "vllm":
+        run_in_vllm_env(engine_settings)  # returns only in the vLLM environment itself
     check_kafka(kafka, "inference")  # before the model loads: a refused password says so in seconds
     try:
-        lm, tokenizer = load_model(engine_settings)
-        engine = Engine(lm, engine_settings)
+        the_engine, tokenizer, constraints = build_engine(chosen, engine_settings)
     except EngineError as exc:
         print_error(exc)
         raise typer.Exit(1) from None
+    logging.getLogger("chatpipe.inference").info("engine: %s (--engine %s)", chosen, worker_settings.engine)
     model_name = str(engine_settings.model_path) if engine_settings.model_path else DEFAULT_MODEL_NAME
-    worker = Worker(kafka, worker_settings, engine, tokenizer, model_name)
+    worker = Worker(kafka, worker_settings, the_engine, tokenizer, model_name, constraints=constraints)
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -74,6 +78,65 @@ def inference(
     finally:
         spans.shutdown()  # export what is left
     raise typer.Exit(code)
+
+
+def choose_engine(choice: str, engine_settings) -> str:
+    """``auto``: vLLM on a CUDA device when its environment is made (or vLLM is importable here), else ours."""
+    if choice != "auto":
+        return choice
+    if not engine_settings.resolved_device().startswith("cuda"):
+        return "chatpipe"
+    from infra.vllm_env import vllm_env
+
+    return "vllm" if vllm_importable() or vllm_env().ready else "chatpipe"
+
+
+def vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def run_in_vllm_env(engine_settings) -> None:
+    """Run this same command with the vLLM environment's Python (``infra/vllm_env.py``), unless this
+    process is that one already. Exits 1 naming `make setup-vllm` when the environment is not made."""
+    if vllm_importable():
+        return
+    import sys
+
+    from infra.vllm_env import process_env, vllm_env
+
+    env = vllm_env()
+    if not env.ready or os.environ.get("CHATPIPE_VLLM_CHILD"):
+        print_error(f"--engine vllm needs the vLLM environment, not made on this machine ({env.root}); "
+                    "make it with `make setup-vllm` (once; ~6 GB of downloads the first time)")
+        raise typer.Exit(1)
+    child_env = process_env(env, {**os.environ, "CHATPIPE_VLLM_CHILD": "1"}, engine_settings.num_threads)
+    sys.stdout.flush()
+    os.execve(env.python, [str(env.python), "-m", "chatpipe.cli", *sys.argv[1:]], child_env)
+
+
+def build_engine(chosen: str, engine_settings):
+    """(engine, tokenizer, constraints or None) of the chosen engine; raises ``EngineError``."""
+    from inference.engine.model_store import load_model, load_tokenizer, locate_model
+
+    if chosen == "vllm":
+        from inference.vllm_engine.constraints import VllmConstraints
+        from inference.vllm_engine.engine import VllmEngine
+        from inference.worker.errors import InvalidRequestError
+
+        location = locate_model(engine_settings)
+        if location.gguf_file:
+            from inference.engine.errors import ModelLoadError
+
+            raise ModelLoadError(f"{location.describe()}: the vLLM engine serves Hugging Face model folders; "
+                                 "`chatpipe model pull` converts the default model to one")
+        return (VllmEngine(location.folder, engine_settings), load_tokenizer(location),
+                VllmConstraints(InvalidRequestError))
+    from inference.engine.engine import Engine
+
+    lm, tokenizer = load_model(engine_settings)
+    return Engine(lm, engine_settings), tokenizer, None
 
 
 def register(app: typer.Typer) -> None:

@@ -52,6 +52,10 @@ ResponseCache = Annotated[Optional[bool], option(StackSettings, "response_cache"
     "Redis and without a cache (docs/stack.md)"))]
 RedisPort = Annotated[Optional[int], option(StackSettings, "redis_port", "--redis-port",
                                             help="Redis port (the response cache)")]
+InferenceEngine = Annotated[Optional[str], option(StackSettings, "inference_engine", "--engine", help=(
+    "The inference workers' engine: chatpipe (ours, the default on CPU), vllm (vLLM's engine in its own "
+    "environment: make setup-vllm) or auto (vllm on a CUDA device when its environment is there); kept with the "
+    "state folder"))]
 
 
 def _open(**flags):
@@ -103,7 +107,7 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
        brokers: Brokers = None, qdrant_url: QdrantUrl = None, streams_workers: StreamsWorkers = None,
        inference_workers: InferenceWorkers = None, kafka_security: KafkaSecurity = None,
        observability: Observability = None, streams_metrics_port: StreamsMetricsPort = None,
-       response_cache: ResponseCache = None, redis_port: RedisPort = None) -> None:
+       response_cache: ResponseCache = None, redis_port: RedisPort = None, engine: InferenceEngine = None) -> None:
     """Start the stack in the background (what is not running yet) under its supervisor, which starts a
     service again when it exits; wait until each service is healthy. A worker count smaller than the
     running stack's stops the surplus workers; a larger one starts the extra ones."""
@@ -114,7 +118,8 @@ def up(state_dir: StateDir = None, kafka_port: KafkaPort = None, controller_port
                   gateway_port=gateway_port, worker_metrics_port=worker_metrics_port, brokers=brokers,
                   qdrant_url=qdrant_url, streams_workers=streams_workers, inference_workers=inference_workers,
                   kafka_security=kafka_security, observability=observability,
-                  streams_metrics_port=streams_metrics_port, response_cache=response_cache, redis_port=redis_port)
+                  streams_metrics_port=streams_metrics_port, response_cache=response_cache, redis_port=redis_port,
+                  inference_engine=engine)
     s = stack.settings
     began = time.monotonic()
     with console.status(f"starting Kafka on {stack.bootstrap_servers} (first run fetches jars with mvn)...") as spinner:

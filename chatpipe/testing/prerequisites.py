@@ -13,6 +13,7 @@ command when they are missing).
     spark jars      Spark's Kafka and Avro connectors (mvn)              spark_jobs/jars.py
     kubeconform     from the Go module proxy (go; seconds)               k8s/kubeconform.py
     observability   Jaeger, Prometheus and their UIs (go, npm; ~25 min)  infra/observability/binaries.py
+    vllm            the vLLM worker's own environment (uv; ~6 GB)        infra/vllm_env.py
 
 ``--skip NAME`` (repeatable) leaves one out.
 """
@@ -94,7 +95,17 @@ def observability() -> None:
     build_all(StackSettings(), lambda m: say(f"observability: {m}"))
 
 
-STEPS = {"redis": redis, "kafka": kafka_jars, "spark": spark_jars, "kubeconform": kubeconform, "observability": observability}
+def vllm() -> None:
+    from infra.vllm_env import ensure, vllm_env
+
+    env = vllm_env()
+    _step(f"vLLM {env.flavour} environment", lambda: env.python if env.ready else None,
+          lambda: ensure(env, lambda m: say(f"vllm: {m}")),
+          "uv from PyPI into ~/.cache/chatpipe/vllm, ~6 GB the first time (uv's cache keeps it), then about 1 min")
+
+
+STEPS = {"redis": redis, "kafka": kafka_jars, "spark": spark_jars, "kubeconform": kubeconform,
+         "observability": observability, "vllm": vllm}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,11 @@ from transport.settings import IDLE_FETCH_WAIT_MS, KafkaSettings
 
 CHATPIPE = REPO / ".venv" / "bin" / "chatpipe"
 
+# The engines the worker's contract tests run on (docs/worker.md, "Engines"): ours, and vLLM's in its own
+# environment (infra/vllm_env.py, made by `make test`'s prerequisites; a worker without it exits naming
+# `make setup-vllm`, so its tests fail rather than skip).
+ENGINES = ("chatpipe", "vllm")
+
 # Small engine so that 2 workers + the broker fit on 2 shared cores.
 ENGINE_ENV = {"CHATPIPE_MAX_BATCH": "4", "CHATPIPE_KV_CACHE_TOKENS": "4096", "CHATPIPE_NUM_THREADS": "1",
               "CHATPIPE_MAX_SEQ_LEN": "512", "CHATPIPE_DEVICE": "cpu"}
@@ -52,6 +57,7 @@ def send_requests(kafka: KafkaSettings, requests: list[InferenceRequest], produc
 @dataclass
 class WorkerProcess(StartedProcess):
     worker_id: str
+    engine: str = "chatpipe"
 
     def wait_serving(self, timeout_s: float = 120) -> None:
         wait_until(lambda: "serving (intake=" in self.log(), timeout_s=timeout_s, what=f"worker {self.worker_id}",
@@ -66,15 +72,16 @@ class WorkerProcess(StartedProcess):
 
 
 def start_worker(kafka: KafkaSettings, tmp_path: Path, *, intake: str = "partition", worker_id: str | None = None,
-                 group_id: str = "workers", args: tuple[str, ...] = (), **env: str) -> WorkerProcess:
+                 group_id: str = "workers", args: tuple[str, ...] = (), engine: str = "chatpipe",
+                 **env: str) -> WorkerProcess:
     worker_id = worker_id or f"w-{uuid.uuid4().hex[:6]}"
-    full_env = {**os.environ, **ENGINE_ENV, "CHATPIPE_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+    full_env = {**os.environ, **ENGINE_ENV, "CHATPIPE_WORKER_ENGINE": engine, "CHATPIPE_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
                 "CHATPIPE_TOPIC_PREFIX": kafka.topic_prefix, "CHATPIPE_WORKER_INTAKE": intake,
                 "CHATPIPE_WORKER_GROUP_ID": f"{kafka.topic_prefix}{group_id}", "CHATPIPE_WORKER_WORKER_ID": worker_id,
                 "CHATPIPE_WORKER_HEARTBEAT_S": "1", "HF_HUB_OFFLINE": "1", **env}
     log_path = tmp_path / f"{worker_id}.log"
     proc = start_process([CHATPIPE, "inference", *args], log=log_path, env=full_env, cwd=REPO, append=False)
-    return WorkerProcess(proc, log_path, worker_id)
+    return WorkerProcess(proc, log_path, worker_id, engine)
 
 
 @dataclass

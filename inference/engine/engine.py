@@ -241,6 +241,11 @@ class Engine:
                     self.adapters.release(reg)
         return admission, reqs
 
+    @property
+    def max_seq_len(self) -> int:
+        """Most tokens (prompt + output) one request may have: the settings' and the model's context."""
+        return self.scheduler.config.max_seq_len
+
     def register_adapter(self, name: str, folder: Any) -> str:
         """Make the LoRA adapter in ``folder`` (a peft adapter folder) available as ``name``: its config
         is checked now (``lora.AdapterError``), its weights read when a request first names it. Returns

@@ -87,6 +87,28 @@ def _tool_calls_grammar(spec: Mapping[str, Any]) -> Any:
     return xgrammar.Grammar.union(*options)
 
 
+def grammar_of(fmt: Mapping[str, Any] | str | None) -> Any:
+    """The xgrammar ``Grammar`` (not compiled: no tokenizer) of a response format, None for text.
+    ``str()`` of it is its EBNF, which is how the vLLM engine hands the same grammar to vLLM
+    (``inference/vllm_engine/constraints.py``). Raises the engine's ``InvalidRequestError`` as
+    ``GrammarCompiler.compile`` does."""
+    try:
+        parsed = parse_response_format(fmt)
+        return None if parsed is None else _grammar_of(parsed)
+    except FormatError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
+def _grammar_of(parsed: tuple[str, Any]) -> Any:
+    if parsed[0] == "json_object":
+        return _json_object_grammar()
+    if parsed[0] == "tool_calls":
+        for i, tool in enumerate(parsed[1]["tools"]):
+            check_tool_parameters(tool["parameters"], f"{ROOT}.tool_calls.tools[{i}].parameters")
+        return _tool_calls_grammar(parsed[1])
+    return schema_grammar(parsed[1])
+
+
 # -- the compiler (next to the engine) ----------------------------------------------------------
 
 
@@ -145,15 +167,7 @@ class GrammarCompiler:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        if parsed[0] == "json_object":
-            grammar = _json_object_grammar()
-        elif parsed[0] == "tool_calls":
-            for i, tool in enumerate(parsed[1]["tools"]):
-                check_tool_parameters(tool["parameters"], f"{ROOT}.tool_calls.tools[{i}].parameters")
-            grammar = _tool_calls_grammar(parsed[1])
-        else:
-            grammar = schema_grammar(parsed[1])
-        compiled = self._compiler.compile_grammar(grammar)
+        compiled = self._compiler.compile_grammar(_grammar_of(parsed))
         with self._lock:
             self.misses += 1
             self._cache[key] = compiled

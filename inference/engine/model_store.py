@@ -87,20 +87,36 @@ def check_device(device: str) -> None:
 
 def load_from(loc: ModelLocation, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    tokenizer = load_tokenizer(loc)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(loc.folder, dtype=getattr(torch, dtype), **_from_kwargs(loc))
+    except Exception as exc:  # transformers/safetensors raise many types for a bad file
+        raise _load_error(loc, exc) from exc
+    return model.to(device).eval(), tokenizer
+
+
+def load_tokenizer(loc: ModelLocation) -> Any:
+    """The model's tokenizer (for an engine that loads the weights itself: the vLLM engine)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(loc.folder, **_from_kwargs(loc))
+    except Exception as exc:  # transformers raises many types for a bad file
+        raise _load_error(loc, exc) from exc
+
+
+def _from_kwargs(loc: ModelLocation) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"local_files_only": True}
     if loc.gguf_file:
         kwargs["gguf_file"] = loc.gguf_file
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(loc.folder, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(loc.folder, dtype=getattr(torch, dtype), **kwargs)
-    except Exception as exc:  # transformers/safetensors raise many types for a bad file
-        raise ModelLoadError(
-            f"cannot load the model at {loc.describe()}: {type(exc).__name__}: {exc}. "
-            "If this is the default model, delete that folder and run `chatpipe model pull` again."
-        ) from exc
-    return model.to(device).eval(), tokenizer
+    return kwargs
+
+
+def _load_error(loc: ModelLocation, exc: Exception) -> ModelLoadError:
+    return ModelLoadError(f"cannot load the model at {loc.describe()}: {type(exc).__name__}: {exc}. "
+                          "If this is the default model, delete that folder and run `chatpipe model pull` again.")
 
 
 def pull_default_model(settings: EngineSettings, log: Callable[[str], None] = lambda _: None) -> Path:

@@ -24,6 +24,10 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHATPIPE_WORKER_", frozen=True, extra="forbid")
 
     worker_id: str = Field(default_factory=_default_worker_id, description="Name in Responses, chunks, heartbeats")
+    engine: Literal["auto", "chatpipe", "vllm"] = Field(
+        "auto", description="Which engine generates: chatpipe (ours: the default on CPU), vllm (vLLM's v1 engine, in "
+        "its own environment: make setup-vllm), auto = vllm on a CUDA device when its environment is there, else "
+        "chatpipe (docs/worker.md, Engines)")
     intake: Literal["partition", "share"] = Field(
         "partition", description="partition: consumer group (conversation affinity); share: share group (any free worker)")
     group_id: str = Field("chatpipe-inference", description="Consumer group of the workers (partition); share "

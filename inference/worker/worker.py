@@ -85,18 +85,20 @@ STOPPED_BY = {"deadline": FinishReason.TIMEOUT, "lock": FinishReason.TIMEOUT}
 
 class Worker:
     def __init__(self, kafka: KafkaSettings, settings: WorkerSettings, engine: Engine, tokenizer: Any,
-                 model_name: str) -> None:
+                 model_name: str, constraints: Any = None) -> None:
+        """``engine``: ours (``inference.engine.Engine``) or one with the same surface (the vLLM
+        engine, ``inference.vllm_engine``), which then brings its own ``constraints`` (what turns a
+        response_format into the engine's constraint, ``matchers(fmt, n, max_tokens)``)."""
         self.kafka = kafka
         self.settings = settings
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
-        cfg = engine.model.config
-        self.max_seq_len = engine.scheduler.config.max_seq_len  # the settings' and the model's context
+        self.max_seq_len = engine.max_seq_len  # the settings' and the model's context
         self.capacity = Capacity(*settings.capacity(engine.settings.max_batch, engine.settings.max_waiting))
         self.token_bytes = TokenBytes(tokenizer)  # logprobs: each token's text and real bytes
         # response_format: one compiler per worker (made on first use), one matcher per choice
-        self.constraints = Constraints(tokenizer, int(getattr(cfg, "vocab_size", None) or len(tokenizer)))
+        self.constraints = constraints or Constraints(tokenizer, int(engine.vocab_size or len(tokenizer)))
         self.codec = default_codec()
         intake_cls = ShareIntake if settings.intake == "share" else PartitionIntake
         self.tracer = Tracer("inference")  # spans (transport/spans.py, docs/observability.md)

@@ -17,11 +17,12 @@ from schemas.records import FinishReason
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
 
-@pytest.mark.parametrize("intake", ["partition", "share"])
-def test_sigkill_mid_generation_loses_nothing_and_streams_match(intake, worker_kafka, reader, tmp_path):
+# vLLM's engine on the partition intake: commit only after the answer is durable, whichever engine answers
+@pytest.mark.parametrize("intake,engine", [("partition", "chatpipe"), ("share", "chatpipe"), ("partition", "vllm")])
+def test_sigkill_mid_generation_loses_nothing_and_streams_match(intake, engine, worker_kafka, reader, tmp_path):
     kafka = worker_kafka
-    a = start_worker(kafka, tmp_path, intake=intake, worker_id="worker-a")
-    b = start_worker(kafka, tmp_path, intake=intake, worker_id="worker-b")
+    a = start_worker(kafka, tmp_path, intake=intake, worker_id="worker-a", engine=engine)
+    b = start_worker(kafka, tmp_path, intake=intake, worker_id="worker-b", engine=engine)
     try:
         a.wait_serving()
         b.wait_serving()

@@ -13,7 +13,7 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from chatpipe.testing.worker import REPLIES, Reader, make_request, send_requests, start_worker
+from chatpipe.testing.worker import ENGINES, REPLIES, Reader, make_request, send_requests, start_worker
 from schemas.records import FinishReason, now_ms
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
@@ -21,16 +21,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.model]
 GROUP = "workers"  # start_worker's default: the worker's consumer group is <prefix>workers
 
 
-@pytest.fixture(scope="module")
-def service(kafka_stack, tmp_path_factory):
-    """(KafkaSettings, WorkerProcess) of one worker with its own topic prefix."""
+@pytest.fixture(scope="module", params=ENGINES)
+def service(kafka_stack, tmp_path_factory, request):
+    """(KafkaSettings, WorkerProcess) of one worker with its own topic prefix, on each engine."""
     from transport.admin import TopicAdmin
     from transport.settings import KafkaSettings
 
     kafka = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers, topic_prefix=f"f{uuid.uuid4().hex[:8]}.")
     TopicAdmin(kafka).apply()
     worker = start_worker(kafka, tmp_path_factory.mktemp("faults"), worker_id="faults", CHATPIPE_MAX_BATCH="2",
-                          CHATPIPE_WORKER_MAX_IN_FLIGHT="4")
+                          CHATPIPE_WORKER_MAX_IN_FLIGHT="4", engine=request.param)
     worker.wait_serving()
     yield kafka, worker
     code = worker.terminate()

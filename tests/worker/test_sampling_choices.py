@@ -17,15 +17,20 @@ from dataclasses import replace
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from chatpipe.testing.worker import REPLIES, Reader, make_request, send_requests, start_worker
+from chatpipe.testing.worker import ENGINES, REPLIES, Reader, make_request, send_requests, start_worker
 from inference.worker.prompts import prepare
 from schemas.records import ChatMessage, FinishReason, InferenceRequest, SamplingParams
-from schemas.requests import response_format_text
+from formats.response_format import TOOL_CALL_BEGIN, TOOL_CALL_END
+from schemas.requests import TOOL_CALLS_FORMAT, response_format_text
 
 SCHEMA = {"type": "object",
           "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}, "sunny": {"type": "boolean"}},
           "required": ["city", "sunny"], "additionalProperties": False}
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA, "strict": True}}
+# KV block size: EngineSettings.kv_block_size (16); vLLM's CPU attention rounds it up to a multiple of 32
+BLOCK_TOKENS = {"chatpipe": 16, "vllm": 32}
+WEATHER_TOOL = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                      "required": ["city"], "additionalProperties": False}}
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +77,15 @@ def test_token_bytes_are_the_real_bytes_of_partial_characters(tokenizer):
 GROUP = "workers"
 
 
-@pytest.fixture(scope="module")
-def service(kafka_stack, tmp_path_factory):
+@pytest.fixture(scope="module", params=ENGINES)
+def service(kafka_stack, tmp_path_factory, request):
     from transport.admin import TopicAdmin
     from transport.settings import KafkaSettings
 
     kafka = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers, topic_prefix=f"n{uuid.uuid4().hex[:8]}.")
     TopicAdmin(kafka).apply()
-    worker = start_worker(kafka, tmp_path_factory.mktemp("choices"), worker_id="choices", group_id=GROUP)
+    worker = start_worker(kafka, tmp_path_factory.mktemp("choices"), worker_id="choices", group_id=GROUP,
+                          engine=request.param)
     worker.wait_serving()
     yield kafka, worker
     code = worker.terminate()
@@ -217,7 +223,7 @@ def test_a_repeated_prompt_prefix_is_reported_as_cached_tokens(service, rd):
     its whole blocks from the prefix cache, and the final chunk and the Response say how many tokens
     (OpenAI's usage.prompt_tokens_details.cached_tokens). A tenant of its own: nothing of another
     test's requests is in its cache (the cache is salted per tenant), so the first turn's is 0."""
-    kafka, _ = service
+    kafka, worker = service
     tenant = f"cache-{uuid.uuid4().hex[:8]}"
     text = "Describe the colour of the sky on a clear summer afternoon, in one short sentence."
     first = ask(kafka, 6, text=text, max_tokens=8, tenant=tenant)
@@ -229,7 +235,7 @@ def test_a_repeated_prompt_prefix_is_reported_as_cached_tokens(service, rd):
     send_requests(kafka, [second])
     rd.wait_responses([second.request_id], 120)
     rd.wait_for(lambda s: finals_of(s, second.request_id) == 1, 30, "the final chunk")
-    block = 16  # EngineSettings.kv_block_size
+    block = BLOCK_TOKENS[worker.engine]
     for req, cached in ((first, lambda n, tokens_in: n == 0), (second, lambda n, tokens_in: 0 < n < tokens_in)):
         (final,) = rd.seen.final_chunks[req.request_id]
         response = rd.seen.first_response(req.request_id)[0]
@@ -239,3 +245,39 @@ def test_a_repeated_prompt_prefix_is_reported_as_cached_tokens(service, rd):
     # at least the first turn's prompt, but its last token, in whole blocks
     first_prompt = rd.seen.first_response(first.request_id)[0].tokens_in
     assert rd.seen.first_response(second.request_id)[0].cached_tokens >= (first_prompt - 1) // block * block
+
+
+@pytest.mark.integration
+@pytest.mark.model
+def test_tool_choice_required_answers_a_call_of_the_tool(service, rd):
+    """The gateway's tool-call constraint (tool_choice "required"): the answer is one call of the named
+    tool, in the Hermes form the gateway parses (gateway/responses.py), with arguments of its schema."""
+    kafka, _ = service
+    fmt = {"type": TOOL_CALLS_FORMAT, "tool_calls": {"mode": "required", "parallel": False, "tools": [WEATHER_TOOL]}}
+    req = ask(kafka, 8, text="What is the weather in Oslo?", max_tokens=96, response_format=json.dumps(fmt))
+    rd.wait_for(lambda s: finals_of(s, req.request_id) == 1, 120, "the final chunk")
+    (stream,) = choice_streams(rd.seen, req.request_id).values()
+    text = "".join(c.text for c in stream)
+    assert stream[-1].finish_reason is FinishReason.STOP, (stream[-1], text)
+    assert text.startswith(TOOL_CALL_BEGIN) and text.endswith(TOOL_CALL_END), text
+    call = json.loads(text[len(TOOL_CALL_BEGIN):-len(TOOL_CALL_END)])
+    assert call["name"] == "get_weather" and isinstance(call["arguments"]["city"], str), call
+
+
+@pytest.mark.integration
+@pytest.mark.model
+def test_a_tenant_never_hits_another_tenants_cached_prefix(service, rd):
+    """The prefix cache is salted per tenant (ours: the block hashes; vLLM's: ``cache_salt``): the
+    same prompt from a second tenant computes it again (cached_tokens 0), while the first tenant's
+    repeat takes it from the cache."""
+    kafka, _ = service
+    a, b = f"salt-a-{uuid.uuid4().hex[:6]}", f"salt-b-{uuid.uuid4().hex[:6]}"
+    text = "List three colours that a clear evening sky over the sea can have, separated by commas, please."
+    first = ask(kafka, 9, text=text, max_tokens=4, tenant=a)
+    rd.wait_responses([first.request_id], 120)
+    other = ask(kafka, 10, text=text, max_tokens=4, tenant=b)
+    again = ask(kafka, 11, text=text, max_tokens=4, tenant=a)
+    rd.wait_responses([other.request_id, again.request_id], 120)
+    cached = {name: rd.seen.first_response(req.request_id)[0].cached_tokens
+              for name, req in (("first", first), ("other tenant", other), ("same tenant", again))}
+    assert cached["first"] == 0 and cached["other tenant"] == 0 and cached["same tenant"] > 0, cached

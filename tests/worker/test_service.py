@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chatpipe.testing.kafka import RecordWriter
 from chatpipe.testing.ports import free_port
-from chatpipe.testing.worker import REPLIES, Reader, make_request, send_requests, start_worker
+from chatpipe.testing.worker import ENGINES, REPLIES, Reader, make_request, send_requests, start_worker
 from schemas.records import Cancel, FinishReason, Priority, WorkerState
 from schemas.topics import inference_requests_topic
 
@@ -32,16 +32,17 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-@pytest.fixture(scope="module")
-def service(kafka_stack, tmp_path_factory):
-    """(KafkaSettings, WorkerProcess, metrics port) of one worker with its own topic prefix."""
+@pytest.fixture(scope="module", params=ENGINES)
+def service(kafka_stack, tmp_path_factory, request):
+    """(KafkaSettings, WorkerProcess, metrics port) of one worker with its own topic prefix, on each engine."""
     from transport.admin import TopicAdmin
     from transport.settings import KafkaSettings
 
     kafka = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers, topic_prefix=f"s{uuid.uuid4().hex[:8]}.")
     TopicAdmin(kafka).apply()
     port = free_port()
-    worker = start_worker(kafka, tmp_path_factory.mktemp("service"), worker_id="svc", CHATPIPE_MAX_BATCH="2",
+    worker = start_worker(kafka, tmp_path_factory.mktemp("service"), worker_id="svc", engine=request.param,
+                          CHATPIPE_MAX_BATCH="2",
                           CHATPIPE_WORKER_MAX_IN_FLIGHT=str(MAX_IN_FLIGHT), CHATPIPE_WORKER_METRICS_PORT=str(port))
     worker.wait_serving()
     yield kafka, worker, port
