@@ -29,6 +29,7 @@ headline: ``e2e/gateway+kafka+streams+worker vs engine tokens/s ratio = X``.
 
     python bench/e2e.py --quick     # about a minute or two on 2 CPU cores (plus the services' start)
     python bench/e2e.py             # the docs/gateway_load.md figures
+    python bench/e2e.py --engine vllm [--quick]   # vLLM's engine in the worker and alone (its environment)
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import bench_broker, bench_parser, engine_alone, fresh_kafka, percentile  # bench/, beside this script
+from local_broker import (add_engine_arg, bench_broker, bench_parser, engine_alone, enter_engine_env, fresh_kafka,
+                          load_engine, percentile)  # bench/, beside this script
 
 MODEL = "smollm2-135m-instruct"
 CONTEXT_TOKENS = 1024
@@ -124,13 +126,14 @@ async def through_gateway(url: str, key: str, indices: list[int], max_tokens: in
 
 # -- the pipeline ---------------------------------------------------------------------------------
 
-def start_stack(kafka, root: Path, max_pending: int, tracing: bool = False):
+def start_stack(kafka, root: Path, max_pending: int, tracing: bool = False, engine: str = "chatpipe"):
     """Streams + one inference worker (ENGINE settings) + one gateway: chatpipe/testing/gateway.py's
     ``start_pipeline``; with ``tracing``, every process writes its spans under ``root/traces``, else
     none records any."""
     from chatpipe.testing.gateway import API_KEY, start_pipeline
 
     worker_env = {f"CHATPIPE_{name.upper()}": str(value) for name, value in {"device": "cpu", **ENGINE}.items()}
+    worker_env["CHATPIPE_WORKER_ENGINE"] = engine
     stack = start_pipeline(kafka, root, tracing=tracing, worker_env=worker_env,
                            gateway_env={"CHATPIPE_GATEWAY_MAX_PENDING": str(max_pending)})
     return stack, API_KEY
@@ -205,9 +208,14 @@ def main() -> None:
     parser = bench_parser(__doc__, "about a minute or two on 2 cores")
     parser.add_argument("--tracing", action="store_true",
                         help="instead: the pipeline with spans recorded vs without (two stacks, alternating rounds)")
+    add_engine_arg(parser, "the engine of the worker and of the engine-alone side")
     args = parser.parse_args()
+    enter_engine_env(args.engine, __file__, ENGINE.get("num_threads"))
     with bench_broker(args.bootstrap_servers, prefix="chatpipe-bench-e2e-") as bootstrap:
-        (run_tracing if args.tracing else run)(bootstrap, args.quick)
+        if args.tracing:
+            run_tracing(bootstrap, args.quick)
+        else:
+            run(bootstrap, args.quick, args.engine)
 
 
 def run_tracing(bootstrap: str, quick: bool) -> None:
@@ -253,21 +261,18 @@ def run_tracing(bootstrap: str, quick: bool) -> None:
     print(f"e2e tracing on vs off tokens/s ratio = {statistics.median(rates['on']) / statistics.median(rates['off']):.2f}")
 
 
-def run(bootstrap: str, quick: bool) -> None:
+def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe") -> None:
     n, max_tokens, n_alone, rounds = (8, 16, 6, 2) if quick else (32, 48, 20, 3)
 
-    from inference.engine.engine import Engine
-    from inference.engine.model_store import load_model
     from inference.engine.settings import EngineSettings
 
     kafka = fresh_kafka(bootstrap, "e")
     root = Path(tempfile.mkdtemp(prefix="chatpipe-bench-e2e-logs-"))
     started = time.perf_counter()
-    stack, key = start_stack(kafka, root, max_pending=max(32, 2 * n))
-    print(f"pipeline up in {time.perf_counter() - started:.0f} s (logs in {root})")
+    stack, key = start_stack(kafka, root, max_pending=max(32, 2 * n), engine=engine_name)
+    print(f"engine {engine_name}: pipeline up in {time.perf_counter() - started:.0f} s (logs in {root})")
     settings = EngineSettings(device="cpu", **ENGINE)
-    model, tokenizer = load_model(settings)
-    engine = Engine(model, settings)
+    engine, tokenizer = load_engine(engine_name, settings)
     url = stack.url
     pipe, alone = Side(), Side()
     try:

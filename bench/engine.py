@@ -23,11 +23,21 @@ preemption (throughput at a fixed KV budget), see ``bench/engine_multiturn.py``.
     python bench/engine.py --multi-turn [--quick]
     python bench/engine.py --device cuda --shapes llama-1b,llama-8b     # the GPU command (< 8 min, H200)
     python bench/engine.py --device cpu --shapes tiny                   # CPU smoke run of the same path
+    python bench/engine.py --engine vllm [--quick]                      # vLLM's engine vs HF generate
+
+vLLM's engine is the second baseline (issue 45): where its environment is made (`make setup-vllm`,
+infra/vllm_env.py), the default run also runs vLLM's engine (the same ``VllmEngine`` the worker drives:
+``LLMEngine`` in process, eager, fp32 on CPU) on the same workload, with the same threads, batch and
+context, in a child process of that environment (vLLM pins its own torch), and the last line is then
+``engine/vllm tokens/s ratio``. ``--engine vllm`` runs vLLM's engine against HF generate in that
+environment instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import os
 import random
@@ -102,6 +112,62 @@ def load(args: argparse.Namespace):
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def vllm_settings(wl: Workload, args: argparse.Namespace) -> EngineSettings:
+    max_len = max(len(p) for p in wl.prompts) + max(wl.outputs)
+    return EngineSettings(device=args.device, dtype=args.dtype, max_batch=args.batch_size, max_seq_len=max_len,
+                          max_waiting=len(wl.prompts), kv_cache_tokens=args.batch_size * max_len,
+                          max_step_tokens=args.max_step_tokens)
+
+
+def run_vllm(wl: Workload, args: argparse.Namespace) -> Result:
+    """vLLM's engine (``inference.vllm_engine.VllmEngine``) on the workload: all requests at once,
+    stepped to the end as ``run_engine`` steps ours. Runs in the vLLM environment only."""
+    from inference.vllm_engine.engine import VllmEngine
+
+    settings = vllm_settings(wl, args)
+    engine = VllmEngine(settings.default_model_dir(), settings)
+    warm = engine.add_request_group(1, wl.prompts[0][:8], SamplingParams(max_new_tokens=4, ignore_eos=True))[1]
+    while engine.has_work():
+        engine.step()
+    assert len(warm[0].output_token_ids) == 4
+    t0 = time.monotonic()
+    reqs = [engine.add_request_group(1, p, SamplingParams(max_new_tokens=o, ignore_eos=True))[1][0]
+            for p, o in zip(wl.prompts, wl.outputs)]
+    while engine.has_work():
+        engine.step()
+    seconds = time.monotonic() - t0
+    assert all(len(r.output_token_ids) == o for r, o in zip(reqs, wl.outputs))
+    tpots = [r.timings.tpot(len(r.output_token_ids)) for r in reqs]
+    engine.shutdown()
+    return Result(seconds, sum(wl.outputs), [r.timings.ttft for r in reqs], [t for t in tpots if t is not None])
+
+
+def vllm_baseline(args: argparse.Namespace) -> Result | None:
+    """vLLM's engine on this run's workload, in a child process of the vLLM environment (None, with
+    the reason printed, where that environment is not made)."""
+    import json
+    import subprocess
+
+    from infra.vllm_env import process_env, vllm_env
+
+    env = vllm_env()
+    if not env.ready:
+        print(f"vLLM baseline: not run, its environment is not made ({env.root}; `make setup-vllm`)")
+        return None
+    argv = [str(env.python), __file__, "--engine", "vllm", "--vllm-only", "--device", args.device, "--dtype",
+            args.dtype, "--num-requests", str(args.num_requests), "--batch-size", str(args.batch_size),
+            "--max-step-tokens", str(args.max_step_tokens), "--seed", str(args.seed), "--threads", str(args.threads),
+            "--repeats", str(args.repeats)] + (["--quick"] if args.quick else [])
+    done = subprocess.run(argv, capture_output=True, text=True, env=process_env(env, dict(os.environ), args.threads))
+    line = next((x for x in done.stdout.splitlines() if x.startswith(RESULT_PREFIX)), None)
+    if done.returncode != 0 or line is None:
+        raise SystemExit(f"the vLLM baseline failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return Result(**json.loads(line.removeprefix(RESULT_PREFIX)))
+
+
+RESULT_PREFIX = "VLLM_RESULT "
 
 
 def run_engine(model, wl: Workload, args: argparse.Namespace) -> Result:
@@ -242,7 +308,20 @@ def main() -> None:
     ap.add_argument("--shapes", help="comma-separated random-init shapes (llama-1b,llama-8b,tiny): engine vs "
                                      "generate and batch-1 decode bandwidth for each")  # fmt: skip
     ap.add_argument("--peak-gbs", type=float, help="device memory bandwidth in GB/s (default: 4800, an H200, on cuda)")
+    ap.add_argument("--engine", choices=["chatpipe", "vllm"], default="chatpipe",
+                    help="the engine measured: ours (with vLLM's as a second baseline where its environment is made), "
+                         "or vLLM's (in its environment) against HF generate")
+    ap.add_argument("--no-vllm-baseline", action="store_true", help="leave vLLM's engine out of our engine's run")
+    ap.add_argument("--vllm-only", action="store_true", help=argparse.SUPPRESS)  # the child of vllm_baseline
     args = ap.parse_args()
+    if args.engine == "vllm":
+        from infra.vllm_env import exec_in_vllm_env, vllm_importable
+
+        if not vllm_importable():
+            exec_in_vllm_env([__file__, *sys.argv[1:]], args.threads)
+        if args.model_config or args.shapes or args.multi_turn:
+            raise SystemExit("--engine vllm runs the default model's workload only (no --model-config, --shapes, "
+                             "--multi-turn)")
     if args.threads and args.device == "cpu":
         torch.set_num_threads(args.threads)
     if args.shapes:
@@ -259,23 +338,39 @@ def main() -> None:
     args.num_requests = args.num_requests or n
     args.batch_size = args.batch_size or bs
     args.repeats = args.repeats or 1
+    if args.vllm_only:  # the child of vllm_baseline: the same workload (same seed, vocabulary), vLLM only
+        from transformers import AutoConfig
+
+        vocab = AutoConfig.from_pretrained(EngineSettings().default_model_dir(), local_files_only=True).vocab_size
+        wl = make_workload(args.num_requests, vocab, args.seed, **shape)
+        best = min((run_vllm(wl, args) for _ in range(args.repeats)), key=lambda r: r.seconds)
+        print(RESULT_PREFIX + json.dumps(dataclasses.asdict(best)))
+        return
     model, name = load(args)
     wl = make_workload(args.num_requests, model.config.vocab_size, args.seed, **shape)
     print(f"model={name} device={args.device} dtype={next(model.parameters()).dtype} threads={torch.get_num_threads()} "
           f"repeats={args.repeats} requests={args.num_requests} batch={args.batch_size} prompt_tokens={sum(map(len, wl.prompts))} "
           f"output_tokens={sum(wl.outputs)} (max prompt {max(map(len, wl.prompts))}, max output {max(wl.outputs)})")  # fmt: skip
-    runs: dict[str, list[Result]] = {"engine": [], "hf_generate": []}
+    measured = "vllm_engine" if args.engine == "vllm" else "engine"
+    runs: dict[str, list[Result]] = {measured: [], "hf_generate": []}
     for _ in range(args.repeats):  # alternate, so a noisy neighbour hurts both sides alike
-        runs["engine"].append(run_engine(model, wl, args))
+        runs[measured].append(run_vllm(wl, args) if args.engine == "vllm" else run_engine(model, wl, args))
         runs["hf_generate"].append(run_hf(model, wl, args))
     results = {k: min(v, key=lambda r: r.seconds) for k, v in runs.items()}
+    if args.engine == "chatpipe" and not args.no_vllm_baseline and not args.model_config:
+        del model  # vLLM loads its own copy, in its own process
+        vllm = vllm_baseline(args)
+        if vllm is not None:
+            results["vllm_engine"] = vllm
     print(f"{'':12} {'tokens/s':>9} {'seconds':>8} {'TTFT p50/p90/p99 (s)':>24} {'TPOT p50/p90/p99 (ms)':>24}")
     for label, r in results.items():
         ttft = "/".join(f"{pct(r.ttft, q):.2f}" for q in (50, 90, 99))
         tpot = "/".join(f"{pct(r.tpot, q) * 1000:.0f}" for q in (50, 90, 99))
         print(f"{label:12} {r.tokens_per_s:9.1f} {r.seconds:8.1f} {ttft:>24} {tpot:>24}")
-    ratio = results["engine"].tokens_per_s / results["hf_generate"].tokens_per_s
-    print(f"engine/hf_generate tokens/s ratio = {ratio:.2f}")
+    ratio = results[measured].tokens_per_s / results["hf_generate"].tokens_per_s
+    print(f"{measured}/hf_generate tokens/s ratio = {ratio:.2f}")
+    if measured == "engine" and "vllm_engine" in results:  # the headline: ours against the engine users would deploy
+        print(f"engine/vllm tokens/s ratio = {results['engine'].tokens_per_s / results['vllm_engine'].tokens_per_s:.2f}")
 
 
 if __name__ == "__main__":

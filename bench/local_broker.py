@@ -6,6 +6,7 @@ bench/worker.py and bench/e2e.py, and a percentile."""
 from __future__ import annotations
 
 import argparse
+import sys
 import asyncio
 import gc
 import os
@@ -55,6 +56,38 @@ def bench_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--bootstrap-servers", default=None, help="use this broker instead of starting one")
     return parser
+
+
+def add_engine_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--engine", choices=["chatpipe", "vllm"], default="chatpipe",
+                        help=f"{what} (vllm: vLLM's engine; the bench then runs in the vLLM environment, "
+                             "infra/vllm_env.py, `make setup-vllm`)")
+
+
+def enter_engine_env(engine: str, script: str, num_threads: int | None) -> None:
+    """With ``--engine vllm``, run this bench again with the vLLM environment's Python (vLLM pins its
+    own torch); returns only in a process that can import vLLM, or with ``--engine chatpipe``."""
+    if engine != "vllm":
+        return
+    from infra.vllm_env import exec_in_vllm_env, vllm_importable
+
+    if not vllm_importable():
+        exec_in_vllm_env([script, *sys.argv[1:]], num_threads)
+
+
+def load_engine(name: str, settings):
+    """(engine, tokenizer) of ``settings``: ours, or vLLM's behind the same surface (``--engine vllm``)."""
+    if name == "vllm":
+        from inference.engine.model_store import load_tokenizer, locate_model
+        from inference.vllm_engine.engine import VllmEngine
+
+        location = locate_model(settings)
+        return VllmEngine(location.folder, settings), load_tokenizer(location)
+    from inference.engine.engine import Engine
+    from inference.engine.model_store import load_model
+
+    model, tokenizer = load_model(settings)
+    return Engine(model, settings), tokenizer
 
 
 def broker_pid(bootstrap: str) -> int | None:

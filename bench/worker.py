@@ -18,8 +18,14 @@
 Starts its own broker unless ``--bootstrap-servers`` is given. The last line is the headline:
 ``worker/kafka+worker vs engine tokens/s ratio = X``.
 
+``--engine vllm``: vLLM's engine on both sides (``inference.vllm_engine.VllmEngine`` alone in this process,
+and ``chatpipe inference --engine vllm``), so the ratio is what the pipeline costs around vLLM's engine;
+the bench then runs in the vLLM environment (infra/vllm_env.py, `make setup-vllm`), and part 3 (the intake
+modes, which do not depend on the engine) is left out.
+
     python bench/worker.py --quick     # about a minute or two on 2 CPU cores
     python bench/worker.py             # the docs/benchmarks.md figures
+    python bench/worker.py --engine vllm [--quick]
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import bench_broker, bench_parser, engine_alone, fresh_kafka, percentile  # bench/, beside this script
+from local_broker import (add_engine_arg, bench_broker, bench_parser, engine_alone, enter_engine_env, fresh_kafka,
+                          load_engine, percentile)  # bench/, beside this script
 
 from chatpipe.testing.worker import Reader, make_request, send_requests, start_worker
 from schemas.topics import REPLIES
@@ -119,28 +126,29 @@ def skewed_load(kafka, tmp: Path, intake: str, n: int, max_tokens: int) -> float
             w.terminate()
 
 
+ENGINE_SETTINGS = {"device": "cpu", "max_batch": 8, "kv_cache_tokens": 8192, "max_seq_len": 512, "num_threads": 2}
+
+
 def main() -> None:
     parser = bench_parser(__doc__, "about a minute or two on 2 cores")
+    add_engine_arg(parser, "the engine on both sides")
     args = parser.parse_args()
+    enter_engine_env(args.engine, __file__, ENGINE_SETTINGS["num_threads"])
     with bench_broker(args.bootstrap_servers, prefix="chatpipe-bench-worker-") as bootstrap:
-        run(bootstrap, args.quick)
+        run(bootstrap, args.quick, args.engine)
 
 
-def run(bootstrap: str, quick: bool) -> None:
+def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe") -> None:
     n, max_tokens, n_ttft, n_skew, rounds = (12, 16, 10, 20, 2) if quick else (48, 48, 40, 60, 3)
 
-    from inference.engine.engine import Engine
-    from inference.engine.model_store import load_model
     from inference.engine.settings import EngineSettings
 
     tmp = Path(tempfile.mkdtemp(prefix="chatpipe-bench-worker-logs-"))
 
     # Same engine settings on both sides (the worker reads them from CHATPIPE_* variables).
-    engine_settings = {"device": "cpu", "max_batch": 8, "kv_cache_tokens": 8192, "max_seq_len": 512, "num_threads": 2}
-    engine_env = {f"CHATPIPE_{name.upper()}": str(value) for name, value in engine_settings.items()}
-    settings = EngineSettings(**engine_settings)
-    model, tokenizer = load_model(settings)
-    engine = Engine(model, settings)
+    engine_env = {f"CHATPIPE_{name.upper()}": str(value) for name, value in ENGINE_SETTINGS.items()}
+    settings = EngineSettings(**ENGINE_SETTINGS)
+    engine, tokenizer = load_engine(engine_name, settings)
     kafka = fresh_kafka(bootstrap)
     requests = prompts(n, max_tokens, kafka)
     ttft_requests = prompts(n_ttft, 4, kafka)
@@ -148,7 +156,7 @@ def run(bootstrap: str, quick: bool) -> None:
     from chatpipe.testing.kafka import RecordWriter
 
     producer = RecordWriter(kafka, extra_config={"linger.ms": 0})
-    worker = start_worker(kafka, tmp, worker_id="bench", **engine_env)
+    worker = start_worker(kafka, tmp, worker_id="bench", engine=engine_name, **engine_env)
     reader = Reader(kafka)
     e_runs, k_runs, e_ttft, k_ttft, k_engine = [], [], [], [], []
     try:
@@ -170,24 +178,28 @@ def run(bootstrap: str, quick: bool) -> None:
     finally:
         reader.close()
         worker.terminate()
-    del engine, model
+    if hasattr(engine, "shutdown"):  # vLLM's: its executor and KV cache
+        engine.shutdown()
+    del engine
 
     e_rate, k_rate = max(e_runs), max(k_runs)
     # What the hops added: the client's TTFT minus the worker's own time on the same request
     # (chat template + engine until the first chunk is sent, its chatpipe-engine-us header). Subtracting
     # the engine-alone run's TTFT instead would fold two prefills' run-to-run noise into it.
     added = [(k - e) * 1000 for k, e in zip(k_ttft, k_engine)]
-    print(f"\n{n} requests x max {max_tokens} tokens, greedy, max_batch 8, {rounds} alternating rounds per side")
+    print(f"\nengine {engine_name}: {n} requests x max {max_tokens} tokens, greedy, max_batch 8, {rounds} alternating "
+          "rounds per side")
     print(f"  engine alone     : best {e_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in e_runs)})")
     print(f"  kafka + worker   : best {k_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in k_runs)})")
     print(f"time to first token, {n_ttft} prompts one at a time, each on both sides back to back (ms): engine p50 "
           f"{statistics.median(e_ttft) * 1000:.1f} / kafka p50 {statistics.median(k_ttft) * 1000:.1f} "
           f"(of which the worker's engine p50 {statistics.median(k_engine) * 1000:.1f})")
     print(f"  added by the Kafka hops: p50 {percentile(added, 0.5):.1f} ms, p99 {percentile(added, 0.99):.1f} ms")
-    print(f"skewed load ({n_skew} requests, 80% on 2 conversations, 2 workers, 1 thread each):")
-    t_part = skewed_load(fresh_kafka(bootstrap), tmp, "partition", n_skew, 16)
-    t_share = skewed_load(fresh_kafka(bootstrap), tmp, "share", n_skew, 16)
-    print(f"  share finishes the load {t_part / t_share:.2f}x as fast as partition")
+    if engine_name == "chatpipe":  # the intake modes do not depend on the engine
+        print(f"skewed load ({n_skew} requests, 80% on 2 conversations, 2 workers, 1 thread each):")
+        t_part = skewed_load(fresh_kafka(bootstrap), tmp, "partition", n_skew, 16)
+        t_share = skewed_load(fresh_kafka(bootstrap), tmp, "share", n_skew, 16)
+        print(f"  share finishes the load {t_part / t_share:.2f}x as fast as partition")
     print(f"worker/kafka+worker vs engine tokens/s ratio = {k_rate / e_rate:.2f}")
 
 

@@ -141,6 +141,26 @@ def process_env(env: VllmEnv, base: dict[str, str], num_threads: int | None) -> 
     return out
 
 
+def vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def exec_in_vllm_env(args: list[str], num_threads: int | None = None) -> None:
+    """Replace this process with ``python args...`` of the vLLM environment (``process_env``).
+    Raises ``VllmEnvMissing`` when the environment is not made, or when this process is already
+    the vLLM environment's child and still finds no vLLM (so nothing loops)."""
+    env = vllm_env()
+    if not env.ready or os.environ.get("CHATPIPE_VLLM_CHILD"):
+        raise VllmEnvMissing(f"vLLM's engine needs the vLLM environment, not made on this machine ({env.root}); "
+                             "make it with `make setup-vllm` (once; ~6 GB of downloads the first time)")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = process_env(env, {**os.environ, "CHATPIPE_VLLM_CHILD": "1"}, num_threads)
+    os.execve(env.python, [str(env.python), *args], child)
+
+
 def _iomp(env: VllmEnv) -> str | None:
     path = env.root / "lib" / "libiomp5.so"
     return str(path) if path.is_file() else None

@@ -86,34 +86,25 @@ def choose_engine(choice: str, engine_settings) -> str:
         return choice
     if not engine_settings.resolved_device().startswith("cuda"):
         return "chatpipe"
-    from infra.vllm_env import vllm_env
+    from infra.vllm_env import vllm_env, vllm_importable
 
     return "vllm" if vllm_importable() or vllm_env().ready else "chatpipe"
-
-
-def vllm_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
 
 
 def run_in_vllm_env(engine_settings) -> None:
     """Run this same command with the vLLM environment's Python (``infra/vllm_env.py``), unless this
     process is that one already. Exits 1 naming `make setup-vllm` when the environment is not made."""
-    if vllm_importable():
-        return
     import sys
 
-    from infra.vllm_env import process_env, vllm_env
+    from infra.vllm_env import VllmEnvMissing, exec_in_vllm_env, vllm_importable
 
-    env = vllm_env()
-    if not env.ready or os.environ.get("CHATPIPE_VLLM_CHILD"):
-        print_error(f"--engine vllm needs the vLLM environment, not made on this machine ({env.root}); "
-                    "make it with `make setup-vllm` (once; ~6 GB of downloads the first time)")
-        raise typer.Exit(1)
-    child_env = process_env(env, {**os.environ, "CHATPIPE_VLLM_CHILD": "1"}, engine_settings.num_threads)
-    sys.stdout.flush()
-    os.execve(env.python, [str(env.python), "-m", "chatpipe.cli", *sys.argv[1:]], child_env)
+    if vllm_importable():
+        return
+    try:
+        exec_in_vllm_env(["-m", "chatpipe.cli", *sys.argv[1:]], engine_settings.num_threads)
+    except VllmEnvMissing as exc:
+        print_error(exc)
+        raise typer.Exit(1) from None
 
 
 def build_engine(chosen: str, engine_settings):

@@ -81,6 +81,8 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x
 
 
+# F.linear's signature: (x, weight, bias) -> x @ weight.T + bias (packed_linear.PackedLinears has it too).
+Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 # Adds LoRA deltas in place: (projection group of lora_bank.GROUPS, its input, its outputs in group order).
 LoraHook = Callable[[str, torch.Tensor, list[torch.Tensor]], None]
 
@@ -125,28 +127,30 @@ class LeanLayer:
         )
 
     def qkv_rope(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lora: LoraHook | None = None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lora: LoraHook | None = None,
+        linear: Linear = F.linear,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> q [T, Hq, D], k and v [T, Hkv, D] (views of one qkv tensor), rotary
         applied to q and k. cos, sin [T, D] as the model's rotary embedding gives them. ``lora``
         adds the adapters' deltas to the q, k and v columns before the rotary."""
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
         if lora is not None:
             lora("qkv", x, [qkv[:, : hq * d], qkv[:, hq * d : (hq + hkv) * d], qkv[:, (hq + hkv) * d :]])
         qkv = qkv.view(x.shape[0], hq + 2 * hkv, d)
         rotary_(qkv[:, : hq + hkv], cos, sin)  # q and k heads are adjacent: one rotary for both
         return qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
 
-    def mlp(self, x: torch.Tensor, lora: LoraHook | None = None) -> torch.Tensor:
+    def mlp(self, x: torch.Tensor, lora: LoraHook | None = None, linear: Linear = F.linear) -> torch.Tensor:
         """down(act(gate(x)) * up(x)) with gate and up as one GEMM; ``lora`` adds the adapters' deltas
-        to gate, up and down."""
-        gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        if lora is None:
-            return self.down_proj(self.act(gate).mul_(up))  # act() is a new contiguous tensor: mul in place
+        to gate, up and down. ``linear``: ``F.linear`` or the runner's packed weights (packed_linear.py)."""
+        gate, up = linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        down = self.down_proj
+        if lora is None:  # act() is a new contiguous tensor: mul in place
+            return linear(self.act(gate).mul_(up), down.weight, down.bias)
         lora("gate_up", x, [gate, up])
         y = self.act(gate).mul_(up)
-        out = self.down_proj(y)
+        out = linear(y, down.weight, down.bias)
         lora("down", y, [out])
         return out
 
@@ -194,3 +198,7 @@ class LeanLlama:
                 for layer in model.model.layers
             ]
         return cls(layers)
+
+    def weights(self) -> list[torch.Tensor]:
+        """The weights its layers multiply by (fused qkv, fused gate_up, down): what packing packs."""
+        return [w for ly in self.layers for w in (ly.qkv_weight, ly.gate_up_weight, ly.down_proj.weight)]

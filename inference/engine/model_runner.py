@@ -28,6 +28,7 @@ from inference.engine.kernels import paged_attention
 from inference.engine.kv_cache import DeviceBlockTables, PagedKVCache, slots_for_positions
 from inference.engine.lean_llama import LeanLlama, add_rms_norm, rms_norm
 from inference.engine.lora_bank import LoraBank
+from inference.engine.packed_linear import PackedLinears, hf_weights
 from inference.engine.scheduler import ScheduledChunk
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -85,7 +86,8 @@ def check_supported(config: Any, max_seq_len: int) -> None:
 
 class ModelRunner:
     def __init__(
-        self, model: Any, cache: PagedKVCache, compile: bool = False, lean: bool = False, paged_kernel: bool = False
+        self, model: Any, cache: PagedKVCache, compile: bool = False, lean: bool = False, paged_kernel: bool = False,
+        packed_linear: bool = False, batch_hint: int = 16,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -105,6 +107,15 @@ class ModelRunner:
         self._rope = apply_rotary_pos_emb
         # The fused weights are built once per runner (lean_llama's docstring: what they cost).
         self.lean = LeanLlama.from_hf(model) if lean else None
+        # The projections through oneDNN-packed copies of their weights (packed_linear.py: CPU); the lean
+        # path's fused weights are the ones packed there
+        self.packed = packed_linear
+        self.linear = F.linear
+        if packed_linear:
+            o_projs = [layer.self_attn.o_proj.weight for layer in model.model.layers]  # both paths call the HF o_proj
+            weights = (self.lean.weights() + o_projs + [model.lm_head.weight] if self.lean is not None
+                       else hf_weights(model))
+            self.linear = PackedLinears(weights, batch_hint)
         if compile:  # the HF MLP modules: the lean path does not call them
             for layer in model.model.layers:
                 layer.mlp.compile(dynamic=True)
@@ -203,7 +214,8 @@ class ModelRunner:
         if batch.sample_rows.numel() == 0:
             return torch.empty(0, self.model.config.vocab_size, device=self.device)
         last = core.norm(h[batch.sample_rows])  # [S, hidden]
-        return self.model.lm_head(last).float()  # [S, vocab]
+        head = self.model.lm_head
+        return self.linear(last, head.weight, head.bias).float()  # [S, vocab]
 
     def _lean_layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: StepBatch) -> torch.Tensor:
         """The decoder layers on the lean path; h [T, hidden] (the embeddings, updated in place as
@@ -213,7 +225,7 @@ class ModelRunner:
         x = rms_norm(h, layers[0].input_norm, layers[0].input_eps)
         for i, ly in enumerate(layers):
             x, h = add_rms_norm(self._attention(i, attns[i], x, cos, sin, batch), h, ly.post_norm, ly.post_eps)
-            m = ly.mlp(x, self._lora_hook(i, batch.lora))
+            m = ly.mlp(x, self._lora_hook(i, batch.lora), linear=self.linear)
             if i + 1 < len(layers):  # this layer's residual add fused with the next layer's input norm
                 x, h = add_rms_norm(m, h, layers[i + 1].input_norm, layers[i + 1].input_eps)
             else:  # the final norm runs on the sample rows only (forward)
@@ -221,14 +233,17 @@ class ModelRunner:
         return h
 
     def _mlp(self, layer_idx: int, mlp: Any, x: torch.Tensor, lora: StepLora | None) -> torch.Tensor:
-        """The HF MLP module, opened up when the step has adapters (the deltas join gate, up, down)."""
-        if lora is None:
+        """The HF MLP module, opened up for packed weights or when the step has adapters (the deltas
+        join gate, up, down)."""
+        if lora is None and not self.packed:
             return mlp(x)
-        gate, up = mlp.gate_proj(x), mlp.up_proj(x)
-        lora.add_(layer_idx, "gate_up", x, [gate, up])
+        gate, up = _linear(self.linear, mlp.gate_proj, x), _linear(self.linear, mlp.up_proj, x)
+        if lora is not None:
+            lora.add_(layer_idx, "gate_up", x, [gate, up])
         y = mlp.act_fn(gate) * up
-        out = mlp.down_proj(y)
-        lora.add_(layer_idx, "down", y, [out])
+        out = _linear(self.linear, mlp.down_proj, y)
+        if lora is not None:
+            lora.add_(layer_idx, "down", y, [out])
         return out
 
     @staticmethod
@@ -244,9 +259,11 @@ class ModelRunner:
         t = x.shape[0]
         hq, hkv, d, g = self.num_heads, self.num_kv_heads, self.head_dim, self.groups
         if self.lean is not None:  # views of one qkv tensor (q non-contiguous: empty_like below is dense)
-            q, k, v = self.lean.layers[layer_idx].qkv_rope(x, cos, sin, self._lora_hook(layer_idx, batch.lora))
+            q, k, v = self.lean.layers[layer_idx].qkv_rope(x, cos, sin, self._lora_hook(layer_idx, batch.lora),
+                                                           linear=self.linear)
         else:
-            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            lin = self.linear
+            q, k, v = _linear(lin, attn.q_proj, x), _linear(lin, attn.k_proj, x), _linear(lin, attn.v_proj, x)
             if batch.lora is not None:
                 batch.lora.add_(layer_idx, "qkv", x, [q, k, v])
             q, k, v = q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
@@ -279,7 +296,12 @@ class ModelRunner:
             )[0]  # [Hkv, G*n, D]
             out[span.rows] = o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq, d)
         o_in = out.view(t, hq * d)
-        o = attn.o_proj(o_in)
+        o = _linear(self.linear, attn.o_proj, o_in)
         if batch.lora is not None:
             batch.lora.add_(layer_idx, "o", o_in, [o])
         return o
+
+
+def _linear(linear: Any, module: Any, x: torch.Tensor) -> torch.Tensor:
+    """An HF ``nn.Linear`` module's projection through ``linear`` (``F.linear`` or ``PackedLinears``)."""
+    return linear(x, module.weight, module.bias)
