@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,21 +126,53 @@ def tcmalloc() -> str | None:
     return next((path for path in TCMALLOC if os.path.isfile(path)), None)
 
 
+SAVED_ENV = "CHATPIPE_VLLM_SAVED_ENV"  # JSON: the variables process_env changed, as they were (null: unset)
+
+
 def process_env(env: VllmEnv, base: dict[str, str], num_threads: int | None) -> dict[str, str]:
     """The environment a worker process runs vLLM with: the clone's code first on the path, vLLM's
     engine in this process (no engine-core process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the
     allocator and OpenMP its CPU docs ask for, and the thread count (vLLM otherwise keeps one core of
-    two for its front end, which this worker does not run)."""
+    two for its front end, which this worker does not run). What it changes is kept in
+    ``CHATPIPE_VLLM_SAVED_ENV``, so that a process this one starts outside vLLM (a bench's broker,
+    streams, gateway, or a worker of our engine) gets the variables back as they were: ``outside_env``."""
     out = dict(base)
-    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH", "")) if p)
-    out["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    out.setdefault("VLLM_NO_USAGE_STATS", "1")
-    out.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    changed: dict[str, str | None] = {}
+
+    def put(key: str, value: str) -> None:
+        changed.setdefault(key, base.get(key))
+        out[key] = value
+
+    put("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH", "")) if p))
+    put("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    put("VLLM_NO_USAGE_STATS", base.get("VLLM_NO_USAGE_STATS", "1"))
+    put("VLLM_LOGGING_LEVEL", base.get("VLLM_LOGGING_LEVEL", "WARNING"))
     if env.flavour == "cpu":
         preload = [p for p in (tcmalloc(), _iomp(env)) if p]
-        out["LD_PRELOAD"] = ":".join([*preload, *filter(None, [base.get("LD_PRELOAD", "")])])
-        out["OMP_NUM_THREADS"] = str(num_threads or os.cpu_count() or 1)
+        put("LD_PRELOAD", ":".join([*preload, *filter(None, [base.get("LD_PRELOAD", "")])]))
+        put("OMP_NUM_THREADS", str(num_threads or os.cpu_count() or 1))
+    out[SAVED_ENV] = json.dumps(changed)
     return out
+
+
+def outside_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with what ``process_env`` changed put back as it was (unchanged when it changed nothing):
+    for a process that a vLLM-environment process starts and that does not run vLLM. (An allocator and
+    an OpenMP runtime preloaded into a process of the project's .venv, whose torch brings its own, is
+    not something to inherit.)"""
+    out = dict(env)
+    saved = out.pop(SAVED_ENV, None)
+    for key, value in (json.loads(saved) if saved else {}).items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
+def in_vllm_env(env: VllmEnv) -> bool:
+    """Whether this process runs the vLLM environment's Python."""
+    return Path(sys.prefix).resolve() == env.root.resolve()
 
 
 def vllm_importable() -> bool:
@@ -152,13 +186,15 @@ def exec_in_vllm_env(args: list[str], num_threads: int | None = None) -> None:
     Raises ``VllmEnvMissing`` when the environment is not made, or when this process is already
     the vLLM environment's child and still finds no vLLM (so nothing loops)."""
     env = vllm_env()
-    if not env.ready or os.environ.get("CHATPIPE_VLLM_CHILD"):
+    if not env.ready:
         raise VllmEnvMissing(f"vLLM's engine needs the vLLM environment, not made on this machine ({env.root}); "
                              "make it with `make setup-vllm` (once; ~6 GB of downloads the first time)")
+    if in_vllm_env(env):  # that environment's own Python, and still no vLLM: made wrong, not missing
+        raise VllmEnvMissing(f"the vLLM environment {env.root} has no vllm package; delete that folder and run "
+                             "`make setup-vllm` again")
     sys.stdout.flush()
     sys.stderr.flush()
-    child = process_env(env, {**os.environ, "CHATPIPE_VLLM_CHILD": "1"}, num_threads)
-    os.execve(env.python, [str(env.python), *args], child)
+    os.execve(env.python, [str(env.python), *args], process_env(env, outside_env(os.environ), num_threads))
 
 
 def _iomp(env: VllmEnv) -> str | None:

@@ -28,6 +28,8 @@ from pathlib import Path
 from infra.services import tail
 
 REPO = Path(__file__).resolve().parents[2]  # the clone the harness runs the services from
+# The project's own interpreter: what the services run on, also when a bench runs in the vLLM environment
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 TAIL_CHARS = 3000  # of a log given as a function's text
 TAIL_LINES = 40  # of a log file (infra.services.tail, what `chatpipe up` shows of a failed service)
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -53,10 +55,14 @@ def start_process(argv: Sequence[str], *, log: Path, env: Mapping[str, str] | No
     """``argv`` in the background, stdout and stderr appended to ``log`` (created with its folder;
     emptied first unless ``append``: a readiness check that reads the whole log must not see an
     earlier run's line)."""
+    from infra.vllm_env import outside_env
+
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
+    # from a bench running in the vLLM environment (--engine vllm): not its preloads and threads
+    env = outside_env(os.environ if env is None else env)
     with open(log, "ab" if append else "wb") as out:
-        return subprocess.Popen([str(a) for a in argv], env=None if env is None else dict(env), cwd=cwd,
+        return subprocess.Popen([str(a) for a in argv], env=env, cwd=cwd,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=new_session)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any, Callable
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from chatpipe.testing.processes import REPO, start_process, stop_process, wait_until
+from chatpipe.testing.processes import REPO, VENV_PYTHON, start_process, stop_process, wait_until
 from schemas.codec import default_codec
 from schemas.topics import spec
 from streams.faults import EXIT_INFRASTRUCTURE
@@ -49,7 +48,7 @@ class StreamsWorker:
     def start(self, timeout_s: float = 240.0) -> None:
         with open(self.log, "a") as out:
             out.write(f"\n===== start {self.starts} =====\n")
-        self.proc = start_process([sys.executable, "-m", "chatpipe.cli", "streams"], log=self.log, env=self.env,
+        self.proc = start_process([VENV_PYTHON, "-m", "chatpipe.cli", "streams"], log=self.log, env=self.env,
                                   cwd=REPO)
         self.starts += 1
         wait_until(lambda: "Ready" in self.current_log(), timeout_s=timeout_s, what="chatpipe streams",

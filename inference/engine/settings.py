@@ -82,7 +82,7 @@ class EngineSettings(BaseSettings):
     packed_linear: Literal["auto", "on", "off"] = Field(
         "auto", description="The projections through oneDNN-packed copies of their weights (inference/engine/"
         "packed_linear.py: 1.5-2.7x faster GEMMs at decode batch sizes on CPU, one more copy of the weights in "
-        "memory); auto = on for CPU with a float32/bfloat16 model, off on CUDA (CHATPIPE_PACKED_LINEAR)")
+        "memory); auto = on for CPU with a float32 model, off on CUDA and for bfloat16 (CHATPIPE_PACKED_LINEAR)")
     max_loras: int = Field(
         4, ge=1, description="LoRA adapters held in memory at once (more may be registered: loaded from disk when "
         "a request names one, the least recently used idle one leaves) (CHATPIPE_MAX_LORAS)")
@@ -127,7 +127,7 @@ class EngineSettings(BaseSettings):
         if self.packed_linear == "off":
             return False
         if self.packed_linear == "on" and not packing_available(device, dtype):
-            raise ValueError(f"packed_linear on needs a CPU float32/bfloat16 model and torch with oneDNN (model on "
+            raise ValueError(f"packed_linear on needs a CPU float32 model and torch with oneDNN (model on "
                              f"{device}, {dtype}); use auto or off")
         return packing_available(device, dtype)
 
