@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -30,11 +29,12 @@ import torch
 
 from inference.engine.adapters import AdapterSlots, AdapterStats
 from inference.engine.block_allocator import DEFAULT_TENANT, BlockAllocator
-from inference.engine.errors import InvalidRequestError, RequestRefused
+from inference.engine.errors import RequestRefused
 from inference.engine.kv_cache import PagedKVCache
 from inference.engine.lora import load_adapter
 from inference.engine.model_runner import ModelRunner, check_supported
-from inference.engine.request import Admission, FinishReason, Priority, Request, RequestTimings, SamplingParams
+from inference.engine.request import (Admission, FinishReason, Priority, Request, RequestTimings, SamplingParams,
+                                      checked_group)
 from inference.engine.sampling import Sampler
 from inference.engine.scheduler import Scheduler, SchedulerConfig
 from inference.engine.settings import EngineSettings
@@ -203,19 +203,9 @@ class Engine:
         each is reproducible. ``text_streams`` / ``constraints``: one per sibling (each its own
         object: both are stateful), or None. ``share_weight``: the tenant's weight in the fair share
         (``fair_queue.py``). ``adapter``: as for ``add_request``, for every sibling."""
-        ids = [None] * request_ids if isinstance(request_ids, int) else list(request_ids)
+        ids, prompt = checked_group(request_ids, prompt_token_ids, self.vocab_size, text_streams=text_streams,
+                                    constraints=constraints, share_weight=share_weight)
         n = len(ids)
-        if n < 1:
-            raise InvalidRequestError("a request group needs at least one request id")
-        for name, per in (("text_streams", text_streams), ("constraints", constraints)):
-            if per is not None and len(per) != n:
-                raise InvalidRequestError(f"{name} has {len(per)} entries for {n} requests")
-        if not (math.isfinite(share_weight) and share_weight > 0):
-            raise InvalidRequestError(f"share_weight must be a finite number above 0, got {share_weight}")
-        prompt = [int(t) for t in prompt_token_ids]
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         if not params.ignore_eos:
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids | self.eos_token_ids)
         regs = [self.adapters.acquire(adapter) for _ in ids] if adapter is not None else [None] * n

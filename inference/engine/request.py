@@ -8,8 +8,9 @@ only; text, stop strings and chat templates live at the edge (``text.py``).
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from inference.engine.block_allocator import DEFAULT_TENANT, Owner
 from inference.engine.errors import InvalidRequestError
@@ -43,6 +44,29 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_new_tokens or max_seq_len reached
     ABORTED = "aborted"  # cancelled by the caller
     ERROR = "error"  # the engine could not go on with this request (``Request.error`` says why)
+
+
+def checked_group(request_ids: Sequence[str] | int, prompt_token_ids: Sequence[int], vocab_size: int, *,
+                  text_streams: Sequence[Any] | None = None, constraints: Sequence[Any] | None = None,
+                  share_weight: float = 1.0) -> tuple[list[str | None], list[int]]:
+    """The ids (None where ``request_ids`` is a count: the engine names them) and the prompt as ints
+    of a request group an engine may add (``Engine.add_request_group``, the vLLM engine's); raises
+    ``InvalidRequestError`` naming what is wrong: no request, a per-request list of another length,
+    a share weight that is not a positive number, a token id outside the vocabulary."""
+    ids: list[str | None] = [None] * request_ids if isinstance(request_ids, int) else list(request_ids)
+    n = len(ids)
+    if n < 1:
+        raise InvalidRequestError("a request group needs at least one request id")
+    for name, per in (("text_streams", text_streams), ("constraints", constraints)):
+        if per is not None and len(per) != n:
+            raise InvalidRequestError(f"{name} has {len(per)} entries for {n} requests")
+    if not (math.isfinite(share_weight) and share_weight > 0):
+        raise InvalidRequestError(f"share_weight must be a finite number above 0, got {share_weight}")
+    prompt = [int(t) for t in prompt_token_ids]
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    return ids, prompt
 
 
 MAX_LOGPROBS = 20  # most alternatives per position ``logprobs`` may ask for (OpenAI's top_logprobs bound)

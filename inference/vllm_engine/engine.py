@@ -34,7 +34,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import math
 import threading
 import time
 import uuid
@@ -45,7 +44,7 @@ from typing import Any, Sequence
 from inference.engine.block_allocator import DEFAULT_TENANT
 from inference.engine.engine import EngineStats, TokenEvent
 from inference.engine.errors import InvalidRequestError, RequestRefused
-from inference.engine.request import Admission, FinishReason, Priority, RequestTimings, SamplingParams
+from inference.engine.request import Admission, FinishReason, Priority, RequestTimings, SamplingParams, checked_group
 from inference.engine.settings import EngineSettings
 from inference.engine.throughput import Throughput
 
@@ -131,23 +130,13 @@ class VllmEngine:
         adapter: str | None = None,
     ) -> tuple[Admission, list[VllmRequest]]:  # fmt: skip
         """As ``Engine.add_request_group``; the requests reach vLLM at the start of the next step."""
-        ids = [f"req-{uuid.uuid4().hex[:12]}" for _ in range(request_ids)] if isinstance(request_ids, int) \
-            else list(request_ids)
+        named, prompt = checked_group(request_ids, prompt_token_ids, self.vocab_size, text_streams=text_streams,
+                                      constraints=constraints, share_weight=share_weight)
+        ids = [rid or f"req-{uuid.uuid4().hex[:12]}" for rid in named]
         n = len(ids)
-        if n < 1:
-            raise InvalidRequestError("a request group needs at least one request id")
-        for name, per in (("text_streams", text_streams), ("constraints", constraints)):
-            if per is not None and len(per) != n:
-                raise InvalidRequestError(f"{name} has {len(per)} entries for {n} requests")
-        if not (math.isfinite(share_weight) and share_weight > 0):
-            raise InvalidRequestError(f"share_weight must be a finite number above 0, got {share_weight}")
         if adapter is not None:
             raise InvalidRequestError(f"model version {adapter!r}: the vLLM engine does not serve LoRA adapters yet; "
                                       "serve fine-tuned versions with --engine chatpipe")
-        prompt = [int(t) for t in prompt_token_ids]
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         now = time.monotonic()
         reqs = [VllmRequest(rid, prompt, params, text_streams[i] if text_streams else None, RequestTimings(now))
                 for i, rid in enumerate(ids)]
