@@ -86,6 +86,10 @@ class TailReader:
         except KafkaException as exc:  # the broker away: the same budget as its consumer errors
             self.errors.check(where, kafka_error(exc) or KafkaError(KafkaError._TRANSPORT, str(exc)))
             return
+        # The broker answered: a streak of errors is over. Without this a quiet topic (no record to
+        # reset it) kept a broker restart's streak, and one slow metadata answer a minute later
+        # (a loaded machine) spent the whole budget: a gateway exited with the broker back.
+        self.errors.ok()
         missing = [t for t in self.topics if metadata.topics.get(t) is None or metadata.topics[t].error is not None]
         if not missing:
             self.missing_topics.ok()
