@@ -18,7 +18,6 @@ the base model (``lora_bank.py``).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import time
@@ -38,7 +37,7 @@ from inference.engine.request import (Admission, FinishReason, Priority, Request
 from inference.engine.sampling import Sampler
 from inference.engine.scheduler import Scheduler, SchedulerConfig
 from inference.engine.settings import EngineSettings
-from inference.engine.throughput import Throughput
+from inference.engine.throughput import StepCounts
 
 
 @dataclass(frozen=True)
@@ -144,11 +143,7 @@ class Engine:
                                   batch_hint=settings.max_batch)
         self.sampler = Sampler(param.device)
         self._ids = itertools.count()
-        self._steps = 0
-        self._prompt_tokens = 0
-        self._generated = 0
-        self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens) per step
-        self._throughput = Throughput()
+        self._counts = StepCounts()
 
     # -- callers ---------------------------------------------------------------------------------
 
@@ -366,12 +361,9 @@ class Engine:
 
     def stats(self) -> EngineStats:
         now = time.monotonic()
-        while self._recent and now - self._recent[0][0] > 5.0:
-            self._recent.popleft()
-        span = now - self._recent[0][0] if len(self._recent) > 1 else 0.0
-        recent = sum(n for _, n in list(self._recent)[1:])
+        counts = self._counts
         load = self.scheduler.load()
-        decode_rate, prefill_rate = self._throughput.rates(now)
+        decode_rate, prefill_rate = counts.throughput.rates(now)
         return EngineStats(
             running=self.scheduler.num_running,
             waiting=self.scheduler.num_waiting,
@@ -386,10 +378,10 @@ class Engine:
             preemptions=self.scheduler.num_preemptions,
             fairness_preemptions=self.scheduler.num_fairness_preemptions,
             priority_preemptions=self.scheduler.num_priority_preemptions,
-            steps=self._steps,
-            prompt_tokens=self._prompt_tokens,
-            generated_tokens=self._generated,
-            tokens_per_s=recent / span if span > 0 else 0.0,
+            steps=counts.steps,
+            prompt_tokens=counts.prompt_tokens,
+            generated_tokens=counts.generated,
+            tokens_per_s=counts.tokens_per_s(now),
             prefix_cache_cross_tenant_hit_tokens=self.allocator.cross_tenant_hit_tokens,
             prefix_cache_forgotten_blocks=self.allocator.forgotten_blocks,
             prefix_cache_queried_tokens=self.allocator.queried_tokens,
@@ -402,13 +394,9 @@ class Engine:
         )
 
     def _count(self, prompt_tokens: int, generated: int, started: float) -> None:
-        self._steps += 1
-        self._prompt_tokens += prompt_tokens
-        self._generated += generated
         now = time.monotonic()
-        self._recent.append((now, generated))
         saturated = self.scheduler.num_waiting > 0 or self.scheduler.num_running >= self.scheduler.config.max_batch
-        self._throughput.record(now, now - started, prompt_tokens, generated, saturated)
+        self._counts.record(now, now - started, prompt_tokens, generated, saturated)
 
     def _finished_event(
         self, req: Request, token: int | None, text: str | None = None, logprob: float | None = None,

@@ -80,3 +80,34 @@ class Throughput:
         if seconds > 0:
             self._last[kind] = sum(n for _, _, n in steps) / seconds
         return self._last[kind]
+
+
+class StepCounts:
+    """An engine's step counts for its ``EngineStats``, whichever engine steps (ours, or vLLM's behind
+    ``inference.vllm_engine``): steps, prompt tokens computed and tokens generated since start, the
+    generated rate over the last ``recent_s`` seconds (the current output), and the saturated rates
+    (``Throughput``: the capacity). Called by the step thread (``record``) and by anyone (``stats``)."""
+
+    def __init__(self, recent_s: float = 5.0) -> None:
+        self.recent_s = recent_s
+        self.steps = 0
+        self.prompt_tokens = 0
+        self.generated = 0
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens) per step
+        self.throughput = Throughput()
+
+    def record(self, now: float, seconds: float, prompt_tokens: int, generated: int, saturated: bool) -> None:
+        """One step that ended at ``now`` after ``seconds``."""
+        self.steps += 1
+        self.prompt_tokens += prompt_tokens
+        self.generated += generated
+        self._recent.append((now, generated))
+        self.throughput.record(now, seconds, prompt_tokens, generated, saturated)
+
+    def tokens_per_s(self, now: float) -> float:
+        """Tokens generated per second over the steps of the last ``recent_s`` seconds (0.0 under two steps)."""
+        while self._recent and now - self._recent[0][0] > self.recent_s:
+            self._recent.popleft()
+        recent = list(self._recent)
+        span = now - recent[0][0] if len(recent) > 1 else 0.0
+        return sum(n for _, n in recent[1:]) / span if span > 0 else 0.0

@@ -31,7 +31,6 @@ Admission: TOO_LARGE when prompt + max tokens exceed the context; OVERLOADED whe
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import threading
@@ -46,7 +45,7 @@ from inference.engine.engine import EngineStats, TokenEvent
 from inference.engine.errors import InvalidRequestError, RequestRefused
 from inference.engine.request import Admission, FinishReason, Priority, RequestTimings, SamplingParams, checked_group
 from inference.engine.settings import EngineSettings
-from inference.engine.throughput import Throughput
+from inference.engine.throughput import StepCounts
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +115,8 @@ class VllmEngine:
         self._siblings: dict[str, list[_Submission]] = {}  # a group's first request id -> the others, not yet in vLLM
         self._live: dict[str, VllmRequest] = {}
         self._waiting = 0  # accepted, no first token yet
-        self._steps = self._generated = self._prompt_tokens = self._hit_tokens = self._queried_tokens = 0
-        self._recent: collections.deque[tuple[float, int]] = collections.deque()
-        self._throughput = Throughput()
+        self._hit_tokens = self._queried_tokens = 0
+        self._counts = StepCounts()
 
     # -- the surface AsyncEngine drives (called with its lock held, from the event loop) ---------
 
@@ -300,21 +298,14 @@ class VllmEngine:
     # -- load reports ----------------------------------------------------------------------------
 
     def _count(self, prompt_tokens: int, generated: int, started: float) -> None:
-        self._steps += 1
-        self._prompt_tokens += prompt_tokens
-        self._generated += generated
         now = time.monotonic()
-        self._recent.append((now, generated))
         running = len(self._live) - self._waiting
         saturated = self._waiting > 0 or running >= self.settings.max_batch
-        self._throughput.record(now, now - started, prompt_tokens, generated, saturated)
+        self._counts.record(now, now - started, prompt_tokens, generated, saturated)
 
     def stats(self) -> EngineStats:
         now = time.monotonic()
-        while self._recent and now - self._recent[0][0] > 5.0:
-            self._recent.popleft()
-        recent = list(self._recent)
-        span = now - recent[0][0] if len(recent) > 1 else 0.0
+        counts = self._counts
         with self._lock:
             live = list(self._live.values())
             waiting = self._waiting  # accepted, no first token yet (queued here or in vLLM)
@@ -322,14 +313,14 @@ class VllmEngine:
         usage = _kv_usage(self.llm)
         capacity = self.settings.kv_cache_tokens
         block = self.block_size
-        decode_rate, prefill_rate = self._throughput.rates(now)
+        decode_rate, prefill_rate = counts.throughput.rates(now)
         used_tokens = int(usage * capacity)
         return EngineStats(
             running=len(running), waiting=waiting, kv_used_tokens=used_tokens, kv_capacity_tokens=capacity,
             kv_block_size=block, kv_in_use_blocks=used_tokens // block, kv_cached_blocks=0, kv_evictable_blocks=0,
             kv_free_blocks=(capacity - used_tokens) // block, prefix_cache_hit_tokens=self._hit_tokens,
-            preemptions=0, steps=self._steps, prompt_tokens=self._prompt_tokens, generated_tokens=self._generated,
-            tokens_per_s=sum(n for _, n in recent[1:]) / span if span > 0 else 0.0,
+            preemptions=0, steps=counts.steps, prompt_tokens=counts.prompt_tokens, generated_tokens=counts.generated,
+            tokens_per_s=counts.tokens_per_s(now),
             prefix_cache_queried_tokens=self._queried_tokens, max_running=self.settings.max_batch,
             queued_prompt_tokens=sum(len(r.prompt_token_ids) for r in live if not r.started),
             queued_output_tokens=sum(r.params.max_new_tokens for r in live if not r.started),
