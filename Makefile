@@ -23,6 +23,8 @@ PYTEST_WORKERS ?= 4
 # Java and Maven for the broker; redis-server for the stack's response cache (infra/redis_server.py). Debian's
 # package starts its own redis-server.service on 6379 where systemd runs: only one installed here is stopped
 # and disabled (`chatpipe up` runs the stack's own Redis on that port); one that was there is left alone.
+# A C compiler for the CPU engine's decode attention kernel (inference/engine/kernels/cpu_paged_attention.py,
+# built by setup; without one the engine keeps its slower gather + SDPA).
 prerequisites:
 	@command -v java >/dev/null && command -v mvn >/dev/null || { \
 	  echo "Java 17 and Maven are needed (the Kafka broker runs on the JVM, its jars come from Maven Central)."; \
@@ -35,6 +37,11 @@ prerequisites:
 	    apt-get update -q && apt-get install -y -q redis-server && \
 	    { ! command -v systemctl >/dev/null || systemctl disable --now redis-server >/dev/null 2>&1 || true; }; \
 	  else echo "install it (e.g. apt-get install redis-server) and rerun"; exit 1; fi; }
+	@command -v cc >/dev/null || { \
+	  echo "A C compiler is wanted (cc: the CPU engine's decode attention kernel is built with it)."; \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && apt-get install -y -q gcc; \
+	  else echo "without one (e.g. apt-get install gcc) the CPU engine keeps its slower gather + SDPA attention"; fi; }
 
 # uv installs the packages (from its cache, ~/.cache/uv, once they are there): 53 s here where pip
 # took 107 s from its own cache, most of it unpacking torch's CUDA wheels again for every new venv.
@@ -58,6 +65,7 @@ $(VENV)/.installed: pyproject.toml
 
 setup: prerequisites $(VENV)/.installed
 	$(CHATPIPE) model pull
+	$(PY) -m inference.engine.kernels.cpu_paged_attention
 
 # The vLLM worker's own environment (`chatpipe inference --engine vllm`, `chatpipe up --engine vllm`): vLLM pins
 # its own torch, so it cannot share .venv (infra/vllm_env.py). Made once per machine in ~/.cache/chatpipe/vllm

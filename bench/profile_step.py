@@ -22,6 +22,8 @@ touched) so every op lands in one bucket, the issue's hypotheses:
   device->host syncs               aten::item / _local_scalar_dense, cuda*Synchronize, ``Tensor.tolist``
   KV gather (index_select)         ``PagedKVCache.read_blocks``: the per-layer gather of each context
   SDPA                             aten::scaled_dot_product_attention and what it calls
+  paged decode kernel              the decode rows' attention read in place (``ModelRunner.paged_decode``:
+                                   the C kernel on CPU, the Triton one on CUDA), where the engine runs one
   GEMMs                            aten::linear / mm / addmm / bmm / matmul and what they call
   KV write (index_copy_)           ``PagedKVCache.write``
   sampling                         ``Sampler.sample_step`` other than its sync
@@ -72,6 +74,7 @@ BUCKETS = (
     "device->host syncs",
     "KV gather (index_select) in attention",
     "SDPA",
+    "paged decode kernel",
     "GEMMs",
     "KV write (index_copy_)",
     "sampling",
@@ -115,6 +118,8 @@ class Labels:
                                  (runner, "forward", "forward"), (engine.sampler, "sample_step", "sample"),
                                  (runner.cache, "read_blocks", "kv_gather"), (runner.cache, "write", "kv_write")):
             self._wrap(obj, attr, label)
+        if getattr(runner, "paged_decode", None) is not None:
+            self._wrap(runner, "paged_decode", "paged_kernel")
         if hasattr(engine.runner, "_rope"):
             self._wrap(engine.runner, "_rope", "layer:rope")
         for name in ("embed_tokens", "rotary_emb", "norm"):
@@ -255,6 +260,8 @@ def classify(evt) -> str:
         return "device->host syncs"
     if "prepare" in labels:
         return "host->device tensor builds"
+    if "paged_kernel" in labels:
+        return "paged decode kernel"
     if any(SDPA_OP in n for n in names if n.startswith("aten::")):
         return "SDPA"
     if any(n in GEMM_OPS for n in names):
@@ -278,8 +285,14 @@ def read_profile(prof, sp: StepProfile, top: int) -> None:
             continue  # device-side rows; their time is read from the CPU op that launched them (evt.kernels)
         name = evt.name
         if name.startswith(LABEL):
-            sp.buckets["Python outside ops"].cpu_us += evt.self_cpu_time_total
             label = name[len(LABEL):]
+            if label == "paged_kernel":  # the C kernel is no aten op: its time is the label's own
+                b = sp.buckets["paged decode kernel"]
+                b.cpu_us += evt.self_cpu_time_total
+                b.calls += 1
+                b.leaves += 1
+                continue
+            sp.buckets["Python outside ops"].cpu_us += evt.self_cpu_time_total
             group = "layer:*" if label.startswith("layer:") else label
             sp.python_ms[group] = sp.python_ms.get(group, 0.0) + evt.self_cpu_time_total / 1000
             sp.phases[label] = sp.phases.get(label, 0.0) + evt.cpu_time_total / 1000

@@ -138,7 +138,7 @@ class Engine:
         )  # fmt: skip
         self.runner = ModelRunner(model, self.cache, compile=settings.compile,
                                   lean=settings.resolved_lean_layers(param.device.type),
-                                  paged_kernel=settings.resolved_paged_kernel(param.device.type),
+                                  paged_kernel=settings.resolved_paged_kernel(param.device.type, str(param.dtype).removeprefix("torch.")),
                                   packed_linear=settings.resolved_packed_linear(param.device, param.dtype),
                                   batch_hint=settings.max_batch)
         self.sampler = Sampler(param.device)

@@ -19,7 +19,19 @@ reads the pool in place (FlexAttention's paged form).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True)
+class BlockGather:
+    """Which rows of a layer's pool hold ``batch`` requests' first ``blocks`` context blocks, head-major
+    (``PagedKVCache.block_gather``)."""
+
+    rows: torch.Tensor  # [kvH * batch * blocks] long, into the pool's [kvH * num_blocks, block_size * D] view
+    batch: int
+    blocks: int
 
 
 class PagedKVCache:
@@ -44,20 +56,29 @@ class PagedKVCache:
         self.k[layer].index_copy_(1, slots, k.transpose(0, 1))
         self.v[layer].index_copy_(1, slots, v.transpose(0, 1))
 
-    def read_blocks(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """blocks [B, N] long (block ids) -> k, v [kvH, B, N * block_size, D], contiguous.
-
-        Gathers whole blocks as rows of a ``[kvH, num_blocks, block_size * D]`` view: one
-        ``index_select`` of contiguous rows, about 3x faster on CPU than indexing every token
-        slot (measured: 0.35 ms vs 1.1 ms for 16 requests x 768 tokens of SmolLM2's K).
-        """
+    def block_gather(self, blocks: torch.Tensor) -> BlockGather:
+        """The rows ``read_blocks`` copies for the requests' blocks ``[B, N]`` (block ids): made once per
+        step, used by every layer."""
         b, n = blocks.shape
-        flat = blocks.reshape(-1)
+        heads, slots, _ = self.k.shape[1:]
+        head_base = torch.arange(heads, device=blocks.device)[:, None] * (slots // self.block_size)
+        return BlockGather((head_base + blocks.reshape(1, -1)).reshape(-1), b, n)
+
+    def read_blocks(self, layer: int, gather: BlockGather) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gathered blocks -> k, v [kvH, B, N * block_size, D], contiguous.
+
+        Gathers whole blocks as rows of a ``[kvH * num_blocks, block_size * D]`` view: one
+        ``index_select`` along dim 0 of a contiguous matrix, which torch runs as one memcpy per row.
+        (Along dim 1 of ``[kvH, num_blocks, block_size * D]`` it ran one strided copy op per block:
+        86 of a 201 ms SmolLM2 decode step at batch 16 x 540 tokens; indexing every token slot, before
+        that, was slower still.)
+        """
         out = []
         for pool in (self.k[layer], self.v[layer]):
             heads, _, dim = pool.shape
-            rows = pool.view(heads, -1, self.block_size * dim)  # [kvH, blocks, bs*D]
-            out.append(torch.index_select(rows, 1, flat).view(heads, b, n * self.block_size, dim))
+            rows = pool.view(-1, self.block_size * dim)  # [kvH * blocks, bs*D]
+            picked = torch.index_select(rows, 0, gather.rows)
+            out.append(picked.view(heads, gather.batch, gather.blocks * self.block_size, dim))
         return out[0], out[1]
 
 

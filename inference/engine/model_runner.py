@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine.errors import UnsupportedModelError
-from inference.engine.kernels import paged_attention
-from inference.engine.kv_cache import DeviceBlockTables, PagedKVCache, slots_for_positions
+from inference.engine.kernels import cpu_paged_attention, paged_attention
+from inference.engine.kv_cache import BlockGather, DeviceBlockTables, PagedKVCache, slots_for_positions
 from inference.engine.lean_llama import LeanLlama, add_rms_norm, rms_norm
 from inference.engine.lora_bank import LoraBank
 from inference.engine.packed_linear import PackedLinears, hf_weights
@@ -34,12 +34,26 @@ from inference.engine.scheduler import ScheduledChunk
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
+# A decode group costs about this many padded context blocks' worth of work on top of its blocks (its
+# gathers, SDPA call and copies, per layer): split_by_length's trade of padding against calls.
+GROUP_OVERHEAD_BLOCKS = 12
+
+
 @dataclass
 class PrefillSpan:
     rows: slice  # rows of the step's [T] tokens that belong to this chunk
-    ctx_blocks: torch.Tensor  # [1, N] cache blocks of positions 0..K-1 (K = chunk end position)
-    mask: torch.Tensor  # [G * n, N * block_size] bool, True = may attend (causal over prefix + chunk),
+    gather: BlockGather  # cache blocks of positions 0..K-1 (K = chunk end position)
+    mask: torch.Tensor  # [G * n, N * block_size] additive (0 may attend, -inf not; causal over prefix + chunk),
     # repeated for the G query heads per KV head once here rather than in every layer
+
+
+@dataclass
+class DecodeGroup:
+    """Decode rows of similar context length that attend in one padded SDPA call."""
+
+    rows: slice  # rows of the step's [T] tokens (decodes are sorted by context length)
+    gather: BlockGather  # each row's context blocks, up to the group's longest
+    mask: torch.Tensor  # [1, b, 1, N * block_size] additive: -inf past each row's context
 
 
 @dataclass(frozen=True)
@@ -62,8 +76,8 @@ class StepBatch:
     write_slots: torch.Tensor  # [T] long, cache slot each token's K/V is written to
     num_decodes: int  # rows [0, num_decodes) are single-token chunks
     decode_ctx_blocks: torch.Tensor | None  # [Bd, Nd] long, blocks of each decode's context
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Nd * block_size] bool (None with the paged kernel)
     decode_lens: torch.Tensor | None  # [Bd] long, tokens each decode attends to (its own included)
+    decode_groups: list[DecodeGroup]  # the decodes' SDPA calls (none with the paged kernel)
     prefills: list[PrefillSpan]
     sample_rows: torch.Tensor  # [S] long, rows whose logits pick a next token
     sample_request_ids: list[str]
@@ -86,7 +100,7 @@ def check_supported(config: Any, max_seq_len: int) -> None:
 
 class ModelRunner:
     def __init__(
-        self, model: Any, cache: PagedKVCache, compile: bool = False, lean: bool = False, paged_kernel: bool = False,
+        self, model: Any, cache: PagedKVCache, compile: bool = False, lean: bool = False, paged_kernel: str | None = None,
         packed_linear: bool = False, batch_hint: int = 16,
     ) -> None:
         self.model = model
@@ -97,9 +111,12 @@ class ModelRunner:
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.groups = self.num_heads // self.num_kv_heads  # query heads per KV head (GQA)
-        # Decode attention by the Triton kernel that reads the pool in place (kernels/paged_attention.py)
-        # instead of read_blocks' gather + SDPA: issue 22 (EngineSettings.resolved_paged_kernel decides).
+        # Decode attention by a kernel that reads the pool in place instead of read_blocks' gather + SDPA:
+        # "triton" (kernels/paged_attention.py, CUDA) or "cpu" (kernels/cpu_paged_attention.py);
+        # EngineSettings.resolved_paged_kernel decides.
         self.paged_kernel = paged_kernel
+        self.paged_decode = {"triton": paged_attention.paged_decode_attention,
+                             "cpu": cpu_paged_attention.paged_decode_attention}.get(paged_kernel or "")
         max_pos = getattr(cfg, "max_position_embeddings", None) or 1 << 16
         self.tables = DeviceBlockTables(-(-min(max_pos, cache.num_slots) // cache.block_size), self.device)
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -129,8 +146,11 @@ class ModelRunner:
     def prepare(self, chunks: list[ScheduledChunk], block_tables: dict[str, list[int]],
                 bank: LoraBank | None = None) -> StepBatch:
         """Chunks must list single-token chunks first (the scheduler does). ``bank``: the adapters in
-        memory, which hold every adapter the chunks' requests name."""
+        memory, which hold every adapter the chunks' requests name. The step's rows put the decodes
+        in order of context length, so that requests of similar length share an attention call."""
         bs = self.cache.block_size
+        num_single = next((i for i, c in enumerate(chunks) if c.num_new_tokens != 1), len(chunks))
+        chunks = sorted(chunks[:num_single], key=lambda c: c.start) + list(chunks[num_single:])
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -156,22 +176,27 @@ class ModelRunner:
                 sample_rows.append(row0 + n - 1)
                 sample_ids.append(req.request_id)
         dev = self.device
-        decode_ctx = decode_mask = lens = None
+        decode_ctx = lens = None
+        groups: list[DecodeGroup] = []
         if decode_ids:
             decode_ctx = self.tables.gather(decode_ids, block_tables, max(decode_lens), bs)
             lens = torch.tensor(decode_lens, device=dev)
-            if not self.paged_kernel:  # the kernel masks by length itself
-                kd = decode_ctx.shape[1] * bs  # context rounded up to whole blocks; the mask hides the tail
-                decode_mask = (torch.arange(kd, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+            if self.paged_decode is None:  # a kernel reads each row's own length in place
+                for i, j in split_by_length(decode_lens, bs, GROUP_OVERHEAD_BLOCKS):
+                    ctx = decode_ctx[i:j, : -(-decode_lens[j - 1] // bs)]  # up to the group's longest
+                    # context rounded up to whole blocks; the mask hides each row's tail
+                    keep = torch.arange(ctx.shape[1] * bs, device=dev)[None, :] < lens[i:j, None]
+                    groups.append(DecodeGroup(slice(i, j), self.cache.block_gather(ctx),
+                                              self._additive(keep)[None, :, None, :]))
         spans = []
         for row0, row1, chunk in prefills:
             end = chunk.start + chunk.num_new_tokens
             ctx = self.tables.gather([chunk.request.request_id], block_tables, end, bs)
             q_pos = torch.arange(chunk.start, end, device=dev)
             # Causal; positions past `end` (the rest of the last block) are > every q_pos, so hidden.
-            mask = torch.arange(ctx.shape[1] * bs, device=dev)[None, :] <= q_pos[:, None]  # [n, N*bs]
-            mask = mask.repeat(self.groups, 1)  # [G*n, N*bs]
-            spans.append(PrefillSpan(slice(row0, row1), ctx, mask))
+            keep = torch.arange(ctx.shape[1] * bs, device=dev)[None, :] <= q_pos[:, None]  # [n, N*bs]
+            spans.append(PrefillSpan(slice(row0, row1), self.cache.block_gather(ctx),
+                                     self._additive(keep.repeat(self.groups, 1))))  # [G*n, N*bs]
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
         lora = None
         if bank is not None and bank.num_slots:
@@ -185,13 +210,19 @@ class ModelRunner:
             write_slots=as_long(slots),
             num_decodes=len(decode_ids),
             decode_ctx_blocks=decode_ctx,
-            decode_mask=decode_mask,
             decode_lens=lens,
+            decode_groups=groups,
             prefills=spans,
             sample_rows=as_long(sample_rows),
             sample_request_ids=sample_ids,
             lora=lora,
         )
+
+    def _additive(self, keep: torch.Tensor) -> torch.Tensor:
+        """A bool may-attend mask as the additive float mask SDPA applies (given a bool one, torch's CPU
+        kernel converts it in every call, i.e. every layer)."""
+        mask = torch.zeros(keep.shape, dtype=self.cache.k.dtype, device=keep.device)
+        return mask.masked_fill_(~keep, float("-inf"))
 
     # -- the forward -----------------------------------------------------------------------------
 
@@ -272,23 +303,22 @@ class ModelRunner:
         out = torch.empty_like(q)  # [T, Hq, D]
         scale = attn.scaling
         nd = batch.num_decodes
-        if nd and self.paged_kernel:  # K/V read in place through the block tables, written into out
-            paged_attention.paged_decode_attention(
+        if nd and self.paged_decode is not None:  # K/V read in place through the block tables, written into out
+            self.paged_decode(
                 q[:nd], self.cache.k[layer_idx], self.cache.v[layer_idx], batch.decode_ctx_blocks,
                 batch.decode_lens, self.cache.block_size, scale, out=out[:nd],
             )  # fmt: skip
-        elif nd:
-            kc, vc = self.cache.read_blocks(layer_idx, batch.decode_ctx_blocks)  # [Hkv, Bd, Kd, D]
+        for group in batch.decode_groups:
+            b = group.gather.batch
+            kc, vc = self.cache.read_blocks(layer_idx, group.gather)  # [Hkv, b, Kd, D]
             # GQA without repeating K/V: the G query heads sharing a KV head become G query rows.
-            # (Hkv, Bd) are both batch dims to SDPA; the mask [Bd, 1, 1, Kd] broadcasts as [1, Bd, 1, Kd].
-            qd = q[:nd].view(nd, hkv, g, d).transpose(0, 1)  # [Hkv, Bd, G, D]
-            o = F.scaled_dot_product_attention(
-                qd, kc, vc, attn_mask=batch.decode_mask.view(1, nd, 1, -1), scale=scale
-            )  # [Hkv, Bd, G, D]
-            out[:nd] = o.transpose(0, 1).reshape(nd, hq, d)
+            # (Hkv, b) are both batch dims to SDPA; the mask [1, b, 1, Kd] broadcasts over Hkv and G.
+            qd = q[group.rows].view(b, hkv, g, d).transpose(0, 1)  # [Hkv, b, G, D]
+            o = F.scaled_dot_product_attention(qd, kc, vc, attn_mask=group.mask, scale=scale)  # [Hkv, b, G, D]
+            out[group.rows] = o.transpose(0, 1).reshape(b, hq, d)
         for span in batch.prefills:
             n = span.rows.stop - span.rows.start
-            kc, vc = self.cache.read_blocks(layer_idx, span.ctx_blocks)  # [Hkv, 1, K, D]
+            kc, vc = self.cache.read_blocks(layer_idx, span.gather)  # [Hkv, 1, K, D]
             qp = q[span.rows].view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
             # 4-D with a batch of 1: the shape CUDA's fused SDPA kernels take (3-D falls back to math).
             o = F.scaled_dot_product_attention(
@@ -305,3 +335,19 @@ class ModelRunner:
 def _linear(linear: Any, module: Any, x: torch.Tensor) -> torch.Tensor:
     """An HF ``nn.Linear`` module's projection through ``linear`` (``F.linear`` or ``PackedLinears``)."""
     return linear(x, module.weight, module.bias)
+
+
+def split_by_length(lens: list[int], block_size: int, overhead_blocks: int) -> list[tuple[int, int]]:
+    """Split ascending context lengths into contiguous groups ``[i, j)`` that each attend in one padded
+    call: the least padded blocks (a group pads to its longest) plus ``overhead_blocks`` per call.
+    Exact by dynamic programming; O(n^2) for n decodes, under a millisecond at the batch sizes run."""
+    blocks = [-(-n // block_size) for n in lens]
+    best = [0] + [0] * len(blocks)  # best[j]: least cost of rows [0, j)
+    cut = [0] * (len(blocks) + 1)
+    for j in range(1, len(blocks) + 1):
+        best[j], cut[j] = min((best[i] + (j - i) * blocks[j - 1] + overhead_blocks, i) for i in range(j))
+    groups, j = [], len(blocks)
+    while j:
+        groups.append((cut[j], j))
+        j = cut[j]
+    return groups[::-1]

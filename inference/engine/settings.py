@@ -74,9 +74,10 @@ class EngineSettings(BaseSettings):
         "paged_kernel on runs on CPU tensors (the tests)")
     paged_kernel: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="Decode attention by the Triton kernel of inference/engine/kernels/paged_attention.py, reading "
-        "K/V in place through the block tables, instead of a gather + SDPA; auto = on for CUDA with triton, off "
-        "on CPU, where triton cannot compile (CHATPIPE_PAGED_KERNEL)",
+        description="Decode attention by a kernel reading K/V in place through the block tables instead of a "
+        "gather + SDPA: on CUDA the Triton kernel (inference/engine/kernels/paged_attention.py), on CPU the C "
+        "kernel (kernels/cpu_paged_attention.py, float32, compiled once per machine with its C compiler); auto = "
+        "on where it can run (CHATPIPE_PAGED_KERNEL)",
     )
 
     packed_linear: Literal["auto", "on", "off"] = Field(
@@ -131,20 +132,31 @@ class EngineSettings(BaseSettings):
                              f"{device}, {dtype}); use auto or off")
         return packing_available(device, dtype)
 
-    def resolved_paged_kernel(self, device_type: str) -> bool:
-        """Whether decode attention runs the Triton paged kernel on ``device_type``."""
+    def resolved_paged_kernel(self, device_type: str, dtype: str = "float32") -> str | None:
+        """Which kernel reads the decode rows' K/V in place on ``device_type``: ``"triton"``
+        (kernels/paged_attention.py: CUDA, or Triton's interpreter on CPU tensors), ``"cpu"``
+        (kernels/cpu_paged_attention.py: float32, built with the machine's C compiler), or None for the
+        runner's gather + SDPA."""
+        from inference.engine.kernels import cpu_paged_attention
         from inference.engine.kernels.paged_attention import HAVE_TRITON
 
         if self.paged_kernel == "off":
-            return False
+            return None
+        cpu_kernel = device_type == "cpu" and dtype == "float32"
         if self.paged_kernel == "auto":
-            return device_type == "cuda" and HAVE_TRITON
-        # On CPU tensors only Triton's interpreter runs the kernel (TRITON_INTERPRET=1: the tests).
-        runnable = device_type == "cuda" or self.triton_interpret
-        if not HAVE_TRITON or not runnable:
-            raise ValueError(f"paged_kernel on needs CUDA and triton (device {device_type}, triton "
-                             f"{'installed' if HAVE_TRITON else 'missing'}); use auto or off")
-        return True
+            if device_type == "cuda":
+                return "triton" if HAVE_TRITON else None
+            return "cpu" if cpu_kernel and cpu_paged_attention.available() else None
+        if device_type == "cpu" and not self.triton_interpret:
+            if not cpu_kernel or not cpu_paged_attention.available():
+                raise ValueError(f"paged_kernel on needs, on CPU, a float32 model ({dtype}) and the C kernel built "
+                                 "(a C compiler: see the log); use auto or off")
+            return "cpu"
+        # CUDA, or CPU tensors through Triton's interpreter (TRITON_INTERPRET=1: the tests)
+        if not HAVE_TRITON:
+            raise ValueError(f"paged_kernel on needs CUDA and triton (device {device_type}, triton missing); "
+                             "use auto or off")
+        return "triton"
 
     def default_model_dir(self) -> Path:
         return self.model_cache.expanduser() / DEFAULT_MODEL_NAME

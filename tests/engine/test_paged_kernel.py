@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run as the child script: make `inference` importable from the checkout
     sys.path.insert(0, str(ROOT))
 
+from inference.engine.kernels import cpu_paged_attention as cpa  # noqa: E402 - sys.path set above when run as the child script
 from inference.engine.kernels import paged_attention as pa  # noqa: E402 - sys.path set above when run as the child script
 from inference.engine.kv_cache import PagedKVCache  # noqa: E402 - sys.path set above when run as the child script
 
@@ -79,13 +80,13 @@ def decode_inputs(hq, hkv, d, bs, dtype, seed, lens=None, table_dtype=torch.int3
 
 
 def sdpa_decode_path(cache: PagedKVCache, layer: int, q, tables, lens: list[int], scale: float) -> torch.Tensor:
-    """ModelRunner._attention's decode branch, verbatim (with prepare()'s table width and mask)."""
+    """ModelRunner._attention's decode branch with the decodes in one group (prepare()'s table width and mask)."""
     nd, hq, d = q.shape
     hkv, g, bs = cache.k.shape[1], hq // cache.k.shape[1], cache.block_size
     decode_ctx = tables[:, : -(-max(lens) // bs)].long()  # DeviceBlockTables.gather's width
     kd = decode_ctx.shape[1] * bs
     decode_mask = (torch.arange(kd, device=q.device)[None, :] < torch.tensor(lens, device=q.device)[:, None])[:, None, None, :]
-    kc, vc = cache.read_blocks(layer, decode_ctx)  # [Hkv, Bd, Kd, D]
+    kc, vc = cache.read_blocks(layer, cache.block_gather(decode_ctx))  # [Hkv, Bd, Kd, D]
     qd = q.view(nd, hkv, g, d).transpose(0, 1)  # [Hkv, Bd, G, D]
     o = F.scaled_dot_product_attention(qd, kc, vc, attn_mask=decode_mask.view(1, nd, 1, -1), scale=scale)
     return o.transpose(0, 1).reshape(nd, hq, d)
@@ -95,7 +96,7 @@ def paged_decode_attention_reference(q, k_pool, v_pool, block_tables, context_le
                                      scale: float) -> torch.Tensor:
     """What ``paged_decode_attention`` computes, by gathering whole blocks (as ``read_blocks``) and a
     masked softmax in float32; output in q's dtype, rows of context 0 are zeros. The kernel's oracle."""
-    b, hq, hkv, d = pa._check_decode_args(q, k_pool, v_pool, block_tables, context_lens, block_size)
+    b, hq, hkv, d = pa.check_decode_args(q, k_pool, v_pool, block_tables, context_lens, block_size)
     g = hq // hkv
     out = torch.zeros_like(q)
     max_len = int(context_lens.max()) if b else 0
@@ -135,13 +136,13 @@ def filled_cache(hq, hkv, d, bs, dtype, seed, lens, device):
 # -- the cases (computed in the child) -------------------------------------------------------------
 
 
-def case_decode(heads, dtype, bs, seed, table_dtype=torch.int32, strided_q=False, device="cpu"):
+def case_decode(heads, dtype, bs, seed, table_dtype=torch.int32, strided_q=False, device="cpu", kernel_module=pa):
     q, kp, vp, tables, lens, scale = decode_inputs(**heads, bs=bs, dtype=dtype, seed=seed, table_dtype=table_dtype, device=device)
     if strided_q:  # q as a slice of a fused qkv-like buffer: non-contiguous rows
         buf = torch.zeros(q.shape[0], q.shape[1], 3 * q.shape[2], dtype=dtype, device=device)
         buf[:, :, q.shape[2] : 2 * q.shape[2]] = q
         q = buf[:, :, q.shape[2] : 2 * q.shape[2]]
-    out = pa.paged_decode_attention(q, kp, vp, tables, lens, bs, scale)
+    out = kernel_module.paged_decode_attention(q, kp, vp, tables, lens, bs, scale)
     ref = paged_decode_attention_reference(q, kp, vp, tables, lens, bs, scale)
     assert out.dtype == q.dtype and out.shape == q.shape
     zero_rows = lens == 0
@@ -150,43 +151,43 @@ def case_decode(heads, dtype, bs, seed, table_dtype=torch.int32, strided_q=False
     return (out.float() - ref.float()).abs().max().item()
 
 
-def case_matches_sdpa(heads, dtype, bs, seed, device="cpu"):
+def case_matches_sdpa(heads, dtype, bs, seed, device="cpu", kernel_module=pa):
     lens = [1, bs - 1, bs + 1, 2 * bs, 137]  # decode rows always attend to >= 1 token
     cache, q, tables, _, _, _ = filled_cache(**heads, bs=bs, dtype=dtype, seed=seed, lens=lens, device=device)
     scale = heads["d"] ** -0.5
     want = sdpa_decode_path(cache, 1, q, tables, lens, scale)
     # into a slice of a bigger output buffer, as the runner would (out[:nd] of its [T, Hq, D])
     buf = torch.full((len(lens) + 2, *q.shape[1:]), float("nan"), dtype=dtype, device=device)
-    got = pa.paged_decode_attention(q, cache.k[1], cache.v[1], tables, torch.tensor(lens, device=device), bs, scale, out=buf[: len(lens)])
+    got = kernel_module.paged_decode_attention(q, cache.k[1], cache.v[1], tables, torch.tensor(lens, device=device), bs, scale, out=buf[: len(lens)])
     assert got.data_ptr() == buf.data_ptr() and buf[len(lens) :].isnan().all()
     torch.testing.assert_close(got.float(), want.float(), **(F32_TOL if dtype == torch.float32 else BF16_TOL))
     return (got.float() - want.float()).abs().max().item()
 
 
-def case_engine_greedy_equals_hf(bs, lean, device="cpu"):
-    """The whole engine with the kernel in the decode branch (EngineSettings.paged_kernel on): greedy
+def case_engine_greedy_equals_hf(bs, lean, device="cpu", kernel_module=pa, paged_kernel="on"):
+    """The whole engine with a kernel in the decode branch (EngineSettings.paged_kernel on; the C kernel
+    when ``kernel_module`` is cpu_paged_attention, gather + SDPA with ``paged_kernel="off"``): greedy
     outputs of a tiny random Llama equal HF ``generate``, prompts staggered over chunked steps."""
-    from inference.engine import model_runner
     from inference.engine.engine import Engine
     from inference.engine.request import SamplingParams
     from inference.engine.settings import EngineSettings
     from tests.engine.conftest import hf_greedy, make_tiny_model
 
     calls = []
-    kernel = model_runner.paged_attention.paged_decode_attention
-    model_runner.paged_attention.paged_decode_attention = lambda *a, **k: (calls.append(1), kernel(*a, **k))[1]
+    kernel = kernel_module.paged_decode_attention
+    kernel_module.paged_decode_attention = lambda *a, **k: (calls.append(1), kernel(*a, **k))[1]
     try:
         model = make_tiny_model()
         g = torch.Generator().manual_seed(5)
         prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (2, 3, 11, 40)]
         engine = Engine(model, EngineSettings(device="cpu", dtype="float32", kv_cache_tokens=2048, kv_block_size=bs,
-                                              max_step_tokens=5, max_batch=4, paged_kernel="on",
+                                              max_step_tokens=5, max_batch=4, paged_kernel=paged_kernel,
                                               lean_layers="on" if lean else "off"))
-        assert engine.runner.paged_kernel
+        assert (engine.runner.paged_decode is not None) == (paged_kernel == "on")
         outs = engine.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True))
     finally:
-        model_runner.paged_attention.paged_decode_attention = kernel
-    assert calls, "the decode branch never called the kernel"
+        kernel_module.paged_decode_attention = kernel
+    assert bool(calls) == (paged_kernel == "on"), f"the decode branch called the kernel {len(calls)} times"
     want = [hf_greedy(model, p, 8) for p in prompts]
     assert outs == want, f"engine {outs} != HF generate {want}"
     return 0.0
@@ -275,14 +276,58 @@ if __name__ != "__main__":
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
         auto, on, off = (EngineSettings(paged_kernel=v) for v in ("auto", "on", "off"))
         monkeypatch.setattr(pa, "HAVE_TRITON", True)
-        assert auto.resolved_paged_kernel("cuda") and not auto.resolved_paged_kernel("cpu")
-        assert on.resolved_paged_kernel("cuda") and not off.resolved_paged_kernel("cuda")
-        with pytest.raises(ValueError, match="needs CUDA and triton"):
+        assert auto.resolved_paged_kernel("cuda") == on.resolved_paged_kernel("cuda") == "triton"
+        assert auto.resolved_paged_kernel("cpu") == on.resolved_paged_kernel("cpu") == "cpu"  # the C kernel
+        assert off.resolved_paged_kernel("cuda") is None and off.resolved_paged_kernel("cpu") is None
+        assert auto.resolved_paged_kernel("cpu", "bfloat16") is None  # the C kernel is float32 only
+        with pytest.raises(ValueError, match="float32"):
+            on.resolved_paged_kernel("cpu", "bfloat16")
+        monkeypatch.setattr(cpa, "_library", lambda: None)  # no C compiler: auto keeps gather + SDPA
+        assert auto.resolved_paged_kernel("cpu") is None
+        with pytest.raises(ValueError, match="C kernel built"):
             on.resolved_paged_kernel("cpu")
         monkeypatch.setattr(pa, "HAVE_TRITON", False)  # a CUDA build without triton: auto falls back to SDPA
-        assert not auto.resolved_paged_kernel("cuda")
+        assert auto.resolved_paged_kernel("cuda") is None
         with pytest.raises(ValueError, match="triton missing"):
             on.resolved_paged_kernel("cuda")
+
+    # -- the C kernel for CPU (kernels/cpu_paged_attention.py), in this process ------------------------
+    # It needs a C compiler, which `make setup` checks for (a machine without one keeps gather + SDPA:
+    # the resolution test above); here a missing compiler fails these tests rather than skipping them.
+
+    @pytest.mark.parametrize("heads, bs, table_dtype, strided_q", [
+        (SMOL, 16, torch.int32, False), (SMOL, 3, torch.int64, False), (SMOL, 32, torch.int32, True),
+        (LLAMA8B, 16, torch.int64, False), (dict(hq=4, hkv=2, d=40), 8, torch.int32, False),  # a head dim not /16
+    ])  # fmt: skip
+    def test_cpu_kernel_matches_reference(heads, bs, table_dtype, strided_q):
+        err = case_decode(heads, F32, bs, seed=31, table_dtype=table_dtype, strided_q=strided_q, kernel_module=cpa)
+        assert err < 1e-5
+
+    @pytest.mark.parametrize("heads, bs", [(SMOL, 16), (LLAMA8B, 4)])
+    def test_cpu_kernel_matches_the_sdpa_decode_path_into_an_output_slice(heads, bs):
+        assert case_matches_sdpa(heads, F32, bs, seed=32, kernel_module=cpa) < 1e-5
+
+    @pytest.mark.parametrize("paged_kernel, bs", [("on", 3), ("on", 16), ("off", 3)])
+    def test_engine_greedy_equals_hf_with_the_cpu_kernel_and_without(paged_kernel, bs):
+        case_engine_greedy_equals_hf(bs, lean=False, kernel_module=cpa, paged_kernel=paged_kernel)
+
+    def test_cpu_kernel_refuses_what_it_does_not_run():
+        q, kp, vp, tables, lens, scale = decode_inputs(**SMOL, bs=16, dtype=BF16, seed=33, lens=[3, 5])
+        with pytest.raises(ValueError, match="float32"):
+            cpa.paged_decode_attention(q, kp, vp, tables, lens, 16, scale)
+        with pytest.raises(ValueError, match="multiple"):
+            cpa.paged_decode_attention(q.float()[:, :8], kp.float(), vp.float(), tables, lens, 16, scale)
+
+    @pytest.mark.parametrize("lens, want", [
+        ([5, 6, 7], [(0, 3)]),  # one block each: one call
+        ([16, 16, 500, 510], [(0, 2), (2, 4)]),  # two far apart lengths: two calls beat padding 1 to 32 blocks
+        ([1] * 3 + [400], [(0, 3), (3, 4)]),
+        ([], []),
+    ])  # fmt: skip
+    def test_decodes_split_by_length(lens, want):
+        from inference.engine.model_runner import split_by_length
+
+        assert split_by_length(lens, 16, 12) == want
 
     def test_bad_shapes_are_refused():
         q, kp, vp, tables, lens, scale = decode_inputs(**SMOL, bs=16, dtype=F32, seed=23, lens=[3])

@@ -136,7 +136,7 @@ def _need_triton() -> None:
         raise RuntimeError("triton is not installed: use the gather + SDPA decode path (paged_kernel off)")
 
 
-def _check_decode_args(q, k_pool, v_pool, block_tables, context_lens, block_size) -> tuple[int, int, int, int]:
+def check_decode_args(q, k_pool, v_pool, block_tables, context_lens, block_size) -> tuple[int, int, int, int]:
     b, hq, d = q.shape
     hkv, _, dk = k_pool.shape
     if v_pool.shape != k_pool.shape or dk != d:
@@ -167,7 +167,7 @@ def paged_decode_attention(
     from the pools. Rows of context 0 return zeros. ``out`` [B, Hq, D] (e.g. a slice of the runner's
     output buffer) saves a copy; it is written and returned. Nothing is synchronised with the host."""
     _need_triton()
-    b, hq, hkv, d = _check_decode_args(q, k_pool, v_pool, block_tables, context_lens, block_size)
+    b, hq, hkv, d = check_decode_args(q, k_pool, v_pool, block_tables, context_lens, block_size)
     g = hq // hkv
     if out is None:
         out = torch.empty_like(q)
