@@ -13,8 +13,8 @@ tokens, and short requests do not pay for ``max_seq_len``. The cost is a gather 
 request's context blocks per layer (``read_blocks``): indexing every token slot took 13% of the
 CPU time of a batch-16 SmolLM2 run (torch profiler), whole-block gathers cut that about 3x.
 ``DeviceBlockTables`` keeps the block tables on the device so building a step's indices is host
-work per request, not per token of context. Not done: swapping to host memory, a kernel that
-reads the pool in place (FlexAttention's paged form).
+work per request, not per token of context. Decode rows skip the gather where a paged kernel
+reads the pool in place (``kernels/``: C on CPU, Triton on CUDA). Not done: swapping to host memory.
 """
 
 from __future__ import annotations
