@@ -65,9 +65,8 @@ class EngineSettings(BaseSettings):
     lean_layers: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Dense layer math through inference/engine/lean_llama.py (fused qkv and gate_up GEMMs, rotary "
-        "in place, residual add fused with RMSNorm) instead of the HF modules one by one; auto = on (on CPU ~17% "
-        "faster prompt chunks for ~0.3 GB more memory with SmolLM2; off = the HF modules, the reference path) "
-        "(CHATPIPE_LEAN_LAYERS)",
+        "in place, residual add fused with RMSNorm) instead of the HF modules one by one; auto = on for CUDA, off "
+        "on CPU (CHATPIPE_LEAN_LAYERS)",
     )
     triton_interpret: bool = Field(
         False, validation_alias=AliasChoices("TRITON_INTERPRET", "triton_interpret"),
@@ -118,7 +117,9 @@ class EngineSettings(BaseSettings):
 
     def resolved_lean_layers(self, device_type: str) -> bool:
         """Whether the engine runs the lean layers on a model whose weights are on ``device_type``."""
-        return self.lean_layers != "off"  # the same on every device (docs/engine.md: measured on CPU and CUDA)
+        if self.lean_layers != "auto":
+            return self.lean_layers == "on"
+        return device_type == "cuda"
 
     def resolved_packed_linear(self, device, dtype) -> bool:
         """Whether the runner packs the projection weights for oneDNN (a model on ``device``, ``dtype``)."""
