@@ -114,7 +114,6 @@ class ModelRunner:
         # Decode attention by a kernel that reads the pool in place instead of read_blocks' gather + SDPA:
         # "triton" (kernels/paged_attention.py, CUDA) or "cpu" (kernels/cpu_paged_attention.py);
         # EngineSettings.resolved_paged_kernel decides.
-        self.paged_kernel = paged_kernel
         self.paged_decode = {"triton": paged_attention.paged_decode_attention,
                              "cpu": cpu_paged_attention.paged_decode_attention}.get(paged_kernel or "")
         max_pos = getattr(cfg, "max_position_embeddings", None) or 1 << 16

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from inference.engine.kernels.paged_attention import check_decode_args
+from inference.engine.kernels.paged_attention import check_decode_args, decode_output
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +111,7 @@ def paged_decode_attention(
     tensors = (q, k_pool, v_pool) if out is None else (q, k_pool, v_pool, out)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
         raise ValueError("the CPU paged-attention kernel takes float32 CPU tensors")
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape:
-        raise ValueError(f"out {tuple(out.shape)} is not q's shape {tuple(q.shape)}")
+    out = decode_output(q, out)
     if b == 0:
         return out
     if q.stride(2) != 1:
@@ -137,8 +134,8 @@ def paged_decode_attention(
 
 if __name__ == "__main__":  # `make setup`: build it once up front, so no engine start waits for the compiler
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    compiler = shutil.which(os.environ.get("CC") or "cc")
-    if available() and compiler is not None:
-        print(f"CPU paged-attention kernel: {build(compiler)}")
+    library = _library()
+    if library is not None:
+        print(f"CPU paged-attention kernel: {library._name}")  # the path it was loaded from
     else:
         print("CPU paged-attention kernel: not built (see above); the CPU engine uses gather + SDPA")

@@ -150,6 +150,15 @@ def check_decode_args(q, k_pool, v_pool, block_tables, context_lens, block_size)
     return b, hq, hkv, d
 
 
+def decode_output(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """The kernels' output: ``out`` when given (it must have q's shape), else a new tensor like q."""
+    if out is None:
+        return torch.empty_like(q)
+    if out.shape != q.shape:
+        raise ValueError(f"out {tuple(out.shape)} is not q's shape {tuple(q.shape)}")
+    return out
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -169,10 +178,7 @@ def paged_decode_attention(
     _need_triton()
     b, hq, hkv, d = check_decode_args(q, k_pool, v_pool, block_tables, context_lens, block_size)
     g = hq // hkv
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape:
-        raise ValueError(f"out {tuple(out.shape)} is not q's shape {tuple(q.shape)}")
+    out = decode_output(q, out)
     if b == 0:
         return out
     dp = triton.next_power_of_2(d)
