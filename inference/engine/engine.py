@@ -136,11 +136,11 @@ class Engine:
                                                      settings.max_lora_rank),
             num_layers=cfg.num_hidden_layers, max_loras=settings.max_loras,
         )  # fmt: skip
+        packed = settings.resolved_packed_linear(param.device, param.dtype)
         self.runner = ModelRunner(model, self.cache, compile=settings.compile,
-                                  lean=settings.resolved_lean_layers(param.device.type),
+                                  lean=settings.resolved_lean_layers(param.device.type, packed),
                                   paged_kernel=settings.resolved_paged_kernel(param.device.type, str(param.dtype).removeprefix("torch.")),
-                                  packed_linear=settings.resolved_packed_linear(param.device, param.dtype),
-                                  batch_hint=settings.max_batch)
+                                  packed_linear=packed, batch_hint=settings.max_batch)
         self.sampler = Sampler(param.device)
         self._ids = itertools.count()
         self._counts = StepCounts()

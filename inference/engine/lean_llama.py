@@ -23,9 +23,12 @@ there (tests/engine/test_lean_llama.py checks both dtypes against HF within tole
 Memory: the fused qkv and gate_up weights are new tensors, an extra ``(Hq + 2 Hkv) * D * hidden +
 2 * intermediate * hidden`` elements per layer: for SmolLM2-135M 2.32 M per layer, 69.7 M over its
 30 layers (279 MB in float32, about half of the model's 134.5 M parameters again). The norms,
-o_proj and down_proj are the HF tensors themselves, not copies. The HF q/k/v/gate/up weights could
-be freed (or rebound as views of the fused tensors, for no extra memory at all); they are kept on
-purpose, because the HF modules stay the reference path (``lean_layers=off``, the tests).
+o_proj and down_proj are the HF tensors themselves, not copies. Where the runner packs the weights for
+oneDNN (CPU, float32: packed_linear.py) the packed copy is what gets multiplied, so ``from_hf(model,
+pack_only)`` packs each layer's fused weights as they are made and keeps weightless stand-ins instead:
+the lean layers then cost no memory (the next layer's fused copy reuses the freed one's memory). The HF
+q/k/v/gate/up weights are kept on purpose: the HF modules stay the reference path
+(``lean_layers=off``, ``generate`` on the same model in the tests).
 
 Supported: the model types of ``model_runner.SUPPORTED_MODEL_TYPES`` (``llama``, ``mistral``,
 ``qwen2``: same layer layout; qwen2 has q/k/v biases, Llama's optional ``attention_bias`` and
@@ -106,8 +109,11 @@ class LeanLayer:
     act: Callable[[torch.Tensor], torch.Tensor]
 
     @classmethod
-    def from_hf(cls, layer: Any, num_heads: int, num_kv_heads: int, head_dim: int) -> "LeanLayer":
-        """From one HF decoder layer (LlamaDecoderLayer and its mistral/qwen2 twins)."""
+    def from_hf(cls, layer: Any, num_heads: int, num_kv_heads: int, head_dim: int,
+                pack_only: Callable[[torch.Tensor], torch.Tensor] = lambda weight: weight) -> "LeanLayer":
+        """From one HF decoder layer (LlamaDecoderLayer and its mistral/qwen2 twins). ``pack_only``
+        takes each fused weight and returns what the layer keeps (``PackedLinears.pack_only``: a
+        stand-in for its packed copy; by default the weight itself)."""
         attn, mlp = layer.self_attn, layer.mlp
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         return cls(
@@ -118,9 +124,9 @@ class LeanLayer:
             input_eps=layer.input_layernorm.variance_epsilon,
             post_norm=layer.post_attention_layernorm.weight,
             post_eps=layer.post_attention_layernorm.variance_epsilon,
-            qkv_weight=_cat_aligned_like([p.weight for p in projs]),
+            qkv_weight=pack_only(_cat_aligned_like([p.weight for p in projs])),
             qkv_bias=_cat_biases(projs),
-            gate_up_weight=_cat_aligned_like([mlp.gate_proj.weight, mlp.up_proj.weight]),
+            gate_up_weight=pack_only(_cat_aligned_like([mlp.gate_proj.weight, mlp.up_proj.weight])),
             gate_up_bias=_cat_biases((mlp.gate_proj, mlp.up_proj)),
             down_proj=mlp.down_proj,
             act=mlp.act_fn,  # the HF module's own activation (SiLU in every supported model)
@@ -189,16 +195,18 @@ class LeanLlama:
     layers: list[LeanLayer]
 
     @classmethod
-    def from_hf(cls, model: Any) -> "LeanLlama":
+    def from_hf(cls, model: Any, packed: Any = None) -> "LeanLlama":
+        """``packed``: a ``packed_linear.PackedLinears`` that packs the layers' weights (fused ones kept
+        only as stand-ins, the HF down projections as they are); pass it as ``linear`` to the layer calls."""
         cfg = model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        keep = packed.pack_only if packed is not None else (lambda weight: weight)
         with torch.no_grad():
             layers = [
-                LeanLayer.from_hf(layer, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim)
+                LeanLayer.from_hf(layer, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim, keep)
                 for layer in model.model.layers
             ]
+        if packed is not None:
+            for layer in layers:
+                packed.pack(layer.down_proj.weight)
         return cls(layers)
-
-    def weights(self) -> list[torch.Tensor]:
-        """The weights its layers multiply by (fused qkv, fused gate_up, down): what packing packs."""
-        return [w for ly in self.layers for w in (ly.qkv_weight, ly.gate_up_weight, ly.down_proj.weight)]

@@ -121,17 +121,15 @@ class ModelRunner:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self._rope = apply_rotary_pos_emb
-        # The fused weights are built once per runner (lean_llama's docstring: what they cost).
-        self.lean = LeanLlama.from_hf(model) if lean else None
-        # The projections through oneDNN-packed copies of their weights (packed_linear.py: CPU); the lean
-        # path's fused weights are the ones packed there
+        # The projections through oneDNN-packed copies of their weights (packed_linear.py: CPU); on the lean
+        # path its fused weights are the ones packed, built once per runner (lean_llama's docstring: what
+        # they cost, nothing once packed).
         self.packed = packed_linear
         self.linear = F.linear
         if packed_linear:
             o_projs = [layer.self_attn.o_proj.weight for layer in model.model.layers]  # both paths call the HF o_proj
-            weights = (self.lean.weights() + o_projs + [model.lm_head.weight] if self.lean is not None
-                       else hf_weights(model))
-            self.linear = PackedLinears(weights, batch_hint)
+            self.linear = PackedLinears(o_projs + [model.lm_head.weight] if lean else hf_weights(model), batch_hint)
+        self.lean = LeanLlama.from_hf(model, self.linear if packed_linear else None) if lean else None
         if compile:  # the HF MLP modules: the lean path does not call them
             for layer in model.model.layers:
                 layer.mlp.compile(dynamic=True)

@@ -36,10 +36,27 @@ class PackedLinears:
     the weights packed here (by identity), else ``F.linear`` itself."""
 
     def __init__(self, weights: Iterable[torch.Tensor], batch_hint: int) -> None:
+        self._batch_hint = batch_hint
         self._packed: dict[int, torch.Tensor] = {}
+        self._stand_ins: list[torch.Tensor] = []  # held, so that no other tensor takes one of their ids
+        for weight in weights:
+            self.pack(weight)
+
+    def pack(self, weight: torch.Tensor) -> None:
+        """Pack ``weight``: ``linear`` calls with it use the packed copy from now on."""
         with torch.inference_mode():
-            for weight in weights:
-                self._packed[id(weight)] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
+            self._packed[id(weight)] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), self._batch_hint)
+
+    def pack_only(self, weight: torch.Tensor) -> torch.Tensor:
+        """Pack ``weight`` and return a stand-in for it (an empty tensor of its dtype) that finds the packed
+        copy, so that ``weight`` itself can go: for a copy made only to be packed (lean_llama's fused
+        weights), which would otherwise stay in memory unused. ``F.linear`` on the stand-in raises (no
+        shape matches an empty weight): a path that bypassed the packed copy fails loudly."""
+        self.pack(weight)
+        stand_in = weight.new_empty(0)
+        self._packed[id(stand_in)] = self._packed.pop(id(weight))
+        self._stand_ins.append(stand_in)
+        return stand_in
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         packed = self._packed.get(id(weight))

@@ -65,8 +65,8 @@ class EngineSettings(BaseSettings):
     lean_layers: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Dense layer math through inference/engine/lean_llama.py (fused qkv and gate_up GEMMs, rotary "
-        "in place, residual add fused with RMSNorm) instead of the HF modules one by one; auto = on for CUDA, off "
-        "on CPU (CHATPIPE_LEAN_LAYERS)",
+        "in place, residual add fused with RMSNorm) instead of the HF modules one by one; auto = on for CUDA, and "
+        "on CPU where the weights are packed (packed_linear: the fused copies then cost no memory) (CHATPIPE_LEAN_LAYERS)",
     )
     triton_interpret: bool = Field(
         False, validation_alias=AliasChoices("TRITON_INTERPRET", "triton_interpret"),
@@ -115,11 +115,15 @@ class EngineSettings(BaseSettings):
             return self.dtype
         return "bfloat16" if self.resolved_device().startswith("cuda") else "float32"
 
-    def resolved_lean_layers(self, device_type: str) -> bool:
-        """Whether the engine runs the lean layers on a model whose weights are on ``device_type``."""
+    def resolved_lean_layers(self, device_type: str, packed_linear: bool = False) -> bool:
+        """Whether the engine runs the lean layers on a model whose weights are on ``device_type``
+        (``packed_linear``: whether the runner packs them, resolved_packed_linear). On CPU they are on
+        only with packed weights: the packed fused copies then replace the plain ones, so they cost no
+        memory (lean_llama.LeanLlama.from_hf with the packer); unpacked they would hold 279 MB more for the default
+        model, which the test suite's several engines per process could not spare."""
         if self.lean_layers != "auto":
             return self.lean_layers == "on"
-        return device_type == "cuda"
+        return device_type == "cuda" or packed_linear
 
     def resolved_packed_linear(self, device, dtype) -> bool:
         """Whether the runner packs the projection weights for oneDNN (a model on ``device``, ``dtype``)."""

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from inference.engine.engine import Engine
 from inference.engine.kv_cache import PagedKVCache
-from inference.engine.lean_llama import LeanLayer, add_rms_norm, rms_norm
+from inference.engine.lean_llama import LeanLayer, LeanLlama, add_rms_norm, rms_norm
 from inference.engine.model_runner import ModelRunner
 from inference.engine.request import Request, SamplingParams
 from inference.engine.scheduler import ScheduledChunk
@@ -133,12 +133,35 @@ def test_lean_decoder_layer_equals_hf_layer(model_of, name, dtype):
 
 
 def test_lean_layers_setting_resolves_per_device():
-    """Guards against auto turning the lean layers on for CPU (off there: each engine's fused copies cost
-    ~0.3 GB, which the test suite's engines on a 24 GiB machine could not afford; docs/engine.md)."""
+    """Guards against auto turning the lean layers on for an unpacked CPU model (there each engine's fused
+    copies would cost ~0.3 GB, which the test suite's engines on a 24 GiB machine could not afford) or
+    off where the weights are packed (they cost nothing there and are faster; docs/engine.md)."""
     assert EngineSettings().resolved_lean_layers("cuda") is True
     assert EngineSettings().resolved_lean_layers("cpu") is False
+    assert EngineSettings().resolved_lean_layers("cpu", packed_linear=True) is True
     assert EngineSettings(lean_layers="on").resolved_lean_layers("cpu") is True
+    assert EngineSettings(lean_layers="off").resolved_lean_layers("cpu", packed_linear=True) is False
     assert EngineSettings(lean_layers="off").resolved_lean_layers("cuda") is False
+
+
+def test_packed_lean_layers_hold_no_fused_copies(default_model):
+    """Guards against the packed lean path keeping the plain fused weights (279 MB for this model) beside
+    their packed copies: each layer keeps empty stand-ins, the packed copies answer for them, and
+    its GEMMs equal the unpacked lean layer's within oneDNN's summation order."""
+    from inference.engine.packed_linear import PackedLinears, packing_available
+
+    model, _ = default_model
+    if not packing_available(torch.device("cpu"), torch.float32):
+        pytest.skip("this torch has no oneDNN (mkldnn) CPU backend")
+    packed = PackedLinears([], batch_hint=8)
+    lean = LeanLlama.from_hf(model, packed)
+    plain = LeanLlama.from_hf(model)
+    for layer in lean.layers:
+        assert layer.qkv_weight.numel() == 0 and layer.gate_up_weight.numel() == 0
+    x = torch.randn(5, model.config.hidden_size)
+    torch.testing.assert_close(lean.layers[3].mlp(x, linear=packed), plain.layers[3].mlp(x), rtol=1e-3, atol=1e-3)
+    with pytest.raises(RuntimeError, match="size mismatch|cannot be multiplied"):  # the stand-in alone has nothing to multiply
+        lean.layers[3].mlp(x)
 
 
 def test_tiny_qwen2_ragged_steps_logits_equal_hf_path_and_hf_forward(tiny_qwen2):
