@@ -157,6 +157,7 @@ def vllm_baseline(args: argparse.Namespace) -> Result | None:
     import json
     import subprocess
 
+    from infra.process_env import outside_env
     from infra.vllm_env import process_env, vllm_env
 
     env = vllm_env()
@@ -167,7 +168,7 @@ def vllm_baseline(args: argparse.Namespace) -> Result | None:
             args.dtype, "--num-requests", str(args.num_requests), "--batch-size", str(args.batch_size),
             "--max-step-tokens", str(args.max_step_tokens), "--seed", str(args.seed), "--threads", str(args.threads),
             "--repeats", str(args.repeats)] + (["--quick"] if args.quick else [])
-    done = subprocess.run(argv, capture_output=True, text=True, env=process_env(env, dict(os.environ), args.threads))
+    done = subprocess.run(argv, capture_output=True, text=True, env=process_env(env, outside_env(os.environ), args.threads))
     line = next((x for x in done.stdout.splitlines() if x.startswith(RESULT_PREFIX)), None)
     if done.returncode != 0 or line is None:
         raise SystemExit(f"the vLLM baseline failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -330,6 +331,10 @@ def main() -> None:
         if args.model_config or args.shapes or args.multi_turn:
             raise SystemExit("--engine vllm runs the default model's workload only (no --model-config, --shapes, "
                              "--multi-turn)")
+    else:  # ours runs with tcmalloc preloaded, as `chatpipe inference` runs it (infra/allocator.py)
+        from infra.allocator import run_with_tcmalloc
+
+        run_with_tcmalloc([__file__, *sys.argv[1:]], EngineSettings().allocator)
     if args.threads and args.device == "cpu":
         torch.set_num_threads(args.threads)
     if args.shapes:

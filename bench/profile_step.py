@@ -479,6 +479,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1, as bench/engine.py)")
     args = ap.parse_args()
+    if args.device == "cpu":  # our engine runs with tcmalloc preloaded, as `chatpipe inference` runs it
+        from infra.allocator import run_with_tcmalloc
+
+        run_with_tcmalloc([__file__, *sys.argv[1:]], EngineSettings().allocator)
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         sys.exit("profile_step: --device cuda but torch.cuda.is_available() is False")

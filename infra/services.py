@@ -82,10 +82,10 @@ def spawn(argv: list[str], log_file: Path | str, *, cwd: Path | str | None = Non
     """Start ``argv`` in a session of its own (it outlives the caller, and a signal to the caller's group
     spares it), stdout and stderr appended to ``log_file`` (its folder made if need be) after ``header``;
     stdin is /dev/null."""
-    from infra.vllm_env import outside_env
+    from infra.process_env import outside_env
 
     Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-    env = outside_env(os.environ if env is None else env)  # a vLLM-environment caller's preloads stay its own
+    env = outside_env(os.environ if env is None else env)  # a re-executed caller's preloads stay its own
     with open(log_file, "ab") as out:
         out.write(header.encode())
         out.flush()

