@@ -42,6 +42,11 @@ prerequisites:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -q && apt-get install -y -q gcc; \
 	  else echo "without one (e.g. apt-get install gcc) the CPU engine keeps its slower gather + SDPA attention"; fi; }
+	@ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || { \
+	  echo "tcmalloc is wanted (the CPU engines run with it preloaded: infra/allocator.py)."; \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q libtcmalloc-minimal4 || { apt-get update -q && apt-get install -y -q libtcmalloc-minimal4; }; \
+	  else echo "without it (e.g. apt-get install libtcmalloc-minimal4) our engine runs on glibc's malloc, ~12% slower"; fi; }
 
 # uv installs the packages (from its cache, ~/.cache/uv, once they are there): 53 s here where pip
 # took 107 s from its own cache, most of it unpacking torch's CUDA wheels again for every new venv.

@@ -10,6 +10,7 @@ import typer
 
 from chatpipe.commands import (batches, cache, capacity, chat, cluster, demo, engine, forget, gateway, inference, jobs, k8s, models,
                                spark, stack, streams, tail, top, topics, trace, train)
+from chatpipe.commands import common
 from chatpipe.commands import settings as settings_command
 from chatpipe.commands.common import print_error
 
@@ -34,6 +35,7 @@ for group in (stack, topics, engine, models, jobs, train, streams, inference, ga
 
 
 def main() -> None:
+    common.RUNNING_AS_PROGRAM = True  # commands may re-execute this process (common.run_with_tcmalloc)
     try:
         app()
     except ChatpipeError as exc:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 
-from chatpipe.commands.common import build_settings
+from chatpipe.commands.common import build_settings, run_with_tcmalloc
 from chatpipe.options import option
 from chatpipe.settings_doc import env_names
 from inference.engine.settings import EngineSettings  # pydantic only: the flags are made from its fields
@@ -99,9 +99,6 @@ def generate(
     """Stream an answer from the chat model to the terminal."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
     import asyncio
-    import sys
-
-    from infra.allocator import run_with_tcmalloc
 
     try:
         # Flags left at None fall through to CHATPIPE_* variables, then to the field defaults.
@@ -109,7 +106,7 @@ def generate(
                                   kv_cache_tokens=kv_cache_tokens)
     except ChatpipeError as exc:
         _fail(exc)
-    run_with_tcmalloc(["-m", "chatpipe.cli", *sys.argv[1:]], settings.allocator)  # before torch loads (infra/allocator.py)
+    run_with_tcmalloc(settings.allocator)  # before torch loads (infra/allocator.py)
 
     from inference.engine.engine import Engine
     from inference.engine.errors import RequestRefused

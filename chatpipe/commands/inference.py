@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from chatpipe.commands.common import build_settings, check_kafka, print_error, with_kafka_flags
+from chatpipe.commands.common import build_settings, check_kafka, print_error, run_with_tcmalloc, with_kafka_flags
 from chatpipe.commands.engine import Device, KvCacheTokens, MaxBatch, MaxSeqLen, Model
 from chatpipe.options import option
 from inference.worker.settings import WorkerSettings  # pydantic only: the flags are made from its fields
@@ -40,9 +40,7 @@ def inference(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # for huggingface_hub, which reads it: models from local folders only
     import asyncio
     import signal
-    import sys
 
-    from infra.allocator import run_with_tcmalloc
     from inference.engine.errors import EngineError
     from inference.engine.settings import DEFAULT_MODEL_NAME, EngineSettings
     from inference.worker.worker import Worker
@@ -56,7 +54,7 @@ def inference(
     engine_settings = build_settings(EngineSettings, model_path=model, device=device, max_batch=max_batch,
                                      kv_cache_tokens=kv_cache_tokens, max_seq_len=max_seq_len)
     if worker_settings.engine != "vllm":  # before torch loads: our engine runs with tcmalloc (infra/allocator.py)
-        run_with_tcmalloc(["-m", "chatpipe.cli", *sys.argv[1:]], engine_settings.allocator)
+        run_with_tcmalloc(engine_settings.allocator)
     chosen = choose_engine(worker_settings.engine, engine_settings)
     if chosen == "vllm":
         run_in_vllm_env(engine_settings)  # returns only in the vLLM environment itself
