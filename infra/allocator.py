@@ -1,19 +1,25 @@
-"""tcmalloc under our engine on CPU: a process that runs it re-executes itself once with tcmalloc
-preloaded, as vLLM's CPU build is run (its docs ask for it; infra/vllm_env.py preloads it there).
+"""tcmalloc and 2 MB pages under our engine on CPU: a process that runs it re-executes itself once with
+tcmalloc preloaded, as vLLM's CPU build is run (its docs ask for it; infra/vllm_env.py preloads it
+there), and with torch's own switch for transparent huge pages on its large tensors
+(``THP_MEM_ALLOC_ENABLE=1``: allocations of 2 MB and more aligned to 2 MB and ``madvise``d).
 
 Why: a CPU step allocates and frees hundreds of activation tensors (each layer's q/k/v, MLP and
-attention outputs), and glibc's malloc serves them slower than tcmalloc's per-thread caches.
-Measured (bench/engine.py's full workload, SmolLM2-135M float32, 2 threads, 2-core AMD EPYC VM,
-one process each): 34.7 s with glibc's malloc, 30.6 s with tcmalloc (a decode step of ~10 rows
-54.3 -> 47.0 ms; prefill steps 11.7 -> 10.5 s); Intel OpenMP preloaded as well gave 30.0 s, within
-the noise, so it is not.
+attention outputs), which glibc's malloc serves slower than tcmalloc's per-thread caches; and a
+decode step streams every weight and each row's KV blocks from memory, ~0.7 GB spread over 4 KB pages
+(a TLB miss each), which 2 MB pages cover 512 at a time. Measured on bench/engine.py's full workload
+(SmolLM2-135M float32, 2 threads, 2-core AMD EPYC VM, one process each): 34.7 s with glibc's malloc,
+30.6 s with tcmalloc (a decode step of ~10 rows 54.3 -> 47.0 ms), 29.7 s with 2 MB pages as well
+(30.6 without, same build; ~10-row decode steps 44.2-46.0 vs 48.4-49.2 ms alternating). Intel OpenMP
+preloaded as well (vLLM's other preload) gave 30.0 s against 30.6, decode steps within the noise, so
+it is not.
 
 An allocator has to be in place before the process allocates anything, hence ``LD_PRELOAD`` and a
 re-execution (``run_with_tcmalloc``), before torch is imported. The library is Debian's
 ``libtcmalloc-minimal4`` (apt; `make prerequisites` and `make setup-vllm` install it when run as
-root); without it the process runs on glibc's malloc and logs that once. What the re-execution
-changes is recorded (infra/process_env.py), so the processes it starts (a broker's JVM, a compiler)
-do not inherit the preload. ``CHATPIPE_ALLOCATOR=system`` (EngineSettings.allocator) turns it off.
+root); without it the process still gets the 2 MB pages and logs once that it runs on glibc's malloc.
+What the re-execution changes is recorded (infra/process_env.py), so the processes it starts (a
+broker's JVM, a compiler) do not inherit it. ``CHATPIPE_ALLOCATOR=system`` (EngineSettings.allocator)
+turns both off; on a kernel whose transparent huge pages are ``never`` the switch does nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ log = logging.getLogger(__name__)
 TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
             "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4")
 TRIED = "CHATPIPE_TCMALLOC_TRIED"  # set on re-executing: a preload that did not take does not loop
+THP = "THP_MEM_ALLOC_ENABLE"  # torch's switch (c10's CPU allocator): 2 MB-aligned, madvise(MADV_HUGEPAGE)d blocks
 
 
 def tcmalloc() -> str | None:
@@ -59,22 +66,23 @@ def tcmalloc_loaded() -> bool:
 
 
 def run_with_tcmalloc(args: Sequence[str], allocator: str = "tcmalloc") -> None:
-    """Replace this process with ``python args...`` with tcmalloc preloaded, unless ``allocator`` is
-    ``"system"``, tcmalloc is already loaded, not installed (logged), or a re-execution already tried
-    (logged: the preload did not take). Returns only when it does not re-execute. Call it before
-    torch (or anything that allocates much) is imported."""
-    if allocator == "system" or tcmalloc_loaded():
+    """Replace this process with ``python args...`` with tcmalloc preloaded and torch's 2 MB pages on,
+    unless ``allocator`` is ``"system"``, both are in place already, or a re-execution already tried
+    (logged: the preload did not take). Returns only when it does not re-execute. Call it before torch
+    (or anything that allocates much) is imported."""
+    if allocator == "system":
         return
+    changes = {} if os.environ.get(THP) else {THP: "1"}
     path = tcmalloc()
+    if path is not None and not tcmalloc_loaded():
+        changes["LD_PRELOAD"] = ":".join(filter(None, [path, os.environ.get("LD_PRELOAD", "")]))
+    if changes and not os.environ.get(TRIED):
+        env = with_changes(os.environ, {**changes, TRIED: "1"})
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *args], env)
     if path is None:
         log.warning("tcmalloc (libtcmalloc-minimal4) is not installed: the engine runs on glibc's malloc, ~12%% "
                     "slower on CPU (infra/allocator.py; `sudo apt-get install libtcmalloc-minimal4`)")
-        return
-    if os.environ.get(TRIED):
+    elif not tcmalloc_loaded():
         log.warning("%s was preloaded but is not loaded: the engine runs on glibc's malloc", path)
-        return
-    preload = ":".join(filter(None, [path, os.environ.get("LD_PRELOAD", "")]))
-    env = with_changes(os.environ, {"LD_PRELOAD": preload, TRIED: "1"})
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *args], env)

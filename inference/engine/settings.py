@@ -62,9 +62,10 @@ class EngineSettings(BaseSettings):
     )
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch's default")
     allocator: Literal["tcmalloc", "system"] = Field(
-        "tcmalloc", description="tcmalloc: a process running the engine (chatpipe inference, chatpipe engine generate, "
-        "the benches) re-executes itself once with Debian's libtcmalloc-minimal4 preloaded where it is installed "
-        "(infra/allocator.py: ~12% faster CPU steps than glibc's malloc); system: glibc's malloc (CHATPIPE_ALLOCATOR)")
+        "tcmalloc", description="tcmalloc: a process running the engine (chatpipe inference, chatpipe generate, the "
+        "benches) re-executes itself once with Debian's libtcmalloc-minimal4 preloaded where it is installed and "
+        "torch's 2 MB pages on (THP_MEM_ALLOC_ENABLE) (infra/allocator.py: ~15% faster CPU steps than glibc's malloc "
+        "on 4 KB pages); system: neither (CHATPIPE_ALLOCATOR)")
     compile: bool = Field(False, description="torch.compile the per-layer dense math (CUDA; unverified)")
     lean_layers: Literal["auto", "on", "off"] = Field(
         "auto",
