@@ -323,18 +323,13 @@ def main() -> None:
     ap.add_argument("--no-vllm-baseline", action="store_true", help="leave vLLM's engine out of our engine's run")
     ap.add_argument("--vllm-only", action="store_true", help=argparse.SUPPRESS)  # the child of vllm_baseline
     args = ap.parse_args()
-    if args.engine == "vllm":
-        from infra.vllm_env import exec_in_vllm_env, vllm_importable
+    from local_broker import enter_engine_env  # bench/, beside this script
 
-        if not vllm_importable():
-            exec_in_vllm_env([__file__, *sys.argv[1:]], args.threads)
-        if args.model_config or args.shapes or args.multi_turn:
-            raise SystemExit("--engine vllm runs the default model's workload only (no --model-config, --shapes, "
-                             "--multi-turn)")
-    else:  # ours runs with tcmalloc preloaded, as `chatpipe inference` runs it (infra/allocator.py)
-        from infra.allocator import run_with_tcmalloc
-
-        run_with_tcmalloc([__file__, *sys.argv[1:]], EngineSettings().allocator)
+    # vLLM's side in the vLLM environment; ours with tcmalloc and 2 MB pages, as `chatpipe inference` runs it
+    enter_engine_env(args.engine, __file__, args.threads)
+    if args.engine == "vllm" and (args.model_config or args.shapes or args.multi_turn):
+        raise SystemExit("--engine vllm runs the default model's workload only (no --model-config, --shapes, "
+                         "--multi-turn)")
     if args.threads and args.device == "cpu":
         torch.set_num_threads(args.threads)
     if args.shapes:

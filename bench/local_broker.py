@@ -67,7 +67,8 @@ def add_engine_arg(parser: argparse.ArgumentParser, what: str) -> None:
 def enter_engine_env(engine: str, script: str, num_threads: int | None) -> None:
     """With ``--engine vllm``, run this bench again with the vLLM environment's Python (vLLM pins its
     own torch); returns only in a process that can import vLLM. With ``--engine chatpipe``, run it
-    again with tcmalloc preloaded, as ``chatpipe inference`` runs our engine (infra/allocator.py)."""
+    again with tcmalloc preloaded and 2 MB pages, as ``chatpipe inference`` runs our engine
+    (infra/allocator.py)."""
     if engine != "vllm":
         from infra.allocator import run_with_tcmalloc
         from inference.engine.settings import EngineSettings

@@ -2,7 +2,7 @@
 
 Two re-executions set them: ``chatpipe inference --engine vllm`` runs itself with the vLLM environment's
 Python, its preloads and thread count (infra/vllm_env.py), and a process running our engine on CPU runs
-itself with tcmalloc preloaded (infra/allocator.py). A process started from either (a bench's broker,
+itself with tcmalloc preloaded and torch's 2 MB pages on (infra/allocator.py). A process started from either (a bench's broker,
 streams or gateway, a worker of the other engine, a JVM) gets those variables back as they were:
 ``with_changes`` records what it changed in ``CHATPIPE_SAVED_ENV`` and ``outside_env`` undoes it.
 """

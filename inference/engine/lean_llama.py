@@ -25,7 +25,7 @@ Memory: the fused qkv and gate_up weights are new tensors, an extra ``(Hq + 2 Hk
 30 layers (279 MB in float32, about half of the model's 134.5 M parameters again). The norms,
 o_proj and down_proj are the HF tensors themselves, not copies. Where the runner packs the weights for
 oneDNN (CPU, float32: packed_linear.py) the packed copy is what gets multiplied, so ``from_hf(model,
-pack_only)`` packs each layer's fused weights as they are made and keeps weightless stand-ins instead:
+packed)`` packs each layer's fused weights as they are made and keeps empty stand-ins instead:
 the lean layers then cost no memory (the next layer's fused copy reuses the freed one's memory). The HF
 q/k/v/gate/up weights are kept on purpose: the HF modules stay the reference path
 (``lean_layers=off``, ``generate`` on the same model in the tests).
