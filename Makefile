@@ -8,15 +8,18 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 CHATPIPE := $(VENV)/bin/chatpipe
 PYTEST_ARGS ?=
-# Four pytest workers (pytest-xdist) on 2 cores, one torch thread each (tests/conftest.py): most of a
-# test's time is waiting on the processes it started, so a fourth worker overlaps more of it (docs/testing.md:
-# 18 min 10 s and 20 min 27 s of tests in two runs with 4; 5.6 of 23 GiB left at the lowest point). `--dist loadfile` with tests/conftest.py's groups: a file's tests
+# Three pytest workers (pytest-xdist) on 2 cores, one torch thread each (tests/conftest.py): most of a
+# test's time is waiting on the processes it started, so workers beyond the cores overlap more of it
+# (docs/testing.md: 18 min 10 s and 20 min 27 s of tests in two runs with 4; 5.6 of 23 GiB left at the
+# lowest point then). With the suite's later engines and stacks, 4 workers left 2.5 GiB at the lowest point
+# in one run of 2026-12-07 (34 min) and ran the machine out of memory in the next (a worker holding
+# engines killed at 3.9 GB): 3 trade some of the overlap for that headroom. `--dist loadfile` with tests/conftest.py's groups: a file's tests
 # stay on one worker (module-scoped stacks stay in one process) and so do the folders whose files share
 # a slow session fixture (the gateway's pipeline, Spark, the default model); each worker starts its own
 # test broker. `--no-loadscope-reorder`: groups are handed out in collection order, which
 # tests/conftest.py sorts longest first (xdist's own order, most tests first, left one-test stacks such
 # as the erasure canary to start last while the other worker sat idle). PYTEST_WORKERS=0: one process.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 3
 
 .PHONY: setup setup-vllm prerequisites run test test-prerequisites test-unit bench-quick down clean
 
