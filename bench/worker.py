@@ -3,7 +3,10 @@
 1. Throughput: N chat requests at once (greedy, the same prompts and max_tokens) through
    (a) the engine alone, in this process (``AsyncEngine``, text deltas as the worker makes them),
    (b) Kafka + one ``chatpipe inference`` process with the same engine settings: requests produced
-       to ``chat.inference.requests``, token chunks and Responses read back.
+       to ``chat.inference.requests``, token chunks and Responses read back. The chunks of all the
+       requests go to one partition of ``chat.replies``, as a gateway asks for its own replies
+       (``--reply-partitions N``: spread over N, as N askers would; the broker then takes a produce
+       request per partition per engine step, as librdkafka sends one partition per request).
    tokens/s = output tokens / wall time from the first submit (produce) to the last answer. The
    sides alternate for a few rounds and the best round of each is compared (the machine is
    shared; the best round is the least disturbed one).
@@ -51,9 +54,9 @@ from schemas.topics import REPLIES
 from transport.partitioning import partition_of
 
 
-def prompts(n: int, max_tokens: int, kafka, *, conversations=None) -> list:
+def prompts(n: int, max_tokens: int, kafka, *, conversations=None, reply_partitions: int = 1) -> list:
     return [make_request(i, conversation=(conversations[i] if conversations else None), max_tokens=max_tokens,
-                         reply_to=kafka.topic(REPLIES), reply_partition=i % 6,
+                         reply_to=kafka.topic(REPLIES), reply_partition=i % reply_partitions,
                          text=f"Tell me a fact about the number {i} and why it matters.") for i in range(n)]
 
 
@@ -132,13 +135,15 @@ ENGINE_SETTINGS = {"device": "cpu", "max_batch": 8, "kv_cache_tokens": 8192, "ma
 def main() -> None:
     parser = bench_parser(__doc__, "about a minute or two on 2 cores")
     add_engine_arg(parser, "the engine on both sides")
+    parser.add_argument("--reply-partitions", type=int, default=1, choices=range(1, 7), metavar="1-6",
+                        help="partitions of chat.replies the chunks go to (1: one asker, as a gateway)")
     args = parser.parse_args()
     enter_engine_env(args.engine, __file__, ENGINE_SETTINGS["num_threads"])
     with bench_broker(args.bootstrap_servers, prefix="chatpipe-bench-worker-") as bootstrap:
-        run(bootstrap, args.quick, args.engine)
+        run(bootstrap, args.quick, args.engine, args.reply_partitions)
 
 
-def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe") -> None:
+def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe", reply_partitions: int = 1) -> None:
     n, max_tokens, n_ttft, n_skew, rounds = (12, 16, 10, 20, 3) if quick else (48, 48, 40, 60, 3)
 
     from inference.engine.settings import EngineSettings
@@ -150,8 +155,8 @@ def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe") -> None:
     settings = EngineSettings(**ENGINE_SETTINGS)
     engine, tokenizer = load_engine(engine_name, settings)
     kafka = fresh_kafka(bootstrap)
-    requests = prompts(n, max_tokens, kafka)
-    ttft_requests = prompts(n_ttft, 4, kafka)
+    requests = prompts(n, max_tokens, kafka, reply_partitions=reply_partitions)
+    ttft_requests = prompts(n_ttft, 4, kafka, reply_partitions=reply_partitions)
 
     from chatpipe.testing.kafka import RecordWriter
 
@@ -192,7 +197,7 @@ def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe") -> None:
     # the engine-alone run's TTFT instead would fold two prefills' run-to-run noise into it.
     added = [(k - e) * 1000 for k, e in zip(k_ttft, k_engine)]
     print(f"\nengine {engine_name}: {n} requests x max {max_tokens} tokens, greedy, max_batch 8, {rounds} alternating "
-          "rounds per side")
+          f"rounds per side, chunks to {reply_partitions} reply partition(s)")
     print(f"  engine alone     : best {e_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in e_runs)})")
     print(f"  kafka + worker   : best {k_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in k_runs)})")
     print(f"time to first token, {n_ttft} prompts one at a time, each on both sides back to back (ms): engine p50 "

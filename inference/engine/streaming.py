@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from inference.engine.block_allocator import DEFAULT_TENANT
 from inference.engine.engine import Engine, TokenEvent
+from inference.engine.openmp import release_thread_pool
 from inference.engine.errors import EngineFailed, EngineStopped, RequestRefused
 from inference.engine.request import Admission, FinishReason, Priority, RequestTimings, SamplingParams
 from inference.engine.text import TextStream
@@ -71,6 +72,9 @@ class AsyncEngine:
         if self._stopped:
             raise EngineStopped("this AsyncEngine was stopped; wrap the engine in a new AsyncEngine")
         if self._thread is None:
+            # From now on the step thread runs the model: the calling thread's OpenMP team (made
+            # while it loaded and packed the weights) would cut the step thread's spin-wait (openmp.py).
+            release_thread_pool()
             self._thread = threading.Thread(target=self._run, name="chatpipe-engine", daemon=True)
             self._thread.start()
 
@@ -200,12 +204,19 @@ class AsyncEngine:
                     (ev, self._queues.pop(ev.request_id, None) if ev.finished else self._queues.get(ev.request_id))
                     for ev in events
                 ]  # fmt: skip
+            # One hand-over per event loop per step, not one per event: each wakes the loop's thread,
+            # which then takes the GIL from this thread in the middle of the next step.
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TokenEvent, asyncio.Queue]]] = {}
             for ev, target in targets:
-                if target is not None and not _post(target, ev):
-                    # The caller's event loop is closed: nobody can read this stream any more.
-                    with self._lock:
-                        self._queues.pop(ev.request_id, None)
-                    self.engine.abort(ev.request_id)
+                if target is not None:
+                    by_loop.setdefault(target[0], []).append((ev, target[1]))
+            for loop, items in by_loop.items():
+                if not _post_all(loop, items):
+                    # The caller's event loop is closed: nobody can read these streams any more.
+                    for ev, _ in items:
+                        with self._lock:
+                            self._queues.pop(ev.request_id, None)
+                        self.engine.abort(ev.request_id)
 
     def _fail(self, exc: BaseException) -> None:
         message = f"the engine's step loop failed ({type(exc).__name__}: {exc}); build a new engine to go on"
@@ -219,6 +230,21 @@ class AsyncEngine:
             error = EngineFailed(message)  # one instance per stream: each gets its own traceback
             error.__cause__ = exc
             _post(target, error)
+
+
+def _post_all(loop: asyncio.AbstractEventLoop, items: list[tuple[TokenEvent, asyncio.Queue]]) -> bool:
+    """Hand a step's events to their streams' queues on ``loop``, in one call from the step thread;
+    False if the loop is closed."""
+    try:
+        loop.call_soon_threadsafe(_put_all, items)
+    except RuntimeError:  # "Event loop is closed"
+        return False
+    return True
+
+
+def _put_all(items: list[tuple[TokenEvent, asyncio.Queue]]) -> None:
+    for ev, queue in items:
+        queue.put_nowait(ev)
 
 
 def _post(target: tuple[asyncio.AbstractEventLoop, asyncio.Queue], item: object) -> bool:

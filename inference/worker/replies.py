@@ -7,6 +7,12 @@ A request with n choices has one ``ReplyStream`` per choice (TokenChunk v3 ``cho
 (``token_ids``; a token whose text is held back, a partial character or a possible stop string,
 rides on the next chunk) and, with logprobs, one ``TokenLogprob`` per token id, in order.
 
+``interval_s`` (the worker's ``chunk_interval_ms``): after a chunk, the text of the tokens that follow
+within that time is held and rides on the next chunk; the first chunk, the text sent with an ack
+and the final chunk never wait. Every chunk is a produce request to the broker and a fetch answered
+to each reader of the reply partition; one per token per stream is what the broker spends most of
+its time on when it shares a few cores with the model (docs/worker.md, "Chunks and the broker").
+
 Not here: deciding what to write (``worker.py``); encoding and delivery (``transport``).
 """
 
@@ -58,6 +64,9 @@ class ReplyStream:
     choice_index: int = 0
     held_ids: list[int] = field(default_factory=list)  # tokens since the last chunk, not yet sent
     held_logprobs: list[TokenLogprob] = field(default_factory=list)
+    interval_s: float = 0.0  # shortest time between two chunks that are not final (0: a chunk per text)
+    held_text: list[str] = field(default_factory=list)  # text of held tokens (interval_s), sent with the next chunk
+    last_sent_at: float | None = None  # time.monotonic() of the last chunk sent
 
     @property
     def enabled(self) -> bool:
@@ -99,10 +108,19 @@ class ReplyStream:
         for the last one sent with ``ack``."""
         self.text_parts.append(text)
         self.hold(token_id, logprob)
+        if not self.enabled:
+            self.held_ids, self.held_logprobs = [], []
+            return
+        now = time.monotonic()
+        if not (final or ack) and self.last_sent_at is not None and now - self.last_sent_at < self.interval_s:
+            self.held_text.append(text)  # rides on the next chunk
+            return
+        if self.held_text:
+            text = "".join(self.held_text) + text
+            self.held_text = []
         token_ids, logprobs = self.held_ids, self.held_logprobs
         self.held_ids, self.held_logprobs = [], []
-        if not self.enabled:
-            return
+        self.last_sent_at = now
         chunk = TokenChunk(request_id=self.request.request_id, conversation_id=self.request.conversation_id,
                            index=self.index, text=text, token_ids=token_ids,
                            is_final=final, worker_id=self.worker_id, finish_reason=finish_reason,

@@ -390,7 +390,8 @@ class Worker:
         choices = Choices(gens)
         self.active[req.request_id] = (item, choices)
         replies = [ReplyStream(self.producer, req, self.settings.worker_id, attempt, trace, started_at=started_at,
-                               tracer=self.tracer, choice_index=i) for i in range(n)]
+                               tracer=self.tracer, choice_index=i, interval_s=self.settings.chunk_interval_ms / 1000)
+                   for i in range(n)]
         timer = self._stop_timer(item, choices)
         runs: list[asyncio.Future] = []
         try:  # one engine group: n > 1 siblings share the prompt's KV
