@@ -129,6 +129,7 @@ def skewed_load(kafka, tmp: Path, intake: str, n: int, max_tokens: int) -> float
             w.terminate()
 
 
+KAFKA_WARM_ROUNDS = 5  # untimed rounds through the broker before the timed ones (about 2 s each)
 ENGINE_SETTINGS = {"device": "cpu", "max_batch": 8, "kv_cache_tokens": 8192, "max_seq_len": 512, "num_threads": 2}
 
 
@@ -166,12 +167,13 @@ def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe", reply_partit
     e_runs, k_runs, e_ttft, k_ttft, k_engine = [], [], [], [], []
     try:
         worker.wait_serving()
-        # Warm-up: one whole untimed round on each side, so that neither side's first round pays for
-        # what a serving worker pays once (the oneDNN kernels of each new batch size, the broker JVM's
-        # first compilation of its produce and fetch paths: its CPU per round fell from 0.46 to 0.24 s
-        # over four rounds after a 4-request warm-up).
+        # Warm-up: whole untimed rounds, so that neither side's first round pays for what a serving
+        # worker pays once (the oneDNN kernels of each new batch size, the broker JVM's first
+        # compilation of its produce and fetch paths: its CPU per round of this load fell from 0.42
+        # to ~0.2 s over its first 5-8 rounds, and it is a JVM sharing the two cores with the model).
         asyncio.run(engine_alone(engine, tokenizer, requests))
-        through_kafka(kafka, reader, [make_copy(r, "warm") for r in requests], producer)
+        for warm in range(KAFKA_WARM_ROUNDS):
+            through_kafka(kafka, reader, [make_copy(r, f"warm{warm}") for r in requests], producer)
         # Alternate the two sides, so that load from other jobs on the machine hits both alike;
         # the best run of each side is compared (the least disturbed one).
         for round_no in range(rounds):

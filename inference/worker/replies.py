@@ -7,11 +7,13 @@ A request with n choices has one ``ReplyStream`` per choice (TokenChunk v3 ``cho
 (``token_ids``; a token whose text is held back, a partial character or a possible stop string,
 rides on the next chunk) and, with logprobs, one ``TokenLogprob`` per token id, in order.
 
-``interval_s`` (the worker's ``chunk_interval_ms``): after a chunk, the text of the tokens that follow
-within that time is held and rides on the next chunk; the first chunk, the text sent with an ack
-and the final chunk never wait. Every chunk is a produce request to the broker and a fetch answered
-to each reader of the reply partition; one per token per stream is what the broker spends most of
-its time on when it shares a few cores with the model (docs/worker.md, "Chunks and the broker").
+``interval_s`` (the worker's ``chunk_interval_ms``): time is cut in windows of that length, on the
+monotonic clock, the same for every stream of the worker; a stream sends at most one chunk per
+window, and the text of the tokens that come later in the window rides on its next chunk. The first
+chunk, the text sent with an ack and the final chunk never wait. The windows are shared so that the
+streams of one batch send in the same engine step: the chunks of one step to one reply partition
+are one produce request, and one fetch answered to each reader of it, which is what the broker
+spends its time on when it shares a few cores with the model (docs/worker.md, "Chunks and the broker").
 
 Not here: deciding what to write (``worker.py``); encoding and delivery (``transport``).
 """
@@ -64,9 +66,9 @@ class ReplyStream:
     choice_index: int = 0
     held_ids: list[int] = field(default_factory=list)  # tokens since the last chunk, not yet sent
     held_logprobs: list[TokenLogprob] = field(default_factory=list)
-    interval_s: float = 0.0  # shortest time between two chunks that are not final (0: a chunk per text)
+    interval_s: float = 0.0  # the window: at most one chunk in it that is not final (0: a chunk per text)
     held_text: list[str] = field(default_factory=list)  # text of held tokens (interval_s), sent with the next chunk
-    last_sent_at: float | None = None  # time.monotonic() of the last chunk sent
+    last_window: int | None = None  # the window of the last chunk sent
 
     @property
     def enabled(self) -> bool:
@@ -111,8 +113,8 @@ class ReplyStream:
         if not self.enabled:
             self.held_ids, self.held_logprobs = [], []
             return
-        now = time.monotonic()
-        if not (final or ack) and self.last_sent_at is not None and now - self.last_sent_at < self.interval_s:
+        window = int(time.monotonic() / self.interval_s) if self.interval_s > 0 else None
+        if not (final or ack) and window is not None and window == self.last_window:
             self.held_text.append(text)  # rides on the next chunk
             return
         if self.held_text:
@@ -120,7 +122,7 @@ class ReplyStream:
             self.held_text = []
         token_ids, logprobs = self.held_ids, self.held_logprobs
         self.held_ids, self.held_logprobs = [], []
-        self.last_sent_at = now
+        self.last_window = window
         chunk = TokenChunk(request_id=self.request.request_id, conversation_id=self.request.conversation_id,
                            index=self.index, text=text, token_ids=token_ids,
                            is_final=final, worker_id=self.worker_id, finish_reason=finish_reason,

@@ -2,8 +2,9 @@
 on the next one, and nothing of the answer is lost on the way.
 
 One worker (our engine: the chunking is the worker's, the same for every engine) with an interval
-far longer than the whole generation, so the stream is exactly: the first chunk, the rest of the
-text with the ack before the Response, the end marker.
+far longer than the whole generation (1,000 hours: no window boundary falls inside it), so the
+stream is exactly: the first chunk, the rest of the text with the ack before the Response, the end
+marker.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def interval_worker(kafka_stack, tmp_path_factory):
     kafka = KafkaSettings(bootstrap_servers=kafka_stack.bootstrap_servers, topic_prefix=f"ci{uuid.uuid4().hex[:8]}.")
     TopicAdmin(kafka).apply()
     worker = start_worker(kafka, tmp_path_factory.mktemp("chunk-interval"), worker_id="interval",
-                          CHATPIPE_WORKER_CHUNK_INTERVAL_MS="60000")
+                          CHATPIPE_WORKER_CHUNK_INTERVAL_MS="3600000000")
     worker.wait_serving()
     yield kafka
     assert worker.terminate() == 0, worker.log()[-3000:]
