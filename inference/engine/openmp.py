@@ -5,9 +5,9 @@ parallel region its own team of worker threads. The worker loads and packs the m
 thread, then steps it on the engine's step thread, so two teams exist. Once libgomp manages more
 threads than there are CPUs, it cuts the spin-wait of idle team threads from 300,000 rounds to 100:
 the step thread's team then sleeps and is woken at nearly every parallel region. Measured on the
-2-core VM, one 2-second round of the worker bench: ~3,800 sleeps of the step thread and ~8,700 of
-its OpenMP worker; every wake-up waits for a CPU, and on a machine the broker shares, that wait
-grew 0.03 -> 0.18 s per round for the step thread. With the loading thread's team given back
+2-core VM, one 2-second round of the worker bench's load: 3,000-4,200 sleeps of the step thread and
+8,000-9,300 of its OpenMP worker; every wake-up waits for a CPU (0.02-0.05 s a round for the step
+thread with the engine alone, 0.13-0.26 s beside the broker). With the loading thread's team given back
 (``omp_pause_resource_all``, OpenMP 5.0), the step thread's team is the only one and spins between
 regions as libgomp intends (a few sleeps a round).
 

@@ -24,8 +24,8 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from inference.engine.block_allocator import DEFAULT_TENANT
 from inference.engine.engine import Engine, TokenEvent
-from inference.engine.openmp import release_thread_pool
 from inference.engine.errors import EngineFailed, EngineStopped, RequestRefused
+from inference.engine.openmp import release_thread_pool
 from inference.engine.request import Admission, FinishReason, Priority, RequestTimings, SamplingParams
 from inference.engine.text import TextStream
 
