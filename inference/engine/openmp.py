@@ -34,7 +34,8 @@ def loaded_openmp() -> str | None:
     except OSError:  # not Linux: nothing to look at
         return None
     for line in maps.splitlines():
-        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        fields = line.split(maxsplit=5)  # address, perms, offset, device, inode[, path]
+        path = fields[5] if len(fields) == 6 else ""
         if any(Path(path).name.startswith(name + ".") for name in OPENMP_LIBRARIES):
             return path
     return None

@@ -206,7 +206,7 @@ class AsyncEngine:
                 ]  # fmt: skip
             # One hand-over per event loop per step, not one per event: each wakes the loop's thread,
             # which then takes the GIL from this thread in the middle of the next step.
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TokenEvent, asyncio.Queue]]] = {}
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[object, asyncio.Queue]]] = {}
             for ev, target in targets:
                 if target is not None:
                     by_loop.setdefault(target[0], []).append((ev, target[1]))
@@ -232,9 +232,9 @@ class AsyncEngine:
             _post(target, error)
 
 
-def _post_all(loop: asyncio.AbstractEventLoop, items: list[tuple[TokenEvent, asyncio.Queue]]) -> bool:
-    """Hand a step's events to their streams' queues on ``loop``, in one call from the step thread;
-    False if the loop is closed."""
+def _post_all(loop: asyncio.AbstractEventLoop, items: list[tuple[object, asyncio.Queue]]) -> bool:
+    """Hand items to their streams' queues on ``loop`` from any thread, in one call (a step's events:
+    one wake-up of the loop's thread); False if the loop is closed."""
     try:
         loop.call_soon_threadsafe(_put_all, items)
     except RuntimeError:  # "Event loop is closed"
@@ -242,19 +242,15 @@ def _post_all(loop: asyncio.AbstractEventLoop, items: list[tuple[TokenEvent, asy
     return True
 
 
-def _put_all(items: list[tuple[TokenEvent, asyncio.Queue]]) -> None:
-    for ev, queue in items:
-        queue.put_nowait(ev)
+def _put_all(items: list[tuple[object, asyncio.Queue]]) -> None:
+    for item, queue in items:
+        queue.put_nowait(item)
 
 
 def _post(target: tuple[asyncio.AbstractEventLoop, asyncio.Queue], item: object) -> bool:
     """Hand ``item`` to a stream's queue from any thread; False if its event loop is closed."""
     loop, queue = target
-    try:
-        loop.call_soon_threadsafe(queue.put_nowait, item)
-    except RuntimeError:  # "Event loop is closed"
-        return False
-    return True
+    return _post_all(loop, [(item, queue)])
 
 
 class RequestStream:

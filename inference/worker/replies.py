@@ -67,7 +67,7 @@ class ReplyStream:
     held_ids: list[int] = field(default_factory=list)  # tokens since the last chunk, not yet sent
     held_logprobs: list[TokenLogprob] = field(default_factory=list)
     interval_s: float = 0.0  # the window: at most one chunk in it that is not final (0: a chunk per text)
-    held_text: list[str] = field(default_factory=list)  # text of held tokens (interval_s), sent with the next chunk
+    sent_parts: int = 0  # how many of text_parts have gone out in chunks; the rest rides on the next one
     last_window: int | None = None  # the window of the last chunk sent
 
     @property
@@ -115,11 +115,9 @@ class ReplyStream:
             return
         window = int(time.monotonic() / self.interval_s) if self.interval_s > 0 else None
         if not (final or ack) and window is not None and window == self.last_window:
-            self.held_text.append(text)  # rides on the next chunk
-            return
-        if self.held_text:
-            text = "".join(self.held_text) + text
-            self.held_text = []
+            return  # its text stays in text_parts and rides on the next chunk
+        text = "".join(self.text_parts[self.sent_parts:])
+        self.sent_parts = len(self.text_parts)
         token_ids, logprobs = self.held_ids, self.held_logprobs
         self.held_ids, self.held_logprobs = [], []
         self.last_window = window

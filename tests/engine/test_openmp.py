@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+from chatpipe.testing.processes import REPO
+
 SCRIPT = textwrap.dedent("""
     import json, os, sys, threading, torch
     from inference.engine.openmp import loaded_openmp, release_thread_pool
@@ -50,7 +52,7 @@ SCRIPT = textwrap.dedent("""
 def run(mode: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, env=env, timeout=300,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+                         cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
