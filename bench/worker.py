@@ -7,9 +7,12 @@
        requests go to one partition of ``chat.replies``, as a gateway asks for its own replies
        (``--reply-partitions N``: spread over N, as N askers would; the broker then takes a produce
        request per partition per engine step, as librdkafka sends one partition per request).
+   The worker streams at its default cadence (``chunk_interval_ms``, 100 ms: at most a chunk per
+   stream per 100 ms window); ``CHATPIPE_WORKER_CHUNK_INTERVAL_MS=0`` in the environment gives a
+   chunk per token.
    tokens/s = output tokens / wall time from the first submit (produce) to the last answer. The
-   sides alternate for a few rounds and the best round of each is compared (the machine is
-   shared; the best round is the least disturbed one).
+   sides alternate for a few rounds (5 with ``--quick``: rounds of one side differ by up to 20% on
+   a shared 2-core VM) and the best round of each is compared (the least disturbed one).
 2. Added time to first token from the Kafka hops: each prompt alone, produced to Kafka, timed
    from produce to its first TokenChunk read back, minus the worker's own time on that request
    (chat template + engine until the first chunk is sent, carried in the chunk's
@@ -50,6 +53,7 @@ from local_broker import (add_engine_arg, bench_broker, bench_parser, engine_alo
                           load_engine, percentile)  # bench/, beside this script
 
 from chatpipe.testing.worker import Reader, make_request, send_requests, start_worker
+from inference.worker.settings import WorkerSettings
 from schemas.topics import REPLIES
 from transport.partitioning import partition_of
 
@@ -145,7 +149,7 @@ def main() -> None:
 
 
 def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe", reply_partitions: int = 1) -> None:
-    n, max_tokens, n_ttft, n_skew, rounds = (12, 16, 10, 20, 3) if quick else (48, 48, 40, 60, 3)
+    n, max_tokens, n_ttft, n_skew, rounds = (12, 16, 10, 20, 5) if quick else (48, 48, 40, 60, 3)
 
     from inference.engine.settings import EngineSettings
 
@@ -199,7 +203,8 @@ def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe", reply_partit
     # the engine-alone run's TTFT instead would fold two prefills' run-to-run noise into it.
     added = [(k - e) * 1000 for k, e in zip(k_ttft, k_engine)]
     print(f"\nengine {engine_name}: {n} requests x max {max_tokens} tokens, greedy, max_batch 8, {rounds} alternating "
-          f"rounds per side, chunks to {reply_partitions} reply partition(s)")
+          f"rounds per side, chunks to {reply_partitions} reply partition(s), "
+          f"chunk_interval_ms {WorkerSettings().chunk_interval_ms:g}")
     print(f"  engine alone     : best {e_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in e_runs)})")
     print(f"  kafka + worker   : best {k_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in k_runs)})")
     print(f"time to first token, {n_ttft} prompts one at a time, each on both sides back to back (ms): engine p50 "
