@@ -6,8 +6,8 @@ The deadline is the client's own (``X-Chatpipe-Timeout-S``: seconds to the first
 meets a queue of a few seconds; the gateway's own 300 s would need minutes of queued work. The queue is
 16 text completions of a counting prompt with 96 tokens each: 8 of them wait for the worker's 8 slots,
 and their budgets with those of the 8 running (16 × 96 tokens) are the work the estimate sees ahead: some
-8-10 s at this worker's rate on a quiet machine, 40 s on a loaded one. (With 48 tokens each, the engine's
-faster CPU decode of 2026-12 drained the queue's budget within the 5 s deadline on a quiet machine: no 429.)
+8-10 s at this worker's rate on a quiet machine, up to ~80 s on a loaded one. It must stay well above the
+5 s deadline on a quiet machine, or the estimate admits the probe and no 429 comes.
 """
 
 from __future__ import annotations
