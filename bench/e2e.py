@@ -10,10 +10,10 @@ batch, KV budget, context, threads), on exactly the requests the worker received
 ``chat.inference.requests``, so both sides prefill the same prompt tokens (checked and printed).
 
 1. Throughput: N requests at once on each side; tokens/s = completion tokens / wall time from
-   the first send to the last answer. The sides alternate for a few rounds; the best round of
-   each is compared (the machine is shared: the best round is the least disturbed one). Each
-   round uses fresh users and conversations, so no round recalls another's turns and every
-   round's contexts are the same.
+   the first send to the last answer. After one untimed round of the same size on each side, the
+   sides alternate for a few rounds (4 with ``--quick``, 3 full); the best round of each is compared
+   (the machine is shared: the best round is the least disturbed one). Each round uses fresh users
+   and conversations, so no round recalls another's turns and every round's contexts are the same.
 2. Time to first token, each prompt alone, on both sides back to back: client-side sent -> first
    content token through the gateway vs submit -> first token of the engine; the difference per
    prompt is what the whole path adds (HTTP, two Kafka hops in, context assembly, one hop back).
@@ -47,8 +47,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import (add_engine_arg, bench_broker, bench_parser, engine_alone, enter_engine_env, fresh_kafka,
-                          load_engine, percentile)  # bench/, beside this script
+from local_broker import (add_engine_arg, bench_broker, bench_parser, broker_pid, cpu_s, engine_alone,
+                          enter_engine_env, fresh_kafka, load_engine, percentile)  # bench/, beside this script
 
 MODEL = "smollm2-135m-instruct"
 CONTEXT_TOKENS = 1024
@@ -65,6 +65,16 @@ class Side:
     ttft_load: list[float] = field(default_factory=list)
     ttft_alone: list[float] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)  # of the last round's requests
+    # per round: CPU seconds each process other than the inference worker used meanwhile
+    cpu: list[dict[str, float]] = field(default_factory=list)
+
+
+def cpu_of(pids: dict[str, int]) -> dict[str, float]:
+    return {name: cpu_s(pid) for name, pid in pids.items()}
+
+
+def cpu_since(pids: dict[str, int], before: dict[str, float]) -> dict[str, float]:
+    return {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
 
 
 def prompt_text(i: int) -> str:
@@ -262,7 +272,7 @@ def run_tracing(bootstrap: str, quick: bool) -> None:
 
 
 def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe") -> None:
-    n, max_tokens, n_alone, rounds = (8, 16, 6, 2) if quick else (32, 48, 20, 3)
+    n, max_tokens, n_alone, rounds = (8, 16, 6, 4) if quick else (32, 48, 20, 3)
 
     from inference.engine.settings import EngineSettings
 
@@ -275,22 +285,38 @@ def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe") -> None:
     engine, tokenizer = load_engine(engine_name, settings)
     url = stack.url
     pipe, alone = Side(), Side()
+    # The processes that share the machine's cores with the inference worker (the broker only when
+    # started here); "client" is this process: the HTTP client's side of the pipeline's rounds, and
+    # the engine itself in the engine-alone rounds (left out of those).
+    others = {"broker": broker_pid(bootstrap), "streams": stack.streams.proc.pid, "gateway": stack.gateway.proc.pid,
+              "client": os.getpid()}
+    others = {name: pid for name, pid in others.items() if pid is not None}
     try:
-        asyncio.run(through_gateway(url, key, list(range(4)), 4, "warm"))  # connections, caches, first batches
-        # Round 0 of the pipeline also yields the requests the worker saw: the engine's requests.
+        # Warm-up: one whole untimed round on each side. A pipeline's first round at full size pays once
+        # for what a serving pipeline has paid already (the worker's kernels for each new batch size, the
+        # streams embedder's for a batch of n prompts, the broker's first compilation of its paths): with a
+        # smaller warm-up, the first timed round ran at 70-75% of the next (101.4 vs 139.7 tokens/s).
         indices = list(range(n))
+        asyncio.run(through_gateway(url, key, indices, max_tokens, "warm"))
+        # Round 0 of the pipeline also yields the requests the worker saw: the engine's requests.
+        before = cpu_of(others)
         secs, answers = asyncio.run(through_gateway(url, key, indices, max_tokens, "r0"))
+        pipe.cpu.append(cpu_since(others, before))
         requests = worker_requests(kafka, [a.request_id for a in answers])
-        asyncio.run(engine_alone(engine, tokenizer, requests[:4], first_text=True))  # warm-up
+        asyncio.run(engine_alone(engine, tokenizer, requests, first_text=True))  # warm-up
         for round_no in range(rounds):
             if round_no:
+                before = cpu_of(others)
                 secs, answers = asyncio.run(through_gateway(url, key, indices, max_tokens, f"r{round_no}"))
+                pipe.cpu.append(cpu_since(others, before))
             pipe.rates.append(sum(a.completion_tokens for a in answers) / secs)
             pipe.tokens.append(sum(a.completion_tokens for a in answers))
             pipe.ttft_load += [a.ttft_s for a in answers]
             pipe.prompt_tokens = [a.prompt_tokens for a in answers]
+            before = cpu_of(others)
             secs, outs, ttfts, alone.prompt_tokens = asyncio.run(
                 engine_alone(engine, tokenizer, requests, first_text=True))
+            alone.cpu.append({name: cpu for name, cpu in cpu_since(others, before).items() if name != "client"})
             alone.rates.append(sum(outs) / secs)
             alone.tokens.append(sum(outs))
             alone.ttft_load += ttfts
@@ -332,6 +358,14 @@ def report(n: int, max_tokens: int, rounds: int, n_alone: int, pipe: Side, alone
     print(f"{'':{width}}  {'engine alone':>16}  {'gateway+kafka+streams+worker':>28}  added / ratio")
     for name, a, p, extra in rows:
         print(f"{name:{width}}  {a:>16}  {p:>28}  {extra}")
+    if pipe.cpu:
+        median_cpu = lambda side, name: statistics.median(c[name] for c in side.cpu if name in c)
+        print("CPU seconds per round beside the inference worker, median (pipeline round / engine-alone round): " +
+              ", ".join(f"{name} {median_cpu(pipe, name):.2f}" + (f" / {median_cpu(alone, name):.2f}"
+                                                                   if name in alone.cpu[0] else "")
+                        for name in pipe.cpu[0]) +
+              f"; a pipeline round took {statistics.median(t / r for t, r in zip(pipe.tokens, pipe.rates)):.2f} s "
+              f"(median): on a machine whose cores the engine's threads fill, that CPU comes out of the engine's")
     if lone_hops["gateway"]:
         print(f"a lone prompt's time to first token through the pipeline, p50 of {len(lone_hops['gateway'])} (ms): " +
               ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in lone_hops.items()) +

@@ -11,8 +11,10 @@
    stream per 100 ms window); ``CHATPIPE_WORKER_CHUNK_INTERVAL_MS=0`` in the environment gives a
    chunk per token.
    tokens/s = output tokens / wall time from the first submit (produce) to the last answer. The
-   sides alternate for a few rounds (5 with ``--quick``: rounds of one side differ by up to 20% on
-   a shared 2-core VM) and the best round of each is compared (the least disturbed one).
+   sides alternate for a few rounds (10 with ``--quick``, of about 1.5 s each: rounds of one side
+   differ by up to 20% on a shared 2-core VM, and with 5 the Kafka side's best was often not a
+   quiet one) and the best round of each is compared (the least disturbed one); the median of the
+   paired rounds' ratios is printed beside it.
 2. Added time to first token from the Kafka hops: each prompt alone, produced to Kafka, timed
    from produce to its first TokenChunk read back, minus the worker's own time on that request
    (chat template + engine until the first chunk is sent, carried in the chunk's
@@ -149,7 +151,7 @@ def main() -> None:
 
 
 def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe", reply_partitions: int = 1) -> None:
-    n, max_tokens, n_ttft, n_skew, rounds = (12, 16, 10, 20, 5) if quick else (48, 48, 40, 60, 3)
+    n, max_tokens, n_ttft, n_skew, rounds = (12, 16, 10, 20, 10) if quick else (48, 48, 40, 60, 3)
 
     from inference.engine.settings import EngineSettings
 
@@ -207,6 +209,8 @@ def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe", reply_partit
           f"chunk_interval_ms {WorkerSettings().chunk_interval_ms:g}")
     print(f"  engine alone     : best {e_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in e_runs)})")
     print(f"  kafka + worker   : best {k_rate:7.1f} tokens/s (rounds: {', '.join(f'{r:.1f}' for r in k_runs)})")
+    paired = statistics.median(k / e for k, e in zip(k_runs, e_runs))
+    print(f"  median of the rounds' ratios (each Kafka round over the engine round just before it): {paired:.2f}")
     print(f"time to first token, {n_ttft} prompts one at a time, each on both sides back to back (ms): engine p50 "
           f"{statistics.median(e_ttft) * 1000:.1f} / kafka p50 {statistics.median(k_ttft) * 1000:.1f} "
           f"(of which the worker's engine p50 {statistics.median(k_engine) * 1000:.1f})")
