@@ -67,8 +67,9 @@ class Users:
 
     def __init__(self, pipeline, tap: Tap, seed: int) -> None:
         self.pipeline, self.tap, self.rng = pipeline, tap, random.Random(seed)
-        self.ledger: dict[str, list[tuple[str, int]]] = defaultdict(list)  # conversation -> [(model, at ms)]
-        self._by_request: dict[str, tuple[str, str]] = {}
+        # conversation -> [(model, at ms)]; "at": when streams routed the turn (see answered_by)
+        self.ledger: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        self._by_request: dict[str, tuple[str, int]] = {}
 
     def turn(self, conversation: str, text: str, stream: bool = False) -> str:
         body = {"model": NAME, "messages": [{"role": "user", "content": text}], "max_tokens": 8, "temperature": 0,
@@ -101,10 +102,15 @@ class Users:
                 assert rated.status_code == 202, rated.text
 
     def answered_by(self, request_ids: list[str]) -> dict[str, tuple[str, int]]:
+        """Per request: the model that answered it and when streams chose that model, as the time it
+        enqueued the InferenceRequest right after choosing (``completed_at - total_ms``). Not the request's
+        ``created_at`` (the gateway's): under load a turn created before a version's retirement can
+        reach streams after it and rightly go to the version that replaces it (seen in CI: 517 ms)."""
         wanted = set(request_ids) - set(self._by_request)
         for m in self.tap.messages(len(wanted), 120, where=lambda m: self.tap.codec.decode(m.value()).request_id in wanted):
             response = self.tap.codec.decode(m.value())
-            self._by_request[response.request_id] = (response.model, response.created_at)
+            routed_at = response.completed_at - int(response.total_ms)
+            self._by_request[response.request_id] = (response.model, routed_at)
         return {rid: self._by_request[rid] for rid in request_ids}
 
 
