@@ -292,18 +292,20 @@ def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe") -> None:
               "client": os.getpid()}
     others = {name: pid for name, pid in others.items() if pid is not None}
     try:
-        # Warm-up: one whole untimed round on each side. A pipeline's first round at full size pays once
-        # for what a serving pipeline has paid already (the worker's kernels for each new batch size, the
-        # streams embedder's for a batch of n prompts, the broker's first compilation of its paths): with a
-        # smaller warm-up, the first timed round ran at 70-75% of the next (101.4 vs 139.7 tokens/s).
+        # Warm-up: one whole untimed round on each side, in the timed rounds' order. A pipeline round at
+        # full size pays once for what a serving pipeline has paid already (the worker's kernels for each
+        # batch size, the streams embedder's for a batch of n prompts), and after its answers streams
+        # still embeds its turns for memory: every timed pipeline round follows an engine-alone round, as
+        # a pipeline round right after another (or after a smaller warm-up) ran at 70-75% of the next.
         indices = list(range(n))
-        asyncio.run(through_gateway(url, key, indices, max_tokens, "warm"))
+        _, warm = asyncio.run(through_gateway(url, key, indices, max_tokens, "warm"))
+        asyncio.run(engine_alone(engine, tokenizer, worker_requests(kafka, [a.request_id for a in warm]),
+                                 first_text=True))
         # Round 0 of the pipeline also yields the requests the worker saw: the engine's requests.
         before = cpu_of(others)
         secs, answers = asyncio.run(through_gateway(url, key, indices, max_tokens, "r0"))
         pipe.cpu.append(cpu_since(others, before))
         requests = worker_requests(kafka, [a.request_id for a in answers])
-        asyncio.run(engine_alone(engine, tokenizer, requests, first_text=True))  # warm-up
         for round_no in range(rounds):
             if round_no:
                 before = cpu_of(others)
