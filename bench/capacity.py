@@ -56,7 +56,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import bench_broker, bench_parser, broker_pid, cpu_s, fresh_kafka  # bench/, beside this script
+from local_broker import bench_broker, bench_parser, broker_pid, cpu_of, cpu_s, cpu_since, fresh_kafka  # bench/, beside this script
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -198,7 +198,7 @@ def open_loop(load: Load, reader: Reader, backlog: int, rate: float, steady_s: f
     n = backlog + round(rate * steady_s)
     keys = balanced_keys(n, tag)
     schedule = [0.0] * backlog + [(j + 1) / rate for j in range(n - backlog)]
-    cpu0 = {name: cpu_s(pid) for name, pid in pids.items()}
+    cpu0 = cpu_of(pids)
     requests = []
     start = time.monotonic()
     for i, at in enumerate(schedule):
@@ -208,7 +208,7 @@ def open_loop(load: Load, reader: Reader, backlog: int, rate: float, steady_s: f
         load.send(req)
         requests.append(req)
     reader.wait_responses([r.request_id for r in requests], 900)
-    cpu = {name: cpu_s(pid) - cpu0[name] for name, pid in pids.items()}
+    cpu = cpu_since(pids, cpu0)
     return RunResult(requests, [reader.seen.first_response(r.request_id)[0] for r in requests],
                      [r.enqueued_at for r in requests], cpu, os.getloadavg()[:2])
 

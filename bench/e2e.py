@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from local_broker import (add_engine_arg, bench_broker, bench_parser, broker_pid, cpu_s, engine_alone,
+from local_broker import (add_engine_arg, bench_broker, bench_parser, broker_pid, cpu_of, cpu_since, engine_alone,
                           enter_engine_env, fresh_kafka, load_engine, percentile)  # bench/, beside this script
 
 MODEL = "smollm2-135m-instruct"
@@ -69,12 +69,13 @@ class Side:
     cpu: list[dict[str, float]] = field(default_factory=list)
 
 
-def cpu_of(pids: dict[str, int]) -> dict[str, float]:
-    return {name: cpu_s(pid) for name, pid in pids.items()}
-
-
-def cpu_since(pids: dict[str, int], before: dict[str, float]) -> dict[str, float]:
-    return {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
+def with_cpu(pids: dict[str, int], side: Side, run, leave_out: str | None = None):
+    """``run()``'s result; the CPU seconds each of ``pids`` used meanwhile go to ``side.cpu`` (without
+    ``leave_out``)."""
+    before = cpu_of(pids)
+    result = run()
+    side.cpu.append({name: cpu for name, cpu in cpu_since(pids, before).items() if name != leave_out})
+    return result
 
 
 def prompt_text(i: int) -> str:
@@ -296,29 +297,24 @@ def run(bootstrap: str, quick: bool, engine_name: str = "chatpipe") -> None:
         # full size pays once for what a serving pipeline has paid already (the worker's kernels for each
         # batch size, the streams embedder's for a batch of n prompts), and after its answers streams
         # still embeds its turns for memory: every timed pipeline round follows an engine-alone round, as
-        # a pipeline round right after another (or after a smaller warm-up) ran at 70-75% of the next.
+        # a pipeline round right after another (or after a smaller warm-up) ran at 72-81% of the next in 3 of 4 runs.
         indices = list(range(n))
         _, warm = asyncio.run(through_gateway(url, key, indices, max_tokens, "warm"))
         asyncio.run(engine_alone(engine, tokenizer, worker_requests(kafka, [a.request_id for a in warm]),
                                  first_text=True))
         # Round 0 of the pipeline also yields the requests the worker saw: the engine's requests.
-        before = cpu_of(others)
-        secs, answers = asyncio.run(through_gateway(url, key, indices, max_tokens, "r0"))
-        pipe.cpu.append(cpu_since(others, before))
+        secs, answers = with_cpu(others, pipe, lambda: asyncio.run(through_gateway(url, key, indices, max_tokens, "r0")))
         requests = worker_requests(kafka, [a.request_id for a in answers])
         for round_no in range(rounds):
             if round_no:
-                before = cpu_of(others)
-                secs, answers = asyncio.run(through_gateway(url, key, indices, max_tokens, f"r{round_no}"))
-                pipe.cpu.append(cpu_since(others, before))
+                secs, answers = with_cpu(others, pipe, lambda: asyncio.run(
+                    through_gateway(url, key, indices, max_tokens, f"r{round_no}")))
             pipe.rates.append(sum(a.completion_tokens for a in answers) / secs)
             pipe.tokens.append(sum(a.completion_tokens for a in answers))
             pipe.ttft_load += [a.ttft_s for a in answers]
             pipe.prompt_tokens = [a.prompt_tokens for a in answers]
-            before = cpu_of(others)
-            secs, outs, ttfts, alone.prompt_tokens = asyncio.run(
-                engine_alone(engine, tokenizer, requests, first_text=True))
-            alone.cpu.append({name: cpu for name, cpu in cpu_since(others, before).items() if name != "client"})
+            secs, outs, ttfts, alone.prompt_tokens = with_cpu(others, alone, lambda: asyncio.run(
+                engine_alone(engine, tokenizer, requests, first_text=True)), leave_out="client")
             alone.rates.append(sum(outs) / secs)
             alone.tokens.append(sum(outs))
             alone.ttft_load += ttfts
@@ -367,7 +363,7 @@ def report(n: int, max_tokens: int, rounds: int, n_alone: int, pipe: Side, alone
                                                                    if name in alone.cpu[0] else "")
                         for name in pipe.cpu[0]) +
               f"; a pipeline round took {statistics.median(t / r for t, r in zip(pipe.tokens, pipe.rates)):.2f} s "
-              f"(median): on a machine whose cores the engine's threads fill, that CPU comes out of the engine's")
+              "(median)")
     if lone_hops["gateway"]:
         print(f"a lone prompt's time to first token through the pipeline, p50 of {len(lone_hops['gateway'])} (ms): " +
               ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in lone_hops.items()) +

@@ -125,6 +125,16 @@ def cpu_s(pid: int) -> float:
         return float("nan")
 
 
+def cpu_of(pids: dict[str, int]) -> dict[str, float]:
+    """``cpu_s`` of each named process."""
+    return {name: cpu_s(pid) for name, pid in pids.items()}
+
+
+def cpu_since(pids: dict[str, int], before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each named process used since ``before`` (a ``cpu_of``)."""
+    return {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
+
+
 async def engine_alone(engine, tokenizer, requests: list, *, first_text: bool = False
                        ) -> tuple[float, list[int], list[float], list[int]]:
     """(seconds, then per request: output tokens, TTFT, prompt tokens) of ``requests`` submitted at once to
